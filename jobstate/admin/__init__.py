@@ -1,0 +1,7 @@
+"""The jobstate admin: the job list, job page, operator actions, stuck jobs,
+dashboard and assets. Importing this package registers the ModelAdmins."""
+
+from jobstate.admin.assets import AssetAdmin
+from jobstate.admin.jobs import JobAdmin
+
+__all__ = ["AssetAdmin", "JobAdmin"]

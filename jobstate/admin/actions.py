@@ -1,0 +1,239 @@
+"""What an operator may do to a job from the admin, and the bulk list actions.
+
+Every operation goes through ``jobstate.services`` with ``Actor.admin(user)``
+and a reason, so the history row names the admin user. Nothing here assigns a
+status itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.template.response import TemplateResponse
+
+from jobstate import services
+from jobstate.exceptions import InvalidTransition, JobStateError
+from jobstate.models import Job
+from jobstate.services import Actor
+from jobstate.states import TERMINAL, Status
+
+# Errors a refused operation raises; their message is shown to the operator.
+REFUSALS: tuple[type[Exception], ...] = (JobStateError, ValidationError, Job.DoesNotExist)
+BULK_LIMIT = 1000
+
+
+def refusal_text(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(exc.messages)
+    return str(exc)
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    label: str
+    permission: str  # codename in the jobstate app
+    summary: str  # what happens, shown on the confirmation page
+    allowed: Callable[[Job], bool]
+    perform: Callable[[Job, Any, str], Job]
+    done: Callable[[Job, Job], str]
+    danger: bool = False
+
+    def has_permission(self, user: Any) -> bool:
+        return bool(user.has_perm(f"jobstate.{self.permission}"))
+
+    def run(self, job: Job, user: Any, reason: str) -> Job:
+        return self.perform(job, user, reason)
+
+
+def _cancel(job: Job, user: Any, reason: str) -> Job:
+    return services.request_cancel(job, Actor.admin(user), reason)
+
+
+def _force_cancel(job: Job, user: Any, reason: str) -> Job:
+    # The operator honours the pending cancel on behalf of a lost or hung worker:
+    # the token guard makes this a no-op if the worker ended the job meanwhile.
+    fresh = Job.objects.get(pk=job.pk)
+    if fresh.status != Status.PROCESSING or fresh.lease_token is None:
+        raise InvalidTransition(fresh.status, Status.CANCELLED, "cancel")
+    services.cancel_now(fresh, fresh.lease_token, reason=reason, actor=Actor.admin(user))
+    return Job.objects.get(pk=job.pk)
+
+
+def _retry(job: Job, user: Any, reason: str) -> Job:
+    return services.retry(job, Actor.admin(user), reason)
+
+
+def _requeue(job: Job, user: Any, reason: str) -> Job:
+    return services.requeue(job, Actor.admin(user), reason)
+
+
+def _fail(job: Job, user: Any, reason: str) -> Job:
+    return services.force_fail(job, Actor.admin(user), reason)
+
+
+def _cancel_done(before: Job, after: Job) -> str:
+    if after.status == Status.CANCELLED:
+        return "Job cancelled."
+    return "Cancel requested: the worker stops the job at its next heartbeat or progress report."
+
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation(
+            "cancel",
+            "Cancel",
+            "cancel_job",
+            "A queued job is cancelled at once; a processing job is asked to stop and its worker "
+            "ends it cancelled.",
+            lambda j: (
+                j.status == Status.QUEUED or (j.status == Status.PROCESSING and j.cancel_requested_at is None)
+            ),
+            _cancel,
+            _cancel_done,
+            danger=True,
+        ),
+        Operation(
+            "force_cancel",
+            "Force cancel",
+            "cancel_job",
+            "The job is cancelled now on behalf of its worker, which has not honoured the cancel "
+            "request; the worker's lease stops working.",
+            lambda j: j.status == Status.PROCESSING and j.cancel_requested_at is not None,
+            _force_cancel,
+            lambda b, a: "Job cancelled on behalf of its worker.",
+            danger=True,
+        ),
+        Operation(
+            "retry",
+            "Retry",
+            "retry_job",
+            "A new job with the same kind and parameters is queued, linked to this one; this job "
+            "and its history stay as they are.",
+            lambda j: j.status in TERMINAL,
+            _retry,
+            lambda b, a: f"Retry queued as job {a.pk}.",
+        ),
+        Operation(
+            "requeue",
+            "Requeue",
+            "requeue_job",
+            "The job goes back to the queue now; its current worker's lease stops working. If no "
+            "attempt is left, one more is granted.",
+            lambda j: j.status == Status.PROCESSING,
+            _requeue,
+            lambda b, a: "Job requeued.",
+        ),
+        Operation(
+            "fail",
+            "Fail",
+            "requeue_job",
+            "The job ends failed, with the reason as its error message. It is not retried.",
+            lambda j: j.status in (Status.QUEUED, Status.PROCESSING),
+            _fail,
+            lambda b, a: "Job failed.",
+            danger=True,
+        ),
+    )
+}
+
+
+def available(job: Job, user: Any) -> list[Operation]:
+    """Operations the job's current state allows and the user may perform."""
+    return [op for op in OPERATIONS.values() if op.allowed(job) and op.has_permission(user)]
+
+
+@dataclass
+class BulkReport:
+    done: list[Job] = field(default_factory=list)
+    refused: dict[str, list[Any]] = field(default_factory=dict)
+    truncated: bool = False
+
+    def refuse(self, job: Job, reason: str) -> None:
+        self.refused.setdefault(reason, []).append(job.pk)
+
+    @property
+    def refused_count(self) -> int:
+        return sum(len(ids) for ids in self.refused.values())
+
+
+def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> BulkReport:
+    report = BulkReport()
+    for job in jobs:
+        if op.name == "cancel" and job.status == Status.PROCESSING and job.cancel_requested_at:
+            report.refuse(job, "a cancel was already requested; the worker has not ended it yet")
+            continue
+        try:
+            op.run(job, user, reason)
+        except REFUSALS as exc:
+            report.refuse(job, refusal_text(exc))
+        else:
+            report.done.append(job)
+    return report
+
+
+def _short(pk: Any) -> str:
+    return str(pk)[:8]
+
+
+def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
+    n = len(report.done)
+    if n:
+        messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.")
+    for why, ids in report.refused.items():
+        sample = ", ".join(_short(pk) for pk in ids[:10]) + (" …" if len(ids) > 10 else "")
+        messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
+    if report.truncated:
+        messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")
+    if not n and not report.refused:
+        messages.info(request, "No jobs selected.")
+
+
+def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
+    op = OPERATIONS[name]
+
+    def action(modeladmin: Any, request: Any, queryset: QuerySet[Job]) -> Any:
+        reason = (request.POST.get("reason") or "").strip()
+        jobs = list(queryset.order_by("-created_at", "pk")[: BULK_LIMIT + 1])
+        truncated = len(jobs) > BULK_LIMIT
+        jobs = jobs[:BULK_LIMIT]
+        if request.POST.get("confirm") != "yes" or not reason:
+            context = {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"{op.label} {len(jobs)} job{'s' if len(jobs) != 1 else ''}",
+                "opts": modeladmin.model._meta,
+                "operation": op,
+                "action_name": action.__name__,
+                "jobs": jobs[:100],
+                "more": len(jobs) - 100 if len(jobs) > 100 else 0,
+                "allowed": sum(1 for j in jobs if op.allowed(j)),
+                "count": len(jobs),
+                "truncated": truncated,
+                "reason": reason,
+                "missing_reason": request.POST.get("confirm") == "yes" and not reason,
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                "select_across": request.POST.get("select_across", "0"),
+                "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+                "media": modeladmin.media,
+            }
+            return TemplateResponse(request, "admin/jobstate/job/bulk_confirm.html", context)
+        report = run_bulk(op, jobs, request.user, reason)
+        report.truncated = truncated
+        report_messages(request, op, report, verb)
+        return None
+
+    action.__name__ = f"{name}_selected"
+    action.allowed_permissions = (name,)  # type: ignore[attr-defined]
+    action.short_description = description  # type: ignore[attr-defined]
+    return action
+
+
+cancel_selected = _bulk_action("cancel", "Cancelled or asked to stop", "Cancel selected jobs…")
+retry_selected = _bulk_action("retry", "Queued a retry for", "Retry selected jobs…")

@@ -1,0 +1,151 @@
+"""The Asset admin: browse files by type and job, download them as staff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from jobstate.admin import display
+from jobstate.admin.inlines import download_link
+from jobstate.admin.paginator import CappedPaginator
+from jobstate.models import Asset
+from jobstate.services import safe_name
+from jobstate.stuck import distinct_values
+
+
+class AssetTypeFilter(admin.SimpleListFilter):
+    title = "type"
+    parameter_name = "type"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [(t, t) for t in distinct_values(Asset, "asset_type", 100)]
+
+    def queryset(self, request: Any, queryset: QuerySet[Asset]) -> QuerySet[Asset]:
+        value = self.value()
+        return queryset if value is None else queryset.filter(asset_type=value)
+
+
+class AssetJobFilter(admin.SimpleListFilter):
+    """Assets of one job (reached from the job page); shows only the chosen job."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, f"Job {value[:8]}")] if value else []
+
+    def has_output(self) -> bool:
+        return self.value() is not None
+
+    def queryset(self, request: Any, queryset: QuerySet[Asset]) -> QuerySet[Asset]:
+        value = self.value()
+        if value is None:
+            return queryset
+        try:
+            return queryset.filter(job_id=value)
+        except Exception as exc:  # a malformed id
+            from django.contrib.admin.options import IncorrectLookupParameters
+
+            raise IncorrectLookupParameters(str(exc)) from exc
+
+
+@admin.register(Asset)
+class AssetAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "asset_type",
+        "size_display",
+        "content_type",
+        "job_link",
+        "owner",
+        "created_at",
+        "download",
+    )
+    list_filter = (AssetTypeFilter, AssetJobFilter, ("created_at", admin.DateFieldListFilter))
+    list_select_related = ("job", "owner")
+    search_fields = ()
+    ordering = ("-created_at",)
+    sortable_by = ("created_at",)
+    list_per_page = 50
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    fields = (
+        "name",
+        "asset_type",
+        "job_link",
+        "owner",
+        "size_display",
+        "content_type",
+        "sha256",
+        "storage_path",
+        "url",
+        "metadata_display",
+        "created_at",
+        "download",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # assets are added by jobs, through jobstate.services.add_asset
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="size", ordering="size")
+    def size_display(self, obj: Asset) -> str:
+        return display.file_size(obj.size) if obj.file else "-"
+
+    @admin.display(description="job")
+    def job_link(self, obj: Asset) -> SafeString:
+        url = reverse("admin:jobstate_job_change", args=[obj.job_id])
+        return format_html('<a href="{}">{} <code>{}</code></a>', url, obj.job.kind, str(obj.job_id)[:8])
+
+    @admin.display(description="metadata")
+    def metadata_display(self, obj: Asset) -> SafeString:
+        return display.pretty_json(obj.metadata)
+
+    @admin.display(description="download")
+    def download(self, obj: Asset) -> SafeString:
+        return download_link(obj)
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<uuid:asset_id>/download/",
+                self.admin_site.admin_view(self.download_view),
+                name="jobstate_asset_download",
+            ),
+            *super().get_urls(),
+        ]
+
+    def download_view(self, request: HttpRequest, asset_id: Any) -> HttpResponse:
+        """Stream a stored file to staff who may view it (or to its owner)."""
+        asset = get_object_or_404(Asset, pk=asset_id)
+        user = request.user
+        allowed = self.has_view_permission(request, asset) or user.has_perm("jobstate.view_job")
+        if not (allowed or (asset.owner_id is not None and asset.owner_id == user.pk)):
+            raise PermissionDenied
+        if not asset.file:
+            raise Http404("This asset has no stored file.")
+        try:
+            handle = asset.file.open("rb")
+        except (FileNotFoundError, OSError):
+            raise Http404("The stored file is missing.") from None
+        response = FileResponse(
+            handle,
+            as_attachment=True,
+            filename=safe_name(asset.name),
+            content_type=asset.content_type or "application/octet-stream",
+        )
+        response["X-Content-Type-Options"] = "nosniff"
+        return response

@@ -1,0 +1,134 @@
+"""The dashboard page: what runs now, what finished lately, how fast, who works.
+
+Every number comes from a bounded, indexed query (see ``jobstate.admin.stats``):
+active jobs are counted exactly, finished ones over the last hour and day, and
+the all-time total is PostgreSQL's estimate on a large table.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from jobstate import conf, stuck
+from jobstate.admin import charts, display, stats
+from jobstate.admin.views import page_context
+from jobstate.states import Status
+
+FINISHED = [Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED]
+KIND_ROWS = 20
+BADGE_CAP = 100  # stuck counts on the tile stop here ("100+"); the stuck page counts further
+
+
+def _series(t: stats.Throughput) -> list[charts.Series]:
+    return [charts.Series(Status(s).label, display.STATUS_COLOURS[s], t.by_status[s]) for s in FINISHED]
+
+
+def _kind_rows(by_kind: dict[str, dict[str, int]], changelist: str) -> list[dict[str, Any]]:
+    top = max((sum(c.values()) for c in by_kind.values()), default=0)
+    rows = []
+    for kind, counts in list(by_kind.items())[:KIND_ROWS]:
+        segments = [
+            {
+                "label": Status(s).label,
+                "n": counts[s],
+                "colour": display.STATUS_COLOURS[s],
+                "width": 100 * counts[s] / top if top else 0,
+            }
+            for s in Status.values
+            if counts[s]
+        ]
+        rows.append(
+            {
+                "kind": kind,
+                "total": sum(counts.values()),
+                "active": counts[Status.QUEUED] + counts[Status.PROCESSING],
+                "segments": segments,
+                "url": f"{changelist}?kind={kind}",
+            }
+        )
+    return rows
+
+
+def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    now = timezone.now()
+    day_ago = now - timedelta(days=1)
+    changelist = reverse("admin:jobstate_job_changelist")
+    by_kind = stats.kind_counts(day_ago)
+    active = stats.active_counts(by_kind)
+    total, total_is_estimate = stats.total_jobs()
+    minute = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
+    hour = stats.throughput(now, span=timedelta(days=1), bucket="hour")
+    times = stats.durations(now)
+    workers = stats.workers(now)
+    stuck_counts = stuck.count_stuck(now, cap=BADGE_CAP)
+    colours = display.STATUS_COLOURS
+    bars = [
+        charts.Bar(Status(s).label, n, colours[s], href=f"{changelist}?status={s}", note="now")
+        for s, n in active.items()
+    ] + [
+        charts.Bar(
+            Status(s).label, sum(hour.by_status[s]), colours[s], href=f"{changelist}?status={s}", note="24 h"
+        )
+        for s in FINISHED
+    ]
+    top_p95 = max((d.p95 or 0 for d in times), default=0)
+    context = page_context(
+        model_admin,
+        request,
+        "Jobs dashboard",
+        now=now,
+        active=active,
+        total=total,
+        total_is_estimate=total_is_estimate,
+        status_chart=charts.bar_chart(bars, label="Active jobs now and jobs finished in the last 24 hours"),
+        kind_rows=_kind_rows(by_kind, changelist),
+        more_kinds=max(0, len(by_kind) - KIND_ROWS),
+        minute_chart=charts.time_chart(
+            minute.times, _series(minute), label="Jobs finished per minute, last hour", tick_format="%H:%M"
+        ),
+        hour_chart=charts.time_chart(
+            hour.times,
+            _series(hour),
+            label="Jobs finished per hour, last 24 hours",
+            tick_format="%H:00",
+            kind="columns",
+        ),
+        minute=minute,
+        hour=hour,
+        rate_hour=_pct(minute.failure_rate),
+        rate_day=_pct(hour.failure_rate),
+        durations=[
+            {
+                "kind": d.kind,
+                "count": d.count,
+                "p50": display.seconds_label(d.p50),
+                "p95": display.seconds_label(d.p95),
+                "bar": charts.spark_range(d.p50, d.p95, top_p95),
+            }
+            for d in times
+        ],
+        workers=workers,
+        worker_rows=[
+            {"worker_id": w.worker_id, "jobs": w.jobs, "ago": display.since(w.last_heartbeat, now)}
+            for w in workers.from_heartbeats
+        ],
+        workers_window=int(float(conf.get("WORKER_ALIVE_SECONDS"))),
+        stuck_total=sum(stuck_counts.values()),
+        stuck_capped=any(n >= BADGE_CAP for n in stuck_counts.values()),
+        stuck_active=sum(n for c, n in stuck_counts.items() if c in stuck.ACTIVE_REASONS),
+        colours=colours,
+    )
+    return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)
+
+
+def _pct(rate: float | None) -> str:
+    return "-" if rate is None else f"{rate * 100:.1f}%"

@@ -1,0 +1,130 @@
+"""Read-only inlines on the job page: history, workflow steps, assets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+
+from jobstate.admin import display
+from jobstate.models import Asset, JobEvent, JobStep
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: Any, obj: Any = None) -> bool:
+        # Part of the job: whoever may view the job sees its history, steps and files.
+        return bool(
+            request.user.has_perm("jobstate.view_job") or request.user.has_perm("jobstate.change_job")
+        )
+
+    def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
+        return list(self.fields or [])
+
+
+def _compact(value: Any) -> str:
+    if value in (None, {}, []):
+        return ""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return text if len(text) <= 160 else text[:157] + "…"
+
+
+class JobEventInline(ReadOnlyInline):
+    model = JobEvent
+    verbose_name = "transition"
+    verbose_name_plural = "Transition history"
+    fields = ("when", "change", "transition", "actor_display", "reason_display", "details")
+    classes = ("js-history",)
+
+    def get_queryset(self, request: Any) -> Any:
+        return super().get_queryset(request).select_related("actor").order_by("created_at", "id")
+
+    @admin.display(description="time")
+    def when(self, obj: JobEvent) -> str:
+        return obj.created_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    @admin.display(description="from → to")
+    def change(self, obj: JobEvent) -> SafeString:
+        start = display.status_badge(obj.from_status) if obj.from_status else format_html("{}", "∅")
+        return format_html("{} → {}", start, display.status_badge(obj.to_status))
+
+    @admin.display(description="actor")
+    def actor_display(self, obj: JobEvent) -> SafeString:
+        if obj.actor is None:
+            return format_html("{}", obj.actor_label or "-")
+        return format_html("{} <span class='js-muted'>({})</span>", obj.actor_label, obj.actor.get_username())
+
+    @admin.display(description="reason")
+    def reason_display(self, obj: JobEvent) -> str:
+        return obj.reason or ""
+
+    @admin.display(description="details")
+    def details(self, obj: JobEvent) -> SafeString:
+        meta = dict(obj.metadata or {})
+        trace = meta.pop("traceback", "")
+        out = format_html('<code class="js-meta">{}</code>', _compact(meta)) if meta else mark_safe("")
+        if trace:
+            out = format_html(
+                '{}<details><summary>traceback</summary><pre class="js-pre">{}</pre></details>', out, trace
+            )
+        return out
+
+
+class JobStepInline(ReadOnlyInline):
+    model = JobStep
+    verbose_name = "step"
+    verbose_name_plural = "Workflow steps"
+    fields = ("position", "name", "status", "attempts", "cursor_display", "output_display", "error_message")
+    classes = ("js-steps",)
+
+    @admin.display(description="cursor")
+    def cursor_display(self, obj: JobStep) -> SafeString:
+        return format_html('<code class="js-meta">{}</code>', _compact(obj.cursor))
+
+    @admin.display(description="output")
+    def output_display(self, obj: JobStep) -> SafeString:
+        return format_html('<code class="js-meta">{}</code>', _compact(obj.output))
+
+
+class AssetInline(ReadOnlyInline):
+    model = Asset
+    verbose_name = "asset"
+    verbose_name_plural = "Assets"
+    fields = ("name", "asset_type", "size_display", "content_type", "created_at", "download")
+    classes = ("js-assets",)
+
+    @admin.display(description="size")
+    def size_display(self, obj: Asset) -> str:
+        return display.file_size(obj.size) if obj.file else "-"
+
+    @admin.display(description="download")
+    def download(self, obj: Asset) -> SafeString:
+        return download_link(obj)
+
+
+def download_link(asset: Asset) -> SafeString:
+    if asset.file:
+        url = reverse("admin:jobstate_asset_download", args=[asset.pk])
+        return format_html('<a class="js-download" href="{}">Download</a>', url)
+    if asset.url.lower().startswith(("https://", "http://")):
+        return format_html(
+            '<a href="{}" rel="noopener noreferrer" target="_blank">External link</a>', asset.url
+        )
+    return format_html("{}", "-")

@@ -1,0 +1,202 @@
+"""The Job admin: a fast list, a read-only job page, and operator buttons that
+go through ``jobstate.services``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+
+from jobstate import conf, stuck
+from jobstate.admin import actions, dashboard, views
+from jobstate.admin.changelist import JobChangeList
+from jobstate.admin.filters import KindFilter, OwnerFilter, StatusFilter, StuckFilter
+from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
+from jobstate.admin.job_columns import JobColumns
+from jobstate.admin.job_page import JobPageFields
+from jobstate.admin.paginator import CappedPaginator
+from jobstate.models import Job
+
+# Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
+BADGE_CAP = 100
+
+# Heavy columns the list never shows.
+LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
+
+
+def _uuid_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """A hex prefix of an id (as the list shows them) as an index-friendly range."""
+    hexed = term.replace("-", "").lower()
+    if not 4 <= len(hexed) <= 32 or any(c not in "0123456789abcdef" for c in hexed):
+        return None
+    return uuid.UUID(hexed.ljust(32, "0")), uuid.UUID(hexed.ljust(32, "f"))
+
+
+@admin.register(Job)
+class JobAdmin(JobColumns, JobPageFields, admin.ModelAdmin):
+    list_display = (
+        "short_id",
+        "status_col",
+        "kind",
+        "owner_col",
+        "progress_col",
+        "attempts_col",
+        "age_col",
+        "created_col",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (
+        StatusFilter,
+        KindFilter,
+        OwnerFilter,
+        StuckFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
+    list_select_related = ("owner",)
+    list_per_page = 50
+    list_max_show_all = 200
+    search_fields = ("key",)  # the search itself is get_search_results
+    search_help_text = "A job id (or its first characters), an idempotency key, or an owner's user name."
+    date_hierarchy = "created_at"
+    ordering = ("-created_at",)
+    sortable_by = ("created_col",)  # the one ordering with an index behind it
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = (actions.cancel_selected, actions.retry_selected)
+    inlines = (JobEventInline, JobStepInline, AssetInline)
+
+    class Media:
+        css = {"all": ("jobstate/admin.css",)}
+
+    # --- permissions: the form never writes a job ------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are enqueued through jobstate.services
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # state changes go through the operation buttons below
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and not obj.is_terminal:
+            return False  # never pull a running job from under its worker
+        return super().has_delete_permission(request, obj)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("jobstate.cancel_job"))
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("jobstate.retry_job"))
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("jobstate.requeue_job"))
+
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # ``action_location`` exists from Django 6.1 on (actions on the change form).
+        if action_location is None:
+            found = super().get_actions(request)
+        else:
+            found = super().get_actions(request, action_location=action_location)  # type: ignore[call-arg]
+        found.pop("delete_selected", None)  # it would delete active jobs in bulk
+        return found
+
+    @staticmethod
+    def count_cap() -> int:
+        return int(conf.get("ADMIN_COUNT_CAP"))
+
+    # --- the list -------------------------------------------------------------
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
+        return JobChangeList
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        qs = super().get_queryset(request)
+        match = getattr(request, "resolver_match", None)
+        if match is not None and match.url_name == "jobstate_job_changelist":
+            qs = qs.defer(*LIST_DEFERRED)
+        return qs
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(pk=uuid.UUID(term)), False
+        except ValueError:
+            pass
+        User = get_user_model()
+        owners = list(
+            User.objects.filter(**{f"{User.USERNAME_FIELD}__iexact": term}).values_list("pk", flat=True)[:20]
+        )
+        q = Q(key=term)
+        if owners:
+            q |= Q(owner_id__in=owners)
+        span = _uuid_range(term)
+        if span is not None:
+            q |= Q(pk__gte=span[0], pk__lte=span[1])
+        return queryset.filter(q), False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP.
+        counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP)
+        extra = {
+            "stuck_count": sum(counts.values()),
+            "stuck_count_capped": any(n >= BADGE_CAP for n in counts.values()),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra)
+
+    def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
+        if obj is None:
+            return []
+        inlines: list[Any] = [JobEventInline]
+        if obj.steps.exists():
+            inlines.append(JobStepInline)
+        inlines.append(AssetInline)
+        return inlines
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        job = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if job is not None:
+            extra["operations"] = actions.available(job, request.user)
+            extra["finding"] = stuck.check(job)
+            extra["history_count"] = job.events.count()
+        return super().change_view(request, object_id, form_url, extra)
+
+    # --- extra pages ------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        wrap = self.admin_site.admin_view
+
+        def bind(view: Any) -> Any:
+            def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                return view(self, request, *args, **kwargs)
+
+            return wrap(bound)
+
+        return [
+            path("dashboard/", bind(dashboard.dashboard_view), name="jobstate_job_dashboard"),
+            path("stuck/", bind(views.stuck_view), name="jobstate_job_stuck"),
+            path("stuck/remedy/", bind(views.stuck_remedy_view), name="jobstate_job_stuck_remedy"),
+            path("stuck/reap/", bind(views.reap_view), name="jobstate_job_reap"),
+            path(
+                "<uuid:object_id>/act/<slug:name>/",
+                bind(views.transition_view),
+                name="jobstate_job_transition",
+            ),
+            *super().get_urls(),
+        ]

@@ -1,0 +1,227 @@
+"""Numbers for the dashboard, each one query served by an index.
+
+Windows are bounded (the last hour, the last day); durations use PostgreSQL's
+``percentile_cont`` or, elsewhere, a bounded sample of recent jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Count, Max
+from django.db.models.functions import TruncHour, TruncMinute
+from django.utils import timezone
+
+from jobstate import conf
+from jobstate.models import Job
+from jobstate.states import Status
+
+logger = logging.getLogger("jobstate")
+
+DURATION_SAMPLE = 5000
+ACTIVE_ORDER = (Status.QUEUED, Status.PROCESSING)
+FINISHED = (Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED)
+
+
+def kind_counts(since: datetime, using: str = "default") -> dict[str, dict[str, int]]:
+    """{kind: {status: count}} for active jobs and jobs finished since ``since``,
+    biggest kinds first. The all-time history is never read: active jobs are
+    counted in the (kind, status) index, one range per stored kind, and finished
+    ones in the (status, finished_at) index."""
+    from jobstate.stuck import distinct_values
+
+    table: dict[str, dict[str, int]] = {}
+    kinds = distinct_values(Job, "kind", 500, using=using)
+    active = Job.objects.using(using).filter(kind__in=kinds, status__in=ACTIVE_ORDER)
+    finished = Job.objects.using(using).filter(status__in=FINISHED, finished_at__gte=since)
+    for qs in (active, finished):
+        for kind, status, n in qs.order_by().values_list("kind", "status").annotate(n=Count("*")):
+            table.setdefault(kind, {s.value: 0 for s in Status})[status] += n
+    return dict(sorted(table.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])))
+
+
+def active_counts(by_kind: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Queued and processing jobs, summed from ``kind_counts``."""
+    return {s: sum(c[s] for c in by_kind.values()) for s in ACTIVE_ORDER}
+
+
+def total_jobs(using: str = "default") -> tuple[int, bool]:
+    """(number of jobs, whether it is an estimate): PostgreSQL's row estimate on a
+    large table, else a capped count."""
+    from jobstate.admin.paginator import CappedPaginator
+
+    paginator = CappedPaginator(Job.objects.using(using).all(), 1)
+    return paginator.count, paginator.is_estimate or paginator.is_capped
+
+
+@dataclass
+class Throughput:
+    """Finished jobs per bucket, by final status."""
+
+    times: list[datetime]
+    by_status: dict[str, list[int]]
+
+    @property
+    def finished(self) -> int:
+        return sum(sum(v) for v in self.by_status.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(self.by_status[Status.FAILED])
+
+    @property
+    def failure_rate(self) -> float | None:
+        return self.failed / self.finished if self.finished else None
+
+
+def throughput(now: datetime, *, span: timedelta, bucket: str, using: str = "default") -> Throughput:
+    """Jobs finished per ``bucket`` ("minute" or "hour") over the last ``span``."""
+    step = timedelta(minutes=1) if bucket == "minute" else timedelta(hours=1)
+    trunc = TruncMinute if bucket == "minute" else TruncHour
+    end = _floor(now, step)
+    start = end - span + step
+    times = [start + step * i for i in range(int(span / step))]
+    index = {t: i for i, t in enumerate(times)}
+    by_status = {s: [0] * len(times) for s in FINISHED}
+    rows = (
+        Job.objects.using(using)
+        .filter(status__in=FINISHED, finished_at__gte=start)
+        .order_by()
+        .annotate(b=trunc("finished_at"))
+        .values_list("b", "status")
+        .annotate(n=Count("*"))
+    )
+    for moment, status, n in rows:
+        i = index.get(_floor(moment, step))
+        if i is not None and status in by_status:
+            by_status[status][i] += n
+    return Throughput(times, by_status)
+
+
+def _floor(moment: datetime, step: timedelta) -> datetime:
+    moment = moment.astimezone(timezone.get_current_timezone())
+    if step >= timedelta(hours=1):
+        return moment.replace(minute=0, second=0, microsecond=0)
+    return moment.replace(second=0, microsecond=0)
+
+
+@dataclass
+class Durations:
+    kind: str
+    count: int
+    p50: float | None
+    p95: float | None
+
+
+def durations(
+    now: datetime, *, span: timedelta = timedelta(days=1), using: str = "default"
+) -> list[Durations]:
+    """Run time (start of the last attempt to finish) of jobs that succeeded in the window."""
+    since = now - span
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        sql = (
+            "SELECT kind, COUNT(*),"
+            " percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM finished_at - started_at)),"
+            " percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM finished_at - started_at))"
+            f" FROM {connection.ops.quote_name(Job._meta.db_table)}"
+            " WHERE status IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL"
+            " GROUP BY kind ORDER BY kind"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [Status.COMPLETED, Status.PARTIAL, since])
+            return [Durations(k, n, _f(a), _f(b)) for k, n, a, b in cursor.fetchall()]
+    rows = (
+        Job.objects.using(using)
+        .filter(
+            status__in=[Status.COMPLETED, Status.PARTIAL], finished_at__gte=since, started_at__isnull=False
+        )
+        .order_by("-finished_at")
+        .values_list("kind", "started_at", "finished_at")[:DURATION_SAMPLE]
+    )
+    samples: dict[str, list[float]] = {}
+    for kind, started, finished in rows:
+        samples.setdefault(kind, []).append((finished - started).total_seconds())
+    return [
+        Durations(kind, len(v), percentile(v, 0.5), percentile(v, 0.95))
+        for kind, v in sorted(samples.items())
+    ]
+
+
+def _f(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks, as ``percentile_cont`` does."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    jobs: int
+    last_heartbeat: datetime
+
+
+@dataclass
+class Cluster:
+    cluster_id: str
+    host: str
+    status: str
+    workers: int
+    uptime: float | None
+
+
+@dataclass
+class Workers:
+    from_heartbeats: list[Worker] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)
+    clusters_error: str = ""
+
+    @property
+    def alive(self) -> int:
+        return max(len(self.from_heartbeats), sum(c.workers for c in self.clusters))
+
+
+def workers(now: datetime, using: str = "default") -> Workers:
+    """Workers seen alive: busy ones by their jobs' heartbeats, plus django-q2's
+    own cluster statistics when its broker keeps them."""
+    fresh = now - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
+    rows = (
+        Job.objects.using(using)
+        .filter(status=Status.PROCESSING, heartbeat_at__gte=fresh)
+        .exclude(worker_id="")
+        .order_by()
+        .values_list("worker_id")
+        .annotate(n=Count("*"), last=Max("heartbeat_at"))
+        .order_by("worker_id")
+    )
+    result = Workers([Worker(w, n, last) for w, n, last in rows])
+    try:
+        from django_q.status import Stat
+
+        for stat in Stat.get_all() or []:
+            result.clusters.append(
+                Cluster(
+                    str(stat.cluster_id),
+                    str(getattr(stat, "host", "")),
+                    str(stat.status),
+                    len(getattr(stat, "workers", []) or []),
+                    stat.uptime() if getattr(stat, "tob", None) else None,
+                )
+            )
+    except Exception as exc:  # the cluster stats are a bonus; never break the page
+        logger.debug("django-q2 cluster stats unavailable: %s", exc)
+        result.clusters_error = str(exc)[:200]
+    return result

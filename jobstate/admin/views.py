@@ -1,0 +1,198 @@
+"""Admin pages beyond the model forms: a transition with its reason, and the
+stuck jobs with one-click remedies (the dashboard is in ``dashboard.py``).
+
+Each view is wrapped by ``admin_site.admin_view`` (staff login, CSRF, no cache)
+in ``JobAdmin.get_urls`` and checks the operation's own permission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from jobstate import services, stuck
+from jobstate.admin import display
+from jobstate.admin.actions import OPERATIONS, REFUSALS, Operation, refusal_text
+from jobstate.models import Job
+from jobstate.states import Status
+
+# The stuck page counts each reason up to this many jobs ("1,000+").
+PAGE_COUNT_CAP = 1000
+
+# The one-click remedy each stuck reason offers.
+REMEDY_OPERATION = {stuck.REQUEUE: "requeue", stuck.FORCE_CANCEL: "force_cancel", stuck.RETRY: "retry"}
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=1000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "autofocus": True}),
+        help_text="Recorded in the job's history with your user name.",
+        error_messages={"required": "Give a reason."},
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("Give a reason.")
+        return reason
+
+
+def job_url(job: Job | Any) -> str:
+    pk = job.pk if isinstance(job, Job) else job
+    return reverse("admin:jobstate_job_change", args=[pk])
+
+
+def page_context(model_admin: Any, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+    return {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "opts": model_admin.model._meta,
+        "app_label": model_admin.model._meta.app_label,
+        "media": model_admin.media,
+        **extra,
+    }
+
+
+def _perform(request: HttpRequest, op: Operation, job: Job, reason: str) -> Job | None:
+    """Run ``op`` through the services; report the outcome as a message."""
+    before = job
+    try:
+        after = op.run(job, request.user, reason)
+    except REFUSALS as exc:
+        messages.error(request, f"{op.label} refused: {refusal_text(exc)}")
+        return None
+    messages.success(request, op.done(before, after))
+    return after
+
+
+def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name: str) -> HttpResponse:
+    """GET: the confirmation page asking for a reason. POST: perform it."""
+    op = OPERATIONS.get(name)
+    if op is None:
+        raise PermissionDenied
+    job = get_object_or_404(Job.objects.select_related("owner"), pk=object_id)
+    if not model_admin.has_view_permission(request, job) or not op.has_permission(request.user):
+        raise PermissionDenied
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        after = _perform(request, op, job, form.cleaned_data["reason"])
+        target = after if after is not None and op.name == "retry" else job
+        return HttpResponseRedirect(job_url(target))
+    if request.method != "POST" and not op.allowed(job):
+        messages.warning(
+            request, f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."
+        )
+        return HttpResponseRedirect(job_url(job))
+    return TemplateResponse(
+        request,
+        "admin/jobstate/job/transition_form.html",
+        page_context(
+            model_admin,
+            request,
+            f"{op.label} job {str(job.pk)[:8]}",
+            job=job,
+            original=job,
+            operation=op,
+            form=form,
+            status_badge=display.status_badge(job.status),
+            finding=stuck.check(job),
+        ),
+    )
+
+
+def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    now = timezone.now()
+    ctx = stuck.Context(now)
+    findings = stuck.find_stuck(ctx=ctx)
+    cap = min(PAGE_COUNT_CAP, model_admin.count_cap())
+    counts = stuck.count_stuck(ctx=ctx, cap=cap)
+    groups = []
+    changelist = reverse("admin:jobstate_job_changelist")
+    for r in stuck.REASONS:
+        rows = [f for f in findings if f.reason == r.code]
+        op = OPERATIONS.get(REMEDY_OPERATION.get(r.remedy, ""))
+        groups.append(
+            {
+                "reason": r,
+                "count": counts[r.code],
+                "count_label": f"{cap:,}+" if counts[r.code] >= cap else f"{counts[r.code]:,}",
+                "more": max(0, counts[r.code] - len(rows)),
+                "list_url": f"{changelist}?stuck={r.code}",
+                "operation": op if op is not None and op.has_permission(request.user) else None,
+                "rows": [
+                    {
+                        "finding": f,
+                        "job": f.job,
+                        "badge": display.status_badge(f.job.status),
+                        "age": display.since(f.since, now),
+                    }
+                    for f in rows
+                ],
+            }
+        )
+    return TemplateResponse(
+        request,
+        "admin/jobstate/job/stuck.html",
+        page_context(
+            model_admin,
+            request,
+            "Stuck jobs",
+            groups=groups,
+            total=sum(counts.values()),
+            expired=counts[stuck.LEASE_EXPIRED],
+            can_reap=request.user.has_perm("jobstate.requeue_job"),
+            now=now,
+        ),
+    )
+
+
+def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+    """One click from the stuck page: the remedy for one job, with an automatic reason."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    back = HttpResponseRedirect(reverse("admin:jobstate_job_stuck"))
+    op = OPERATIONS.get(request.POST.get("operation", ""))
+    if op is None or op.name not in REMEDY_OPERATION.values():
+        raise PermissionDenied
+    if not model_admin.has_view_permission(request) or not op.has_permission(request.user):
+        raise PermissionDenied
+    try:
+        job = Job.objects.get(pk=request.POST.get("job", ""))
+    except (Job.DoesNotExist, ValueError, ValidationError):
+        messages.error(request, "That job does not exist (any more).")
+        return back
+    finding = stuck.check(job)
+    title = finding.title.lower() if finding else "stuck"
+    note = (request.POST.get("note") or "").strip()
+    reason = f"stuck remedy ({title})" + (f": {note}" if note else "")
+    after = _perform(request, op, job, reason[:1000])
+    if after is not None and op.name == "retry":
+        messages.info(request, f"The new job is {after.pk}.")
+    return back
+
+
+def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+    """Run the reaper now: every expired lease is requeued, failed or cancelled."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not request.user.has_perm("jobstate.requeue_job"):
+        raise PermissionDenied
+    report = services.requeue_expired()
+    messages.success(
+        request,
+        f"Reaper ran: {len(report.requeued)} requeued, {len(report.failed)} failed (no attempt left), "
+        f"{len(report.cancelled)} cancelled (cancel was pending).",
+    )
+    return HttpResponseRedirect(reverse("admin:jobstate_job_stuck"))

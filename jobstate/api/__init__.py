@@ -1,0 +1,1 @@
+"""jobstate's REST API (Django REST framework): include ``jobstate.api.urls``."""

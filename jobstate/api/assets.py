@@ -1,0 +1,78 @@
+"""Assets over the API: list, detail and download, scoped to their owner."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.db.models import QuerySet
+from django.http import FileResponse, HttpResponseRedirect
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+
+from jobstate import services
+from jobstate.api.base import JobstateAPIView, parse_id
+from jobstate.api.pagination import AssetPagination
+from jobstate.api.renderers import PassthroughRenderer
+from jobstate.api.serializers import AssetSerializer
+from jobstate.models import Asset
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List assets", description="Your assets (staff: everyone's), newest first."),
+    retrieve=extend_schema(summary="Asset detail"),
+)
+class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet):
+    """Files (or external URLs) produced by jobs."""
+
+    queryset = Asset.objects.none()  # for schema introspection; see get_queryset
+    serializer_class = AssetSerializer
+    pagination_class = AssetPagination
+    filter_backends: list[Any] = []
+
+    def get_queryset(self) -> QuerySet[Asset]:
+        user = self.request.user
+        qs = Asset.objects.all()
+        if getattr(user, "is_staff", False):
+            return qs
+        if not getattr(user, "is_authenticated", False):
+            return qs.none()
+        return qs.filter(owner=user)
+
+    def get_object(self) -> Asset:
+        asset = self.get_queryset().filter(pk=parse_id(self.kwargs["pk"])).first()
+        if asset is None:
+            raise NotFound()
+        return asset
+
+    @extend_schema(
+        summary="Download the asset's file",
+        description="Streams the stored file as an attachment with its content type, length and a safe "
+        "file name. An asset kept at an external http(s) URL answers 302 to that URL.",
+        responses={
+            (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, "The file."),
+            302: OpenApiResponse(description="The asset lives at an external URL."),
+        },
+    )
+    @action(detail=True, renderer_classes=[JSONRenderer, PassthroughRenderer])
+    def download(self, request: Request, pk: str | None = None) -> Any:
+        asset = self.get_object()
+        if not asset.file:
+            if asset.url and urlsplit(asset.url).scheme in ("http", "https"):
+                return HttpResponseRedirect(asset.url)
+            raise NotFound("This asset has no stored file.")
+        try:
+            handle = asset.file.open("rb")
+        except OSError:
+            raise NotFound("The asset's file is missing from storage.") from None
+        return FileResponse(
+            handle,
+            as_attachment=True,
+            filename=services.safe_name(asset.name),
+            content_type=asset.content_type or "application/octet-stream",
+        )

@@ -1,0 +1,171 @@
+"""One JSON error shape for every API response that is not a success.
+
+    {"error": {"code": "invalid_transition", "message": "...", "fields": {...}}}
+
+``fields`` maps an input field to its messages (empty when the error is not
+about a field); a refused transition also carries ``current_status``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from jobstate.exceptions import InvalidParameters, InvalidTransition, LeaseLost, UnknownKind
+from jobstate.services import DuplicateActiveKey
+
+logger = logging.getLogger("jobstate.api")
+
+
+class Conflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+    default_detail = "The request conflicts with the job's current state."
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+    default_detail = "The request body is too large."
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}, **extra}}
+
+
+def _flatten(detail: Any) -> Any:
+    """DRF ErrorDetail trees to plain strings, lists and dicts."""
+    if isinstance(detail, dict):
+        return {str(k): _flatten(v) for k, v in detail.items()}
+    if isinstance(detail, list | tuple):
+        return [_flatten(v) for v in detail]
+    return str(detail)
+
+
+def _django_validation_fields(exc: DjangoValidationError) -> dict[str, Any]:
+    if isinstance(exc, InvalidParameters):
+        return {"parameters": exc.errors}
+    if hasattr(exc, "error_dict"):
+        return {k: [str(m) for m in msgs] for k, msgs in exc.message_dict.items()}
+    return {"non_field_errors": [str(m) for m in exc.messages]}
+
+
+def _first_message(fields: dict[str, Any], default: str) -> str:
+    """The first field error as "path.to.field: message" (for ``message``)."""
+    for name, value in fields.items():
+        path = [name]
+        while isinstance(value, dict) and value:
+            key, value = next(iter(value.items()))
+            path.append(str(key))
+        if isinstance(value, list) and value and isinstance(value[0], str):
+            return value[0] if path == ["non_field_errors"] else f"{'.'.join(path)}: {value[0]}"
+    return default
+
+
+def _api_exception(exc: exceptions.APIException) -> tuple[str, str, dict[str, Any]]:
+    if isinstance(exc, exceptions.ValidationError):
+        detail = _flatten(exc.detail)
+        fields = detail if isinstance(detail, dict) else {"non_field_errors": detail}
+        return "invalid", _first_message(fields, "Invalid input."), fields
+    detail = exc.detail
+    if isinstance(detail, dict | list):
+        return exc.default_code, str(exc.default_detail), {"detail": _flatten(detail)}
+    code = getattr(detail, "code", None) or exc.default_code
+    return str(code), str(detail), {}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF ``EXCEPTION_HANDLER``: map every error to the shape above."""
+    headers: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    if isinstance(exc, InvalidTransition):
+        code, status_code = "invalid_transition", 409
+        message = _transition_message(exc)
+        fields: dict[str, Any] = {}
+        extra["current_status"] = exc.current
+    elif isinstance(exc, LeaseLost):
+        code, status_code, message, fields = "lease_lost", 409, str(exc), {}
+    elif isinstance(exc, DuplicateActiveKey):
+        code, status_code, message, fields = "duplicate_active_key", 409, str(exc), {}
+    elif isinstance(exc, UnknownKind):
+        code, status_code = "unknown_kind", 400
+        fields = {"kind": [f"Unknown job kind '{exc.kind}'."]}
+        message = fields["kind"][0]
+    elif isinstance(exc, InvalidParameters):
+        code, status_code = "invalid_parameters", 400
+        fields = {"parameters": exc.errors}
+        message = _first_message(fields, "Parameters are invalid.")
+    elif isinstance(exc, DjangoValidationError):
+        code, status_code = "invalid", 400
+        fields = _django_validation_fields(exc)
+        message = _first_message(fields, "Invalid input.")
+    elif isinstance(exc, Http404 | ObjectDoesNotExist):
+        code, status_code, message, fields = "not_found", 404, "Not found.", {}
+    elif isinstance(exc, DjangoPermissionDenied):
+        code, status_code, message, fields = "permission_denied", 403, "Permission denied.", {}
+    elif isinstance(exc, RequestDataTooBig):
+        code, status_code, message, fields = "payload_too_large", 413, "The request body is too large.", {}
+    elif isinstance(exc, exceptions.APIException):
+        code, message, fields = _api_exception(exc)
+        status_code = exc.status_code
+        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+            auth_header = _authenticate_header(context)
+            if auth_header:
+                headers["WWW-Authenticate"] = auth_header
+            else:
+                status_code = 403
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
+        if getattr(exc, "wait", None) is not None:
+            headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+    else:
+        # A bug, not bad input: log it with its traceback, answer in the same shape.
+        logger.exception("Unhandled error in API view %s", context.get("view"))
+        code, status_code, message, fields = "server_error", 500, "Internal server error.", {}
+    _roll_back(context)
+    return Response(error_body(code, message, fields, **extra), status=status_code, headers=headers)
+
+
+def _authenticate_header(context: dict[str, Any]) -> str | None:
+    view, request = context.get("view"), context.get("request")
+    if view is None or request is None:
+        return None
+    return view.get_authenticate_header(request)
+
+
+def _roll_back(context: dict[str, Any]) -> None:
+    # Same as DRF's handler: an ATOMIC_REQUESTS transaction must not commit.
+    from rest_framework.views import set_rollback
+
+    set_rollback()
+
+
+def _transition_message(exc: InvalidTransition) -> str:
+    action = {"cancel": "cancelled", "retry": "retried", "stop": "stopped"}.get(exc.transition)
+    if action:
+        return f"The job is '{exc.current}'; it cannot be {action}."
+    return str(exc)
+
+
+@csrf_exempt  # a JSON 404 for any method; it changes nothing
+def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """A JSON 404 for any path under the API that matches no endpoint."""
+    path = request.path
+    message = "No API endpoint at this path."
+    if not path.endswith("/"):
+        try:
+            resolved = resolve(path + "/")
+        except Resolver404:
+            resolved = None
+        if resolved is not None and resolved.func is not not_found:
+            message = f"No API endpoint at this path; did you mean '{path}/'?"
+    return JsonResponse(error_body("not_found", message), status=404)

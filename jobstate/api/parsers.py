@@ -1,0 +1,60 @@
+"""A JSON parser with a body size limit and no recursion surprises."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+from rest_framework.settings import api_settings
+
+from jobstate import conf
+from jobstate.api.errors import PayloadTooLarge
+
+
+class LimitedJSONParser(JSONParser):
+    """DRF's JSONParser reads the whole body whatever its size (Django's
+    DATA_UPLOAD_MAX_MEMORY_SIZE only guards ``request.body``). This one reads
+    at most ``API_MAX_BODY_BYTES`` (and never more than
+    DATA_UPLOAD_MAX_MEMORY_SIZE) and answers 413 beyond it."""
+
+    def parse(self, stream: IO[bytes], media_type: str | None = None, parser_context: Any = None) -> Any:
+        limit = max_body_bytes()
+        request = (parser_context or {}).get("request")
+        declared = _content_length(request)
+        if declared is not None and declared > limit:
+            raise PayloadTooLarge(f"The request body is {declared} bytes; the limit is {limit}.")
+        if stream is None:
+            raise ParseError("Empty request body.")
+        raw = stream.read(limit + 1)
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"The request body is larger than {limit} bytes.")
+        encoding = (parser_context or {}).get("encoding") or "utf-8"
+        try:
+            text = raw.decode(encoding)
+            constant = None if not api_settings.STRICT_JSON else _reject_constant
+            return json.loads(text, parse_constant=constant)
+        except RecursionError:
+            raise ParseError("JSON parse error - nested too deeply.") from None
+        except (ValueError, LookupError) as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
+
+
+def max_body_bytes() -> int:
+    from django.conf import settings
+
+    limit = int(conf.get("API_MAX_BODY_BYTES"))
+    django_limit = getattr(settings, "DATA_UPLOAD_MAX_MEMORY_SIZE", None)
+    return min(limit, django_limit) if django_limit else limit
+
+
+def _content_length(request: Any) -> int | None:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or "")
+    except (AttributeError, ValueError):
+        return None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")

@@ -1,0 +1,364 @@
+"""Representations of jobs, steps, events and assets, and the API's inputs.
+
+Output serializers are read-only views of rows; input serializers only shape
+and bound the request (strict JSON types, sizes). Everything about whether a
+job may be created or moved is decided by jobstate.services.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import models
+from django.urls import NoReverseMatch, reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import ISO_8601, serializers
+from rest_framework.settings import api_settings
+
+from jobstate import conf
+from jobstate.api.permissions import allowed_actions
+from jobstate.models import Asset, Job, JobEvent, JobStep
+from jobstate.states import Status
+
+ACTIONS = ("cancel", "retry", "requeue", "fail")
+BIGINT = 2**63
+
+
+# Strict inputs --------------------------------------------------------------
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise serializers.ValidationError("Null characters are not allowed.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise serializers.ValidationError("Text must be valid Unicode.") from None
+    return value
+
+
+class UTCDateTimeField(serializers.DateTimeField):
+    """ISO 8601 in UTC ("…Z"), whatever the active time zone: instants, the same
+    for every client. Also skips DRF's per-value time-zone lookup, which is a
+    good part of a 50-row page's serialization time."""
+
+    def to_representation(self, value: Any) -> str | None:
+        if not value:
+            return None
+        output_format = getattr(self, "format", api_settings.DATETIME_FORMAT)
+        iso = isinstance(output_format, str) and output_format.lower() == ISO_8601
+        if iso and isinstance(value, datetime) and value.tzinfo is not None:
+            text = value.astimezone(UTC).isoformat()
+            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        return super().to_representation(value)
+
+
+class StrictCharField(serializers.CharField):
+    """A string, and only a string (DRF's CharField would accept numbers)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return _check_text(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer (not a string, a float or a boolean)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ParametersField(serializers.Field):
+    """A JSON object: only size and plain-text checks here; the handler's schema
+    validates the content (in jobstate.services)."""
+
+    default_error_messages = {
+        "not_object": "Parameters must be a JSON object.",
+        "too_large": "Parameters are {size} bytes; the limit is {limit}.",
+        "too_deep": "Parameters are nested too deeply.",
+    }
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            self.fail("not_object")
+        try:
+            size = len(json.dumps(data, separators=(",", ":")).encode())
+        except RecursionError:
+            self.fail("too_deep")
+        limit = conf.get("MAX_PARAMETERS_BYTES")
+        if size > limit:
+            self.fail("too_large", size=size, limit=limit)
+        _check_tree(data)
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+def _check_tree(value: Any) -> None:
+    """PostgreSQL refuses NUL characters and lone surrogates in JSON text: say so
+    as a 400 instead of failing in the database."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                _check_text(k)
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+class EnqueueSerializer(serializers.Serializer):
+    kind = StrictCharField(max_length=200, help_text="A registered handler name.")
+    parameters = ParametersField(required=False, default=dict, help_text="Validated by the handler's schema.")
+    key = StrictCharField(
+        max_length=255,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Idempotency key: an active (or still up to date) job with this kind and key is "
+        "returned with 200 instead of queueing a new one.",
+    )
+    watermark = StrictIntegerField(
+        min_value=-BIGINT,
+        max_value=BIGINT - 1,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Input version for keyed jobs; a newer watermark re-runs a finished job.",
+    )
+    priority = StrictIntegerField(min_value=-32768, max_value=32767, required=False, default=0)
+    run_after = serializers.DateTimeField(
+        required=False, allow_null=True, default=None, help_text="Do not start before this time."
+    )
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class RequiredReasonSerializer(serializers.Serializer):
+    reason = StrictCharField(max_length=1000, help_text="Why: recorded in the history.")
+
+
+class StuckSerializer(serializers.Serializer):
+    """A job that needs a person (jobstate.stuck): why, since when, what fixes it."""
+
+    job = serializers.UUIDField()
+    kind = serializers.CharField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    reason = serializers.CharField(help_text="Reason code, e.g. `lease_expired`.")
+    title = serializers.CharField()
+    text = serializers.CharField()
+    remedy = serializers.CharField(help_text="`requeue`, `force_cancel`, `retry` or `start_worker`.")
+    remedy_text = serializers.CharField()
+    since = UTCDateTimeField(allow_null=True)
+
+
+# Outputs --------------------------------------------------------------------
+
+
+class OutputSerializer(serializers.ModelSerializer):
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.DateTimeField: UTCDateTimeField,
+    }
+
+
+class StepSerializer(OutputSerializer):
+    class Meta:
+        model = JobStep
+        fields = [
+            "position",
+            "name",
+            "status",
+            "attempts",
+            "cursor",
+            "output",
+            "error_message",
+            "started_at",
+            "finished_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class JobSerializer(OutputSerializer):
+    owner = serializers.SerializerMethodField()
+    allowed_actions = serializers.SerializerMethodField(
+        help_text="What the caller may do to this job now (cancel while it is active, retry once it ended)."
+    )
+    cancel_requested = serializers.SerializerMethodField()
+    status = serializers.ChoiceField(choices=Status.choices, read_only=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "kind",
+            "status",
+            "progress",
+            "progress_message",
+            "current_step",
+            "key",
+            "priority",
+            "attempts",
+            "max_attempts",
+            "owner",
+            "parent",
+            "retry_of",
+            "error_message",
+            "error_type",
+            "cancel_requested",
+            "run_after",
+            "created_at",
+            "updated_at",
+            "started_at",
+            "finished_at",
+            "allowed_actions",
+        ]
+        read_only_fields = fields
+
+    def get_owner(self, job: Job) -> str | None:
+        return job.owner.get_username() if job.owner_id is not None and job.owner else None
+
+    @extend_schema_field({"type": "array", "items": {"type": "string", "enum": list(ACTIONS)}})
+    def get_allowed_actions(self, job: Job) -> list[str]:
+        return allowed_actions(self.context["request"].user, job)
+
+    def get_cancel_requested(self, job: Job) -> bool:
+        return job.cancel_requested_at is not None
+
+
+class JobDetailSerializer(JobSerializer):
+    parameters = serializers.JSONField(read_only=True)
+    result = serializers.JSONField(read_only=True, allow_null=True)
+    steps = StepSerializer(many=True, read_only=True)
+    duration = serializers.SerializerMethodField(help_text="Seconds since it started (until it ended).")
+
+    class Meta(JobSerializer.Meta):
+        fields = [
+            *JobSerializer.Meta.fields,
+            "parameters",
+            "result",
+            "input_watermark",
+            "last_success_watermark",
+            "cancel_requested_at",
+            "stop_requested_at",
+            "heartbeat_at",
+            "duration",
+            "steps",
+        ]
+        read_only_fields = fields
+
+    def get_duration(self, job: Job) -> float | None:
+        duration = job.duration
+        return None if duration is None else round(duration.total_seconds(), 3)
+
+
+class JobEventSerializer(OutputSerializer):
+    from_status = serializers.SerializerMethodField(help_text="Empty for the enqueue event.")
+    actor = serializers.CharField(
+        source="actor_label", read_only=True, help_text="api, admin, worker:<id>, …"
+    )
+    user = serializers.SerializerMethodField(help_text="The user behind the change, if any.")
+    metadata = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobEvent
+        fields = [
+            "id",
+            "from_status",
+            "to_status",
+            "transition",
+            "actor",
+            "user",
+            "reason",
+            "metadata",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_from_status(self, event: JobEvent) -> str | None:
+        return event.from_status or None
+
+    def get_user(self, event: JobEvent) -> str | None:
+        return event.actor.get_username() if event.actor_id is not None and event.actor else None
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_metadata(self, event: JobEvent) -> dict[str, Any]:
+        # Tracebacks stay in the admin: they describe the server, not the job.
+        return {k: v for k, v in (event.metadata or {}).items() if k != "traceback"}
+
+
+class AssetSerializer(OutputSerializer):
+    url = serializers.SerializerMethodField(help_text="External location, for assets stored elsewhere.")
+    download_url = serializers.SerializerMethodField(help_text="Streams the file (or redirects to `url`).")
+
+    class Meta:
+        model = Asset
+        fields = [
+            "id",
+            "job",
+            "asset_type",
+            "name",
+            "content_type",
+            "size",
+            "sha256",
+            "metadata",
+            "url",
+            "download_url",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_url(self, asset: Asset) -> str | None:
+        return asset.url or None
+
+    @extend_schema_field({"type": "string", "format": "uri"})
+    def get_download_url(self, asset: Asset) -> str:
+        try:
+            path = reverse("jobstate-api:asset-download", kwargs={"pk": asset.pk})
+        except NoReverseMatch:  # mounted without the namespace
+            path = reverse("asset-download", kwargs={"pk": asset.pk})
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
+
+
+class JobSnapshotSerializer(serializers.Serializer):
+    """What the progress stream sends each time the job changes."""
+
+    id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=Status.choices)
+    progress = serializers.IntegerField()
+    progress_message = serializers.CharField()
+    current_step = serializers.CharField()
+    cancel_requested = serializers.BooleanField()
+    error_message = serializers.CharField()
+    updated_at = UTCDateTimeField()
+    finished_at = UTCDateTimeField(allow_null=True)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable machine-readable code, e.g. `invalid_transition`.")
+    message = serializers.CharField()
+    fields = serializers.DictField(
+        child=serializers.JSONField(), help_text="Field name to messages (nested for `parameters`)."
+    )
+    current_status = serializers.ChoiceField(
+        choices=Status.choices, required=False, help_text="The job's status, for a refused transition."
+    )
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()

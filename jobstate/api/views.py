@@ -1,0 +1,323 @@
+"""The REST API for jobs: enqueue, list, detail, cancel, retry, operator
+remedies, stuck jobs, history, assets and progress (SSE, long-poll).
+
+Every query is scoped with ``Job.objects.owned_by(user)`` (staff see all), so
+another user's job is a 404, never a 403. Every change goes through
+jobstate.services with ``Actor.api(user)``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from django.urls import reverse
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from jobstate import services
+from jobstate.api.base import JobstateAPIView, parse_id
+from jobstate.api.errors import Conflict
+from jobstate.api.filters import JobFilter
+from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination
+from jobstate.api.permissions import CanActOnJob
+from jobstate.api.renderers import EventStreamRenderer
+from jobstate.api.schema import SSE_EVENT_SCHEMA
+from jobstate.api.serializers import (
+    AssetSerializer,
+    EnqueueSerializer,
+    JobDetailSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    ReasonSerializer,
+    RequiredReasonSerializer,
+    StuckSerializer,
+)
+from jobstate.api.stream import event_stream, wait_for_change
+from jobstate.models import Asset, Job, JobEvent
+from jobstate.services import Actor
+from jobstate.states import Status
+from jobstate.stuck import REASONS, find_stuck
+
+# The columns the list shows (no parameters, result or traceback: large JSON
+# and text the list never needs), the owner's name joined in.
+LIST_COLUMNS = (
+    *(f for f in JobSerializer.Meta.fields if f not in ("owner", "allowed_actions", "cancel_requested")),
+    "cancel_requested_at",
+)
+
+
+def list_columns() -> tuple[str, ...]:
+    # The owner's name under whatever field the user model names it.
+    return (*LIST_COLUMNS, f"owner__{get_user_model().USERNAME_FIELD}")
+
+
+class KeyConflict(Conflict):
+    default_code = "key_conflict"
+    default_detail = "Another owner's job holds this kind and key; choose another key."
+
+
+class StuckQuerySerializer(serializers.Serializer):
+    reason = serializers.MultipleChoiceField(
+        choices=[r.code for r in REASONS], required=False, help_text="Only these reasons (repeat)."
+    )
+
+
+class WaitSerializer(serializers.Serializer):
+    wait = serializers.FloatField(min_value=0, max_value=300, required=False)
+    since = serializers.DateTimeField(required=False)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="List jobs", description="Your jobs (staff: everyone's), newest first."),
+    create=extend_schema(
+        summary="Enqueue a job",
+        request=EnqueueSerializer,
+        responses={
+            201: OpenApiResponse(JobDetailSerializer, "Queued."),
+            200: OpenApiResponse(JobDetailSerializer, "Deduplicated: the job this key already names."),
+        },
+    ),
+    retrieve=extend_schema(
+        summary="Job detail",
+        parameters=[
+            OpenApiParameter(
+                "wait",
+                OpenApiTypes.FLOAT,
+                description="Long-poll: wait up to this many seconds (capped by the server) for the job "
+                "to change after `since` before answering.",
+            ),
+            OpenApiParameter(
+                "since",
+                OpenApiTypes.DATETIME,
+                description="With `wait`: the `updated_at` you already have (default: the current one).",
+            ),
+        ],
+    ),
+)
+class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
+    """Jobs: enqueue, list, detail, cancel, retry, history, assets and progress."""
+
+    queryset = Job.objects.none()  # for schema introspection; see get_queryset
+    serializer_class = JobSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = JobFilter
+    pagination_class = JobPagination
+
+    def get_permissions(self) -> list[Any]:
+        return [*super().get_permissions(), CanActOnJob()]
+
+    def get_throttles(self) -> list[Any]:
+        self.throttle_scope = "jobstate_enqueue" if self.action == "create" else "jobstate"
+        return super().get_throttles()
+
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+        return JobSerializer if self.action == "list" else JobDetailSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        qs = Job.objects.owned_by(self.request.user).select_related("owner")
+        if self.action == "list":
+            return qs.only(*list_columns())
+        return qs
+
+    def get_object(self) -> Job:
+        # No filter_queryset here: list filters must not hide a detail.
+        pk = parse_id(self.kwargs["pk"])
+        job = self.get_queryset().filter(pk=pk).first()
+        if job is None:
+            raise NotFound()
+        self.check_object_permissions(self.request, job)
+        return job
+
+    def _visible_id(self, pk: Any) -> uuid.UUID:
+        job_id = parse_id(pk)
+        if not Job.objects.owned_by(self.request.user).filter(pk=job_id).exists():
+            raise NotFound()
+        return job_id
+
+    def _detail(self, job_id: Any, status_code: int = 200, **headers: str) -> Response:
+        job = self.get_queryset().prefetch_related("steps").get(pk=job_id)
+        data = JobDetailSerializer(job, context=self.get_serializer_context()).data
+        return Response(data, status=status_code, headers=headers or None)
+
+    def _location(self, job_id: Any) -> str:
+        return self.request.build_absolute_uri(reverse("jobstate-api:job-detail", kwargs={"pk": job_id}))
+
+    # Endpoints ---------------------------------------------------------------
+
+    def list(self, request: Request) -> Response:
+        qs = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(qs)
+        return self.get_paginated_response(
+            JobSerializer(page, many=True, context=self.get_serializer_context()).data
+        )
+
+    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+        params = WaitSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        wait = params.validated_data.get("wait")
+        if wait:
+            job_id = self._visible_id(pk)
+            since = params.validated_data.get("since")
+            if since is None:
+                since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
+            if since is not None:
+                wait_for_change(job_id, since, wait)
+        job = self.get_queryset().prefetch_related("steps").filter(pk=parse_id(pk)).first()
+        if job is None:
+            raise NotFound()
+        return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data)
+
+    def create(self, request: Request) -> Response:
+        serializer = EnqueueSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        user = request.user
+        with transaction.atomic():
+            job, created = services.get_or_enqueue(
+                data["kind"],
+                data["parameters"],
+                owner=user,
+                key=data["key"],
+                watermark=data["watermark"],
+                priority=data["priority"],
+                run_after=data["run_after"],
+                actor=Actor.api(user),
+            )
+            if not created and not Job.objects.owned_by(user).filter(pk=job.pk).exists():
+                # Keys are global per kind. Never hand out (or touch the
+                # watermark of) a job the caller cannot see: roll back, refuse.
+                raise KeyConflict()
+        if created:
+            return self._detail(job.pk, status.HTTP_201_CREATED, Location=self._location(job.pk))
+        return self._detail(job.pk)
+
+    @extend_schema(
+        summary="Cancel a job",
+        request=ReasonSerializer,
+        responses={
+            200: OpenApiResponse(JobDetailSerializer, "A queued job: cancelled now."),
+            202: OpenApiResponse(
+                JobDetailSerializer, "A running job: cancel requested; its worker stops it."
+            ),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        body = ReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        updated = services.request_cancel(job, Actor.api(request.user), body.validated_data["reason"])
+        code = status.HTTP_200_OK if updated.status == Status.CANCELLED else status.HTTP_202_ACCEPTED
+        return self._detail(job.pk, code)
+
+    @extend_schema(
+        summary="Retry a finished job",
+        description="Queues a new job linked to this one (`retry_of`); this one is not changed.",
+        request=ReasonSerializer,
+        responses={201: OpenApiResponse(JobDetailSerializer, "The new job.")},
+    )
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        body = ReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        new = services.retry(job, Actor.api(request.user), body.validated_data["reason"])
+        return self._detail(new.pk, status.HTTP_201_CREATED, Location=self._location(new.pk))
+
+    @extend_schema(
+        summary="Requeue a processing job (operators)",
+        description="Puts a processing job (e.g. a stuck one) back in the queue now; its worker's "
+        "lease stops working. Needs staff status and the `jobstate.requeue_job` permission.",
+        request=ReasonSerializer,
+        responses={200: JobDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def requeue(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        body = ReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.requeue(job, Actor.api(request.user), body.validated_data["reason"])
+        return self._detail(job.pk)
+
+    @extend_schema(
+        summary="Fail a job with a reason (operators)",
+        description="Ends a queued or processing job `failed`. Needs staff status and the "
+        "`jobstate.requeue_job` permission.",
+        request=RequiredReasonSerializer,
+        responses={200: JobDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def fail(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        body = RequiredReasonSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.force_fail(job, Actor.api(request.user), body.validated_data["reason"])
+        return self._detail(job.pk)
+
+    @extend_schema(
+        summary="Jobs that need a person",
+        description="Your stuck jobs (staff: everyone's), grouped by reason (lease expired, past its "
+        "timeout, no heartbeat, cancel not honoured, queued with no worker for its kind, failed and "
+        "not retried), each with the remedy; at most `STUCK_LIST_LIMIT` per reason.",
+        parameters=[StuckQuerySerializer],
+        responses=StuckSerializer(many=True),
+    )
+    @action(detail=False, filter_backends=[], pagination_class=None)
+    def stuck(self, request: Request) -> Response:
+        params = StuckQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        codes = params.validated_data.get("reason") or None
+        findings = find_stuck(codes=codes, queryset=Job.objects.owned_by(request.user))
+        return Response(StuckSerializer([f.as_dict() for f in findings], many=True).data)
+
+    @extend_schema(summary="Transition history", responses=JobEventSerializer(many=True))
+    @action(detail=True, filter_backends=[], pagination_class=EventPagination)
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        job_id = self._visible_id(pk)
+        page = self.paginate_queryset(JobEvent.objects.filter(job_id=job_id).select_related("actor"))
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+    @extend_schema(summary="The job's assets", responses=AssetSerializer(many=True))
+    @action(detail=True, filter_backends=[], pagination_class=JobAssetPagination)
+    def assets(self, request: Request, pk: str | None = None) -> Response:
+        job_id = self._visible_id(pk)
+        page = self.paginate_queryset(Asset.objects.filter(job_id=job_id))
+        context = self.get_serializer_context()
+        return self.get_paginated_response(AssetSerializer(page, many=True, context=context).data)
+
+    @extend_schema(
+        summary="Progress stream (Server-Sent Events)",
+        description="`job` events carry a JSON snapshot (id, status, progress, progress_message, "
+        "current_step, cancel_requested, error_message, updated_at, finished_at) each time the job "
+        "changes; `end` closes the stream when the job is terminal (`reason: terminal`), deleted, or "
+        "after the server's maximum duration (`reason: timeout`: reconnect to go on).",
+        responses={(200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream.")},
+    )
+    @action(
+        detail=True,
+        url_path="events/stream",
+        filter_backends=[],
+        pagination_class=None,
+        renderer_classes=[JSONRenderer, EventStreamRenderer],
+    )
+    def stream(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
+        job_id = self._visible_id(pk)
+        last_id = request.headers.get("Last-Event-ID") or None
+        response = StreamingHttpResponse(
+            event_stream(job_id, last_event_id=last_id), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+        return response

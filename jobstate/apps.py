@@ -1,0 +1,25 @@
+from django.apps import AppConfig
+
+
+class JobstateConfig(AppConfig):
+    name = "jobstate"
+    verbose_name = "Jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_delete
+
+        from jobstate import registry
+        from jobstate.models import Asset
+        from jobstate.services.assets import delete_stored_file
+        from jobstate.worker import checks  # noqa: F401  (registers the Q_CLUSTER checks)
+
+        # Assets also die in cascades Django runs (deleting a job, its parent
+        # or a pruned batch); post_delete is the one hook that sees them all.
+        post_delete.connect(
+            lambda sender, instance, **kw: delete_stored_file(instance),
+            sender=Asset,
+            weak=False,
+            dispatch_uid="jobstate_asset_file_cleanup",
+        )
+        registry.autodiscover()

@@ -1,0 +1,77 @@
+"""Exceptions raised by the service layer and by handlers."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+
+
+class JobStateError(Exception):
+    """Base class for every jobstate error."""
+
+
+class InvalidTransition(JobStateError):
+    """The job's current state does not allow the requested transition."""
+
+    def __init__(self, current: str, requested: str, transition: str = "") -> None:
+        self.current = current
+        self.requested = requested
+        self.transition = transition
+        via = f" ({transition})" if transition else ""
+        super().__init__(f"Cannot move job from '{current}' to '{requested}'{via}")
+
+
+class LeaseLost(JobStateError):
+    """The caller's lease token no longer owns the job; nothing was written."""
+
+    def __init__(self, job_id: object, reason: str = "lease token does not match") -> None:
+        self.job_id = job_id
+        self.reason = reason
+        super().__init__(f"Lease lost on job {job_id}: {reason}")
+
+
+class CancelRequested(JobStateError):
+    """A cancel was requested: the handler must stop; the worker ends the job ``cancelled``."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"Cancel requested for job {job_id}")
+
+
+class UnknownKind(ValidationError):
+    """No handler is registered under that name."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__({"kind": [f"Unknown job kind '{kind}'."]}, code="unknown_kind")
+        self.kind = kind
+
+
+class InvalidParameters(ValidationError):
+    """Parameters failed the handler's schema; ``errors`` maps field to messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        self.errors = {k: [str(m) for m in v] if isinstance(v, list) else v for k, v in errors.items()}
+        flat = [f"{field}: {msgs}" for field, msgs in self.errors.items()]
+        super().__init__({"parameters": flat}, code="invalid_parameters")
+
+
+class NonRetryable(Exception):
+    """Raise (or subclass) in a handler to fail the job without further attempts."""
+
+
+class Partial(Exception):
+    """Raise from a handler to end the job ``partial`` with a result and an error."""
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class Suspend(Exception):
+    """Raised by a handler (e.g. a workflow waiting for its children) to give the
+    worker back: the job returns to the queue without spending an attempt, until
+    ``until`` or, when None, until its last active child has ended."""
+
+    def __init__(self, reason: str = "waiting", until: object = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.until = until

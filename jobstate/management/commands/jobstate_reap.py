@@ -1,0 +1,19 @@
+"""Run the reaper once: requeue (or fail) processing jobs whose lease expired."""
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from jobstate import services
+
+
+class Command(BaseCommand):
+    help = "Requeue or fail processing jobs whose worker was lost (lease expired), once."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report = services.requeue_expired()
+        outcomes = {"requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}
+        self.stdout.write(", ".join(f"{label} {len(ids)}" for label, ids in outcomes.items()))
+        for label, ids in outcomes.items():
+            for pk in ids:
+                self.stdout.write(f"  {label} {pk}", self.style.WARNING)

@@ -1,0 +1,83 @@
+"""Print the jobs that need a person; the exit code suits monitoring checks.
+
+Exit codes (Nagios style): 0 nothing to report; 1 only jobs that recently
+failed after their last attempt; 2 at least one active job is stuck.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobstate import conf, stuck
+
+
+class Command(BaseCommand):
+    help = "List stuck jobs with their reason and remedy. Exit 0: none, 1: recent failures only, 2: stuck."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--reason",
+            action="append",
+            choices=[r.code for r in stuck.REASONS],
+            help="Only these reasons (repeatable).",
+        )
+        parser.add_argument(
+            "--ignore",
+            action="append",
+            choices=[r.code for r in stuck.REASONS],
+            default=[],
+            help="Leave these reasons out (repeatable), e.g. --ignore recently_failed.",
+        )
+        parser.add_argument("--limit", type=int, default=20, help="Jobs printed per reason (default 20).")
+        parser.add_argument("--json", action="store_true", help="Print JSON: counts and findings.")
+        parser.add_argument("--counts", action="store_true", help="Print only the counts per reason.")
+        # Counts stop at JOBSTATE["ADMIN_COUNT_CAP"] (shown as "N+"), so the check stays cheap.
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["limit"] < 0:
+            raise CommandError("--limit must be zero or more")
+        codes = [
+            r.code
+            for r in stuck.REASONS
+            if (not options["reason"] or r.code in options["reason"]) and r.code not in options["ignore"]
+        ]
+        self.cap = int(conf.get("ADMIN_COUNT_CAP"))
+        counts = stuck.count_stuck(codes=codes, cap=self.cap)
+        findings = [] if options["counts"] else stuck.find_stuck(codes=codes, limit=options["limit"])
+        if options["json"]:
+            payload = {"counts": counts, "findings": [f.as_dict() for f in findings]}
+            self.stdout.write(json.dumps(payload, indent=2))
+        else:
+            self._print(counts, findings)
+        code = 0
+        if any(counts[c] for c in codes if c in stuck.ACTIVE_REASONS):
+            code = 2
+        elif any(counts.values()):
+            code = 1
+        if code:
+            sys.exit(code)
+
+    def _print(self, counts: dict[str, int], findings: list[stuck.Finding]) -> None:
+        total = sum(counts.values())
+        if not total:
+            self.stdout.write(self.style.SUCCESS("No stuck jobs."))
+            return
+        by_reason: dict[str, list[stuck.Finding]] = {}
+        for finding in findings:
+            by_reason.setdefault(finding.reason, []).append(finding)
+        for r in stuck.REASONS:
+            n = counts.get(r.code, 0)
+            if not n:
+                continue
+            plus = "+" if n >= self.cap else ""
+            self.stdout.write(self.style.WARNING(f"{r.title} [{r.code}]: {n}{plus}"))
+            self.stdout.write(f"  remedy: {r.remedy_text}")
+            for f in by_reason.get(r.code, []):
+                self.stdout.write(f"  {f.job.pk}  {f.job.kind}  {f.text}")
+            shown = len(by_reason.get(r.code, []))
+            if findings and shown < n:
+                self.stdout.write(f"  ... and {n - shown}{plus} more")

@@ -1,0 +1,74 @@
+"""Workflows from the command line: start one, show its state, retry it from a
+step, skip a step, ask a serving one to stop. Actions record the actor
+``cli:<user>`` and the reason."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from jobstate import services
+from jobstate.exceptions import JobStateError
+from jobstate.models import Job
+from jobstate.workflows import definition_of, retry_from, skip_step, state
+
+
+class Command(BaseCommand):
+    help = "Start a workflow, show its state, retry it from a step, skip a step, or stop a serving one."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        start = sub.add_parser("start", help="Queue a workflow job.")
+        start.add_argument("kind")
+        start.add_argument("--params", default="{}", help="Parameters as a JSON object.")
+        show = sub.add_parser("state", help="Print the workflow state as JSON.")
+        show.add_argument("job")
+        retry = sub.add_parser("retry", help="Retry a finished workflow as a new linked job.")
+        retry.add_argument("job")
+        retry.add_argument("--from", dest="step", help="First step to run again (default: where it stopped).")
+        retry.add_argument("--skip", action="append", default=[], help="Step to skip (repeatable).")
+        retry.add_argument("--reason", default="")
+        skip = sub.add_parser("skip", help="Skip a failed or pending step of a queued workflow job.")
+        skip.add_argument("job")
+        skip.add_argument("step")
+        skip.add_argument("--reason", default="")
+        stop = sub.add_parser("stop", help="Ask a running (serving) job to stop gracefully.")
+        stop.add_argument("job")
+        stop.add_argument("--reason", default="")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actor = services.Actor(f"cli:{getpass.getuser()}")
+        action = options["action"]
+        try:
+            if action == "start":
+                if definition_of(options["kind"]) is None:
+                    raise CommandError(f"'{options['kind']}' is not a registered workflow")
+                try:
+                    params = json.loads(options["params"])
+                except json.JSONDecodeError as exc:
+                    raise CommandError(f"--params is not JSON: {exc}") from None
+                job = services.enqueue(options["kind"], params, actor=actor, reason="started from the CLI")
+                self.stdout.write(str(job.pk))
+                return
+            job = Job.objects.get(pk=options["job"])
+            if action == "state":
+                self.stdout.write(json.dumps(state(job), indent=2))
+            elif action == "retry":
+                new = retry_from(
+                    job, options["step"], actor=actor, reason=options["reason"], skip=options["skip"]
+                )
+                self.stdout.write(str(new.pk))
+            elif action == "skip":
+                skip_step(job, options["step"], actor=actor, reason=options["reason"])
+                self.stdout.write(f"skipped {options['step']} of {job.pk}")
+            elif action == "stop":
+                services.request_stop(job, actor, options["reason"])
+                self.stdout.write(f"stop requested for {job.pk}")
+        except (Job.DoesNotExist, ValidationError, ValueError) as exc:
+            raise CommandError(str(exc)) from None
+        except JobStateError as exc:
+            raise CommandError(str(exc)) from None

@@ -1,0 +1,60 @@
+"""Files (or external URLs) produced by a job."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+def asset_upload_to(instance: Asset, filename: str) -> str:
+    return f"jobstate/{instance.job_id}/{filename}"
+
+
+def _asset_storage():  # type: ignore[no-untyped-def]
+    from django.core.files.storage import storages
+
+    from jobstate import conf
+
+    return storages[conf.get("STORAGE")]
+
+
+class Asset(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="assets")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobstate_assets",
+    )
+    asset_type = models.CharField(max_length=100)
+    name = models.CharField(max_length=255, help_text="Safe display and download file name.")
+    file = models.FileField(upload_to=asset_upload_to, storage=_asset_storage, max_length=500, blank=True)
+    url = models.URLField(max_length=2000, blank=True, default="")
+    storage_path = models.CharField(max_length=500, blank=True, default="")
+    size = models.PositiveBigIntegerField(default=0)
+    content_type = models.CharField(max_length=200, blank=True, default="")
+    sha256 = models.CharField(max_length=64, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("created_at",)
+        indexes = [
+            models.Index(fields=["job", "created_at"], name="jobstate_asset_job_idx"),
+            models.Index(fields=["owner", "-created_at"], name="jobstate_asset_owner_idx"),
+            # The asset admin: newest first, and by type (its filter and choices).
+            models.Index(fields=["-created_at"], name="jobstate_asset_created_idx"),
+            models.Index(fields=["asset_type", "-created_at"], name="jobstate_asset_type_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=~Q(file="") | ~Q(url=""), name="jobstate_asset_file_or_url"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.asset_type}: {self.name}"

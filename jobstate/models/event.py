@@ -1,0 +1,50 @@
+"""The append-only transition history."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from jobstate.states import Status
+
+
+class JobEvent(models.Model):
+    """One committed state change of a job: who, from, to, why, when.
+
+    Rows are written by jobstate.services in the same transaction as the change
+    they record, and never updated.
+    """
+
+    job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="events")
+    from_status = models.CharField(max_length=20, choices=Status.choices, blank=True, default="")
+    to_status = models.CharField(max_length=20, choices=Status.choices)
+    transition = models.CharField(max_length=50)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    actor_label = models.CharField(max_length=200, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        # Insertion order, not clock order: a job's events are written under its
+        # row lock, so ids follow the real sequence even when clocks disagree.
+        ordering = ("id",)
+        indexes = [
+            models.Index(fields=["job", "id"], name="jobstate_event_job_idx"),
+            models.Index(fields=["to_status", "created_at"], name="jobstate_event_to_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.from_status or '∅'} → {self.to_status} ({self.transition})"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if self.pk is not None and not self._state.adding:
+            raise ValueError("JobEvent rows are append-only")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]

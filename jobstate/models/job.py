@@ -1,0 +1,219 @@
+"""The Job model and its state machine, declared once with django-fsm-2."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django_fsm import FSMField, FSMModelMixin, transition
+
+from jobstate.states import ACTIVE, TERMINAL, Status
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def queued(self) -> JobQuerySet:
+        return self.filter(status=Status.QUEUED)
+
+    def processing(self) -> JobQuerySet:
+        return self.filter(status=Status.PROCESSING)
+
+    def active(self) -> JobQuerySet:
+        return self.filter(status__in=ACTIVE)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(status__in=TERMINAL)
+
+    def ready(self, now: Any = None) -> JobQuerySet:
+        """Queued jobs whose ``run_after`` has passed, in claim order."""
+        return self.queued().filter(run_after__lte=now or timezone.now()).order_by(*CLAIM_ORDER)
+
+    def expired(self, now: Any = None) -> JobQuerySet:
+        """Processing jobs whose lease has run out (their worker is presumed dead)."""
+        return self.processing().filter(lease_expires_at__lt=now or timezone.now())
+
+    def owned_by(self, user: Any) -> JobQuerySet:
+        if getattr(user, "is_staff", False):
+            return self
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(owner=user)
+
+
+CLAIM_ORDER = ("-priority", "run_after", "created_at")
+
+
+class Job(FSMModelMixin, models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=200, help_text="Registered handler name.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="jobstate_jobs",
+    )
+    key = models.CharField(
+        max_length=255, null=True, blank=True, help_text="Idempotency key, unique per kind."
+    )
+    input_watermark = models.BigIntegerField(null=True, blank=True)
+    last_success_watermark = models.BigIntegerField(null=True, blank=True)
+
+    status = FSMField(max_length=20, choices=Status.choices, default=Status.QUEUED, protected=True)
+    progress = models.PositiveSmallIntegerField(default=0)
+    progress_message = models.CharField(max_length=500, blank=True, default="")
+    current_step = models.CharField(max_length=200, blank=True, default="")
+
+    parameters = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error_message = models.TextField(blank=True, default="")
+    error_type = models.CharField(max_length=200, blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+
+    priority = models.SmallIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    run_after = models.DateTimeField(default=timezone.now)
+
+    worker_id = models.CharField(max_length=200, blank=True, default="")
+    lease_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(
+        null=True, blank=True, help_text="Graceful stop asked of a service-style job."
+    )
+
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-created_at",)
+        permissions = [
+            ("cancel_job", "Can cancel jobs"),
+            ("retry_job", "Can retry jobs"),
+            ("requeue_job", "Can requeue or fail stuck jobs"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=Status.values), name="jobstate_job_status_valid"),
+            models.CheckConstraint(
+                condition=Q(progress__gte=0) & Q(progress__lte=100),
+                name="jobstate_job_progress_range",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=Status.FAILED) | ~Q(error_message=""),
+                name="jobstate_job_failed_has_error",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=TERMINAL) | Q(finished_at__isnull=False),
+                name="jobstate_job_terminal_has_finished_at",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status=Status.PROCESSING)
+                | (Q(lease_token__isnull=False) & Q(lease_expires_at__isnull=False)),
+                name="jobstate_job_processing_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1) & Q(attempts__lte=models.F("max_attempts")),
+                name="jobstate_job_attempts_bounded",
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "key"],
+                condition=Q(key__isnull=False) & Q(status__in=ACTIVE),
+                name="jobstate_job_one_active_per_key",
+            ),
+        ]
+        indexes = [
+            # The claim query: queued jobs by priority, then run_after.
+            models.Index(
+                fields=["-priority", "run_after", "created_at"],
+                condition=Q(status=Status.QUEUED),
+                name="jobstate_job_claim_idx",
+            ),
+            # Stuck detection and the reaper: processing jobs by lease expiry.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status=Status.PROCESSING),
+                name="jobstate_job_lease_idx",
+            ),
+            models.Index(fields=["owner", "status", "-created_at"], name="jobstate_job_owner_idx"),
+            # An owner's jobs newest first (the API's default list and its keyset pages):
+            # one range scan whatever the owner's share of the table or the page's depth.
+            models.Index(fields=["owner", "-created_at", "-id"], name="jobstate_job_owner_new_idx"),
+            models.Index(fields=["status", "-created_at"], name="jobstate_job_status_idx"),
+            models.Index(fields=["kind", "status"], name="jobstate_job_kind_idx"),
+            models.Index(fields=["kind", "key"], name="jobstate_job_key_idx"),
+            models.Index(fields=["status", "finished_at"], name="jobstate_job_finished_idx"),
+            # Stuck detection (jobstate.stuck): range scans over the processing set
+            # instead of reading every processing row (see docs/readme/admin.md).
+            models.Index(
+                fields=["heartbeat_at"],
+                condition=Q(status=Status.PROCESSING),
+                name="jobstate_job_heartbeat_idx",
+            ),
+            models.Index(
+                fields=["started_at"],
+                condition=Q(status=Status.PROCESSING),
+                name="jobstate_job_running_idx",
+            ),
+            models.Index(
+                fields=["cancel_requested_at"],
+                condition=Q(status=Status.PROCESSING, cancel_requested_at__isnull=False),
+                name="jobstate_job_cancel_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} [{self.status}]"
+
+    # The state machine. These methods only validate and move the in-memory
+    # state; jobstate.services persists each move with a conditional UPDATE
+    # and its JobEvent in one transaction. Never call them directly.
+
+    @transition(field=status, source=Status.QUEUED, target=Status.PROCESSING)
+    def claim(self) -> None:
+        """A worker takes the job under a fresh lease."""
+
+    @transition(field=status, source=Status.PROCESSING, target=Status.COMPLETED)
+    def complete(self) -> None:
+        """The handler returned a result."""
+
+    @transition(field=status, source=Status.PROCESSING, target=Status.PARTIAL)
+    def mark_partial(self) -> None:
+        """The handler finished with a result and an error."""
+
+    @transition(field=status, source=[Status.QUEUED, Status.PROCESSING], target=Status.FAILED)
+    def fail(self) -> None:
+        """Attempts exhausted, non-retryable error, unknown handler or worker lost."""
+
+    @transition(field=status, source=[Status.QUEUED, Status.PROCESSING], target=Status.CANCELLED)
+    def cancel(self) -> None:
+        """A cancel request honoured (or its worker gone while cancelling)."""
+
+    @transition(field=status, source=Status.PROCESSING, target=Status.QUEUED)
+    def requeue(self) -> None:
+        """Back to the queue: a retry with backoff, an expired lease, or a wait."""
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def duration(self) -> Any:
+        if self.started_at is None:
+            return None
+        return (self.finished_at or timezone.now()) - self.started_at

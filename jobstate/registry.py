@@ -1,0 +1,134 @@
+"""Handlers registered by name. Jobs store the name; nothing is imported from a
+dotted path that came from a client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+
+from jobstate.exceptions import InvalidParameters, UnknownKind
+
+Backoff = float | Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class HandlerSpec:
+    name: str
+    func: Callable[..., Any]
+    max_attempts: int | None = None
+    timeout: float | None = None
+    concurrency: int | None = None
+    retry_backoff: Backoff | None = None
+    schema: Any = None
+    description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, parameters: Any) -> dict[str, Any]:
+        """Return cleaned parameters or raise ``ValidationError`` keyed by field."""
+        if parameters is None:
+            parameters = {}
+        if not isinstance(parameters, dict):
+            raise ValidationError({"parameters": ["Parameters must be a JSON object."]})
+        if self.schema is None:
+            return parameters
+        if _is_serializer_class(self.schema):
+            serializer = self.schema(data=parameters)
+            if not serializer.is_valid():
+                raise InvalidParameters(dict(serializer.errors))
+            cleaned = serializer.validated_data
+        else:
+            cleaned = self.schema(parameters)
+        return json.loads(json.dumps(dict(cleaned), cls=DjangoJSONEncoder))
+
+
+def _is_serializer_class(obj: Any) -> bool:
+    try:
+        from rest_framework.serializers import BaseSerializer
+    except ImportError:  # pragma: no cover - DRF is a dependency
+        return False
+    return isinstance(obj, type) and issubclass(obj, BaseSerializer)
+
+
+_registry: dict[str, HandlerSpec] = {}
+
+
+def handler(
+    name: str,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    retry_backoff: Backoff | None = None,
+    schema: Any = None,
+    **options: Any,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a handler under ``name``.
+
+    ``schema`` is a DRF serializer class (or a callable returning cleaned
+    parameters) that ``enqueue`` validates parameters against.
+    """
+    if max_attempts is not None and max_attempts < 1:
+        raise ValueError("max_attempts must be at least 1")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    if timeout is not None and not timeout > 0:
+        raise ValueError("timeout must be a positive number of seconds")
+    if retry_backoff is not None and not callable(retry_backoff) and not retry_backoff >= 0:
+        raise ValueError("retry_backoff is a number of seconds >= 0 or a callable attempt -> seconds")
+
+    def register(func: Callable[..., Any]) -> Callable[..., Any]:
+        existing = _registry.get(name)
+        if (
+            existing is not None
+            and existing.func is not func
+            and (
+                getattr(existing.func, "__qualname__", None) != getattr(func, "__qualname__", None)
+                or getattr(existing.func, "__module__", None) != getattr(func, "__module__", None)
+            )
+        ):
+            raise ValueError(f"A handler is already registered as '{name}'")
+        _registry[name] = HandlerSpec(
+            name=name,
+            func=func,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            concurrency=concurrency,
+            retry_backoff=retry_backoff,
+            schema=schema,
+            description=(func.__doc__ or "").strip().split("\n")[0],
+            options=options,
+        )
+        return func
+
+    return register
+
+
+def get_handler(name: str) -> HandlerSpec:
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownKind(name) from None
+
+
+def all_handlers() -> dict[str, HandlerSpec]:
+    return dict(_registry)
+
+
+def concurrency_limits() -> dict[str, int]:
+    return {n: s.concurrency for n, s in _registry.items() if s.concurrency}
+
+
+def unregister(name: str) -> None:
+    """Remove a handler (for tests)."""
+    _registry.pop(name, None)
+
+
+def autodiscover() -> None:
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("jobs")

@@ -1,0 +1,269 @@
+"""What people and the system do to jobs: cancel, retry, requeue, rescue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost
+from jobstate.models import Job
+from jobstate.services.actors import Actor
+from jobstate.services.transitions import WAITING, move, record_event, wake_parent_if_done
+from jobstate.states import ACTIVE, TERMINAL, Status
+
+JobRef = Job | UUID | str
+
+
+class DuplicateActiveKey(JobStateError):
+    """Another active job already holds this (kind, key)."""
+
+
+def _get(job: JobRef) -> Job:
+    return Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
+
+
+def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """Cancel a queued job at once; ask a processing one to stop.
+
+    The request on a processing job is stored (it survives restarts) and
+    recorded in the history; its worker ends it ``cancelled``. Active children
+    are cancelled too. Terminal jobs raise ``InvalidTransition``.
+    """
+    who = Actor.of(actor)
+    now = timezone.now()
+    current = _get(job)
+    if current.status in TERMINAL:
+        raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
+    cancelled_here = False
+    with transaction.atomic():
+        # Children first: a child's final transaction locks the child, then its
+        # parent; taking the locks in the same order here cannot deadlock with it.
+        for child in Job.objects.filter(parent_id=current.pk, status__in=ACTIVE):
+            request_cancel(child, who, reason or "parent cancelled")
+        current = _get(job)
+        if current.status == Status.QUEUED:
+            try:
+                move(current, "cancel", actor=who, reason=reason, now=now)
+                cancelled_here = True
+            except InvalidTransition:
+                current = _get(job)  # claimed meanwhile: ask its worker instead
+        if current.status == Status.PROCESSING:
+            if Job.objects.filter(
+                pk=current.pk, status=Status.PROCESSING, cancel_requested_at__isnull=True
+            ).update(cancel_requested_at=now, updated_at=now):
+                record_event(
+                    current.pk,
+                    Status.PROCESSING,
+                    Status.PROCESSING,
+                    "request_cancel",
+                    who,
+                    reason,
+                    {},
+                    now,
+                )
+        elif not cancelled_here:
+            raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
+    return _get(current.pk)
+
+
+def cancel_now(job: Job, token: UUID | str, *, reason: str = "", actor: Actor | None = None) -> Job | None:
+    """The worker honours a cancel request: ``processing`` -> ``cancelled``."""
+    row = Job.objects.filter(pk=job.pk).values_list("cancel_requested_at", flat=True).first()
+    return move(
+        job,
+        "cancel",
+        actor=actor or Actor.worker(job.worker_id),
+        token=token,
+        reason=reason or "cancel requested",
+        metadata={"requested_at": row.isoformat() if row else None},
+    )
+
+
+def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """Ask a service-style job to stop gracefully; it then ends ``completed``."""
+    who = Actor.of(actor)
+    current = _get(job)
+    if current.status not in ACTIVE:
+        raise InvalidTransition(current.status, Status.COMPLETED, "stop")
+    now = timezone.now()
+    with transaction.atomic():
+        if current.status == Status.QUEUED:
+            move(current, "cancel", actor=who, reason=reason or "stopped before it started", now=now)
+        elif Job.objects.filter(
+            pk=current.pk, status=Status.PROCESSING, stop_requested_at__isnull=True
+        ).update(stop_requested_at=now, updated_at=now):
+            record_event(
+                current.pk, Status.PROCESSING, Status.PROCESSING, "request_stop", who, reason, {}, now
+            )
+    return _get(current.pk)
+
+
+def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """A new job linked to a terminal one (``retry_of``); the old one is untouched."""
+    from jobstate.services.enqueue import get_or_enqueue
+
+    old = _get(job)
+    if old.status not in TERMINAL:
+        raise InvalidTransition(old.status, Status.QUEUED, "retry")
+    try:
+        with transaction.atomic():
+            new, _created = (
+                get_or_enqueue(
+                    old.kind,
+                    old.parameters,
+                    owner=old.owner,
+                    priority=old.priority,
+                    max_attempts=old.max_attempts,
+                    retry_of=old,
+                    parent=old.parent,
+                    actor=actor,
+                    reason=reason or f"retry of {old.pk}",
+                )
+                if old.key is None
+                else _retry_keyed(old, actor, reason)
+            )
+    except IntegrityError:
+        raise DuplicateActiveKey(f"An active '{old.kind}' job already has key '{old.key}'") from None
+    return new
+
+
+def _retry_keyed(old: Job, actor: Any, reason: str) -> tuple[Job, bool]:
+    from jobstate.registry import get_handler
+    from jobstate.services.enqueue import _create
+
+    if Job.objects.filter(kind=old.kind, key=old.key, status__in=ACTIVE).exists():
+        raise IntegrityError("active key")
+    job = _create(
+        get_handler(old.kind),
+        old.parameters,
+        old.owner,
+        old.key,
+        old.input_watermark,
+        old.priority,
+        None,
+        old.max_attempts,
+        old.parent,
+        old,
+        Actor.of(actor),
+        reason or f"retry of {old.pk}",
+    )
+    return job, True
+
+
+@dataclass
+class ReapReport:
+    requeued: list[Any] = field(default_factory=list)
+    failed: list[Any] = field(default_factory=list)
+    cancelled: list[Any] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.requeued) + len(self.failed) + len(self.cancelled)
+
+
+def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapReport:
+    """The reaper: processing jobs whose lease expired go back to the queue
+    (attempts left), or end ``failed`` with "worker lost" (none left), or
+    ``cancelled`` when a cancel had been requested."""
+    now = now or timezone.now()
+    report = ReapReport()
+    reaper = Actor.system("reaper")
+    rows = Job.objects.expired(now).values_list(
+        "pk", "lease_token", "attempts", "max_attempts", "cancel_requested_at", "worker_id"
+    )[:limit]
+    for pk, token, attempts, max_attempts, cancel_at, worker in rows:
+        guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
+        meta = {"attempt": attempts, "worker": worker}
+        try:
+            if cancel_at is not None:
+                move(pk, "cancel", reason="worker lost while cancelling", metadata=meta, **guard)
+                report.cancelled.append(pk)
+            elif attempts < max_attempts:
+                move(
+                    pk,
+                    "requeue",
+                    reason=f"lease expired (worker {worker or '?'} lost)",
+                    fields={"run_after": now, "worker_id": ""},
+                    metadata=meta,
+                    **guard,
+                )
+                report.requeued.append(pk)
+            else:
+                move(
+                    pk,
+                    "fail",
+                    reason="worker lost",
+                    metadata=meta,
+                    fields={"error_message": "worker lost", "error_type": "WorkerLost"},
+                    **guard,
+                )
+                report.failed.append(pk)
+        except (LeaseLost, InvalidTransition):
+            continue  # a heartbeat or the worker itself got there first
+    return report
+
+
+def _still_expired(now: datetime) -> Any:
+    from django.db.models import Q
+
+    return Q(lease_expires_at__lt=now)
+
+
+def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """An operator puts a processing job back in the queue now (e.g. a stuck one).
+
+    The old worker's token stops working. If no attempt is left, one more is granted.
+    """
+    current = _get(job)
+    fields: dict[str, Any] = {"run_after": timezone.now(), "worker_id": ""}
+    if current.attempts >= current.max_attempts:
+        fields["max_attempts"] = current.attempts + 1
+    move(current, "requeue", actor=Actor.of(actor), reason=reason or "requeued by operator", fields=fields)
+    return _get(current.pk)
+
+
+def force_fail(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """An operator ends a queued or processing job ``failed`` with a reason."""
+    message = reason or "failed by operator"
+    move(
+        _get(job),
+        "fail",
+        actor=Actor.of(actor),
+        reason=message,
+        fields={"error_message": message, "error_type": "OperatorFailed"},
+    )
+    return _get(job)
+
+
+def suspend(
+    job: Job,
+    token: UUID | str,
+    *,
+    until: datetime | None = None,
+    reason: str = "",
+    actor: Actor | None = None,
+) -> Job | None:
+    """Give the worker back while the job waits (for its children, or a time).
+
+    ``processing`` -> ``queued`` without spending an attempt. With no ``until``
+    the job waits until its last active child ends (at once if none is active).
+    """
+    with transaction.atomic():
+        moved = move(
+            job,
+            "requeue",
+            actor=actor or Actor.worker(job.worker_id),
+            token=token,
+            reason=reason or "waiting",
+            fields={"run_after": until or WAITING, "attempts": F("attempts") - 1, "worker_id": ""},
+            metadata={"suspended": True},
+        )
+        if until is None and wake_parent_if_done(job.pk):
+            job.run_after = timezone.now()  # its children all ended before it suspended
+    return moved

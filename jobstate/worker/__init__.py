@@ -1,0 +1,1 @@
+"""Running jobs: the handler context, the runner, and the django-q2 glue."""

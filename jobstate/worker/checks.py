@@ -1,0 +1,138 @@
+"""System checks (``manage.py check``) for a Q_CLUSTER that could run a job twice,
+hide a failure, or never run jobs at all. jobstate owns retries, timeouts and
+rescue; django-q2 must deliver each package once and report every failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import Warning, register
+
+from jobstate import conf, registry
+from jobstate.worker.runner import hard_limit_for
+
+BROKER = "jobstate.worker.broker.JobBroker"
+DOCS = "See docs/readme/workers.md (Q_CLUSTER)."
+
+
+def _q() -> dict[str, Any]:
+    return dict(getattr(settings, "Q_CLUSTER", None) or {})
+
+
+@register("jobstate")
+def check_q_cluster(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    q = _q()
+    handlers = registry.all_handlers()
+    found: list[Warning] = []
+    if handlers and q.get("broker_class") != BROKER:
+        found.append(
+            Warning(
+                f"Q_CLUSTER['broker_class'] is {q.get('broker_class')!r}: "
+                "qcluster will not run jobstate jobs.",
+                hint=f"Set Q_CLUSTER['broker_class'] = '{BROKER}'. {DOCS}",
+                id="jobstate.W001",
+            )
+        )
+    timeout, retry = q.get("timeout"), q.get("retry", 60)
+    if not timeout or timeout >= retry:
+        found.append(
+            Warning(
+                f"Q_CLUSTER timeout ({timeout}) is not below retry ({retry}): django-q2 hands a task "
+                "that is still running to a second worker.",
+                hint=f"Set timeout below retry, e.g. timeout=600, retry=660. {DOCS}",
+                id="jobstate.W002",
+            )
+        )
+    if not q.get("max_attempts"):
+        found.append(
+            Warning(
+                "Q_CLUSTER['max_attempts'] is unlimited: django-q2 re-runs failed tasks forever, "
+                "beside jobstate's own retries.",
+                hint=f"Set Q_CLUSTER['max_attempts'] = 1; jobstate retries jobs per handler. {DOCS}",
+                id="jobstate.W003",
+            )
+        )
+    if not q.get("ack_failures"):
+        found.append(
+            Warning(
+                "Q_CLUSTER['ack_failures'] is off: a failed task stays queued and runs again after retry.",
+                hint=f"Set Q_CLUSTER['ack_failures'] = True. {DOCS}",
+                id="jobstate.W004",
+            )
+        )
+    if q.get("broker_class") != BROKER and timeout:
+        # Only the id-only path (plain messages) is bound by the cluster timeout:
+        # JobBroker packages carry each handler's own hard limit.
+        short = [s.name for s in handlers.values() if hard_limit_for(s) > timeout]
+        if short:
+            found.append(
+                Warning(
+                    f"Q_CLUSTER timeout ({timeout} s) is shorter than the hard limit of handler(s) "
+                    f"{', '.join(sorted(short)[:5])}: django-q2 would kill them mid-job.",
+                    hint="Raise timeout (and retry) above the longest handler timeout + cancel grace. "
+                    + DOCS,
+                    id="jobstate.W005",
+                )
+            )
+    if q.get("cached"):
+        found.append(
+            Warning(
+                "Q_CLUSTER['cached'] sends task results, failures included, to the cache only.",
+                hint=f"Remove 'cached' so failed tasks are saved and shown in the admin. {DOCS}",
+                id="jobstate.W006",
+            )
+        )
+    if q.get("sync"):
+        found.append(
+            Warning(
+                "Q_CLUSTER['sync'] runs tasks inside the caller, with no worker, lease or timeout.",
+                hint="Use sync only in debugging sessions.",
+                id="jobstate.W007",
+            )
+        )
+    return found
+
+
+@register("jobstate")
+def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    lease, beat = float(conf.get("LEASE_SECONDS")), float(conf.get("HEARTBEAT_SECONDS"))
+    if beat * 2 > lease:
+        return [
+            Warning(
+                f"JOBSTATE HEARTBEAT_SECONDS ({beat:g}) is more than half of LEASE_SECONDS ({lease:g}): "
+                "one late heartbeat lets the reaper rescue a job that is still running.",
+                hint="Keep HEARTBEAT_SECONDS at most a third of LEASE_SECONDS.",
+                id="jobstate.W008",
+            )
+        ]
+    return []
+
+
+@register("jobstate")
+def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    return sqlite_warnings(settings.DATABASES.get("default", {}))
+
+
+def sqlite_warnings(db: dict[str, Any]) -> list[Warning]:
+    if db.get("ENGINE") != "django.db.backends.sqlite3":
+        return []
+    options = db.get("OPTIONS", {})
+    problems = []
+    if options.get("transaction_mode") != "IMMEDIATE":
+        problems.append("transaction_mode is not IMMEDIATE")
+    if float(options.get("timeout", 5)) < 10:
+        problems.append("the busy timeout is under 10 s")
+    if "journal_mode=wal" not in str(options.get("init_command", "")).replace(" ", "").lower():
+        problems.append("WAL is not enabled")
+    if not problems:
+        return []
+    return [
+        Warning(
+            f"SQLite shared by the web server and workers: {'; '.join(problems)}; expect "
+            "'database is locked' errors.",
+            hint="OPTIONS = {'transaction_mode': 'IMMEDIATE', 'timeout': 30, "
+            "'init_command': 'PRAGMA journal_mode=WAL;'}",
+            id="jobstate.W009",
+        )
+    ]

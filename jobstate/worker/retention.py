@@ -1,0 +1,81 @@
+"""Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``.
+
+Each batch is one transaction. Deleting a job deletes its history, steps,
+assets and, once the transaction commits, the assets' stored files (the
+Asset post_delete hook in ``jobstate.apps``). Jobs tied to unfinished work (an
+active parent or an active child) are kept until that work ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
+from django.utils import timezone
+
+from jobstate import conf
+from jobstate.models import Asset, Job, JobEvent
+from jobstate.states import ACTIVE
+
+
+@dataclass
+class PruneReport:
+    jobs: int = 0
+    events: int = 0
+    assets: int = 0
+    cutoff: datetime | None = None
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def prunable(days: float, now: datetime | None = None) -> QuerySet[Job]:
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    active_child = Job.objects.filter(parent_id=OuterRef("pk"), status__in=ACTIVE)
+    active_parent = Job.objects.filter(pk=OuterRef("parent_id"), status__in=ACTIVE)
+    return (
+        Job.objects.finished()
+        .filter(finished_at__lt=cutoff)
+        .exclude(Exists(active_child))
+        .exclude(Exists(active_parent))
+        .order_by("finished_at")
+    )
+
+
+def prune(
+    days: float | None = None,
+    *,
+    dry_run: bool = False,
+    batch: int | None = None,
+    now: datetime | None = None,
+) -> PruneReport:
+    """Delete (or with ``dry_run`` count) finished jobs older than ``days``."""
+    days = conf.get("RETENTION_DAYS") if days is None else days
+    if days is None:
+        return PruneReport(dry_run=dry_run)
+    if days < 0:
+        raise ValueError("days must be zero or more")
+    now = now or timezone.now()
+    report = PruneReport(cutoff=now - timedelta(days=days), dry_run=dry_run)
+    if dry_run:
+        qs = prunable(days, now)
+        report.jobs = qs.count()
+        report.events = JobEvent.objects.filter(job__in=qs.values("pk")).count()
+        report.assets = Asset.objects.filter(job__in=qs.values("pk")).count()
+        return report
+    size = int(batch or conf.get("PRUNE_BATCH"))
+    while True:
+        with transaction.atomic():
+            pks = list(prunable(days, now).values_list("pk", flat=True)[:size])
+            if not pks:
+                break
+            _total, counts = Job.objects.filter(pk__in=pks).delete()
+        report.jobs += counts.get("jobstate.Job", 0)
+        report.events += counts.get("jobstate.JobEvent", 0)
+        report.assets += counts.get("jobstate.Asset", 0)
+        if len(pks) < size:
+            break
+    return report

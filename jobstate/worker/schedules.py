@@ -1,0 +1,79 @@
+"""The django-q2 Schedules jobstate needs: the reaper (every minute) and retention
+(daily). ``manage.py jobstate_schedule`` installs or updates them; running it
+again changes nothing that is already right."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.models import Schedule
+
+from jobstate import conf
+
+REAPER = "jobstate: reap lost workers"
+PRUNE = "jobstate: prune finished jobs"
+
+
+@dataclass(frozen=True)
+class Wanted:
+    name: str
+    func: str
+    schedule_type: str
+    minutes: int | None = None
+
+
+def wanted(prune: bool = True) -> list[Wanted]:
+    items = [Wanted(REAPER, "jobstate.worker.tasks.reap", Schedule.MINUTES, 1)]
+    if prune and conf.get("RETENTION_DAYS") is not None:
+        items.append(Wanted(PRUNE, "jobstate.worker.tasks.prune", Schedule.DAILY))
+    return items
+
+
+def install(prune: bool = True) -> dict[str, str]:
+    """Create or update the schedules; remove the pruning one when not wanted.
+    Returns ``{name: "created" | "updated" | "unchanged" | "removed"}``."""
+    outcome: dict[str, str] = {}
+    keep = wanted(prune)
+    with transaction.atomic():
+        for item in keep:
+            existing = Schedule.objects.filter(name=item.name).order_by("pk")
+            current = existing.first()
+            if current is None:
+                Schedule.objects.create(
+                    name=item.name,
+                    func=item.func,
+                    schedule_type=item.schedule_type,
+                    minutes=item.minutes,
+                    repeats=-1,
+                    next_run=timezone.now(),
+                )
+                outcome[item.name] = "created"
+                continue
+            existing.exclude(pk=current.pk).delete()
+            fields = {
+                "func": item.func,
+                "schedule_type": item.schedule_type,
+                "minutes": item.minutes,
+                "repeats": -1,
+                "cron": None,
+                "args": None,
+                "kwargs": None,
+                "cluster": None,
+            }
+            changed = {k: v for k, v in fields.items() if getattr(current, k) != v}
+            if changed:
+                for key, value in changed.items():
+                    setattr(current, key, value)
+                current.save()
+            outcome[item.name] = "updated" if changed else "unchanged"
+        names = {item.name for item in keep}
+        for name in (REAPER, PRUNE):
+            if name not in names and Schedule.objects.filter(name=name).delete()[0]:
+                outcome[name] = "removed"
+    return outcome
+
+
+def uninstall() -> int:
+    return Schedule.objects.filter(name__in=[REAPER, PRUNE]).delete()[0]

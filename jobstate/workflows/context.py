@@ -1,0 +1,295 @@
+"""What a step method receives: the job's context plus its step's cursor, the
+outputs of earlier steps, checkpoints, batched iteration, child jobs and serving."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+from types import MappingProxyType, TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from django.core.files import File
+from django.db import transaction
+
+from jobstate import conf, registry, services
+from jobstate.exceptions import CancelRequested
+from jobstate.models import Asset, Job, JobStep
+from jobstate.workflows import steps
+from jobstate.workflows.definition import StepSpec
+from jobstate.workflows.steps import ChildSpec
+
+if TYPE_CHECKING:
+    from jobstate.workflows.runtime import Run
+
+# No idempotency key: a key could hand back another job that is not this one's
+# child (and so would never wake it). The fan-out is atomic instead.
+CHILD_OPTIONS = frozenset({"priority", "run_after", "max_attempts"})
+
+
+class StepContext:
+    """Passed to each step (and undo) method. Writes carry the job's lease token:
+    a worker that lost its lease can no longer change the job or its steps."""
+
+    def __init__(self, run: Run, spec: StepSpec, row: JobStep, *, undoing: bool = False) -> None:
+        self._run = run
+        self.job_context = run.ctx
+        self.spec = spec
+        self.step: str = spec.name
+        self.step_attempt: int = row.attempts
+        self.cursor: Any = row.cursor
+        self.undoing = undoing
+        self.outputs: Mapping[str, Any] = MappingProxyType(dict(run.outputs))
+        self.spawned: list[ChildSpec] = []
+
+    # The job -------------------------------------------------------------------
+
+    @property
+    def job(self) -> Job:
+        return self.job_context.job
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.job_context.parameters
+
+    @property
+    def attempt(self) -> int:
+        """The job's attempt number (``step_attempt`` counts this step's starts)."""
+        return self.job_context.attempt
+
+    @property
+    def token(self) -> Any:
+        return self.job_context.token
+
+    @property
+    def worker_id(self) -> str:
+        return self.job_context.worker_id
+
+    def heartbeat(self) -> None:
+        self.job_context.heartbeat()
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.job_context.cancel_requested
+
+    def check_cancelled(self) -> None:
+        self.job_context.check_cancelled()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.job_context.stop_requested
+
+    def add_asset(
+        self,
+        asset_type: str,
+        content: bytes | str | IO[bytes] | File | None = None,
+        *,
+        name: str = "",
+        url: str = "",
+        content_type: str = "",
+        metadata: dict[str, Any] | None = None,
+    ) -> Asset:
+        return self.job_context.add_asset(
+            asset_type, content, name=name, url=url, content_type=content_type, metadata=metadata
+        )
+
+    # Progress and checkpoints --------------------------------------------------
+
+    def _job_percent(self, percent: float | None) -> float | None:
+        if percent is None:
+            return None
+        low, high = self._run.band(self.spec)
+        return low + (high - low) * min(100.0, max(0.0, float(percent))) / 100
+
+    def progress(self, percent: float | None = None, message: str | None = None) -> None:
+        """Progress *of this step* (0..100); the job's progress is placed within the
+        step's share of the workflow. Raises ``CancelRequested`` when a cancel is pending."""
+        try:
+            services.report_progress(
+                self.job, self.token, self._job_percent(percent), message, step=self.step
+            )
+        except CancelRequested:
+            self.job_context.cancel_seen.set()
+            if not self.undoing:
+                raise
+
+    def checkpoint(self, cursor: Any, *, percent: float | None = None, message: str | None = None) -> None:
+        """Store ``cursor`` (any JSON) on this step, atomically and lease-checked. After a
+        crash, a timeout or a retry the step starts again with ``ctx.cursor`` set to it."""
+        self._active("checkpoint")
+        try:
+            steps.checkpoint(
+                self.job, self.token, self.step, cursor, percent=self._job_percent(percent), message=message
+            )
+        except CancelRequested:
+            self.job_context.cancel_seen.set()
+            raise
+        self.cursor = cursor
+
+    def _index(self) -> int:
+        if self.cursor is None:
+            return 0
+        if isinstance(self.cursor, bool) or not isinstance(self.cursor, int) or self.cursor < 0:
+            raise TypeError(f"iterate/batches need an item-count cursor; step has {self.cursor!r}")
+        return self.cursor
+
+    def _every(self, every: int | None) -> int:
+        n = every or self.spec.batch or conf.get("WORKFLOW_BATCH")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError("the checkpoint interval is a positive integer")
+        return n
+
+    def _done(self, done: int, total: int | None) -> None:
+        percent = 100 * done / total if total else None
+        self.checkpoint(done, percent=percent, message=f"{done}/{total}" if total else f"{done} done")
+
+    def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
+        """Yield ``items`` from the step's cursor on, checkpointing the number of items
+        done every ``every`` items (default: the step's ``batch``) and at the end.
+
+        After a crash, items since the last checkpoint run again (at least once):
+        keep per-item work idempotent, or use :meth:`batches` for database work.
+        ``items`` must come in the same order on every attempt.
+        """
+        every = self._every(every)
+        start = done = self._index()
+        total = _length(items)
+        for item in _from(items, start):
+            yield item
+            done += 1
+            if (done - start) % every == 0:
+                self._done(done, total)
+        if done != start and self.cursor != done:
+            self._done(done, total)
+
+    def batches(self, items: Iterable[Any], size: int | None = None) -> Iterator[Batch]:
+        """Yield lists of ``size`` items from the cursor on. Used as ``with batch:``,
+        the batch's database writes and its checkpoint commit together (exactly once
+        for work in this database); otherwise the checkpoint follows each batch."""
+        size = self._every(size)
+        done = self._index()
+        total = _length(items)
+        it = iter(_from(items, done))
+        while chunk := list(islice(it, size)):
+            batch = Batch(self, chunk, done, total)
+            yield batch
+            if not batch.committed:
+                self._done(batch.end, total)
+            done = batch.end
+
+    # Child jobs ----------------------------------------------------------------
+
+    def spawn(self, kind: str, parameters: dict[str, Any] | None = None, **options: Any) -> None:
+        """Ask for a child job (started, all together, once the step method returns;
+        the workflow then waits for them without holding a worker). ``options``:
+        priority, run_after, max_attempts."""
+        self._active("spawn")
+        unknown = set(options) - CHILD_OPTIONS
+        if unknown:
+            raise TypeError(f"spawn() got unknown options: {', '.join(sorted(unknown))}")
+        cleaned = registry.get_handler(kind).validate(parameters)  # bad input fails the step now
+        self.spawned.append(ChildSpec(kind, cleaned, options))
+
+    def child_jobs(self, step: str | None = None) -> Any:
+        """This job's children started by ``step`` (default: all), in start order."""
+        qs = Job.objects.filter(parent_id=self.job.pk)
+        if step is not None:
+            qs = qs.filter(pk__in=steps.children_of(self.job.pk, step))
+        return qs.order_by("created_at", "id")
+
+    # Service-style steps ------------------------------------------------------
+
+    def serving(self, message: str = "serving") -> None:
+        """Report that this step is up and serving (the step's status becomes
+        ``serving`` and ``message`` shows on the job) until asked to stop."""
+        self._active("serve")
+        steps.serving(self.job, self.token, self.step, str(message)[:500])
+
+    def wait_for_stop(self, timeout: float | None = None, *, poll: float | None = None) -> bool:
+        """Block until ``services.request_stop`` is called for this job (True) or
+        ``timeout`` seconds pass (False). Raises ``CancelRequested`` on a cancel."""
+        poll = float(poll or conf.get("WORKFLOW_POLL_SECONDS"))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = self.job_context.stop_seen
+        while True:
+            stop_at, cancel_at = (
+                Job.objects.filter(pk=self.job.pk)
+                .values_list("stop_requested_at", "cancel_requested_at")
+                .get()
+            )
+            if cancel_at is not None:
+                self.job_context.cancel_seen.set()
+                raise CancelRequested(self.job.pk)
+            if stop_at is not None or seen.is_set():
+                seen.set()
+                return True
+            wait = poll if deadline is None else min(poll, deadline - time.monotonic())
+            if wait <= 0:
+                return False
+            seen.wait(wait)  # the heartbeat thread sets it as soon as it sees the request
+
+    def mark_partial(self, message: str) -> None:
+        """Let the workflow go on, but end it ``partial`` with ``message`` (kept across crashes)."""
+        self._active("mark partial")
+        steps.note(self.job, self.token, self.step, partial=str(message)[:1000])
+
+    def _active(self, what: str) -> None:
+        if self.undoing:
+            raise RuntimeError(f"cannot {what} while undoing a step")
+
+
+class Batch:
+    """A list of items from :meth:`StepContext.batches`; ``with batch:`` makes its
+    work and its checkpoint one transaction."""
+
+    def __init__(self, ctx: StepContext, items: list[Any], start: int, total: int | None) -> None:
+        self.ctx = ctx
+        self.items = items
+        self.start = start
+        self.end = start + len(items)
+        self.total = total
+        self.committed = False
+        self._atomic: Any = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __enter__(self) -> Batch:
+        self._atomic = transaction.atomic()
+        self._atomic.__enter__()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if et is None:
+            try:
+                self.ctx._done(self.end, self.total)
+            except BaseException:
+                self._atomic.__exit__(*sys.exc_info())
+                raise
+        result = self._atomic.__exit__(et, ev, tb)
+        self.committed = et is None
+        return result
+
+
+def _length(items: Iterable[Any]) -> int | None:
+    try:
+        return len(items)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _from(items: Iterable[Any], start: int) -> Iterable[Any]:
+    if not start:
+        return items
+    if hasattr(items, "__getitem__") and not isinstance(items, Mapping):
+        try:
+            return items[start:]  # type: ignore[index]
+        except TypeError:
+            pass
+    return islice(iter(items), start, None)

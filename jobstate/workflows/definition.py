@@ -1,0 +1,203 @@
+"""Declaring a workflow: a class whose ``@step`` methods run in the order they are written.
+
+    @jobstate.workflow("etl.daily", max_attempts=3)
+    class DailyETL(jobstate.Workflow):
+        @jobstate.step()
+        def download(self, ctx): ...
+
+        @jobstate.step(undo="undo_process", batch=100)
+        def process(self, ctx, download): ...   # ``download`` is that step's output
+
+The class is registered as an ordinary handler under its name; the handler runs
+the workflow through :mod:`jobstate.workflows.runtime`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from jobstate import registry
+
+CHILD_POLICIES = ("fail", "partial", "continue")
+_MARK = "_jobstate_step"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One declared step. ``inputs`` are earlier steps whose outputs the method
+    takes as keyword arguments (``all_inputs``: it takes ``**outputs``)."""
+
+    name: str
+    method: str
+    position: int
+    undo: str | None = None
+    batch: int | None = None
+    on_child_failure: str = "fail"
+    collect_results: bool = True
+    inputs: tuple[str, ...] = ()
+    all_inputs: bool = False
+
+
+@dataclass(frozen=True)
+class _Mark:
+    name: str | None
+    undo: str | Callable[..., Any] | None
+    batch: int | None
+    on_child_failure: str
+    collect_results: bool
+
+
+def step(
+    name: str | Callable[..., Any] | None = None,
+    *,
+    undo: str | Callable[..., Any] | None = None,
+    batch: int | None = None,
+    on_child_failure: str = "fail",
+    collect_results: bool = True,
+) -> Any:
+    """Mark a method of a :class:`Workflow` as its next step.
+
+    ``undo``: a method (or its name) called as ``undo(self, ctx, output)`` when the
+    workflow fails for good after this step completed. ``batch``: default checkpoint
+    interval of ``ctx.iterate`` / ``ctx.batches`` in this step. ``on_child_failure``:
+    what a failed or cancelled child job (see ``ctx.spawn``) does to the workflow:
+    ``"fail"`` it, make it ``"partial"``, or ``"continue"``. ``collect_results``:
+    put the children's results in the step's output.
+    """
+    if callable(name):  # used bare: @step
+        return step()(name)
+    if on_child_failure not in CHILD_POLICIES:
+        raise ValueError(f"on_child_failure must be one of {CHILD_POLICIES}")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError("batch must be a positive integer")
+
+    def mark(func: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(func, _MARK, _Mark(name, undo, batch, on_child_failure, collect_results))
+        return func
+
+    return mark
+
+
+class Workflow:
+    """Base class of workflows. ``steps`` is filled in from the ``@step`` methods.
+
+    One instance runs one attempt: state kept on ``self`` does not survive a crash;
+    keep it in step outputs and checkpoints instead.
+    """
+
+    steps: ClassVar[tuple[StepSpec, ...]] = ()
+    kind: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        marked: dict[str, tuple[Callable[..., Any], _Mark]] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                mark = getattr(value, _MARK, None)
+                if isinstance(mark, _Mark):
+                    marked[attr] = (value, mark)  # an override keeps its original place
+        specs: list[StepSpec] = []
+        for position, (attr, (func, mark)) in enumerate(marked.items()):
+            specs.append(_spec(cls, attr, func, mark, position, [s.name for s in specs]))
+        cls.steps = tuple(specs)
+
+    def result(self, outputs: dict[str, Any]) -> Any:
+        """The job's result once every step is done: by default the last step's output."""
+        return outputs.get(self.steps[-1].name) if self.steps else None
+
+    @classmethod
+    def step_named(cls, name: str) -> StepSpec:
+        for spec in cls.steps:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+def _spec(
+    cls: type, attr: str, func: Callable[..., Any], mark: _Mark, position: int, earlier: list[str]
+) -> StepSpec:
+    name = mark.name or attr
+    where = f"{cls.__qualname__}.{attr}"
+    if not name or len(name) > 200 or name in earlier:
+        raise TypeError(f"{where}: step names are unique, non-empty, at most 200 characters")
+    undo = mark.undo
+    if callable(undo):
+        undo = undo.__name__
+    if undo is not None and not callable(getattr(cls, undo, None)):
+        raise TypeError(f"{where}: undo method '{undo}' is not defined on the class")
+    params = list(inspect.signature(func).parameters.values())[2:]  # after self, ctx
+    inputs: list[str] = []
+    all_inputs = False
+    for param in params:
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            all_inputs = True
+        elif param.name in earlier:
+            inputs.append(param.name)
+        elif param.default is inspect.Parameter.empty and param.kind is not inspect.Parameter.VAR_POSITIONAL:
+            known = ", ".join(earlier) or "-"
+            raise TypeError(f"{where}: argument '{param.name}' names no earlier step (earlier: {known})")
+    return StepSpec(
+        name=name,
+        method=attr,
+        position=position,
+        undo=undo,
+        batch=mark.batch,
+        on_child_failure=mark.on_child_failure,
+        collect_results=mark.collect_results,
+        inputs=tuple(inputs),
+        all_inputs=all_inputs,
+    )
+
+
+def workflow(
+    name: str,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    retry_backoff: Any = None,
+    schema: Any = None,
+    **options: Any,
+) -> Callable[[type[Workflow]], type[Workflow]]:
+    """Register a :class:`Workflow` subclass as the handler ``name`` (same options as
+    ``jobstate.handler``; ``timeout`` applies to each run of the workflow, not to the
+    whole: a workflow waiting for its children holds no worker)."""
+
+    def register(cls: type[Workflow]) -> type[Workflow]:
+        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
+            raise TypeError("@jobstate.workflow decorates a subclass of jobstate.Workflow")
+        if not cls.steps:
+            raise TypeError(f"{cls.__qualname__} declares no @step methods")
+
+        def handle(ctx: Any) -> Any:
+            from jobstate.workflows.runtime import run
+
+            return run(cls, ctx)
+
+        # The registry tells a re-registration apart from a clash by these names.
+        handle.__qualname__ = cls.__qualname__
+        handle.__module__ = cls.__module__
+        handle.__doc__ = cls.__doc__
+        registry.handler(
+            name,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            concurrency=concurrency,
+            retry_backoff=retry_backoff,
+            schema=schema,
+            workflow=cls,
+            **options,
+        )(handle)
+        cls.kind = name
+        return cls
+
+    return register
+
+
+def definition_of(kind: str) -> type[Workflow] | None:
+    """The workflow class registered under ``kind``, or None for a plain handler."""
+    spec = registry.all_handlers().get(kind)
+    return spec.options.get("workflow") if spec is not None else None

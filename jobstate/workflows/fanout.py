@@ -1,0 +1,76 @@
+"""Fan-out and fan-in: a step starts child jobs and the workflow waits for them
+without holding a worker.
+
+``start`` creates the children and marks the step ``waiting`` in one transaction,
+then raises ``Suspend``: the runner puts the job back in the queue without
+spending an attempt, and the transaction that ends its last active child wakes
+it. ``fan_in`` then sums the children up as the step's output, applying the
+step's ``on_child_failure`` policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from jobstate.exceptions import NonRetryable, Suspend
+from jobstate.models import Job
+from jobstate.states import ACTIVE, Status
+from jobstate.workflows import steps
+from jobstate.workflows.context import StepContext
+from jobstate.workflows.definition import StepSpec
+
+if TYPE_CHECKING:
+    from jobstate.workflows.runtime import Run
+
+CHUNK = 500  # ids per IN (...) query
+MAX_FAILURES_LISTED = 20
+
+
+class ChildrenFailed(NonRetryable):
+    """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled."""
+
+
+def start(run: Run, spec: StepSpec, sctx: StepContext, value: Any) -> None:
+    children = steps.wait(run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec))
+    raise Suspend(f"step '{spec.name}' waits for {len(children)} child jobs")
+
+
+def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    for i in range(0, len(ids), CHUNK):
+        yield from Job.objects.filter(pk__in=ids[i : i + CHUNK]).values("pk", *fields)
+
+
+def fan_in(run: Run, spec: StepSpec, row: Any) -> dict[str, Any]:
+    """The step's output once all its children ended (else wait again)."""
+    ids: list[str] = list(row.detail.get("children", []))
+    fields = ("status", "error_message", "result") if spec.collect_results else ("status", "error_message")
+    by_id = {str(r["pk"]): r for r in rows_of(ids, fields)}
+    active = sum(1 for r in by_id.values() if r["status"] in ACTIVE)
+    if active:
+        raise Suspend(f"step '{spec.name}': {active} of {len(ids)} child jobs still running")
+    counts = {s: 0 for s in (Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED)}
+    failures = []
+    for pk in ids:
+        child = by_id.get(pk)
+        status = child["status"] if child else Status.CANCELLED  # deleted meanwhile
+        counts[status] = counts.get(status, 0) + 1
+        if status != Status.COMPLETED and len(failures) < MAX_FAILURES_LISTED:
+            failures.append({"job": pk, "status": status, "error": (child or {}).get("error_message", "")})
+    output: dict[str, Any] = {
+        "total": len(ids),
+        **{str(k): v for k, v in counts.items()},
+        "jobs": ids,
+        "failures": failures,
+        "value": row.detail.get("value"),
+    }
+    if spec.collect_results:
+        output["results"] = [(by_id.get(pk) or {}).get("result") for pk in ids]
+    bad = counts[Status.FAILED] + counts[Status.CANCELLED]
+    partial = counts[Status.PARTIAL]
+    summary = f"{bad + partial} of {len(ids)} child jobs did not complete"
+    if spec.on_child_failure == "fail" and bad:
+        raise ChildrenFailed(f"{bad} of {len(ids)} child jobs failed or were cancelled")
+    if spec.on_child_failure != "continue" and (bad or partial):
+        steps.note(run.job, run.token, spec.name, partial=summary)
+    return output

@@ -1,0 +1,121 @@
+"""Running a workflow inside its job's handler.
+
+Each run (an attempt, or a wake-up after waiting for children) starts at the
+first step that is neither completed nor skipped; completed steps never run
+again and their outputs are handed to later steps. The job's own outcome still
+goes through the worker runner: a return value completes it, ``Partial`` ends it
+partial, ``Suspend`` gives the worker back, and an exception fails the attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from jobstate.exceptions import CancelRequested, LeaseLost, NonRetryable, Partial, Suspend
+from jobstate.models import JobStep
+from jobstate.models.step import StepStatus
+from jobstate.worker.context import JobContext
+from jobstate.worker.runner import Interrupted
+from jobstate.workflows import compensation, fanout, steps
+from jobstate.workflows.context import StepContext
+from jobstate.workflows.definition import StepSpec, Workflow
+
+logger = logging.getLogger("jobstate")
+S = StepStatus
+
+
+class WorkflowFailed(NonRetryable):
+    """A workflow failed for good after undoing its completed steps (the message
+    lists them); the step's original exception is the ``__cause__``."""
+
+    def __init__(self, message: str, report: compensation.Report) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class Run:
+    """One run of a workflow for one claimed job."""
+
+    def __init__(self, cls: type[Workflow], ctx: JobContext) -> None:
+        self.cls = cls
+        self.wf = cls()
+        self.ctx = ctx
+        self.job = ctx.job
+        self.token = ctx.token
+        self.specs = cls.steps
+        self.rows: dict[str, Any] = {}
+        self.outputs: dict[str, Any] = {}
+
+    def band(self, spec: StepSpec) -> tuple[float, float]:
+        """The share of the job's progress (0..100) that ``spec`` covers."""
+        total = len(self.specs)
+        return 100 * spec.position / total, 100 * (spec.position + 1) / total
+
+    def execute(self) -> Any:
+        self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs])
+        undone = [s.name for s in self.specs if self.rows[s.name].status == S.UNDONE]
+        if undone:
+            raise NonRetryable(f"workflow was already compensated (undone: {', '.join(undone)})")
+        for spec in self.specs:
+            row = self.rows[spec.name]
+            if row.status == S.COMPLETED:
+                self.outputs[spec.name] = row.output
+            elif row.status == S.SKIPPED:
+                self.outputs[spec.name] = None
+            else:
+                self._step(spec, row)
+        result = self.wf.result(dict(self.outputs))
+        details = dict(JobStep.objects.filter(job_id=self.job.pk).values_list("name", "detail"))
+        notes = [f"{s.name}: {n}" for s in self.specs if (n := (details.get(s.name) or {}).get("partial"))]
+        if notes:
+            raise Partial("; ".join(notes), result)
+        return result
+
+    def _step(self, spec: StepSpec, row: Any) -> None:
+        name = spec.name
+        try:
+            if row.status == S.WAITING:
+                output = fanout.fan_in(self, spec, row)
+            else:
+                steps.begin(self.job, self.token, row, percent=self.band(spec)[0])
+                sctx = StepContext(self, spec, row)
+                output = self._call(spec, sctx)
+                if sctx.spawned:
+                    fanout.start(self, spec, sctx, output)  # raises Suspend
+            steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
+        except (Suspend, CancelRequested, LeaseLost):
+            raise
+        except Partial as exc:
+            steps.fail(self.job, self.token, row, f"partial: {exc}", output=exc.result)
+            raise
+        except Interrupted as exc:
+            if exc.why == "timeout":  # the runner fails this attempt; is it the last one?
+                self._failed(spec, exc, "timed out")
+            raise
+        except Exception as exc:
+            self._failed(spec, exc, f"{type(exc).__name__}: {exc}")
+            raise
+        self.outputs[name] = output
+
+    def _call(self, spec: StepSpec, sctx: StepContext) -> Any:
+        kwargs = dict(self.outputs) if spec.all_inputs else {}
+        kwargs.update({name: self.outputs.get(name) for name in spec.inputs})
+        return getattr(self.wf, spec.method)(sctx, **kwargs)
+
+    def final(self, exc: BaseException) -> bool:
+        """Will the runner fail the job for good? Same rule as ``services.fail``."""
+        return isinstance(exc, NonRetryable) or self.ctx.attempt >= self.job.max_attempts
+
+    def _failed(self, spec: StepSpec, exc: BaseException, error: str) -> None:
+        steps.fail(self.job, self.token, self.rows[spec.name], error)
+        if not self.final(exc):
+            return
+        report = compensation.compensate(self, spec.name, error)
+        if report:
+            raise WorkflowFailed(report.message(spec.name, error), report) from exc
+
+
+def run(cls: type[Workflow], ctx: JobContext) -> Any:
+    """Run (or resume) workflow ``cls`` for the job ``ctx`` holds."""
+    return Run(cls, ctx).execute()

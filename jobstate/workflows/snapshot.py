@@ -1,0 +1,96 @@
+"""The whole state of a workflow job as JSON, ``jobstate.workflows.state(job)``: its
+steps (status, attempts, cursor, output, error, timestamps) and its children. The
+REST API and the admin show it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from jobstate.models import Job, JobStep
+from jobstate.models.step import StepStatus
+from jobstate.services.transitions import WAITING
+from jobstate.states import Status
+from jobstate.workflows.definition import definition_of
+from jobstate.workflows.fanout import rows_of
+
+
+def _when(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def _step(row: JobStep, children: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    detail = dict(row.detail or {})
+    ids = detail.pop("children", None)
+    detail.pop("band", None)
+    out: dict[str, Any] = {
+        "name": row.name,
+        "position": row.position,
+        "status": row.status,
+        "attempts": row.attempts,
+        "cursor": row.cursor,
+        "output": row.output,
+        "error": row.error_message,
+        "started_at": _when(row.started_at),
+        "finished_at": _when(row.finished_at),
+        "updated_at": _when(row.updated_at),
+        "detail": detail,
+    }
+    if ids is not None:
+        out["children"] = _summary([children[i] for i in ids if i in children], len(ids))
+    return out
+
+
+def _summary(rows: list[dict[str, Any]], total: int) -> dict[str, Any]:
+    by_status: dict[str, int] = {}
+    done = 0
+    for r in rows:
+        by_status[r["status"]] = by_status.get(r["status"], 0) + 1
+        done += r["progress"] if r["status"] in (Status.QUEUED, Status.PROCESSING) else 100
+    return {"total": total, "by_status": by_status, "progress": round(done / total, 1) if total else None}
+
+
+def state(job: Job | Any) -> dict[str, Any]:
+    """JSON-ready state of ``job``. Works for any job; ``workflow`` is False (and
+    ``steps`` empty) for plain handlers. A job that has not run yet lists its
+    declared steps as ``pending``."""
+    job = job if isinstance(job, Job) else Job.objects.get(pk=job)
+    cls = definition_of(job.kind)
+    rows = list(JobStep.objects.filter(job_id=job.pk).order_by("position"))
+    kids = {str(r["pk"]): r for r in Job.objects.filter(parent_id=job.pk).values("pk", "status", "progress")}
+    own = dict(kids)
+    # Steps copied into a retry list the children of the job they came from.
+    borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
+    kids.update({str(r["pk"]): r for r in rows_of(borrowed, ("status", "progress"))})
+    if rows:
+        step_list = [_step(r, kids) for r in rows]
+    elif cls is not None:
+        step_list = [_step(JobStep(job_id=job.pk, name=s.name, position=s.position), kids) for s in cls.steps]
+    else:
+        step_list = []
+    waiting = job.status == Status.QUEUED and job.run_after >= WAITING
+    progress = float(job.progress)
+    if waiting:  # live: children's progress within the waiting step's share
+        for row in rows:
+            band, ids = row.detail.get("band"), row.detail.get("children")
+            if row.status == StepStatus.WAITING and band and ids:
+                share = _summary([kids[i] for i in ids if i in kids], len(ids))["progress"] or 0
+                progress = round(band[0] + (band[1] - band[0]) * share / 100, 1)
+    return {
+        "job": str(job.pk),
+        "kind": job.kind,
+        "workflow": cls is not None,
+        "status": job.status,
+        "waiting_for_children": waiting,
+        "current_step": job.current_step,
+        "progress": progress,
+        "progress_message": job.progress_message,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "stop_requested_at": _when(job.stop_requested_at),
+        "serving": any(s["status"] == StepStatus.SERVING for s in step_list),
+        "retry_of": str(job.retry_of_id) if job.retry_of_id else None,
+        "steps": step_list,
+        "undone": [s["name"] for s in step_list if s["status"] == StepStatus.UNDONE],
+        "children": _summary(list(own.values()), len(own)),
+    }

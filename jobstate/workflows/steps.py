@@ -1,0 +1,355 @@
+"""The only writers of ``JobStep`` rows.
+
+Every change a worker makes to a step happens in one transaction with a lease
+check on its job: ``services.report_progress`` (or ``services.heartbeat``) is a
+token-guarded UPDATE of the job row, so a worker that lost its lease writes
+nothing, and on PostgreSQL the row stays locked until the step change commits,
+so the reaper cannot take the job half-way. Decisions (a step completed, failed,
+waiting, serving, skipped, undone) also get a JobEvent on the job's history.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from jobstate import services
+from jobstate.exceptions import CancelRequested, InvalidTransition, JobStateError
+from jobstate.models import Job, JobStep
+from jobstate.models.step import StepStatus
+from jobstate.services.actors import Actor
+from jobstate.services.transitions import record_event
+from jobstate.states import TERMINAL, Status
+
+S = StepStatus
+RUNNABLE = (S.PENDING, S.RUNNING, S.FAILED, S.SERVING)  # begin() resumes any of these
+IN_PROGRESS = (S.RUNNING, S.SERVING)
+
+
+class StepStateError(JobStateError):
+    """The step is not in a state that allows the requested change; nothing was written."""
+
+    def __init__(self, job_id: Any, name: str, requested: str) -> None:
+        row = JobStep.objects.filter(job_id=job_id, name=name).values_list("status", flat=True).first()
+        self.current = row
+        super().__init__(f"Step '{name}' of job {job_id} is {row or 'missing'}; cannot {requested}")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A child job a fan-out step asked for (see ``StepContext.spawn``)."""
+
+    kind: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def as_json(value: Any, what: str) -> Any:
+    try:
+        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({what: [f"Not JSON-serialisable: {exc}"]}) from None
+
+
+def _hold(
+    job: Job,
+    token: Any,
+    *,
+    percent: float | None = None,
+    message: str | None = None,
+    step: str | None = None,
+    cancel_ok: bool = False,
+) -> None:
+    """Prove (inside the caller's transaction) that ``token`` still owns ``job``,
+    renewing its lease and moving its progress. Raises ``LeaseLost``, or
+    ``CancelRequested`` unless ``cancel_ok`` (finishing a step that already ran)."""
+    if percent is not None:
+        percent = min(100.0, max(0.0, float(percent)))
+    try:
+        services.report_progress(job, token, percent, message, step=step)
+    except CancelRequested:
+        if not cancel_ok:
+            raise
+        services.heartbeat(job, token)
+
+
+def _worker(job: Job) -> Actor:
+    return Actor.worker(job.worker_id or "?")
+
+
+def _event(job: Job, name: str, metadata: dict[str, Any], reason: str = "") -> None:
+    """History of a worker-side step decision (the job stays ``processing``)."""
+    record_event(job.pk, Status.PROCESSING, Status.PROCESSING, name, _worker(job), reason[:1000], metadata)
+
+
+def ensure(job: Job, token: Any, names: Iterable[str]) -> dict[str, JobStep]:
+    """The job's step rows by name, creating missing ones ``pending`` (first run)."""
+    with transaction.atomic():
+        _hold(job, token)
+        return _ensure_rows(job, names)
+
+
+def _ensure_rows(job: Job, names: Iterable[str]) -> dict[str, JobStep]:
+    rows = {row.name: row for row in JobStep.objects.filter(job_id=job.pk)}
+    missing = [n for n in names if n not in rows]
+    if missing:
+        start = max((r.position for r in rows.values()), default=-1) + 1
+        now = timezone.now()
+        created = JobStep.objects.bulk_create(
+            [
+                JobStep(job_id=job.pk, name=n, position=start + i, updated_at=now)
+                for i, n in enumerate(missing)
+            ]
+        )
+        rows.update({row.name: row for row in created})
+    return rows
+
+
+def begin(job: Job, token: Any, row: JobStep, *, percent: float) -> JobStep:
+    """``pending``/``failed``/``running`` (a crashed run) -> ``running``, one more attempt.
+    The cursor is kept, so the step resumes from its last checkpoint. ``row`` (read
+    at the start of the run: only the lease holder changes it) is updated in place."""
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, percent=percent, message="", step=row.name)
+        if not JobStep.objects.filter(pk=row.pk, status__in=RUNNABLE).update(
+            status=S.RUNNING,
+            attempts=F("attempts") + 1,
+            started_at=Coalesce(F("started_at"), now),
+            finished_at=None,
+            error_message="",
+            updated_at=now,
+        ):
+            raise StepStateError(job.pk, row.name, "start it")
+    row.status, row.attempts, row.started_at = S.RUNNING, row.attempts + 1, row.started_at or now
+    row.finished_at, row.error_message, row.updated_at = None, "", now
+    return row
+
+
+def checkpoint(
+    job: Job, token: Any, name: str, cursor: Any, *, percent: float | None = None, message: str | None = None
+) -> None:
+    """Store the running step's cursor (any JSON) atomically with a lease check."""
+    cursor = as_json(cursor, "cursor")
+    with transaction.atomic():
+        _hold(job, token, percent=percent, message=message, step=name)
+        if not JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS).update(
+            cursor=cursor, updated_at=timezone.now()
+        ):
+            raise StepStateError(job.pk, name, "checkpoint it")
+
+
+def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float) -> None:
+    """``running``/``serving``/``waiting`` -> ``completed`` with its output."""
+    output = as_json(output, "output")
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, percent=percent, step=row.name, cancel_ok=True)
+        if not JobStep.objects.filter(pk=row.pk, status__in=(*IN_PROGRESS, S.WAITING)).update(
+            status=S.COMPLETED, output=output, finished_at=now, updated_at=now, error_message=""
+        ):
+            raise StepStateError(job.pk, row.name, "complete it")
+        _event(job, "step_completed", {"step": row.name, "attempt": row.attempts})
+    row.status, row.output, row.finished_at, row.updated_at = S.COMPLETED, output, now, now
+
+
+def fail(job: Job, token: Any, row: JobStep, error: str, *, output: Any = None) -> None:
+    """The step raised: ``failed`` with the error (a retry resumes it from its cursor)."""
+    output = as_json(output, "output")
+    now = timezone.now()
+    error = (error or "failed")[:10000]
+    with transaction.atomic():
+        _hold(job, token, step=row.name, cancel_ok=True)
+        if not JobStep.objects.filter(pk=row.pk, status__in=(*IN_PROGRESS, S.WAITING)).update(
+            status=S.FAILED, error_message=error, output=output, finished_at=now, updated_at=now
+        ):
+            raise StepStateError(job.pk, row.name, "fail it")
+        metadata = {"step": row.name, "attempt": row.attempts, "error": error[:2000]}
+        _event(job, "step_failed", metadata, error)
+    row.status, row.error_message, row.output, row.finished_at = S.FAILED, error, output, now
+
+
+def note(job: Job, token: Any, name: str, **detail: Any) -> None:
+    """Merge ``detail`` into the running step's bookkeeping (e.g. a partial note)."""
+    detail = as_json(detail, "detail")
+    with transaction.atomic():
+        _hold(job, token, step=name, cancel_ok=True)
+        row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
+        JobStep.objects.filter(pk=row.pk).update(detail={**row.detail, **detail}, updated_at=timezone.now())
+
+
+def wait(
+    job: Job, token: Any, name: str, children: list[ChildSpec], *, value: Any, band: tuple[float, float]
+) -> list[Job]:
+    """Start the step's child jobs and mark it ``waiting``, all in one transaction:
+    either every child exists and the step waits for them, or nothing happened."""
+    value = as_json(value, "output")
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)
+        row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
+        if row.status != S.RUNNING:
+            raise StepStateError(job.pk, name, "wait in it")
+        created = [
+            services.enqueue(
+                child.kind,
+                child.parameters,
+                owner=job.owner,
+                parent=job,
+                actor=_worker(job),
+                reason=f"child of step '{name}'",
+                **child.options,
+            )
+            for child in children
+        ]
+        ids = [str(c.pk) for c in created]
+        detail = {**row.detail, "children": ids, "total": len(ids), "value": value, "band": list(band)}
+        JobStep.objects.filter(pk=row.pk).update(status=S.WAITING, detail=detail, updated_at=now)
+        _event(job, "step_waiting", {"step": name, "children": len(ids)})
+    return created
+
+
+def serving(job: Job, token: Any, name: str, message: str) -> None:
+    """A service-style step is up: ``running`` -> ``serving``, the message shown on the job."""
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, message=message, step=name)
+        if not JobStep.objects.filter(job_id=job.pk, name=name, status=S.RUNNING).update(
+            status=S.SERVING, updated_at=now
+        ):
+            raise StepStateError(job.pk, name, "serve")
+        _event(job, "step_serving", {"step": name, "message": message[:500]})
+
+
+def undone(job: Job, token: Any, name: str, *, because: str) -> None:
+    """Compensation: the step's undo ran; ``completed`` -> ``undone``."""
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, message=f"undid {name}", step=name, cancel_ok=True)
+        row = JobStep.objects.select_for_update().filter(job_id=job.pk, name=name).first()
+        if row is None or row.status != S.COMPLETED:
+            raise StepStateError(job.pk, name, "mark it undone")
+        detail = {**row.detail, "undone_at": now.isoformat(), "undone_because": because[:1000]}
+        JobStep.objects.filter(pk=row.pk).update(status=S.UNDONE, detail=detail, updated_at=now)
+        _event(job, "step_undone", {"step": name}, f"compensating: {because}")
+
+
+def undo_failed(job: Job, token: Any, name: str, error: str, *, because: str) -> None:
+    """Compensation: the step's undo raised; the step stays ``completed``, the error is kept."""
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, step=name, cancel_ok=True)
+        row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
+        detail = {**row.detail, "undo_error": error[:2000]}
+        JobStep.objects.filter(pk=row.pk).update(detail=detail, updated_at=now)
+        _event(job, "step_undo_failed", {"step": name, "error": error[:2000]}, f"compensating: {because}")
+
+
+# Operator actions (no lease: they apply to jobs no worker holds) ---------------
+
+
+def _lock_job(pk: Any) -> Job:
+    return Job.objects.select_for_update().get(pk=pk)
+
+
+def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: str) -> None:
+    """An operator skips a failed or pending step of a job waiting to be run (queued)."""
+    pk = job.pk if isinstance(job, Job) else job
+    now = timezone.now()
+    with transaction.atomic():
+        locked = _lock_job(pk)
+        if locked.status != Status.QUEUED:
+            raise InvalidTransition(locked.status, Status.QUEUED, "skip_step")
+        _ensure_rows(locked, names)
+        row = JobStep.objects.select_for_update().get(job_id=pk, name=name)
+        if row.status not in (S.FAILED, S.PENDING):
+            raise StepStateError(pk, name, "skip it (only a failed or pending step can be skipped)")
+        detail = {**row.detail, "skipped_by": actor.label, "skip_reason": reason[:1000]}
+        JobStep.objects.filter(pk=row.pk).update(
+            status=S.SKIPPED, detail=detail, finished_at=now, updated_at=now
+        )
+        record_event(pk, Status.QUEUED, Status.QUEUED, "skip_step", actor, reason, {"step": name}, now)
+
+
+def seed_retry(
+    new: Job,
+    old_id: Any,
+    old_rows: dict[str, JobStep],
+    names: list[str],
+    start: str,
+    skip_names: Iterable[str],
+    *,
+    actor: Actor,
+    reason: str,
+) -> None:
+    """Step rows of a retry that starts at ``start``: earlier steps copied as they
+    ended (their outputs are reused), ``skip_names`` skipped, the rest pending."""
+    now = timezone.now()
+    skipping = set(skip_names)
+    first = names.index(start)
+    rows: list[JobStep] = []
+    for position, name in enumerate(names):
+        if position < first:
+            old = old_rows[name]
+            rows.append(
+                JobStep(
+                    job_id=new.pk,
+                    name=name,
+                    position=position,
+                    status=old.status,
+                    attempts=old.attempts,
+                    output=old.output,
+                    detail={**old.detail, "copied_from": str(old.job_id)},
+                    started_at=old.started_at,
+                    finished_at=old.finished_at,
+                    updated_at=now,
+                )
+            )
+        elif name in skipping:
+            rows.append(
+                JobStep(
+                    job_id=new.pk,
+                    name=name,
+                    position=position,
+                    status=S.SKIPPED,
+                    detail={"skipped_by": actor.label, "skip_reason": reason[:1000]},
+                    finished_at=now,
+                    updated_at=now,
+                )
+            )
+        else:
+            rows.append(JobStep(job_id=new.pk, name=name, position=position, updated_at=now))
+    with transaction.atomic():
+        if _lock_job(new.pk).status in TERMINAL:
+            raise InvalidTransition(new.status, Status.QUEUED, "retry_from")
+        JobStep.objects.bulk_create(rows)
+        record_event(
+            new.pk,
+            Status.QUEUED,
+            Status.QUEUED,
+            "retry_from",
+            actor,
+            reason,
+            {
+                "retry_of": str(old_id),
+                "from_step": start,
+                "reused": names[:first],
+                "skipped": [n for n in names if n in skipping],
+            },
+            now,
+        )
+
+
+def children_of(job_id: Any, name: str) -> list[str]:
+    """Ids of the child jobs step ``name`` started, in start order."""
+    detail = JobStep.objects.filter(job_id=job_id, name=name).values_list("detail", flat=True).first()
+    return list((detail or {}).get("children", []))

@@ -1,0 +1,86 @@
+"""The admin in a real browser: log in, cancel a job with a reason, requeue a stuck
+job, and see the dashboard's SVG charts drawn."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from jobstate.models import Job, JobEvent
+from jobstate.states import Status
+from tests.browser.conftest import log_in
+from tests.test_admin_fixtures import completed, expired, failed, queued
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    target = queued(user, parameters={"report": "monthly", "month": "2026-10"})
+    lost = expired(user)
+    for minutes in (1, 3, 8, 20):
+        job = completed(user)
+        Job.objects.filter(pk=job.pk).update(
+            finished_at=timezone.now() - timedelta(minutes=minutes),
+            started_at=timezone.now() - timedelta(minutes=minutes, seconds=5),
+        )
+    failed(None)
+    base = live_server.url
+
+    # Log in and land on the job list.
+    log_in(page, base, "admin", "password", "/admin/jobstate/job/")
+    assert page.locator("#result_list tbody tr").count() == 7
+    assert page.locator("#result_list .js-badge-queued").count() == 1
+    assert page.locator("#result_list .js-progress").count() == 7
+
+    # Open the queued job and cancel it with a reason.
+    page.click(f"#result_list a:has-text('{str(target.pk)[:8]}')")
+    page.wait_for_url(re.compile(rf".*/jobstate/job/{target.pk}/change/"))
+    assert page.locator("#js-operations .js-op-cancel").is_visible()
+    page.click("#js-operations .js-op-cancel")
+    page.fill("#id_reason", "customer withdrew the request")
+    page.click("#js-confirm")
+    page.wait_for_url(re.compile(rf".*/jobstate/job/{target.pk}/change/"))
+    assert "Job cancelled." in page.locator("ul.messagelist").inner_text()
+    rows = page.locator(".js-history tbody tr.has_original")
+    assert rows.count() == 2  # enqueue, cancel
+    last_row = rows.last
+    assert "customer withdrew the request" in last_row.inner_text()
+    assert "queued" in last_row.inner_text().lower() and "cancelled" in last_row.inner_text().lower()
+    assert "admin" in last_row.inner_text()
+    assert page.locator(".field-status_display .js-badge-cancelled").count() == 1
+    event = JobEvent.objects.filter(job=target).latest("created_at", "id")
+    assert (event.to_status, event.actor_id, event.actor_label) == (Status.CANCELLED, admin_user.pk, "admin")
+
+    # The stuck page lists the job whose lease expired; requeue it in one click.
+    page.goto(f"{base}/admin/jobstate/job/")
+    page.click(".object-tools .js-link-stuck")
+    row = page.locator(f"tr.js-stuck-row[data-job='{lost.pk}']")
+    assert row.get_attribute("data-reason") == "lease_expired"
+    row.locator("button.js-remedy-requeue").click()
+    page.wait_for_url(re.compile(r".*/jobstate/job/stuck/$"))
+    assert "Job requeued." in page.locator("ul.messagelist").inner_text()
+    assert page.locator(f"tr.js-stuck-row[data-job='{lost.pk}']").count() == 0
+    assert Job.objects.get(pk=lost.pk).status == Status.QUEUED
+
+    # The dashboard, from the admin index, draws its charts.
+    page.goto(f"{base}/admin/")
+    page.click("#jobstate-module .js-link-dashboard")
+    page.wait_for_url(re.compile(r".*/jobstate/job/dashboard/$"))
+    charts = page.locator("svg.js-chart")
+    assert charts.count() >= 4
+    for i in range(charts.count()):
+        box = charts.nth(i).bounding_box()
+        assert box is not None and box["width"] > 0 and box["height"] > 0
+        assert box["x"] + box["width"] <= 1400, "a chart overflows the page"
+    for selector in (
+        "#js-panel-minute polygon.js-area",
+        "#js-panel-hour rect.js-column",
+        "#js-panel-status rect.js-bar",
+    ):
+        shape = page.locator(selector).first
+        box = shape.bounding_box()
+        assert box is not None and box["width"] > 0 and box["height"] > 0, selector

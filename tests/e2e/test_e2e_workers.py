@@ -1,0 +1,202 @@
+"""End to end: jobs run by real ``manage.py qcluster`` processes (SQLite and PostgreSQL).
+
+Every test waits with deadlines and polling; the clusters run with short
+leases (tests/e2e/support.py FAST_JOBSTATE).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from jobstate import services
+from jobstate.models import Job, JobEvent
+from jobstate.states import TERMINAL, Status
+from tests.e2e.support import wait_for, worker_pid
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+def transitions(job: Job) -> list[str]:
+    events = JobEvent.objects.filter(job=job).order_by("created_at", "id")
+    return list(events.values_list("transition", flat=True))
+
+
+def running_in_worker(job: Job) -> Job | None:
+    """The job once a worker process (not just the pusher) holds it and reported progress."""
+    current = fresh(job)
+    if current.status == Status.PROCESSING and current.worker_id.count(":") == 2 and current.progress > 0:
+        return current
+    return None
+
+
+def test_jobs_complete_with_progress_result_and_asset(qcluster, media_root):
+    cluster = qcluster(workers=2)
+    watched = services.enqueue("e2e.steps", {"steps": 4, "delay": 0.25, "asset": True})
+    others = [services.enqueue("e2e.steps", {"steps": 2}) for _ in range(5)]
+
+    seen = wait_for(lambda: running_in_worker(watched), 10, message="progress while running")
+    assert 0 < seen.progress < 100 and seen.progress_message.startswith("step ")
+
+    for job in [watched, *others]:
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 15, message=cluster.log()[-3000:])
+    for job in [watched, *others]:
+        done = fresh(job)
+        assert done.status == Status.COMPLETED, (done.status, done.error_message)
+        assert done.progress == 100 and done.attempts == 1 and done.finished_at is not None
+        assert transitions(done) == ["enqueue", "claim", "complete"]
+        claim, complete = JobEvent.objects.filter(job=done).exclude(transition="enqueue").order_by("id")
+        # The cluster claims; a worker process (named in the history) runs it.
+        host, cluster_pid, pid = complete.actor_label.removeprefix("worker:").split(":")
+        assert claim.actor_label == f"worker:{host}:{cluster_pid}" and int(cluster_pid) == cluster.pid
+        assert done.result["pid"] == int(pid) and int(pid) in cluster.pids()
+    done = fresh(watched)
+    assert done.result["steps"] == 4
+    asset = done.assets.get()
+    stored = Path(media_root) / asset.file.name
+    assert stored.read_text().startswith("step,done\n") and asset.size == stored.stat().st_size
+
+
+def test_worker_sigkilled_mid_job_is_rescued_and_completed_by_another(qcluster):
+    cluster = qcluster(workers=2)
+    job = services.enqueue("e2e.slow", {"first_seconds": 30, "seconds": 0.5, "tick": 0.1})
+    running = wait_for(lambda: running_in_worker(job), 10, message="job running in a worker")
+    victim = worker_pid(running.worker_id)
+    cluster.kill(victim, signal.SIGKILL)
+
+    wait_for(lambda: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    done = fresh(job)
+    assert done.status == Status.COMPLETED and done.attempts == 2
+    assert done.result["attempt"] == 2 and worker_pid(done.result["worker"]) != victim
+    assert transitions(done) == ["enqueue", "claim", "requeue", "claim", "complete"]
+    rescue = done.events.get(transition="requeue")
+    assert rescue.actor_label == "system:reaper" and str(victim) in rescue.metadata["worker"]
+
+
+def test_a_job_waiting_in_memory_behind_a_long_one_keeps_its_lease(qcluster):
+    cluster = qcluster(workers=1)  # one worker: the second job waits, claimed, in memory
+    long = services.enqueue("e2e.slow", {"seconds": 3.5, "tick": 0.2})  # > LEASE_SECONDS (2)
+    wait_for(lambda: running_in_worker(long), 10)
+    behind = services.enqueue("e2e.steps", {"steps": 1})
+    wait_for(lambda: fresh(behind).status == Status.PROCESSING, 10)  # claimed while the long one runs
+
+    for job in (long, behind):
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 15, message=cluster.log()[-3000:])
+    assert fresh(long).status == fresh(behind).status == Status.COMPLETED
+    assert fresh(behind).attempts == 1 and transitions(behind) == ["enqueue", "claim", "complete"]
+    claimed = behind.events.get(transition="claim").created_at
+    assert claimed < long.events.get(transition="complete").created_at
+
+
+def test_failing_handler_is_retried_with_backoff_then_failed(qcluster):
+    cluster = qcluster(workers=2)
+    doomed = services.enqueue("e2e.flaky", {})
+    recovers = services.enqueue("e2e.flaky", {"succeed_on": 2})
+
+    for job in (doomed, recovers):
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    failed = fresh(doomed)
+    assert failed.status == Status.FAILED and failed.attempts == 3
+    assert failed.error_message == "flaky failure on attempt 3" and failed.error_type == "RuntimeError"
+    assert "RuntimeError" in failed.traceback
+    assert transitions(failed) == ["enqueue", "claim", "requeue", "claim", "requeue", "claim", "fail"]
+    events = list(failed.events.order_by("created_at", "id"))
+    requeues = [e for e in events if e.transition == "requeue"]
+    assert [e.metadata["attempt"] for e in requeues] == [1, 2]
+    assert all("RuntimeError" in e.metadata["traceback"] for e in requeues)
+    delays = []
+    for requeue in requeues:
+        retry_at = datetime.fromisoformat(requeue.metadata["retry_at"])
+        delays.append((retry_at - requeue.created_at).total_seconds())
+        next_claim = next(e for e in events if e.transition == "claim" and e.created_at > requeue.created_at)
+        assert next_claim.created_at >= retry_at  # never started before its backoff ended
+    assert delays[0] >= 0.4 and delays[1] >= 2 * 0.4 - 0.01  # exponential: base 0.4, then 0.8
+
+    recovered = fresh(recovers)
+    assert recovered.status == Status.COMPLETED and recovered.result == {"attempt": 2}
+    assert recovered.error_message == ""  # the failed attempt stays in the history only
+
+
+def test_cancelling_a_running_job_ends_it_cancelled(qcluster):
+    cluster = qcluster(workers=1)
+    job = services.enqueue("e2e.slow", {"seconds": 30, "tick": 0.1})
+    wait_for(lambda: running_in_worker(job), 10, message="job running")
+    services.request_cancel(job, "api", "changed my mind")
+
+    wait_for(lambda: fresh(job).status in TERMINAL, 10, message=cluster.log()[-3000:])
+    done = fresh(job)
+    assert done.status == Status.CANCELLED and done.attempts == 1
+    assert transitions(done) == ["enqueue", "claim", "request_cancel", "cancel"]
+    assert done.events.get(transition="cancel").actor_label.count(":") == 3  # worker:<host>:<pid>:<pid>
+
+
+def test_a_handler_deaf_to_every_stop_is_killed_at_its_hard_limit_and_rescued(qcluster):
+    # Hard limit: ceil(timeout 0.5 + cancel grace 0.3 + margin 0) = 1 s (+3 s django-q2 slack).
+    cluster = qcluster(workers=1, jobstate={"CANCEL_GRACE_SECONDS": 0.3, "HARD_KILL_MARGIN_SECONDS": 0})
+    job = services.enqueue("e2e.stuck", {})
+    running = wait_for(lambda: fresh(job).worker_id.count(":") == 2 and fresh(job), 10)
+    stuck_pid = worker_pid(running.worker_id)
+
+    wait_for(lambda: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    done = fresh(job)
+    assert done.status == Status.FAILED and done.error_type == "WorkerLost"
+    assert done.events.get(transition="fail").actor_label == "system:reaper"
+    assert stuck_pid not in cluster.pids()
+    assert "reincarnated worker" in cluster.log() and "after timeout" in cluster.log()
+
+
+def test_concurrency_limit_holds_across_worker_processes(qcluster, tmp_path):
+    cluster = qcluster(workers=4)
+    jobs = [services.enqueue("e2e.limited", {"dir": str(tmp_path), "seconds": 0.4}) for _ in range(8)]
+    for job in jobs:
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    assert {fresh(job).status for job in jobs} == {Status.COMPLETED}
+
+    runs = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(runs) == 8
+    edges = sorted([(r["start"], 1) for r in runs] + [(r["end"], -1) for r in runs])
+    running = peak = 0
+    for _t, step in edges:
+        running += step
+        peak = max(peak, running)
+    # Four idle workers, eight ready jobs: only the limit keeps it at two.
+    assert peak == 2, runs
+    assert len({r["pid"] for r in runs}) >= 2
+
+
+def test_stale_worker_writes_are_refused(qcluster):
+    cluster = qcluster(workers=2)
+    job = services.enqueue("e2e.slow", {"first_seconds": 60, "seconds": 0.5, "tick": 0.1})
+    running = wait_for(lambda: running_in_worker(job), 10, message="job running")
+    stale = worker_pid(running.worker_id)
+    cluster.kill(stale, signal.SIGSTOP)  # frozen: no heartbeat, so its lease runs out
+    try:
+        wait_for(lambda: fresh(job).status == Status.COMPLETED, 20, message=cluster.log()[-3000:])
+        done = fresh(job)
+    finally:
+        cluster.kill(stale, signal.SIGCONT)
+    assert done.attempts == 2 and worker_pid(done.result["worker"]) != stale
+
+    # Thawed, the old worker carries on with its old token (its handler still has
+    # a minute to run): its next heartbeat or progress is refused and it gives up.
+    refusals = (f"Refused progress on job {job.pk}", f"Interrupting job {job.pk}: lease")
+    wait_for(lambda: any(r in cluster.log() for r in refusals), 10, message=cluster.log()[-3000:])
+    wait_for(lambda: f"processing e2e.slow {job.pk}" in cluster.log() and _gave_up(cluster.log(), job), 10)
+    after = fresh(job)
+    assert after.status == Status.COMPLETED and after.result == done.result
+    assert after.updated_at == done.updated_at and after.progress == 100
+    assert after.worker_id == done.worker_id and after.heartbeat_at == done.heartbeat_at
+    assert transitions(after) == ["enqueue", "claim", "requeue", "claim", "complete"]
+
+
+def _gave_up(log: str, job: Job) -> bool:
+    """django-q2 logs each finished package; the stale one is the second for this job."""
+    return log.count(f"Processed 'jobstate.worker.tasks.execute' (e2e.slow {job.pk})") >= 2

@@ -1,0 +1,463 @@
+# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
+"""The job admin through Django's test client: list, job page, operations,
+permissions, bulk actions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.contrib.messages import get_messages
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from jobstate import services
+from jobstate.models import Job, JobEvent, JobStep
+from jobstate.states import Status
+from tests.test_admin_fixtures import (
+    completed,
+    expired,
+    failed,
+    operator,
+    processing,
+    queued,
+    viewer,
+)
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:jobstate_job_changelist")
+
+
+def change_url(job: Job) -> str:
+    return reverse("admin:jobstate_job_change", args=[job.pk])
+
+
+def act_url(job: Job, name: str) -> str:
+    return reverse("admin:jobstate_job_transition", args=[job.pk, name])
+
+
+def texts(response: Any) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def html_of(client: Any, url: str) -> str:
+    return client.get(url).content.decode()
+
+
+def last_event(job: Job) -> JobEvent:
+    return JobEvent.objects.filter(job=job).order_by("-created_at", "-id").first()  # type: ignore[return-value]
+
+
+# --- the list -------------------------------------------------------------------
+
+
+def test_list_shows_badges_progress_attempts_and_owner(admin_client: Any, user: Any) -> None:
+    job = processing(user, max_attempts=5)
+    services.report_progress(job, job.lease_token, 42, "half way", step="load")
+    done = completed(None)
+    response = admin_client.get(LIST)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'class="js-badge js-badge-processing"' in html
+    assert 'class="js-badge js-badge-completed"' in html
+    assert 'aria-valuenow="42"' in html
+    assert "1/5" in html  # attempts
+    assert '<span class="js-step">load</span>' in html  # current step
+    assert 'title="half way"' in html  # the progress message, on hover
+    assert "alice" in html
+    assert str(done.pk)[:8] in html
+    assert "running " in html and "took " in html
+
+
+def test_list_queries_do_not_grow_with_rows(admin_client: Any, user: Any) -> None:
+    for _ in range(3):
+        queued(user)
+    processing(user)
+    with CaptureQueriesContext(connection) as few:
+        assert admin_client.get(LIST).status_code == 200
+    for _ in range(30):
+        queued(user)
+        completed(user)
+    with CaptureQueriesContext(connection) as many:
+        assert admin_client.get(LIST).status_code == 200
+    assert len(many) == len(few), [q["sql"] for q in many.captured_queries]
+    assert len(many) <= 25
+    # No unbounded COUNT(*) over the table: every count is capped by a LIMIT.
+    for q in many.captured_queries:
+        sql = q["sql"].upper()
+        if "COUNT(" in sql and "JOBSTATE_JOB" in sql:
+            assert "LIMIT" in sql, q["sql"]
+
+
+@pytest.mark.parametrize(
+    ("query", "expect", "refuse"),
+    [
+        ("status=failed", "failed", "queued"),
+        ("status=active", "queued", "failed"),
+        ("stuck=lease_expired", "expired", "queued"),
+        ("stuck=any", "expired", "queued"),
+        ("owner=none", "failed", "queued"),
+        ("kind=test.limited", "limited", "queued"),
+    ],
+)
+def test_list_filters(admin_client: Any, user: Any, query: str, expect: str, refuse: str) -> None:
+    jobs = {
+        "queued": queued(user),
+        "failed": failed(None),
+        "expired": expired(user),
+        "limited": queued(user, kind="test.limited"),
+    }
+    response = admin_client.get(f"{LIST}?{query}")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert str(jobs[expect].pk)[:8] in html
+    assert str(jobs[refuse].pk)[:8] not in html
+
+
+def test_owner_filter_lists_owners_and_me(
+    admin_client: Any, admin_user: Any, user: Any, other_user: Any
+) -> None:
+    mine = queued(admin_user)
+    alices = queued(user)
+    queued(other_user)
+    html = admin_client.get(LIST).content.decode()
+    assert "?owner=me" in html and f"?owner={user.pk}" in html and f"?owner={other_user.pk}" in html
+    html = admin_client.get(f"{LIST}?owner=me").content.decode()
+    assert str(mine.pk)[:8] in html and str(alices.pk)[:8] not in html
+    html = admin_client.get(f"{LIST}?owner={user.pk}").content.decode()
+    assert str(alices.pk)[:8] in html and str(mine.pk)[:8] not in html
+
+
+def test_kind_filter_offers_registered_and_stored_kinds(admin_client: Any) -> None:
+    queued(kind="test.limited")
+    html = admin_client.get(LIST).content.decode()
+    assert "?kind=test.limited" in html  # stored
+    assert "?kind=test.echo" in html  # registered, no job yet
+
+
+def test_date_filters_and_hierarchy(admin_client: Any) -> None:
+    job = queued()
+    day = job.created_at
+    html = admin_client.get(f"{LIST}?created_at__year={day.year}").content.decode()
+    assert str(job.pk)[:8] in html
+    assert f"created_at__month={day.month}" in html  # the month level offers this month
+    html = admin_client.get(
+        f"{LIST}?created_at__year={day.year}&created_at__month={day.month}"
+    ).content.decode()
+    assert f"created_at__day={day.day}" in html
+    html = admin_client.get(f"{LIST}?created_at__year={day.year - 1}").content.decode()
+    assert str(job.pk)[:8] not in html
+    # The "created at" filter's own "Today" link.
+    today = re.search(r'href="(\?created_at__gte=[^"]+)"[^>]*>Today<', html_of(admin_client, LIST))
+    assert today is not None
+    response = admin_client.get(LIST + today.group(1).replace("&amp;", "&"))
+    assert response.status_code == 200 and str(job.pk)[:8] in response.content.decode()
+
+
+def test_search_by_id_prefix_key_and_owner(admin_client: Any, user: Any) -> None:
+    keyed = queued(key="invoice-42")
+    owned = queued(user)
+    other = queued()
+
+    def found(term: str) -> set[str]:
+        html = admin_client.get(LIST, {"q": term}).content.decode()
+        return {str(j.pk) for j in (keyed, owned, other) if str(j.pk)[:8] in html}
+
+    assert found(str(other.pk)) == {str(other.pk)}
+    assert str(other.pk) in found(str(other.pk)[:8])
+    assert found("invoice-42") == {str(keyed.pk)}
+    assert found("ALICE") == {str(owned.pk)}
+    assert found("nobody-by-that-name") == set()
+
+
+def test_bad_filter_values_do_not_500(admin_client: Any) -> None:
+    for query in ("status=nonsense", "stuck=nonsense", "owner=not-a-user", "created_at__year=abc"):
+        assert admin_client.get(f"{LIST}?{query}").status_code in (200, 302), query
+
+
+# --- the job page -----------------------------------------------------------------
+
+
+def test_job_page_shows_history_steps_assets_and_pretty_json(admin_client: Any, user: Any) -> None:
+    job = processing(user, parameters={"n": 7, "label": "<b>x</b>"})
+    services.add_asset(job, asset_type="report", name="out.csv", content=b"a,b\n1,2\n", token=job.lease_token)
+    JobStep.objects.create(
+        job=job,
+        position=1,
+        name="extract",
+        status="completed",
+        cursor={"page": 3},
+        started_at=job.started_at,
+        finished_at=job.started_at,
+    )
+    services.fail(
+        job, job.lease_token, "timeout talking to S3", error_type="TimeoutError", traceback="TB line"
+    )
+    response = admin_client.get(change_url(job))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Transition history" in html and "Workflow steps" in html and "Assets" in html
+    assert "worker:w-test" in html and "attempt 1 failed: timeout talking to S3" in html
+    assert "&quot;label&quot;: &quot;&lt;b&gt;x&lt;/b&gt;&quot;" in html  # pretty-printed, escaped
+    assert "out.csv" in html and "8\xa0bytes" in html
+    assert reverse("admin:jobstate_asset_download", args=[job.assets.get().pk]) in html
+    assert "extract" in html and "{&quot;page&quot;: 3}" in html
+    assert "TB line" in html
+
+
+def test_job_page_is_read_only(admin_client: Any) -> None:
+    job = queued()
+    html = admin_client.get(change_url(job)).content.decode()
+    assert 'name="_save"' not in html
+    assert 'name="status"' not in html
+    response = admin_client.post(change_url(job), {"status": "completed", "progress": 100})
+    assert response.status_code == 403
+    assert admin_client.get(reverse("admin:jobstate_job_add")).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+
+
+def test_active_job_cannot_be_deleted_and_bulk_delete_is_gone(admin_client: Any) -> None:
+    job = queued()
+    assert admin_client.get(reverse("admin:jobstate_job_delete", args=[job.pk])).status_code == 403
+    assert "delete_selected" not in admin_client.get(LIST).content.decode()
+    done = completed()
+    response = admin_client.post(reverse("admin:jobstate_job_delete", args=[done.pk]), {"post": "yes"})
+    assert response.status_code == 302 and not Job.objects.filter(pk=done.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "shown"),
+    [
+        (queued, {"cancel", "fail"}),
+        (processing, {"cancel", "requeue", "fail"}),
+        (completed, {"retry"}),
+        (failed, {"retry"}),
+    ],
+)
+def test_buttons_only_for_transitions_allowed_now(admin_client: Any, make: Any, shown: set[str]) -> None:
+    job = make()
+    html = admin_client.get(change_url(job)).content.decode()
+    offered = set(re.findall(r"/act/([a-z_]+)/", html))
+    assert offered == shown
+
+
+def test_force_cancel_offered_once_cancel_requested(admin_client: Any) -> None:
+    job = processing()
+    services.request_cancel(job, "someone", "stop")
+    offered = set(re.findall(r"/act/([a-z_]+)/", admin_client.get(change_url(job)).content.decode()))
+    assert offered == {"force_cancel", "requeue", "fail"}
+
+
+# --- operations ---------------------------------------------------------------
+
+
+def test_cancel_asks_for_a_reason_then_goes_through_services(admin_client: Any, admin_user: Any) -> None:
+    job = queued()
+    page = admin_client.get(act_url(job, "cancel"))
+    assert page.status_code == 200 and 'name="reason"' in page.content.decode()
+    response = admin_client.post(act_url(job, "cancel"), {"reason": "   "})
+    assert response.status_code == 200 and "Give a reason." in response.content.decode()
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    response = admin_client.post(act_url(job, "cancel"), {"reason": "customer asked"})
+    assert response.status_code == 302 and response["Location"] == change_url(job)
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    event = last_event(job)
+    assert (event.from_status, event.to_status, event.transition) == ("queued", "cancelled", "cancel")
+    assert event.actor == admin_user and event.actor_label == "admin" and event.reason == "customer asked"
+    assert "Job cancelled." in texts(response)
+
+
+def test_cancel_processing_records_request(admin_client: Any, admin_user: Any) -> None:
+    job = processing()
+    response = admin_client.post(act_url(job, "cancel"), {"reason": "wrong input"})
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and job.cancel_requested_at is not None
+    event = last_event(job)
+    assert (
+        event.transition == "request_cancel" and event.actor == admin_user and event.reason == "wrong input"
+    )
+    assert any("Cancel requested" in t for t in texts(response))
+
+
+def test_retry_creates_linked_job_and_opens_it(admin_client: Any, admin_user: Any) -> None:
+    job = failed()
+    response = admin_client.post(act_url(job, "retry"), {"reason": "disk freed"})
+    new = Job.objects.get(retry_of=job)
+    assert response.status_code == 302 and response["Location"] == change_url(new)
+    assert new.status == Status.QUEUED and Job.objects.get(pk=job.pk).status == Status.FAILED
+    event = last_event(new)
+    assert event.actor == admin_user and event.actor_label == "admin" and event.reason == "disk freed"
+
+
+def test_requeue_and_fail(admin_client: Any, admin_user: Any) -> None:
+    job = expired()
+    admin_client.post(act_url(job, "requeue"), {"reason": "worker died"})
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.lease_token is None
+    assert (last_event(job).actor, last_event(job).reason) == (admin_user, "worker died")
+    other = queued()
+    admin_client.post(act_url(other, "fail"), {"reason": "bad data, do not run"})
+    other.refresh_from_db()
+    assert other.status == Status.FAILED and other.error_message == "bad data, do not run"
+    assert last_event(other).actor_label == "admin"
+
+
+def test_force_cancel_honours_pending_cancel(admin_client: Any, admin_user: Any) -> None:
+    job = processing()
+    services.request_cancel(job, "someone", "stop")
+    response = admin_client.post(act_url(job, "force_cancel"), {"reason": "worker hung"})
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED
+    assert (last_event(job).actor, last_event(job).transition) == (admin_user, "cancel")
+
+
+def test_refused_operation_shows_invalid_transition(admin_client: Any) -> None:
+    job = completed()
+    response = admin_client.post(act_url(job, "cancel"), {"reason": "too late"})
+    assert response.status_code == 302
+    assert any("Cannot move job from 'completed' to 'cancelled'" in t for t in texts(response))
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+    assert not JobEvent.objects.filter(job=job, reason="too late").exists()
+
+
+def test_stale_get_of_disallowed_operation_redirects_with_message(admin_client: Any) -> None:
+    job = completed()
+    response = admin_client.get(act_url(job, "requeue"))
+    assert response.status_code == 302
+    assert any("not possible now" in t for t in texts(response))
+
+
+def test_unknown_operation_is_refused(admin_client: Any) -> None:
+    job = queued()
+    assert admin_client.post(act_url(job, "complete"), {"reason": "x"}).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+
+
+# --- permissions --------------------------------------------------------------------
+
+
+def test_staff_without_permissions_is_refused(client: Any, staff_user: Any) -> None:
+    job = queued()
+    client.force_login(staff_user)
+    assert client.get(LIST).status_code == 403
+    assert client.get(change_url(job)).status_code == 403
+    assert client.post(act_url(job, "cancel"), {"reason": "x"}).status_code == 403
+    assert client.get(reverse("admin:jobstate_job_stuck")).status_code == 403
+    assert client.get(reverse("admin:jobstate_job_dashboard")).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+
+
+def test_viewer_sees_jobs_but_cannot_act(client: Any, viewer: Any) -> None:
+    job = queued()
+    client.force_login(viewer)
+    html = client.get(change_url(job)).content.decode()
+    assert "Transition history" in html and "/act/" not in html
+    for name in ("cancel", "fail"):
+        assert client.get(act_url(job, name)).status_code == 403
+        assert client.post(act_url(job, name), {"reason": "x"}).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    # No bulk actions are offered to a viewer.
+    html = client.get(LIST).content.decode()
+    assert "cancel_selected" not in html and "retry_selected" not in html
+
+
+def test_each_operation_needs_its_own_permission(client: Any, django_user_model: Any) -> None:
+    from tests.test_admin_fixtures import grant
+
+    user = django_user_model.objects.create_user("cancel-only", password="pw-123456", is_staff=True)
+    user = grant(user, "view_job", "cancel_job")
+    client.force_login(user)
+    job = queued()
+    done = completed()
+    assert client.post(act_url(done, "retry"), {"reason": "x"}).status_code == 403
+    assert client.post(act_url(job, "fail"), {"reason": "x"}).status_code == 403
+    assert client.post(act_url(job, "cancel"), {"reason": "ok"}).status_code == 302
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    assert not Job.objects.filter(retry_of=done).exists()
+    html = client.get(LIST).content.decode()
+    assert "cancel_selected" in html and "retry_selected" not in html
+
+
+# --- bulk actions -----------------------------------------------------------------------
+
+
+def bulk(client: Any, action: str, jobs: list[Job], reason: str | None) -> Any:
+    data: dict[str, Any] = {"action": action, "_selected_action": [str(j.pk) for j in jobs], "index": 0}
+    if reason is not None:
+        data.update(confirm="yes", reason=reason)
+    return client.post(LIST, data)
+
+
+def test_bulk_cancel_reports_done_and_refused(admin_client: Any, admin_user: Any) -> None:
+    a, b, c, d = queued(), processing(), completed(), failed()
+    page = bulk(admin_client, "cancel_selected", [a, b, c, d], None)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="reason"' in html and "2 of the 4 selected jobs" in html
+    response = bulk(admin_client, "cancel_selected", [a, b, c, d], "maintenance window")
+    assert response.status_code == 302
+    messages = texts(response)
+    assert "Cancelled or asked to stop 2 jobs." in messages
+    refused = [m for m in messages if m.startswith("Refused")]
+    assert any("Refused 1 job: Cannot move job from 'completed' to 'cancelled'" in m for m in refused)
+    assert any("Refused 1 job: Cannot move job from 'failed' to 'cancelled'" in m for m in refused)
+    assert Job.objects.get(pk=a.pk).status == Status.CANCELLED
+    assert Job.objects.get(pk=b.pk).cancel_requested_at is not None
+    for job in (a, b):
+        event = last_event(job)
+        assert (event.actor, event.actor_label, event.reason) == (admin_user, "admin", "maintenance window")
+
+
+def test_bulk_cancel_without_reason_asks_again(admin_client: Any) -> None:
+    job = queued()
+    response = bulk(admin_client, "cancel_selected", [job], "")
+    assert response.status_code == 200 and "Give a reason." in response.content.decode()
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+
+
+def test_bulk_retry(admin_client: Any, admin_user: Any) -> None:
+    a, b, c = completed(), failed(), queued()
+    response = bulk(admin_client, "retry_selected", [a, b, c], "rerun after fix")
+    messages = texts(response)
+    assert "Queued a retry for 2 jobs." in messages
+    assert any("Refused 1 job: Cannot move job from 'queued' to 'queued' (retry)" in m for m in messages)
+    for old in (a, b):
+        new = Job.objects.get(retry_of=old)
+        assert last_event(new).actor == admin_user and last_event(new).reason == "rerun after fix"
+
+
+def test_bulk_cancel_refuses_already_requested(admin_client: Any) -> None:
+    job = processing()
+    services.request_cancel(job, "someone", "first")
+    response = bulk(admin_client, "cancel_selected", [job], "second")
+    assert any("a cancel was already requested" in m for m in texts(response))
+    assert not JobEvent.objects.filter(job=job, reason="second").exists()
+
+
+def test_admin_index_links_dashboard_and_stuck(admin_client: Any) -> None:
+    html = admin_client.get(reverse("admin:index")).content.decode()
+    assert reverse("admin:jobstate_job_dashboard") in html and reverse("admin:jobstate_job_stuck") in html
+    html = admin_client.get(reverse("admin:app_list", args=["jobstate"])).content.decode()
+    assert reverse("admin:jobstate_job_dashboard") in html
+    html = admin_client.get(LIST).content.decode()
+    assert reverse("admin:jobstate_job_dashboard") in html and reverse("admin:jobstate_job_stuck") in html
+
+
+def test_only_the_indexed_column_sorts(admin_client: Any) -> None:
+    first = queued()
+    second = queued()
+    html = admin_client.get(LIST).content.decode()
+    table = html.index('id="result_list"')
+    head = html[table : html.index("</thead>", table)]
+    sortable = re.findall(r'<th scope="col"\s+class="([^"]*)"', head)
+    assert [c for c in sortable if "sortable" in c] == [next(c for c in sortable if "created_col" in c)]
+    (index,) = set(re.findall(r'href="\?o=-?(\d+)', head))
+    html = admin_client.get(f"{LIST}?o={index}").content.decode()
+    assert html.index(str(first.pk)[:8]) < html.index(str(second.pk)[:8])  # oldest first
+    html = admin_client.get(f"{LIST}?o=-{index}").content.decode()
+    assert html.index(str(second.pk)[:8]) < html.index(str(first.pk)[:8])

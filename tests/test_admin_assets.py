@@ -1,0 +1,116 @@
+# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
+"""The Asset admin: list, filters, link back to the job, staff-only download."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from jobstate import services
+from jobstate.models import Asset
+from tests.test_admin_fixtures import grant, operator, processing, viewer
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:jobstate_asset_changelist")
+
+
+@pytest.fixture(autouse=True)
+def media(settings: Any, tmp_path: Any) -> Any:
+    settings.MEDIA_ROOT = tmp_path
+    return tmp_path
+
+
+def make_assets(owner: Any = None) -> tuple[Any, Asset, Asset, Asset]:
+    job = processing(owner)
+    report = services.add_asset(
+        job, asset_type="report", name="../../etc/pass wd.csv", content=b"x" * 2048, token=job.lease_token
+    )
+    image = services.add_asset(
+        job, asset_type="image", name="chart.png", content=b"\x89PNG...", token=job.lease_token
+    )
+    link = services.add_asset(job, asset_type="link", url="https://example.org/data.json")
+    return job, report, image, link
+
+
+def download(asset: Asset) -> str:
+    return reverse("admin:jobstate_asset_download", args=[asset.pk])
+
+
+def test_list_filters_and_job_link(admin_client: Any) -> None:
+    job, report, image, _link = make_assets()
+    other_job, *_ = make_assets()
+    html = admin_client.get(LIST).content.decode()
+    assert "?type=report" in html and "?type=image" in html
+    assert reverse("admin:jobstate_job_change", args=[job.pk]) in html
+    assert "2.0\xa0KB" in html and download(report) in html
+    assert 'href="https://example.org/data.json"' in html
+    html = admin_client.get(f"{LIST}?type=image").content.decode()
+    assert download(image) in html and download(report) not in html
+    html = admin_client.get(f"{LIST}?job={job.pk}").content.decode()
+    assert download(report) in html
+    assert str(other_job.pk) not in html
+    assert admin_client.get(f"{LIST}?job=not-a-uuid").status_code in (200, 302)
+
+
+def test_asset_page_is_read_only(admin_client: Any) -> None:
+    _, report, *_ = make_assets()
+    url = reverse("admin:jobstate_asset_change", args=[report.pk])
+    html = admin_client.get(url).content.decode()
+    assert 'name="_save"' not in html and report.sha256 in html
+    assert admin_client.post(url, {"name": "evil.sh"}).status_code == 403
+    assert admin_client.get(reverse("admin:jobstate_asset_add")).status_code == 403
+
+
+def test_download_streams_the_file_with_a_safe_name(admin_client: Any) -> None:
+    _, report, *_ = make_assets()
+    response = admin_client.get(download(report))
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == b"x" * 2048
+    disposition = response["Content-Disposition"]
+    assert disposition.startswith("attachment;") and "/" not in disposition.split("filename=")[1]
+    assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_download_is_checked(
+    client: Any, staff_user: Any, viewer: Any, user: Any, django_user_model: Any
+) -> None:
+    _, report, _, link = make_assets(owner=user)
+    # Not logged in: the admin login page.
+    assert client.get(download(report)).status_code == 302
+    # Staff without any jobstate permission.
+    client.force_login(staff_user)
+    assert client.get(download(report)).status_code == 403
+    # Staff who may view jobs (and so their files).
+    client.force_login(viewer)
+    assert client.get(download(report)).status_code == 200
+    # Staff who owns the file but has no permission.
+    owner_staff = django_user_model.objects.create_user("owner-staff", password="pw-123456", is_staff=True)
+    report.owner = owner_staff
+    report.save(update_fields=["owner"])
+    client.force_login(owner_staff)
+    assert client.get(download(report)).status_code == 200
+    # A non-staff owner never reaches admin views.
+    client.force_login(user)
+    assert client.get(download(link)).status_code == 302
+    client.force_login(viewer)
+    assert client.get(download(link)).status_code == 404  # an external link has no stored file
+
+
+def test_missing_file_is_a_404(client: Any, django_user_model: Any, media: Any) -> None:
+    _, report, *_ = make_assets()
+    report.file.storage.delete(report.file.name)
+    staff = grant(
+        django_user_model.objects.create_user("s", password="pw-123456", is_staff=True), "view_asset"
+    )
+    client.force_login(staff)
+    assert client.get(download(report)).status_code == 404
+
+
+def test_operator_sees_assets_on_the_job_page(client: Any, operator: Any) -> None:
+    job, report, *_ = make_assets()
+    client.force_login(operator)
+    html = client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert download(report) in html

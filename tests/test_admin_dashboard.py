@@ -1,0 +1,198 @@
+# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
+"""The dashboard page, its numbers (jobstate.admin.stats), the SVG charts and the
+capped paginator."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from jobstate import services
+from jobstate.admin import charts, stats
+from jobstate.admin.paginator import CappedPaginator, estimated_rows
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.stuck import distinct_values
+from tests.test_admin_fixtures import ago, completed, expired, failed, processing, queued, viewer
+
+DASHBOARD = reverse("admin:jobstate_job_dashboard")
+LIST = reverse("admin:jobstate_job_changelist")
+
+
+def finished_at(job: Job, moment: Any, seconds: float) -> None:
+    """Time travel for a finished job: it started ``seconds`` before ``moment``."""
+    Job.objects.filter(pk=job.pk).update(finished_at=moment, started_at=moment - timedelta(seconds=seconds))
+
+
+@pytest.mark.django_db
+def test_dashboard_renders_counts_charts_and_workers(admin_client: Any, temp_handler: Any) -> None:
+    temp_handler("test.report")
+    now = timezone.now()
+    for i in range(4):
+        finished_at(completed(kind="test.report"), now - timedelta(minutes=i * 7), 1 + i)
+    finished_at(failed(), now - timedelta(hours=3), 2)
+    queued()
+    processing(worker="w-alpha")
+    expired()
+    response = admin_client.get(DASHBOARD)
+    assert response.status_code == 200
+    html = response.content.decode()
+    ctx = response.context
+    assert ctx["active"] == {Status.QUEUED: 1, Status.PROCESSING: 2}
+    assert ctx["total"] == 8 and not ctx["total_is_estimate"]
+    report_row = next(r for r in ctx["kind_rows"] if r["kind"] == "test.report")
+    assert report_row["total"] == 4 and report_row["active"] == 0
+    assert ctx["minute"].finished == 4 and ctx["hour"].finished == 5 and ctx["hour"].failed == 1
+    assert ctx["rate_day"] == "20.0%" and ctx["rate_hour"] == "0.0%"
+    assert ctx["stuck_active"] == 1
+    assert [w.worker_id for w in ctx["workers"].from_heartbeats] == ["w-alpha"]
+    assert html.count("<svg") >= 4 and 'class="js-area"' in html and 'class="js-column"' in html
+    assert "test.report" in html and "w-alpha" in html
+    report = next(d for d in ctx["durations"] if d["kind"] == "test.report")
+    assert report["count"] == 4 and report["p50"] == "2.50s" and report["p95"] == "3.85s"
+    for chart in (ctx["minute_chart"], ctx["hour_chart"], ctx["status_chart"]):
+        ET.fromstring(str(chart))  # well-formed SVG
+
+
+@pytest.mark.django_db
+def test_dashboard_with_no_jobs(admin_client: Any) -> None:
+    response = admin_client.get(DASHBOARD)
+    assert response.status_code == 200 and "No jobs yet." in response.content.decode()
+    assert response.context["rate_day"] == "-"
+
+
+@pytest.mark.django_db
+def test_dashboard_needs_view_permission(client: Any, staff_user: Any, viewer: Any) -> None:
+    client.force_login(staff_user)
+    assert client.get(DASHBOARD).status_code == 403
+    client.force_login(viewer)
+    assert client.get(DASHBOARD).status_code == 200
+
+
+@pytest.mark.django_db
+def test_throughput_buckets_and_failure_rate() -> None:
+    now = timezone.now().replace(second=30, microsecond=0)
+    for minutes, make in ((0, completed), (0, completed), (5, failed), (59, completed), (61, completed)):
+        job = make()
+        finished_at(job, now - timedelta(minutes=minutes), 1)
+    hour = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
+    assert len(hour.times) == 60 and hour.times[-1] == now.replace(second=0)
+    assert hour.by_status[Status.COMPLETED][-1] == 2
+    assert hour.by_status[Status.FAILED][-6] == 1
+    assert hour.finished == 4 and hour.failure_rate == 0.25
+    day = stats.throughput(now, span=timedelta(days=1), bucket="hour")
+    assert len(day.times) == 24 and day.finished == 5
+
+
+@pytest.mark.django_db
+def test_durations_per_kind() -> None:
+    now = timezone.now()
+    for seconds in (1, 2, 3, 4, 100):
+        finished_at(completed(), now - timedelta(minutes=1), seconds)
+    finished_at(completed(), now - timedelta(days=2), 1000)  # outside the window
+    (row,) = stats.durations(now)
+    assert row.kind == "test.echo" and row.count == 5
+    assert row.p50 == pytest.approx(3.0) and row.p95 == pytest.approx(80.8)
+
+
+def test_percentile_matches_percentile_cont() -> None:
+    assert stats.percentile([], 0.5) is None
+    assert stats.percentile([5.0], 0.95) == 5.0
+    assert stats.percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert stats.percentile([10.0, 0.0], 0.95) == pytest.approx(9.5)
+
+
+def test_charts_are_escaped_and_well_formed() -> None:
+    svg = charts.bar_chart([charts.Bar("<script>", 3, "#000", href="/x?a=1&b=2")], label='a "b" <c>')
+    assert "<script>" not in svg and "&lt;script&gt;" in svg
+    ET.fromstring(str(svg))
+    times = [timezone.now() - timedelta(minutes=i) for i in range(5)][::-1]
+    for kind in ("area", "columns"):
+        svg = charts.time_chart(
+            times, [charts.Series("<b>", "#123", [0, 1, 2, 3, 400])], label="t", kind=kind
+        )
+        root = ET.fromstring(str(svg))
+        assert root.tag.endswith("svg") and "&lt;b&gt;" in svg
+    assert "no data" in charts.time_chart([], [], label="empty")
+    assert charts.nice_max(0) == 1 and charts.nice_max(7) == 10 and charts.nice_max(101) == 200
+
+
+@pytest.mark.django_db
+def test_capped_paginator_and_list_label(admin_client: Any) -> None:
+    for _ in range(7):
+        queued()
+    paginator = CappedPaginator(Job.objects.filter(status=Status.QUEUED), 2, cap=5)
+    assert paginator.count == 5 and paginator.is_capped and paginator.num_pages == 3
+    assert paginator.count_label == "more than 5"
+    assert CappedPaginator(Job.objects.filter(status=Status.QUEUED), 2, cap=50).count == 7
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 5}):
+        html = admin_client.get(f"{LIST}?status=queued").content.decode()
+    assert "more than 5 jobs" in html and "counted up to 5" in html
+
+
+@pytest.mark.django_db
+def test_unfiltered_list_uses_the_planner_estimate_on_postgresql() -> None:
+    for _ in range(12):
+        queued()
+    qs = Job.objects.all()
+    if connection.vendor != "postgresql":
+        assert estimated_rows(qs) is None
+        assert CappedPaginator(qs, 5, cap=10).is_capped is False
+        assert CappedPaginator(qs, 5, cap=10).count == 10
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobstate_job")
+    assert estimated_rows(qs) == 12
+    paginator = CappedPaginator(qs, 5, cap=10)
+    assert paginator.count == 12 and paginator.is_estimate and paginator.count_label == "about 12"
+    # A filtered list is never estimated.
+    assert CappedPaginator(qs.filter(status=Status.QUEUED), 5, cap=10).is_estimate is False
+
+
+@pytest.mark.django_db
+def test_distinct_values_hops_through_the_index(user: Any, other_user: Any) -> None:
+    queued(kind="test.limited")
+    queued(user)
+    queued(other_user)
+    queued(user)
+    assert distinct_values(Job, "kind") == ["test.echo", "test.limited"]
+    assert distinct_values(Job, "owner_id") == sorted([user.pk, other_user.pk])
+    assert distinct_values(Job, "kind", limit=1) == ["test.echo"]
+
+
+@pytest.mark.django_db
+def test_workers_from_heartbeats() -> None:
+    a = processing(worker="w-1")
+    processing(worker="w-1")
+    processing(worker="w-2", started=ago(minutes=30), lease_seconds=3600)  # silent for 30 min
+    services.heartbeat(a, a.lease_token)
+    found = stats.workers(timezone.now())
+    assert [(w.worker_id, w.jobs) for w in found.from_heartbeats] == [("w-1", 2)]
+    assert found.alive >= 1
+
+
+@pytest.mark.django_db
+def test_kind_counts_read_active_jobs_and_the_last_day_only() -> None:
+    now = timezone.now()
+    queued()
+    processing()
+    finished_at(completed(), now - timedelta(hours=2), 1)
+    finished_at(failed(), now - timedelta(days=3), 1)  # history, not read
+    by_kind = stats.kind_counts(now - timedelta(days=1))
+    assert by_kind["test.echo"] == {
+        Status.QUEUED: 1,
+        Status.PROCESSING: 1,
+        Status.COMPLETED: 1,
+        Status.PARTIAL: 0,
+        Status.FAILED: 0,
+        Status.CANCELLED: 0,
+    }
+    assert stats.active_counts(by_kind) == {Status.QUEUED: 1, Status.PROCESSING: 1}
+    assert stats.total_jobs() == (4, False)

@@ -1,0 +1,285 @@
+# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
+"""Stuck-job detection (jobstate.stuck), its admin page and remedies, and the
+``jobstate_stuck`` command."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.messages import get_messages
+from django.core.management import call_command
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
+
+from jobstate import services, stuck
+from jobstate.models import Job, JobEvent
+from jobstate.states import Status
+from tests.test_admin_fixtures import (
+    ago,
+    completed,
+    expired,
+    failed,
+    operator,
+    processing,
+    queued,
+    viewer,
+)
+
+pytestmark = pytest.mark.django_db
+
+STUCK = reverse("admin:jobstate_job_stuck")
+REMEDY = reverse("admin:jobstate_job_stuck_remedy")
+REAP = reverse("admin:jobstate_job_reap")
+
+
+def reasons(now: Any = None) -> dict[str, str]:
+    """{job id: reason code} for every finding."""
+    return {str(f.job.pk): f.reason for f in stuck.find_stuck(now)}
+
+
+def scenario(temp_handler: Any) -> dict[str, Job]:
+    """One job per reason, plus healthy ones that must not be reported."""
+    temp_handler("test.slow", timeout=60)
+    temp_handler("test.orphan")
+    jobs: dict[str, Job] = {}
+    jobs["lease_expired"] = expired()
+    # Heartbeat 10 minutes old, lease (1 h) still valid.
+    jobs["no_heartbeat"] = processing(started=ago(minutes=10), lease_seconds=3600)
+    # A 60 s handler running for 5 minutes, still heartbeating.
+    slow = processing(kind="test.slow", started=ago(minutes=5), lease_seconds=3600)
+    services.heartbeat(slow, slow.lease_token, lease_seconds=3600)
+    jobs["past_timeout"] = slow
+    # Past its timeout and silent too (lease still valid): the timeout is the reason.
+    jobs["past_timeout:silent"] = processing(kind="test.slow", started=ago(minutes=10), lease_seconds=3600)
+    hung = processing(lease_seconds=3600)
+    services.request_cancel(hung, "ops", "stop it")
+    Job.objects.filter(pk=hung.pk).update(cancel_requested_at=ago(minutes=10))  # time travel
+    jobs["cancel_unhonoured"] = hung
+    jobs["queued_no_worker"] = queued(kind="test.orphan", run_after=ago(hours=1))
+    jobs["recently_failed"] = failed(error="out of memory")
+    # Healthy: running with fresh heartbeat, queued for later, done, operator-failed, retried.
+    jobs["ok_running"] = processing()
+    jobs["ok_future"] = queued(run_after=timezone.now() + timedelta(hours=1))
+    jobs["ok_done"] = completed()
+    jobs["ok_operator_failed"] = services.force_fail(queued(), "ops", "bad data")
+    retried = failed(error="flaky")
+    services.retry(retried, "ops", "again")
+    jobs["ok_retried"] = retried
+    return jobs
+
+
+def test_each_reason_is_found_once(temp_handler: Any) -> None:
+    jobs = scenario(temp_handler)
+    found = reasons()
+    expected = {str(j.pk): name.split(":")[0] for name, j in jobs.items() if not name.startswith("ok_")}
+    # The retry of ok_retried is a fresh queued job: not stuck either.
+    assert found == expected
+
+
+def test_python_check_agrees_with_the_queries(temp_handler: Any) -> None:
+    scenario(temp_handler)
+    now = timezone.now()
+    ctx = stuck.Context(now)
+    for job in Job.objects.all():
+        finding = stuck.check(job, ctx=ctx)
+        matching = [
+            r.code
+            for r in stuck.REASONS
+            if Job.objects.filter(pk=job.pk).filter(stuck.stuck_q(r.code, ctx)).exists()
+        ]
+        assert matching == ([finding.reason] if finding else []), (job, matching, finding)
+
+
+def test_time_travel_with_now() -> None:
+    job = processing(lease_seconds=60)
+    assert reasons() == {}
+    later = timezone.now() + timedelta(minutes=2)
+    assert reasons(later) == {str(job.pk): "lease_expired"}
+
+
+def test_cancel_unhonoured_wins_over_lease_expired() -> None:
+    job = expired()
+    services.request_cancel(job, "ops", "stop")
+    assert reasons(timezone.now() + timedelta(minutes=5)) == {str(job.pk): "cancel_unhonoured"}
+
+
+def test_queued_job_of_a_served_kind_is_backlog_not_stuck() -> None:
+    waiting = queued(run_after=ago(hours=1))
+    assert reasons() == {str(waiting.pk): "queued_no_worker"}
+    processing()  # a worker is running a test.echo job right now
+    assert reasons() == {}
+
+
+def test_thresholds_are_settings() -> None:
+    job = processing(started=ago(minutes=3), lease_seconds=3600)
+    assert reasons() == {str(job.pk): "no_heartbeat"}  # default 120 s
+    with override_settings(JOBSTATE={"STUCK_NO_HEARTBEAT_SECONDS": 600}):
+        assert reasons() == {}
+    old = failed()
+    with override_settings(JOBSTATE={"STUCK_RECENT_FAILURE_SECONDS": 1}):
+        assert str(old.pk) not in reasons(timezone.now() + timedelta(seconds=5))
+
+
+def test_counts_and_filters(temp_handler: Any) -> None:
+    scenario(temp_handler)
+    counts = stuck.count_stuck()
+    assert counts == {r.code: 2 if r.code == "past_timeout" else 1 for r in stuck.REASONS}
+    assert Job.objects.filter(stuck.any_stuck_q()).count() == 7
+    assert stuck.count_stuck(cap=0)[stuck.LEASE_EXPIRED] == 0
+    finding = stuck.find_stuck(codes=[stuck.RECENTLY_FAILED])[0]
+    assert finding.as_dict()["remedy"] == "retry" and "out of memory" in finding.text
+
+
+# --- the page -----------------------------------------------------------------
+
+
+def test_stuck_page_lists_each_reason(admin_client: Any, temp_handler: Any) -> None:
+    jobs = scenario(temp_handler)
+    response = admin_client.get(STUCK)
+    assert response.status_code == 200
+    html = response.content.decode()
+    for name, job in jobs.items():
+        row = f'data-job="{job.pk}" data-reason="{name.split(":")[0]}"'
+        assert (row in html) is not name.startswith("ok_"), name
+    for r in stuck.REASONS:
+        assert escape(r.title) in html
+    assert 'value="requeue"' in html and 'value="force_cancel"' in html and 'value="retry"' in html
+    assert "Run the reaper now (1 expired)" in html
+
+
+def remedy(client: Any, job: Job, operation: str) -> Any:
+    return client.post(REMEDY, {"job": str(job.pk), "operation": operation})
+
+
+def test_one_click_requeue_records_admin_and_reason(admin_client: Any, admin_user: Any) -> None:
+    job = expired()
+    response = remedy(admin_client, job, "requeue")
+    assert response.status_code == 302 and response["Location"] == STUCK
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED
+    event = JobEvent.objects.filter(job=job).latest("created_at", "id")
+    assert (event.transition, event.actor, event.actor_label) == ("requeue", admin_user, "admin")
+    assert event.reason == "stuck remedy (lease expired (worker lost))"
+    assert str(job.pk) not in admin_client.get(STUCK).content.decode()
+
+
+def test_one_click_force_cancel_and_retry(admin_client: Any, admin_user: Any) -> None:
+    hung = processing(lease_seconds=3600)
+    services.request_cancel(hung, "ops", "stop")
+    remedy(admin_client, hung, "force_cancel")
+    assert Job.objects.get(pk=hung.pk).status == Status.CANCELLED
+    dead = failed()
+    remedy(admin_client, dead, "retry")
+    new = Job.objects.get(retry_of=dead)
+    assert JobEvent.objects.get(job=new).actor == admin_user
+    assert str(dead.pk) not in {str(f.job.pk) for f in stuck.find_stuck()}
+
+
+def test_remedy_refused_when_state_moved_on(admin_client: Any) -> None:
+    job = completed()
+    response = remedy(admin_client, job, "requeue")
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any("Requeue refused: Cannot move job from 'completed' to 'queued'" in m for m in messages)
+
+
+def test_remedy_needs_post_permission_and_a_real_job(client: Any, viewer: Any, operator: Any) -> None:
+    job = expired()
+    client.force_login(viewer)
+    assert client.get(STUCK).status_code == 200
+    assert 'value="requeue"' not in client.get(STUCK).content.decode()
+    assert remedy(client, job, "requeue").status_code == 403
+    assert client.post(REAP).status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
+    client.force_login(operator)
+    assert client.get(REMEDY).status_code == 405
+    assert remedy(client, job, "complete").status_code == 403  # not a remedy
+    response = client.post(REMEDY, {"job": "not-a-uuid", "operation": "requeue"})
+    assert response.status_code == 302
+    assert remedy(client, job, "requeue").status_code == 302
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+
+
+def test_csrf_is_enforced(operator: Any) -> None:
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(operator)
+    job = expired()
+    assert remedy(client, job, "requeue").status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
+
+
+def test_run_the_reaper_now(admin_client: Any) -> None:
+    a = expired()
+    b = expired(max_attempts=1)
+    response = admin_client.post(REAP)
+    assert response.status_code == 302
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert "Reaper ran: 1 requeued, 1 failed (no attempt left), 0 cancelled (cancel was pending)." in messages
+    assert Job.objects.get(pk=a.pk).status == Status.QUEUED
+    assert Job.objects.get(pk=b.pk).status == Status.FAILED
+    assert JobEvent.objects.filter(job=a).latest("created_at", "id").actor_label == "system:reaper"
+
+
+def test_job_page_shows_stuck_notice(admin_client: Any) -> None:
+    job = expired()
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert 'id="js-stuck-notice"' in html and "Lease expired" in html
+    html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
+    assert "⚠ lease expired" in html
+
+
+# --- the command ---------------------------------------------------------------
+
+
+def run(*args: str) -> tuple[int, str]:
+    out = StringIO()
+    try:
+        call_command("jobstate_stuck", *args, stdout=out)
+    except SystemExit as exc:
+        return int(exc.code or 0), out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_command_exit_codes_and_output() -> None:
+    assert run() == (0, "No stuck jobs.\n")
+    dead = failed(error="no space left")
+    code, out = run()
+    assert code == 1 and "recently_failed" in out and str(dead.pk) in out and "no space left" in out
+    job = expired()
+    code, out = run()
+    assert code == 2 and str(job.pk) in out and "remedy: Requeue it" in out
+    assert run("--ignore", "lease_expired")[0] == 1
+    assert run("--reason", "recently_failed", "--ignore", "recently_failed")[0] == 0
+    code, out = run("--json")
+    payload = json.loads(out)
+    assert code == 2 and payload["counts"]["lease_expired"] == 1
+    assert {f["reason"] for f in payload["findings"]} == {"lease_expired", "recently_failed"}
+    code, out = run("--counts")
+    assert code == 2 and str(job.pk) not in out and "Lease expired (worker lost) [lease_expired]: 1" in out
+
+
+def test_command_marks_capped_counts() -> None:
+    for _ in range(3):
+        expired()
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2}):
+        code, out = run("--limit", "1")
+    assert code == 2 and "[lease_expired]: 2+" in out and "... and 1+ more" in out
+
+
+def test_list_button_counts_stuck_jobs_up_to_a_cap(admin_client: Any, monkeypatch: Any) -> None:
+    from jobstate.admin import jobs
+
+    changelist = reverse("admin:jobstate_job_changelist")
+    expired()
+    assert "Stuck jobs (1)" in admin_client.get(changelist).content.decode()
+    expired()
+    expired()
+    monkeypatch.setattr(jobs, "BADGE_CAP", 2)
+    assert "Stuck jobs (2+)" in admin_client.get(changelist).content.decode()

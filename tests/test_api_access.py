@@ -1,0 +1,184 @@
+"""REST API: every endpoint against owner, other user, staff and anonymous;
+authentication, throttling and the error shape at the edges."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from django.test import override_settings
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobstate import services
+from jobstate.models import Asset, Job
+from tests.api_support import JOBS, assert_error, client_for, completed, make_job
+
+pytestmark = pytest.mark.django_db
+
+FAST = {"SSE_POLL_SECONDS": 0.01, "SSE_MAX_SECONDS": 0.05, "LONGPOLL_MAX_SECONDS": 0.05}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str  # {queued}, {running}, {done}, {asset}: the owner's objects
+    owner: int  # status for the owner
+    staff: int  # status for staff (without extra model permissions)
+    body: dict[str, Any] | None = None
+    listing: bool = False  # a list: other users get 200 with nothing of the owner's
+
+
+ENDPOINTS = [
+    Endpoint("get", "/api/jobs/", 200, 200, listing=True),
+    Endpoint("post", "/api/jobs/", 201, 201, body={"kind": "test.echo", "parameters": {"a": 1}}),
+    Endpoint("get", "/api/jobs/{queued}/", 200, 200),
+    Endpoint("get", "/api/jobs/{queued}/?wait=0.05", 200, 200),
+    Endpoint("post", "/api/jobs/{queued}/cancel/", 200, 403, body={"reason": "r"}),
+    Endpoint("post", "/api/jobs/{running}/cancel/", 202, 403),
+    Endpoint("post", "/api/jobs/{done}/retry/", 201, 403),
+    Endpoint("post", "/api/jobs/{running}/requeue/", 403, 403),
+    Endpoint("post", "/api/jobs/{queued}/fail/", 403, 403, body={"reason": "r"}),
+    Endpoint("get", "/api/jobs/stuck/", 200, 200, listing=True),
+    Endpoint("get", "/api/jobs/{done}/events/", 200, 200),
+    Endpoint("get", "/api/jobs/{done}/events/stream/", 200, 200),
+    Endpoint("get", "/api/jobs/{running}/assets/", 200, 200),
+    Endpoint("get", "/api/assets/", 200, 200, listing=True),
+    Endpoint("get", "/api/assets/{asset}/", 200, 200),
+    Endpoint("get", "/api/assets/{asset}/download/", 200, 200),
+]
+
+
+@pytest.fixture
+def objects(user, settings, tmp_path):  # type: ignore[no-untyped-def]
+    settings.MEDIA_ROOT = tmp_path
+    # Its worker vanished an hour ago: processing, and listed as stuck.
+    run = services.start(make_job(user), "gone", lease_seconds=60, now=timezone.now() - timedelta(hours=1))
+    asset = services.add_asset(run, asset_type="out", name="o.txt", content=b"hello")
+    return {"queued": make_job(user), "running": run, "done": completed(user), "asset": asset}
+
+
+def call(client: APIClient, endpoint: Endpoint, objects: dict[str, Any]) -> Any:
+    path = endpoint.path.format(**{k: v.pk for k, v in objects.items()})
+    if endpoint.method == "get":
+        return client.get(path)
+    return client.post(path, endpoint.body or {}, format="json")
+
+
+def owner_data(response: Any, objects: dict[str, Any]) -> bool:
+    ids = {str(o.pk) for o in objects.values()}
+    body = response.json()
+    items = body["results"] if isinstance(body, dict) else body
+    return any(item.get("id", item.get("job")) in ids for item in items)
+
+
+@override_settings(JOBSTATE=FAST)
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e.method} {e.path}")
+@pytest.mark.parametrize("role", ["owner", "other", "staff", "anonymous"])
+def test_access_matrix(endpoint, role, objects, user, other_user, staff_user):
+    who = {"owner": user, "other": other_user, "staff": staff_user, "anonymous": None}[role]
+    before = (Job.objects.count(), Asset.objects.count())
+    response = call(client_for(who), endpoint, objects)
+    if role == "anonymous":
+        assert_error(response, 401, "not_authenticated")
+        assert response["WWW-Authenticate"] == "Token"
+        assert (Job.objects.count(), Asset.objects.count()) == before
+    elif role == "other":
+        if endpoint.listing:
+            assert response.status_code == 200 and not owner_data(response, objects)
+        elif endpoint.method == "post" and endpoint.path == "/api/jobs/":
+            assert response.status_code == 201  # their own new job
+        else:
+            assert_error(response, 404, "not_found")
+            assert (Job.objects.count(), Asset.objects.count()) == before
+    else:
+        expected = endpoint.owner if role == "owner" else endpoint.staff
+        assert response.status_code == expected, getattr(response, "content", b"")[:300]
+        if endpoint.listing:
+            assert owner_data(response, objects)
+        if expected == 403:
+            assert_error(response, 403, "permission_denied")
+
+
+def test_token_header_errors_are_401(user):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
+    error = assert_error(client.get(JOBS), 401, "authentication_failed")
+    assert "token" in error["message"].lower()
+
+
+def test_session_authentication_with_csrf(user):
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(user)
+    assert client.get(JOBS).status_code == 200
+    # A session-authenticated write needs the CSRF token, like any Django form.
+    assert_error(client.post(JOBS, {"kind": "test.echo"}, format="json"), 403, "permission_denied")
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("delete", "/api/jobs/{id}/"), ("put", "/api/jobs/{id}/"), ("get", "/api/jobs/{id}/cancel/")],
+)
+def test_unsupported_methods_are_a_405(user, method, path):
+    job = make_job(user)
+    response = getattr(client_for(user), method)(path.format(id=job.pk))
+    assert_error(response, 405, "method_not_allowed")
+    assert response["Allow"]
+    assert Job.objects.filter(pk=job.pk, status="queued").exists()
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/nothing/", "/api/jobs", "/api/jobs/x/y/z/", "/api/jobs/a%0Ab.c/events/", "/api/jobs/1.2/"]
+)
+def test_unknown_api_paths_are_a_json_404(user, path):
+    error = assert_error(client_for(user).get(path), 404, "not_found")
+    if path == "/api/jobs":
+        assert "/api/jobs/" in error["message"]
+
+
+@override_settings(
+    REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"jobstate_enqueue": "2/minute", "jobstate": None}}
+)
+def test_enqueue_is_throttled_by_its_own_scope(user):
+    cache.clear()
+    client = client_for(user)
+    for _ in range(2):
+        assert client.post(JOBS, {"kind": "test.echo"}, format="json").status_code == 201
+    response = client.post(JOBS, {"kind": "test.echo"}, format="json")
+    assert_error(response, 429, "throttled")
+    assert int(response["Retry-After"]) > 0
+    assert client.get(JOBS).status_code == 200  # reads are another scope
+    assert Job.objects.count() == 2
+    cache.clear()
+
+
+@override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {}})
+def test_no_configured_rate_means_no_throttle(user):
+    cache.clear()
+    client = client_for(user)
+    assert all(client.post(JOBS, {"kind": "test.echo"}, format="json").status_code == 201 for _ in range(5))
+
+
+def test_an_unexpected_error_is_a_json_500_and_logged(user, monkeypatch, caplog):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr("jobstate.api.views.services.request_cancel", broken)
+    job = make_job(user)
+    assert_error(client_for(user).post(f"{JOBS}{job.pk}/cancel/"), 500, "server_error")
+    assert "Unhandled error" in caplog.text
+
+
+def test_the_api_root_links_the_endpoints_schema_and_docs():
+    links = client_for(None).get("/api/").json()
+    assert links == {
+        "jobs": "http://testserver/api/jobs/",
+        "stuck": "http://testserver/api/jobs/stuck/",
+        "assets": "http://testserver/api/assets/",
+        "schema": "http://testserver/api/schema/",
+        "docs": "http://testserver/api/docs/",
+    }

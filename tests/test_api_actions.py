@@ -1,0 +1,247 @@
+"""REST API: cancel, retry and the transition history."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from jobstate import services
+from jobstate.exceptions import LeaseLost
+from jobstate.models import Job, JobEvent
+from tests.api_support import assert_error, client_for, completed, failed, job_url, make_job, running
+
+pytestmark = pytest.mark.django_db
+
+
+def grant(user, codename: str) -> None:  # type: ignore[no-untyped-def]
+    user.user_permissions.add(Permission.objects.get(codename=codename, content_type__app_label="jobstate"))
+
+
+# Cancel -----------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job_is_immediate(user):
+    job = make_job(user)
+    response = client_for(user).post(job_url(job, "cancel/"), {"reason": "not needed"}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "cancelled" and body["allowed_actions"] == ["retry"]
+    event = JobEvent.objects.filter(job=job).last()
+    assert (event.to_status, event.actor_label, event.actor_id, event.reason) == (
+        "cancelled",
+        "api",
+        user.pk,
+        "not needed",
+    )
+
+
+def test_cancel_a_running_job_is_a_request(user):
+    job = running(user)
+    client = client_for(user)
+    response = client.post(job_url(job, "cancel/"), format="json")
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["status"] == "processing" and body["cancel_requested"] is True
+    assert body["allowed_actions"] == []  # already requested
+    # The worker sees the request on its next heartbeat.
+    assert services.heartbeat(job, job.lease_token).cancel_requested
+    # Asking again changes nothing and says the same.
+    assert client.post(job_url(job, "cancel/")).status_code == 202
+    assert JobEvent.objects.filter(job=job, transition="request_cancel").count() == 1
+
+
+@pytest.mark.parametrize("finish", [completed, failed])
+def test_cancel_a_finished_job_is_a_409_naming_its_state(user, finish):
+    job = finish(user)
+    before = list(JobEvent.objects.filter(job=job).values_list("pk", flat=True))
+    error = assert_error(client_for(user).post(job_url(job, "cancel/")), 409, "invalid_transition")
+    assert error["current_status"] == job.status
+    assert f"'{job.status}'" in error["message"]
+    assert list(JobEvent.objects.filter(job=job).values_list("pk", flat=True)) == before
+
+
+def test_cancel_reason_must_be_text(user):
+    job = make_job(user)
+    assert_error(client_for(user).post(job_url(job, "cancel/"), {"reason": 5}, format="json"), 400, "invalid")
+    assert Job.objects.get(pk=job.pk).status == "queued"
+
+
+def test_staff_need_the_permission_to_cancel_someone_elses_job(user, staff_user):
+    job = make_job(user)
+    client = client_for(staff_user)
+    assert_error(client.post(job_url(job, "cancel/")), 403, "permission_denied")
+    assert Job.objects.get(pk=job.pk).status == "queued"
+    grant(staff_user, "cancel_job")
+    staff = type(staff_user).objects.get(pk=staff_user.pk)
+    response = client_for(staff).post(job_url(job, "cancel/"))
+    assert response.status_code == 200
+    assert JobEvent.objects.filter(job=job).last().actor_id == staff_user.pk
+
+
+def test_allowed_actions_follow_the_staff_permissions(user, staff_user, django_user_model):
+    job = completed(user)
+    assert client_for(staff_user).get(job_url(job)).json()["allowed_actions"] == []
+    boss = django_user_model.objects.create_superuser("root", password="pw-root-123")
+    assert client_for(boss).get(job_url(job)).json()["allowed_actions"] == ["retry"]
+    assert client_for(boss).get(job_url(make_job(user))).json()["allowed_actions"] == ["cancel", "fail"]
+
+
+# Retry ------------------------------------------------------------------------
+
+
+def test_retry_creates_a_new_linked_job(user):
+    old = failed(user)
+    response = client_for(user).post(job_url(old, "retry/"), {"reason": "fixed the input"}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["id"] != str(old.pk)
+    assert body["retry_of"] == str(old.pk) and body["status"] == "queued"
+    assert response["Location"].endswith(f"/api/jobs/{body['id']}/")
+    new = Job.objects.get(pk=body["id"])
+    assert new.owner == user and new.parameters == old.parameters
+    assert Job.objects.get(pk=old.pk).status == "failed"  # history is not rewritten
+
+
+@pytest.mark.parametrize("make", [make_job, running])
+def test_retry_an_active_job_is_a_409(user, make):
+    job = make(user)
+    error = assert_error(client_for(user).post(job_url(job, "retry/")), 409, "invalid_transition")
+    assert error["current_status"] == job.status
+    assert Job.objects.count() == 1
+
+
+def test_retry_while_its_key_is_active_again_is_a_409(user):
+    old = completed(user, key="nightly")
+    make_job(user, key="nightly", watermark=2)  # the key is dirty: a new active job holds it
+    assert_error(client_for(user).post(job_url(old, "retry/")), 409, "duplicate_active_key")
+
+
+def test_staff_need_the_permission_to_retry_someone_elses_job(user, staff_user):
+    job = failed(user)
+    assert_error(client_for(staff_user).post(job_url(job, "retry/")), 403, "permission_denied")
+    grant(staff_user, "retry_job")
+    staff = type(staff_user).objects.get(pk=staff_user.pk)
+    response = client_for(staff).post(job_url(job, "retry/"))
+    assert response.status_code == 201
+    assert Job.objects.get(pk=response.json()["id"]).owner == user  # still the owner's job
+
+
+# History ----------------------------------------------------------------------
+
+
+def test_events_list_the_history_in_order(user):
+    job = failed(user, error="disk full")
+    events = client_for(user).get(job_url(job, "events/")).json()["results"]
+    assert [(e["from_status"], e["to_status"], e["transition"]) for e in events] == [
+        (None, "queued", "enqueue"),
+        ("queued", "processing", "claim"),
+        ("processing", "failed", "fail"),
+    ]
+    assert events[1]["actor"] == "worker:test-worker"
+    assert events[2]["reason"] == "disk full"
+    assert events[0]["created_at"] <= events[2]["created_at"]
+    # The traceback stays out of the API.
+    assert "traceback" not in events[2]["metadata"]
+    assert events[2]["metadata"]["error_type"] == "RuntimeError"
+
+
+def test_events_show_the_user_behind_a_change(user):
+    job = make_job(user)
+    client_for(user).post(job_url(job, "cancel/"), {"reason": "oops"}, format="json")
+    last = client_for(user).get(job_url(job, "events/"), {"ordering": "-created_at"}).json()["results"][0]
+    assert (last["actor"], last["user"], last["reason"]) == ("api", "alice", "oops")
+
+
+def test_events_are_paginated(user):
+    job = running(user)
+    for _ in range(4):
+        services.request_stop(job, "tester")
+    client = client_for(user)
+    page = client.get(job_url(job, "events/"), {"page_size": 2}).json()
+    seen = [e["id"] for e in page["results"]]
+    while page["next"]:
+        page = client.get(page["next"]).json()
+        seen += [e["id"] for e in page["results"]]
+    assert seen == list(
+        JobEvent.objects.filter(job=job).order_by("created_at", "id").values_list("id", flat=True)
+    )
+
+
+def test_events_query_count(user, django_assert_num_queries):
+    job = failed(user)
+    client = client_for(user)
+    with django_assert_num_queries(3):  # token + user, visibility, the page (actor joined)
+        assert client.get(job_url(job, "events/")).status_code == 200
+
+
+# Operator remedies and stuck jobs -------------------------------------------------
+
+
+def lost(owner):  # type: ignore[no-untyped-def]
+    """A processing job whose worker vanished an hour ago (its lease expired)."""
+    job = make_job(owner)
+    return services.start(job, "gone-worker", lease_seconds=60, now=timezone.now() - dt.timedelta(hours=1))
+
+
+def test_stuck_lists_the_callers_jobs_with_reason_and_remedy(user, other_user, staff_user):
+    mine, theirs = lost(user), lost(other_user)
+    findings = client_for(user).get("/api/jobs/stuck/").json()
+    assert [(f["job"], f["reason"], f["remedy"]) for f in findings] == [
+        (str(mine.pk), "lease_expired", "requeue")
+    ]
+    assert findings[0]["since"] and findings[0]["text"]
+    staff = {f["job"] for f in client_for(staff_user).get("/api/jobs/stuck/").json()}
+    assert staff == {str(mine.pk), str(theirs.pk)}
+    assert client_for(user).get("/api/jobs/stuck/", {"reason": "recently_failed"}).json() == []
+    assert_error(client_for(user).get("/api/jobs/stuck/", {"reason": "bored"}), 400, "invalid")
+
+
+def test_owners_cannot_use_operator_remedies(user):
+    job = lost(user)
+    assert "requeue" not in client_for(user).get(job_url(job)).json()["allowed_actions"]
+    assert_error(client_for(user).post(job_url(job, "requeue/")), 403, "permission_denied")
+    assert_error(client_for(user).post(job_url(job, "fail/"), {"reason": "x"}), 403, "permission_denied")
+    assert Job.objects.get(pk=job.pk).status == "processing"
+
+
+def test_an_operator_requeues_a_stuck_job(user, staff_user):
+    job = lost(user)
+    grant(staff_user, "requeue_job")
+    client = client_for(type(staff_user).objects.get(pk=staff_user.pk))
+    assert client.get(job_url(job)).json()["allowed_actions"] == ["requeue", "fail"]
+    response = client.post(job_url(job, "requeue/"), {"reason": "worker host died"}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "queued"
+    event = JobEvent.objects.filter(job=job).last()
+    assert (event.transition, event.actor_label, event.actor_id, event.reason) == (
+        "requeue",
+        "api",
+        staff_user.pk,
+        "worker host died",
+    )
+    # The lost worker's token no longer works.
+    with pytest.raises(LeaseLost):
+        services.heartbeat(job, job.lease_token)
+    # Requeueing a queued job is refused, naming its state.
+    assert_error(client.post(job_url(job, "requeue/")), 409, "invalid_transition")
+
+
+def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
+    job = make_job(user)
+    grant(staff_user, "requeue_job")
+    client = client_for(type(staff_user).objects.get(pk=staff_user.pk))
+    assert_error(client.post(job_url(job, "fail/"), {}, format="json"), 400, "invalid")
+    response = client.post(job_url(job, "fail/"), {"reason": "bad input file"}, format="json")
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["status"], body["error_message"], body["error_type"]) == (
+        "failed",
+        "bad input file",
+        "OperatorFailed",
+    )
+    assert_error(
+        client.post(job_url(job, "fail/"), {"reason": "again"}, format="json"), 409, "invalid_transition"
+    )

@@ -1,0 +1,114 @@
+"""REST API: a job's assets, asset detail and download."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from jobstate import services
+from jobstate.models import Asset
+from tests.api_support import assert_error, client_for, job_url, make_job, running
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def media(settings, tmp_path):  # type: ignore[no-untyped-def]
+    settings.MEDIA_ROOT = tmp_path
+    return tmp_path
+
+
+def add_file(job, name: str = "report.csv", content: bytes = b"a,b\n1,2\n", **kw) -> Asset:  # type: ignore[no-untyped-def]
+    return services.add_asset(job, asset_type="report", name=name, content=content, **kw)
+
+
+def read(response) -> bytes:  # type: ignore[no-untyped-def]
+    return b"".join(response.streaming_content)
+
+
+def test_job_assets_in_the_order_produced(user):
+    job = running(user)
+    first = add_file(job, "a.txt", b"1")
+    second = add_file(job, "b.txt", b"22")
+    body = client_for(user).get(job_url(job, "assets/")).json()
+    assert [a["id"] for a in body["results"]] == [str(first.pk), str(second.pk)]
+    item = body["results"][1]
+    assert (item["name"], item["size"], item["content_type"]) == ("b.txt", 2, "text/plain")
+    assert item["sha256"] == hashlib.sha256(b"22").hexdigest()
+    assert item["download_url"].endswith(f"/api/assets/{second.pk}/download/")
+    assert item["url"] is None
+
+
+def test_asset_list_and_detail_are_scoped(user, other_user, staff_user):
+    mine = add_file(running(user))
+    theirs = add_file(running(other_user))
+    assert [a["id"] for a in client_for(user).get("/api/assets/").json()["results"]] == [str(mine.pk)]
+    assert client_for(user).get(f"/api/assets/{mine.pk}/").json()["job"] == str(mine.job_id)
+    assert_error(client_for(user).get(f"/api/assets/{theirs.pk}/"), 404, "not_found")
+    staff_ids = {a["id"] for a in client_for(staff_user).get("/api/assets/").json()["results"]}
+    assert staff_ids == {str(mine.pk), str(theirs.pk)}
+
+
+def test_download_streams_the_file_with_type_length_and_safe_name(user):
+    content = b"x" * 100_000
+    asset = add_file(running(user), "../../etc/weird name;\r\n.csv", content)
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/csv"
+    assert response["Content-Length"] == str(len(content))
+    assert response["Content-Disposition"] == 'attachment; filename="weird_name.csv"'
+    assert read(response) == content
+
+
+def test_download_with_a_unicode_name(user):
+    asset = add_file(running(user), "résumé.txt", b"hi")
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/", HTTP_ACCEPT="application/pdf")
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == "attachment; filename*=utf-8''r%C3%A9sum%C3%A9.txt"
+    assert read(response) == b"hi"
+
+
+def test_download_of_someone_elses_asset_is_a_404(user, other_user):
+    asset = add_file(running(other_user))
+    assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
+
+
+def test_external_assets_redirect(user):
+    asset = services.add_asset(running(user), asset_type="link", url="https://files.example.com/out/x.png")
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response.status_code == 302
+    assert response["Location"] == "https://files.example.com/out/x.png"
+    assert client_for(user).get(f"/api/assets/{asset.pk}/").json()["url"] == asset.url
+
+
+def test_an_external_asset_with_an_unsafe_scheme_is_not_followed(user):
+    asset = services.add_asset(running(user), asset_type="link", url="javascript:alert(1)")
+    error = assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
+    assert "no stored file" in error["message"]
+
+
+def test_a_file_missing_from_storage_is_a_404_not_a_500(user, media):
+    asset = add_file(running(user))
+    (media / asset.file.name).unlink()
+    error = assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
+    assert "missing" in error["message"]
+
+
+def test_assets_of_a_job_query_count(user, django_assert_num_queries):
+    job = running(user)
+    for i in range(5):
+        add_file(job, f"f{i}.txt")
+    client = client_for(user)
+    with django_assert_num_queries(3):  # token + user, visibility, the page
+        response = client.get(job_url(job, "assets/"))
+    assert len(response.json()["results"]) == 5
+
+
+def test_assets_of_a_job_without_any(user):
+    job = make_job(user)
+    assert client_for(user).get(job_url(job, "assets/")).json() == {
+        "next": None,
+        "previous": None,
+        "results": [],
+    }

@@ -1,0 +1,411 @@
+"""REST API: enqueue, list (filters, ordering, keyset pages) and detail."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from jobstate import services
+from jobstate.models import Job, JobEvent, JobStep
+from tests.api_support import JOBS, assert_error, client_for, completed, job_url, make_job, running
+
+pytestmark = pytest.mark.django_db
+
+
+def counts() -> tuple[int, int]:
+    return Job.objects.count(), JobEvent.objects.count()
+
+
+# Enqueue ----------------------------------------------------------------------
+
+
+def test_enqueue_creates_a_job_owned_by_the_caller(user):
+    response = client_for(user).post(JOBS, {"kind": "test.schema", "parameters": {"width": 3}}, format="json")
+    assert response.status_code == 201, response.content
+    body = response.json()
+    job = Job.objects.get(pk=body["id"])
+    assert job.owner == user
+    assert body["status"] == "queued"
+    assert body["parameters"] == {"width": 3, "label": ""}  # cleaned by the handler's schema
+    assert body["allowed_actions"] == ["cancel"]
+    assert response["Location"].endswith(f"/api/jobs/{job.pk}/")
+    event = JobEvent.objects.get(job=job)
+    assert (event.actor_label, event.actor_id, event.transition) == ("api", user.pk, "enqueue")
+
+
+def test_enqueue_with_options(user):
+    when = timezone.now() + dt.timedelta(hours=1)
+    response = client_for(user).post(
+        JOBS,
+        {"kind": "test.echo", "parameters": {}, "key": "k1", "priority": 7, "run_after": when.isoformat()},
+        format="json",
+    )
+    assert response.status_code == 201
+    job = Job.objects.get(pk=response.json()["id"])
+    assert (job.key, job.priority, job.run_after) == ("k1", 7, when)
+
+
+def test_enqueue_with_a_known_key_returns_the_existing_job_with_200(user):
+    client = client_for(user)
+    first = client.post(JOBS, {"kind": "test.echo", "key": "daily", "watermark": 1}, format="json")
+    second = client.post(JOBS, {"kind": "test.echo", "key": "daily", "watermark": 5}, format="json")
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert first.json()["id"] == second.json()["id"]
+    assert second.json()["input_watermark"] == 5
+    assert Job.objects.count() == 1
+
+
+def test_a_key_held_by_another_owner_is_refused_and_nothing_changes(user, other_user):
+    job = make_job(other_user, key="shared", watermark=1)
+    before = counts()
+    response = client_for(user).post(
+        JOBS, {"kind": "test.echo", "key": "shared", "watermark": 9}, format="json"
+    )
+    error = assert_error(response, 409, "key_conflict")
+    assert str(job.pk) not in json.dumps(error)
+    job.refresh_from_db()
+    assert job.input_watermark == 1  # the other owner's job was not touched
+    assert counts() == before
+
+
+def test_staff_enqueue_deduplicates_onto_a_visible_job(user, staff_user):
+    job = make_job(user, key="shared")
+    response = client_for(staff_user).post(JOBS, {"kind": "test.echo", "key": "shared"}, format="json")
+    assert response.status_code == 200
+    assert response.json()["id"] == str(job.pk)
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "field"),
+    [
+        ({"kind": "no.such.kind"}, "unknown_kind", "kind"),
+        ({"parameters": {}}, "invalid", "kind"),
+        ({"kind": 12}, "invalid", "kind"),
+        ({"kind": "test.echo", "parameters": [1, 2]}, "invalid", "parameters"),
+        ({"kind": "test.echo", "parameters": "x"}, "invalid", "parameters"),
+        ({"kind": "test.echo", "priority": 99999}, "invalid", "priority"),
+        ({"kind": "test.echo", "priority": "3"}, "invalid", "priority"),
+        ({"kind": "test.echo", "priority": True}, "invalid", "priority"),
+        ({"kind": "test.echo", "watermark": 2**63}, "invalid", "watermark"),
+        ({"kind": "test.echo", "key": ""}, "invalid", "key"),
+        ({"kind": "test.echo", "key": "x" * 256}, "invalid", "key"),
+        ({"kind": "test.echo", "key": "a\x00b"}, "invalid", "key"),
+        ({"kind": "test.echo", "run_after": "yesterday"}, "invalid", "run_after"),
+        ({"kind": "test.echo", "run_after": "0001-01-01T00:00:00+05:00"}, "invalid", "run_after"),
+        ({"kind": "test.echo", "parameters": {"t": "nul\x00"}}, "invalid", "parameters"),
+    ],
+)
+def test_bad_enqueue_input_is_a_400_naming_the_field_and_stores_nothing(user, body, code, field):
+    before = counts()
+    error = assert_error(client_for(user).post(JOBS, body, format="json"), 400, code)
+    assert field in error["fields"], error
+    assert counts() == before
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"kind": "test.echo", "parameters": {"t": "\\ud800"}}', b'{"kind": "test.echo", "key": "\\udfff"}'],
+)
+def test_lone_surrogates_are_a_400(user, raw):
+    response = client_for(user).generic("POST", JOBS, raw, content_type="application/json")
+    assert_error(response, 400, "invalid")
+    assert Job.objects.count() == 0
+
+
+def test_parameters_failing_the_handler_schema_give_field_errors(user):
+    before = counts()
+    response = client_for(user).post(
+        JOBS, {"kind": "test.schema", "parameters": {"width": 0, "label": "x" * 60}}, format="json"
+    )
+    error = assert_error(response, 400, "invalid_parameters")
+    assert set(error["fields"]["parameters"]) == {"width", "label"}
+    assert "greater than or equal to 1" in error["fields"]["parameters"]["width"][0]
+    assert error["message"].startswith("parameters.width: ")
+    assert counts() == before
+
+
+def test_parameters_over_the_size_limit_are_refused(user):
+    with override_settings(JOBSTATE={"MAX_PARAMETERS_BYTES": 100}):
+        response = client_for(user).post(
+            JOBS, {"kind": "test.echo", "parameters": {"blob": "x" * 200}}, format="json"
+        )
+    error = assert_error(response, 400, "invalid")
+    assert "limit is 100" in error["fields"]["parameters"][0]
+    assert Job.objects.count() == 0
+
+
+def test_a_body_over_the_request_limit_is_a_413(user):
+    with override_settings(JOBSTATE={"API_MAX_BODY_BYTES": 1000}):
+        response = client_for(user).post(
+            JOBS, {"kind": "test.echo", "parameters": {"blob": "x" * 5000}}, format="json"
+        )
+    assert_error(response, 413, "payload_too_large")
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[" * 100_000,
+        b'{"kind": NaN}',
+        b"\xff\xfe",
+        b'{"kind": "test.echo", "priority": 1e999}',
+    ],
+)
+def test_malformed_json_is_a_400(user, raw):
+    response = client_for(user).generic("POST", JOBS, raw, content_type="application/json")
+    assert response.status_code == 400
+    assert_error(response, 400)
+    assert Job.objects.count() == 0
+
+
+def test_non_json_content_is_a_415(user):
+    response = client_for(user).post(JOBS, "kind=test.echo", content_type="application/x-www-form-urlencoded")
+    assert_error(response, 415, "unsupported_media_type")
+
+
+# List -------------------------------------------------------------------------
+
+
+def test_list_shows_only_the_callers_jobs_and_staff_see_all(user, other_user, staff_user):
+    mine = {str(make_job(user).pk) for _ in range(3)}
+    theirs = {str(make_job(other_user).pk) for _ in range(2)}
+    ids = {j["id"] for j in client_for(user).get(JOBS).json()["results"]}
+    assert ids == mine
+    ids = {j["id"] for j in client_for(staff_user).get(JOBS).json()["results"]}
+    assert ids == mine | theirs
+
+
+def test_list_filters(user):
+    old = make_job(user, kind="test.schema", parameters={"width": 1})
+    Job.objects.filter(pk=old.pk).update(created_at=timezone.now() - dt.timedelta(days=3))
+    keyed = make_job(user, key="abc")
+    done = completed(user)
+    busy = running(user)
+    client = client_for(user)
+
+    def ids(**params: object) -> set[str]:
+        response = client.get(JOBS, params)
+        assert response.status_code == 200, response.content
+        return {j["id"] for j in response.json()["results"]}
+
+    assert ids(status="completed") == {str(done.pk)}
+    assert ids(status=["completed", "processing"]) == {str(done.pk), str(busy.pk)}
+    assert ids(kind="test.schema") == {str(old.pk)}
+    assert ids(key="abc") == {str(keyed.pk)}
+    since = (timezone.now() - dt.timedelta(days=1)).isoformat()
+    assert ids(created_after=since) == {str(keyed.pk), str(done.pk), str(busy.pk)}
+    assert ids(created_before=since) == {str(old.pk)}
+    assert ids(status="queued", kind="test.echo") == {str(keyed.pk)}
+
+
+def test_list_filters_by_parent_and_retry_of(user):
+    parent = make_job(user)
+    child = make_job(user, parent=parent)
+    first = completed(user)
+    again = services.retry(first, services.Actor.api(user))
+    client = client_for(user)
+    assert [j["id"] for j in client.get(JOBS, {"parent": str(parent.pk)}).json()["results"]] == [
+        str(child.pk)
+    ]
+    assert [j["id"] for j in client.get(JOBS, {"retry_of": str(first.pk)}).json()["results"]] == [
+        str(again.pk)
+    ]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"status": "sleeping"},
+        {"created_after": "not a date"},
+        {"parent": "nope"},
+        {"ordering": "kind"},
+        {"page_size": "0"},
+        {"page_size": "501"},
+        {"page_size": "ten"},
+        {"cursor": "garbage"},
+        {"cursor": "eyJvIjoiLWNyZWF0ZWRfYXQiLCJ2IjpbMSwyXX0"},  # {"o":"-created_at","v":[1,2]}
+        {"kind": "a\x00b"},
+        {"retry_of": ""},
+        {"created_after": "0001-01-01T00:00:00+05:00"},
+        {"created_after": ""},
+        {"ordering": ""},
+        {"page_size": ""},
+    ],
+)
+def test_bad_list_parameters_are_a_400(user, params):
+    assert_error(client_for(user).get(JOBS, params), 400, "invalid")
+
+
+def test_odd_but_valid_dates_are_normalised_not_a_500(user):
+    # PostgreSQL refuses offsets beyond ±15:59; the filter sends UTC.
+    response = client_for(user).get(JOBS, {"created_before": "0489-02-28T15:48:30+22:19"})
+    assert response.status_code == 200
+
+
+def _walk(client, params: dict[str, object]) -> tuple[list[str], list[dict[str, object]]]:
+    ids: list[str] = []
+    pages = []
+    url: str | None = JOBS
+    first = True
+    while url:
+        response = client.get(url, params if first else None)
+        first = False
+        assert response.status_code == 200, response.content
+        page = response.json()
+        pages.append(page)
+        ids += [j["id"] for j in page["results"]]
+        url = page["next"]
+    return ids, pages
+
+
+@pytest.mark.parametrize("ordering", ["-created_at", "created_at", "-priority", "priority"])
+def test_keyset_pages_cover_every_job_once_in_order_even_with_tied_timestamps(user, ordering):
+    jobs = services.enqueue_many([("test.echo", {"i": i}) for i in range(9)], owner=user)  # one created_at
+    for i, job in enumerate(jobs[:4]):
+        Job.objects.filter(pk=job.pk).update(
+            created_at=timezone.now() - dt.timedelta(minutes=i + 1), priority=i % 2
+        )
+    client = client_for(user)
+    ids, pages = _walk(client, {"page_size": 2, "ordering": ordering})
+    assert len(ids) == len(set(ids)) == 9
+    field = ordering.lstrip("-")
+    rows = {str(j.pk): j for j in Job.objects.all()}
+    key = [(getattr(rows[i], field), rows[i].created_at, rows[i].pk) for i in ids]
+    expected = sorted(key, reverse=ordering.startswith("-"))
+    if field == "created_at":
+        expected = sorted(key, key=lambda k: (k[0], k[2]), reverse=ordering.startswith("-"))
+    assert key == expected
+    assert pages[0]["previous"] is None and pages[-1]["next"] is None
+
+    # Walking back with `previous` from the last page gives the same pages.
+    back: list[str] = []
+    url = pages[-1]["previous"]
+    while url:
+        page = client.get(url).json()
+        back = [j["id"] for j in page["results"]] + back
+        url = page["previous"]
+    assert back + [j["id"] for j in pages[-1]["results"]] == ids
+
+
+def test_a_cursor_does_not_mix_orderings(user):
+    for _ in range(3):
+        make_job(user)
+    client = client_for(user)
+    next_url = client.get(JOBS, {"page_size": 1}).json()["next"]
+    assert_error(client.get(next_url + "&ordering=priority"), 400, "invalid")
+
+
+def test_list_items_are_light_and_carry_allowed_actions(user):
+    make_job(user, parameters={"big": "x" * 1000})
+    item = client_for(user).get(JOBS).json()["results"][0]
+    assert "parameters" not in item and "result" not in item and "traceback" not in item
+    assert item["owner"] == "alice"
+    assert item["allowed_actions"] == ["cancel"]
+
+
+def test_list_query_count_does_not_grow_with_the_page(user, django_assert_num_queries):
+    client = client_for(user)
+    for _ in range(3):
+        make_job(user)
+    with django_assert_num_queries(2):  # token + user, then the page (owner joined)
+        assert client.get(JOBS).status_code == 200
+    for _ in range(30):
+        completed(user)
+    with django_assert_num_queries(2):
+        response = client.get(JOBS, {"status": ["completed", "queued"], "kind": "test.echo"})
+    assert len(response.json()["results"]) == 33
+
+
+def test_staff_list_query_count(staff_user, user, other_user, django_assert_max_num_queries):
+    for owner in (user, other_user) * 10:
+        completed(owner)
+    client = client_for(staff_user)
+    # token + user, the page, and the staff user's permissions once (user, group)
+    with django_assert_max_num_queries(4):
+        response = client.get(JOBS)
+    assert len(response.json()["results"]) == 20
+
+
+# Detail -----------------------------------------------------------------------
+
+
+def test_detail_shows_state_progress_steps_and_actions(user):
+    job = running(user)
+    services.report_progress(job, job.lease_token, 40, "halfway-ish", step="resize")
+    JobStep.objects.create(
+        job=job, position=0, name="fetch", status="completed", cursor={"page": 3}, finished_at=timezone.now()
+    )
+    JobStep.objects.create(job=job, position=1, name="resize", status="running", output={"n": 2})
+    body = client_for(user).get(job_url(job)).json()
+    assert body["status"] == "processing"
+    assert (body["progress"], body["progress_message"], body["current_step"]) == (40, "halfway-ish", "resize")
+    assert [s["name"] for s in body["steps"]] == ["fetch", "resize"]
+    assert body["steps"][0]["cursor"] == {"page": 3}
+    assert body["steps"][1]["output"] == {"n": 2}
+    assert (body["attempts"], body["max_attempts"]) == (1, 3)
+    assert body["started_at"] and body["finished_at"] is None
+    assert body["allowed_actions"] == ["cancel"]
+    assert body["parameters"] == {"n": 1}
+
+
+def test_detail_of_a_finished_job(user):
+    job = completed(user, result={"rows": 10})
+    body = client_for(user).get(job_url(job)).json()
+    assert (body["status"], body["progress"], body["result"]) == ("completed", 100, {"rows": 10})
+    assert body["allowed_actions"] == ["retry"]
+    assert body["finished_at"] and body["duration"] is not None
+
+
+def test_detail_query_count(user, django_assert_num_queries):
+    job = running(user)
+    for i in range(5):
+        JobStep.objects.create(job=job, position=i, name=f"s{i}")
+    client = client_for(user)
+    with django_assert_num_queries(3):  # token + user, job + owner, steps
+        response = client.get(job_url(job))
+    assert len(response.json()["steps"]) == 5
+
+
+@pytest.mark.parametrize("pk", ["not-a-uuid", "12345", str(uuid.uuid4()), "a.b"])
+def test_unknown_or_malformed_ids_are_a_json_404(user, pk):
+    assert_error(client_for(user).get(f"{JOBS}{pk}/"), 404, "not_found")
+
+
+def test_long_poll_returns_at_once_when_the_job_already_changed(user):
+    job = make_job(user)
+    long_ago = (job.updated_at - dt.timedelta(seconds=5)).isoformat()
+    response = client_for(user).get(job_url(job), {"wait": 20, "since": long_ago})
+    assert response.status_code == 200 and response.json()["id"] == str(job.pk)
+
+
+@override_settings(JOBSTATE={"LONGPOLL_MAX_SECONDS": 0.3, "SSE_POLL_SECONDS": 0.05})
+def test_long_poll_is_capped_by_the_server(user):
+    job = make_job(user)
+    started = timezone.now()
+    response = client_for(user).get(job_url(job), {"wait": 300})
+    elapsed = (timezone.now() - started).total_seconds()
+    assert response.status_code == 200
+    assert 0.25 <= elapsed < 5
+
+
+def test_long_poll_validates_its_parameters(user):
+    job = make_job(user)
+    client = client_for(user)
+    assert_error(client.get(job_url(job), {"wait": -1}), 400, "invalid")
+    assert_error(client.get(job_url(job), {"wait": 1, "since": "soon"}), 400, "invalid")
+    assert_error(client.get(job_url(job), {"wait": 1, "since": "0001-01-01T00:00:00+05:00"}), 400, "invalid")
+
+
+@override_settings(TIME_ZONE="Asia/Kolkata")
+def test_times_are_utc_iso_8601(user):
+    job = make_job(user)
+    body = client_for(user).get(job_url(job)).json()
+    assert body["created_at"].endswith("Z")
+    assert dt.datetime.fromisoformat(body["created_at"]) == job.created_at

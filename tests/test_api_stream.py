@@ -1,0 +1,121 @@
+"""REST API: the Server-Sent Events progress stream (bounded; never hangs)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from jobstate import services
+from tests.api_support import client_for, completed, job_url, make_job, running
+
+pytestmark = pytest.mark.django_db
+
+FAST = {"SSE_POLL_SECONDS": 0.02, "SSE_MAX_SECONDS": 5, "SSE_KEEPALIVE_SECONDS": 60}
+
+
+def events(chunks: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    """Parse an event stream chunk by chunk (each chunk is whole events)."""
+    for chunk in chunks:
+        for block in chunk.decode().split("\n\n"):
+            if not block.strip():
+                continue
+            event: dict[str, Any] = {}
+            for line in block.split("\n"):
+                field, _, value = line.partition(": ")
+                if field == "data":
+                    event["data"] = json.loads(value)
+                elif field in ("event", "id", "retry"):
+                    event[field] = value
+                elif line.startswith(":"):
+                    event["comment"] = line
+                elif line.startswith("retry:"):
+                    event["retry"] = line.split(":", 1)[1].strip()
+            yield event
+
+
+def open_stream(user: Any, job: Any, **headers: str) -> Any:
+    response = client_for(user).get(
+        job_url(job, "events/stream/"), HTTP_ACCEPT="text/event-stream", **headers
+    )
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/event-stream")
+    assert response["Cache-Control"] == "no-cache"
+    return response
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_finished_job_sends_its_snapshot_and_ends(user):
+    job = completed(user)
+    got = list(events(open_stream(user, job).streaming_content))
+    assert "retry" in got[0]
+    assert got[1]["event"] == "job" and got[1]["data"]["status"] == "completed"
+    assert got[1]["data"]["progress"] == 100
+    assert got[1]["id"] == got[1]["data"]["updated_at"]
+    assert got[2] == {"event": "end", "data": {"reason": "terminal", "status": "completed"}}
+    assert len(got) == 3
+
+
+@override_settings(JOBSTATE=FAST)
+def test_changes_are_sent_as_they_happen_until_the_job_ends(user):
+    job = running(user)
+    stream = events(open_stream(user, job).streaming_content)
+    assert "retry" in next(stream)
+    first = next(stream)
+    assert (first["event"], first["data"]["status"], first["data"]["progress"]) == ("job", "processing", 0)
+
+    services.report_progress(job, job.lease_token, 40, "resizing", step="resize")
+    update = next(stream)
+    assert update["data"]["progress"] == 40
+    assert (update["data"]["progress_message"], update["data"]["current_step"]) == ("resizing", "resize")
+
+    services.request_cancel(job, services.Actor.api(user))
+    assert next(stream)["data"]["cancel_requested"] is True
+
+    services.cancel_now(job, job.lease_token)
+    assert next(stream)["data"]["status"] == "cancelled"
+    assert next(stream) == {"event": "end", "data": {"reason": "terminal", "status": "cancelled"}}
+    assert list(stream) == []
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 0.3, "SSE_KEEPALIVE_SECONDS": 0.1})
+def test_the_stream_ends_after_the_maximum_duration_with_keep_alives(user):
+    job = make_job(user)
+    started = time.monotonic()
+    got = list(events(open_stream(user, job).streaming_content))
+    elapsed = time.monotonic() - started
+    assert got[-1] == {"event": "end", "data": {"reason": "timeout"}}
+    assert [e["event"] for e in got if e.get("event") == "job"] == ["job"]  # nothing changed
+    assert any("comment" in e for e in got)
+    assert 0.25 <= elapsed < 5
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_reconnect_with_last_event_id_skips_what_the_client_has(user):
+    job = completed(user)
+    seen = list(events(open_stream(user, job).streaming_content))[1]["id"]
+    again = list(events(open_stream(user, job, HTTP_LAST_EVENT_ID=seen).streaming_content))
+    assert [e.get("event") for e in again[1:]] == ["end"]
+
+
+@override_settings(JOBSTATE=FAST)
+def test_the_stream_ends_if_the_job_is_deleted(user):
+    job = make_job(user)
+    stream = events(open_stream(user, job).streaming_content)
+    next(stream), next(stream)
+    job.delete()
+    assert next(stream) == {"event": "end", "data": {"reason": "deleted"}}
+
+
+def test_stream_errors_before_it_starts(user, other_user):
+    job = make_job(other_user)
+    response = client_for(user).get(job_url(job, "events/stream/"), HTTP_ACCEPT="text/event-stream")
+    assert response.status_code == 404
+    assert response.content.startswith(b"event: error\ndata: ")
+    response = client_for(None).get(job_url(job, "events/stream/"))
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "not_authenticated"

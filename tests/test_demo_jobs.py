@@ -1,0 +1,59 @@
+"""The demo handlers (project/jobs.py) do what `make demo` promises."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from jobstate import services
+from jobstate.exceptions import InvalidParameters
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.worker.runner import drain
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_chart_renders_a_real_png_and_csv_linked_to_the_job(settings, tmp_path, user):
+    settings.MEDIA_ROOT = tmp_path
+    job = services.enqueue("demo.chart", {"title": "t", "values": [1, 5, 3], "delay": 0}, owner=user)
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.result["bars"] == 3
+    png, data = job.assets.order_by("created_at")
+    assert (png.name, png.content_type, png.owner_id) == ("chart.png", "image/png", user.pk)
+    image = Image.open(io.BytesIO((Path(tmp_path) / png.file.name).read_bytes()))
+    assert image.format == "PNG" and image.size == (640, 360)
+    assert (Path(tmp_path) / data.file.name).read_text().splitlines() == ["bar,value", "1,1", "2,5", "3,3"]
+
+
+def test_chart_parameters_are_validated_before_anything_is_stored():
+    with pytest.raises(InvalidParameters) as caught:
+        services.enqueue("demo.chart", {"values": [1, -2]})
+    assert "values" in caught.value.errors
+    assert not Job.objects.exists()
+
+
+def test_countdown_reports_progress_and_flaky_succeeds_on_retry():
+    countdown = services.enqueue("demo.countdown", {"steps": 3, "delay": 0})
+    flaky = services.enqueue("demo.flaky", {"failures": 1, "delay": 0})
+    drain()  # the retry waits for its backoff: run it when due
+    Job.objects.filter(pk=flaky.pk, status=Status.QUEUED).update(run_after=flaky.created_at)
+    drain()
+    countdown.refresh_from_db()
+    flaky.refresh_from_db()
+    assert countdown.status == Status.COMPLETED and countdown.result == {"counted": 3}
+    assert flaky.status == Status.COMPLETED and flaky.result == {"succeeded_on_attempt": 2}
+    assert flaky.events.get(transition="requeue").metadata["error"] == "upstream not ready (attempt 1)"
+
+
+def test_import_ends_partial_with_the_rejected_rows():
+    job = services.enqueue("demo.import", {"delay": 0})
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.PARTIAL
+    assert job.result == {"imported": ["alice", "carol"], "rejected": ["bob", "dave"]}
+    assert job.error_message == "2 of 4 rows rejected: bob, dave"

@@ -1,0 +1,280 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobstate import InvalidTransition, LeaseLost, UnknownKind, services
+from jobstate.exceptions import CancelRequested
+from jobstate.models import Asset, Job, JobEvent
+from jobstate.states import Status
+
+pytestmark = pytest.mark.django_db
+
+
+def history(job: Job) -> list[tuple[str, str, str]]:
+    return list(JobEvent.objects.filter(job=job).values_list("from_status", "to_status", "transition"))
+
+
+def test_enqueue_records_first_event(user):
+    job = services.enqueue("test.echo", {"a": 1}, owner=user)
+    assert job.status == Status.QUEUED
+    assert job.max_attempts == 3
+    assert history(job) == [("", "queued", "enqueue")]
+    event = job.events.get()
+    assert event.actor == user
+
+
+def test_unknown_kind_writes_nothing():
+    with pytest.raises(UnknownKind, match="Unknown job kind 'nope'"):
+        services.enqueue("nope", {})
+    assert Job.objects.count() == 0 and JobEvent.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"priority": 10**6},
+        {"priority": "high"},
+        {"key": ""},
+        {"max_attempts": 0},
+        {"watermark": "x"},
+        {"run_after": "tomorrow"},
+    ],
+)
+def test_bad_values_write_nothing(options):
+    with pytest.raises(ValidationError):
+        services.enqueue("test.echo", {}, **options)
+    assert Job.objects.count() == 0
+
+
+def test_full_lifecycle_with_progress():
+    job = services.enqueue("test.echo", {"x": 1})
+    (claimed,) = services.claim("w1")
+    assert claimed.pk == job.pk and claimed.status == Status.PROCESSING and claimed.attempts == 1
+    services.report_progress(claimed, claimed.lease_token, 40, "halfway")
+    services.heartbeat(claimed, claimed.lease_token)
+    services.complete(claimed, claimed.lease_token, {"ok": True})
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.progress == 100 and job.result == {"ok": True}
+    assert job.finished_at is not None and job.lease_token is None
+    assert history(job) == [
+        ("", "queued", "enqueue"),
+        ("queued", "processing", "claim"),
+        ("processing", "completed", "complete"),
+    ]
+    assert job.events.get(transition="claim").actor_label == "worker:w1"
+
+
+def test_invalid_transition_names_both_states_and_writes_nothing():
+    job = services.enqueue("test.echo", {})
+    (claimed,) = services.claim("w1")
+    services.complete(claimed, claimed.lease_token, None)
+    before = Job.objects.filter(pk=job.pk).values().get()
+    events_before = history(job)
+    with pytest.raises(InvalidTransition) as info:
+        services.start(job.pk, "w2")
+    assert info.value.current == "completed" and info.value.requested == "processing"
+    assert "completed" in str(info.value) and "processing" in str(info.value)
+    assert Job.objects.filter(pk=job.pk).values().get() == before
+    assert history(job) == events_before
+
+
+def test_stale_token_is_refused():
+    services.enqueue("test.echo", {})
+    (claimed,) = services.claim("w1", lease_seconds=1)
+    stale = claimed.lease_token
+    later = timezone.now() + timedelta(seconds=5)
+    report = services.requeue_expired(later)
+    assert report.requeued == [claimed.pk]
+    (again,) = services.claim("w2", now=later)
+    for call in (
+        lambda: services.heartbeat(claimed.pk, stale),
+        lambda: services.report_progress(claimed.pk, stale, 50),
+        lambda: services.complete(claimed.pk, stale, {"late": True}),
+        lambda: services.fail(claimed.pk, stale, "late"),
+    ):
+        with pytest.raises(LeaseLost):
+            call()
+    again.refresh_from_db()
+    assert again.status == Status.PROCESSING and again.worker_id == "w2" and again.progress == 0
+
+
+def test_progress_validation():
+    services.enqueue("test.echo", {})
+    (job,) = services.claim("w1")
+    with pytest.raises(ValidationError):
+        services.report_progress(job, job.lease_token, 101)
+    with pytest.raises(ValidationError):
+        services.report_progress(job, job.lease_token, -1)
+    job.refresh_from_db()
+    assert job.progress == 0
+
+
+def test_retry_with_backoff_then_failed():
+    job = services.enqueue("test.echo", {}, max_attempts=2)
+    (c1,) = services.claim("w1")
+    services.fail(c1, c1.lease_token, "boom", error_type="ValueError", retry_delay=30)
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.run_after > timezone.now() + timedelta(seconds=20)
+    assert services.claim("w1") == []  # not before run_after
+    (c2,) = services.claim("w1", now=timezone.now() + timedelta(seconds=31))
+    assert c2.attempts == 2
+    services.fail(c2, c2.lease_token, "boom again", error_type="ValueError")
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_message == "boom again"
+    requeue = job.events.get(transition="requeue")
+    assert requeue.metadata["attempt"] == 1 and requeue.metadata["error"] == "boom"
+
+
+def test_cancel_queued_and_processing():
+    queued = services.enqueue("test.echo", {})
+    services.request_cancel(queued, "api", "not needed")
+    queued.refresh_from_db()
+    assert queued.status == Status.CANCELLED
+    with pytest.raises(InvalidTransition, match="cancelled"):
+        services.request_cancel(queued, "api")
+
+    services.enqueue("test.echo", {})
+    (running,) = services.claim("w1")
+    job = services.request_cancel(running.pk, "api", "stop please")
+    assert job.status == Status.PROCESSING and job.cancel_requested_at is not None
+    with pytest.raises(CancelRequested):
+        services.report_progress(running, running.lease_token, 10)
+    assert services.heartbeat(running, running.lease_token).cancel_requested
+    services.cancel_now(running, running.lease_token)
+    running.refresh_from_db()
+    assert running.status == Status.CANCELLED
+
+
+def test_reaper_fails_when_attempts_exhausted():
+    job = services.enqueue("test.echo", {}, max_attempts=1)
+    services.claim("w1", lease_seconds=1)
+    report = services.requeue_expired(timezone.now() + timedelta(seconds=5))
+    assert report.failed == [job.pk]
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_message == "worker lost"
+    assert job.events.last().actor_label == "system:reaper"
+
+
+def test_reaper_leaves_live_leases_alone():
+    services.enqueue("test.echo", {})
+    services.claim("w1", lease_seconds=60)
+    assert services.requeue_expired().total == 0
+
+
+def test_retry_creates_linked_job():
+    job = services.enqueue("test.echo", {"p": 1})
+    with pytest.raises(InvalidTransition):
+        services.retry(job)
+    services.request_cancel(job)
+    new = services.retry(job, "admin", "again")
+    assert new.retry_of_id == job.pk and new.status == Status.QUEUED and new.parameters == {"p": 1}
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED
+
+
+def test_idempotent_key_and_watermark():
+    a, created = services.get_or_enqueue("test.echo", {}, key="k", watermark=1)
+    b, created_b = services.get_or_enqueue("test.echo", {}, key="k", watermark=5)
+    assert created and not created_b and a.pk == b.pk
+    a.refresh_from_db()
+    assert a.input_watermark == 5
+    services.get_or_enqueue("test.echo", {}, key="k", watermark=3)
+    a.refresh_from_db()
+    assert a.input_watermark == 5  # never lowered
+    (c,) = services.claim("w")
+    services.complete(c, c.lease_token)
+    c.refresh_from_db()
+    assert c.last_success_watermark == 5
+    same, created = services.get_or_enqueue("test.echo", {}, key="k", watermark=5)
+    assert not created and same.pk == a.pk
+    newer, created = services.get_or_enqueue("test.echo", {}, key="k", watermark=6)
+    assert created and newer.pk != a.pk
+
+
+def test_watermark_raised_while_running_queues_a_rerun():
+    services.enqueue("test.echo", {}, key="k", watermark=1)
+    (c,) = services.claim("w")
+    services.enqueue("test.echo", {}, key="k", watermark=2)
+    services.complete(c, c.lease_token)
+    rerun = Job.objects.get(key="k", status=Status.QUEUED)
+    assert rerun.input_watermark == 2
+
+
+def test_concurrency_limit_respected_by_claim():
+    for _ in range(5):
+        services.enqueue("test.limited", {})
+    claimed = services.claim("w", limit=10)
+    assert len(claimed) == 2
+    assert services.claim("w2", limit=10) == []
+
+
+def test_priority_orders_claims():
+    low = services.enqueue("test.echo", {}, priority=0)
+    high = services.enqueue("test.echo", {}, priority=5)
+    assert [j.pk for j in services.claim("w", limit=2)] == [high.pk, low.pk]
+
+
+def test_database_rejects_bad_rows():
+    job = services.enqueue("test.echo", {})
+    for values in (
+        {"status": "bogus"},
+        {"progress": 101},
+        {"status": "failed", "finished_at": timezone.now()},
+    ):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Job.objects.filter(pk=job.pk).update(**values)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(status="completed")  # terminal without finished_at
+
+
+def test_one_active_job_per_key_in_the_database():
+    job = services.enqueue("test.echo", {}, key="same")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.create(kind="test.echo", key="same")
+    assert job.status == Status.QUEUED
+
+
+def test_status_is_protected():
+    job = services.enqueue("test.echo", {})
+    with pytest.raises(AttributeError):
+        job.status = Status.COMPLETED
+
+
+def test_asset_files_removed_with_job_after_commit(tmp_path, settings, django_capture_on_commit_callbacks):
+    settings.MEDIA_ROOT = tmp_path
+    job = services.enqueue("test.echo", {})
+    asset = services.add_asset(job, asset_type="report", name="../../etc/passwd", content=b"hello")
+    assert asset.name == "passwd" and asset.size == 5 and len(asset.sha256) == 64
+    path = tmp_path / asset.file.name
+    assert path.exists()
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        Job.objects.filter(pk=job.pk).delete()
+    assert path.exists()  # nothing removed before the commit
+    assert not Asset.objects.filter(pk=asset.pk).exists()
+    for callback in callbacks:
+        callback()
+    assert not path.exists()
+
+
+def test_asset_needs_live_lease_when_token_given():
+    services.enqueue("test.echo", {})
+    (job,) = services.claim("w1")
+    token = job.lease_token
+    services.complete(job, token)
+    with pytest.raises(LeaseLost):
+        services.add_asset(job, asset_type="x", content=b"1", token=token)
+    assert not Asset.objects.exists()
+
+
+def test_readme_diagram_is_generated_from_the_code():
+    from pathlib import Path
+
+    from jobstate.diagram import mermaid
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"```mermaid\n{mermaid()}\n```" in readme, "run: python manage.py jobstate_diagram"

@@ -1,0 +1,214 @@
+"""Hypothesis drives random sequences of service calls and checks the
+invariants after every step."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from jobstate import InvalidTransition, LeaseLost, services
+from jobstate.exceptions import CancelRequested
+from jobstate.models import Job, JobEvent
+from jobstate.states import TERMINAL, Status
+
+EXAMPLES = int(os.environ.get("JOBSTATE_HYPOTHESIS_EXAMPLES", "200"))
+LEASE = 30
+
+
+class JobLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        Job.objects.all().delete()
+        self.now = timezone.now()
+        self.tokens: dict[Any, Any] = {}  # job id -> the live token we were given
+        self.stale: list[tuple[Any, Any]] = []  # (job id, token) no longer valid
+        self.terminal: dict[Any, tuple[Any, ...]] = {}
+
+    # -- helpers -------------------------------------------------------
+    def _ids(self) -> list[Any]:
+        return list(Job.objects.order_by("created_at", "pk").values_list("pk", flat=True))
+
+    def _pick(self, data: st.DataObject, status: str | None = None) -> Any:
+        qs = Job.objects.order_by("created_at", "pk")
+        if status:
+            qs = qs.filter(status=status)
+        ids = list(qs.values_list("pk", flat=True))
+        return data.draw(st.sampled_from(ids)) if ids else None
+
+    def _drop_token(self, pk: Any) -> None:
+        token = self.tokens.pop(pk, None)
+        if token is not None:
+            self.stale.append((pk, token))
+
+    def _snapshot(self, pk: Any) -> tuple[Any, ...]:
+        row = Job.objects.filter(pk=pk).values_list(
+            "status", "progress", "result", "error_message", "finished_at", "lease_token"
+        )
+        return (row.get(), JobEvent.objects.filter(job_id=pk).count())
+
+    # -- rules ---------------------------------------------------------
+    @rule(
+        key=st.one_of(st.none(), st.sampled_from(["a", "b"])),
+        watermark=st.one_of(st.none(), st.integers(0, 5)),
+        max_attempts=st.integers(1, 3),
+    )
+    def enqueue(self, key: str | None, watermark: int | None, max_attempts: int) -> None:
+        before = set(self._ids())
+        job, created = services.get_or_enqueue(
+            "test.echo", {"n": len(before)}, key=key, watermark=watermark, max_attempts=max_attempts
+        )
+        assert created == (job.pk not in before)
+        if key is not None:
+            assert Job.objects.filter(key=key, status__in=["queued", "processing"]).count() <= 1
+
+    @rule(worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3))
+    def claim(self, worker: str, limit: int) -> None:
+        ready = Job.objects.filter(status=Status.QUEUED, run_after__lte=self.now).count()
+        jobs = services.claim(worker, limit=limit, lease_seconds=LEASE, now=self.now)
+        assert len(jobs) == min(limit, ready)
+        for job in jobs:
+            assert job.pk not in self.tokens
+            self.tokens[job.pk] = job.lease_token
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), percent=st.integers(-5, 105))
+    def progress(self, data: st.DataObject, percent: int) -> None:
+        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+        try:
+            services.report_progress(pk, self.tokens[pk], percent, "p", now=self.now)
+            assert 0 <= percent <= 100
+        except ValidationError:
+            assert not 0 <= percent <= 100
+        except CancelRequested:
+            assert Job.objects.get(pk=pk).cancel_requested_at is not None
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+        services.heartbeat(pk, self.tokens[pk], lease_seconds=LEASE, now=self.now)
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), outcome=st.sampled_from(["complete", "partial", "fail", "fail_retry", "cancel"]))
+    def finish(self, data: st.DataObject, outcome: str) -> None:
+        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+        token = self.tokens[pk]
+        if outcome == "complete":
+            services.complete(pk, token, {"ok": 1}, now=self.now)
+        elif outcome == "partial":
+            services.mark_partial(pk, token, {"ok": 0}, "half", now=self.now)
+        elif outcome == "cancel":
+            services.cancel_now(Job.objects.get(pk=pk), token)
+        else:
+            services.fail(pk, token, "boom", retry=outcome == "fail_retry", retry_delay=5, now=self.now)
+        self._drop_token(pk)
+
+    @precondition(lambda self: self.stale)
+    @rule(data=st.data(), call=st.sampled_from(["heartbeat", "progress", "complete", "fail"]))
+    def stale_token_is_refused(self, data: st.DataObject, call: str) -> None:
+        pk, token = data.draw(st.sampled_from(self.stale))
+        before = self._snapshot(pk)
+        with pytest.raises(LeaseLost):
+            if call == "heartbeat":
+                services.heartbeat(pk, token, now=self.now)
+            elif call == "progress":
+                services.report_progress(pk, token, 50, now=self.now)
+            elif call == "complete":
+                services.complete(pk, token, {"late": 1}, now=self.now)
+            else:
+                services.fail(pk, token, "late", now=self.now)
+        assert self._snapshot(pk) == before
+
+    @rule(data=st.data())
+    def request_cancel(self, data: st.DataObject) -> None:
+        pk = self._pick(data)
+        if pk is None:
+            return
+        status = Job.objects.get(pk=pk).status
+        try:
+            job = services.request_cancel(pk, "api", "test")
+        except InvalidTransition as exc:
+            assert status in TERMINAL and exc.current == status
+            return
+        if status == Status.QUEUED:
+            assert job.status == Status.CANCELLED
+        else:
+            assert job.status == Status.PROCESSING and job.cancel_requested_at is not None
+
+    @rule(seconds=st.sampled_from([1, 10, LEASE + 1]))
+    def time_passes_and_reaper_runs(self, seconds: int) -> None:
+        self.now += timedelta(seconds=seconds)
+        report = services.requeue_expired(self.now)
+        for pk in [*report.requeued, *report.failed, *report.cancelled]:
+            self._drop_token(pk)
+        assert not Job.objects.expired(self.now).exists()
+
+    @rule(data=st.data())
+    def retry_terminal(self, data: st.DataObject) -> None:
+        pk = self._pick(data)
+        if pk is None:
+            return
+        old = Job.objects.get(pk=pk)
+        try:
+            new = services.retry(pk, "admin")
+        except InvalidTransition:
+            assert old.status not in TERMINAL
+            return
+        except services.DuplicateActiveKey:
+            assert old.key is not None
+            return
+        assert old.status in TERMINAL and new.retry_of_id == pk and new.status == Status.QUEUED
+
+    # -- invariants ----------------------------------------------------
+    @invariant()
+    def statuses_progress_and_history_agree(self) -> None:
+        jobs = {j.pk: j for j in Job.objects.all()}
+        events: dict[Any, list[JobEvent]] = {}
+        for event in JobEvent.objects.order_by("id"):
+            events.setdefault(event.job_id, []).append(event)
+        for pk, job in jobs.items():
+            assert job.status in Status.values
+            assert 0 <= job.progress <= 100
+            replay = ""
+            for event in events.get(pk, []):
+                assert event.from_status == replay, (pk, event.transition)
+                replay = event.to_status
+            assert replay == job.status
+            if job.status == Status.PROCESSING:
+                assert job.lease_token is not None
+                assert self.tokens.get(pk) == job.lease_token
+            else:
+                assert pk not in self.tokens
+
+    @invariant()
+    def terminal_jobs_never_change(self) -> None:
+        for pk, snapshot in self.terminal.items():
+            assert self._snapshot(pk) == snapshot
+        for pk in Job.objects.filter(status__in=TERMINAL).values_list("pk", flat=True):
+            self.terminal.setdefault(pk, self._snapshot(pk))
+
+    @invariant()
+    def no_two_live_leases(self) -> None:
+        tokens = list(Job.objects.filter(status=Status.PROCESSING).values_list("lease_token", flat=True))
+        assert len(tokens) == len(set(tokens))
+
+
+JobLifecycle.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.django_db
+def test_job_lifecycle_state_machine() -> None:
+    JobLifecycle.TestCase().runTest()

@@ -1,0 +1,279 @@
+"""The django-q2 glue in-process: JobBroker packages, prefetch room, execute()."""
+
+from __future__ import annotations
+
+import os
+import pydoc
+import time
+from datetime import timedelta
+from uuid import UUID
+
+import pytest
+from django.db import close_old_connections, connection
+from django.test import override_settings
+from django.utils import timezone
+from django_q.conf import Conf
+from django_q.exceptions import TimeoutException
+from django_q.models import OrmQ
+from django_q.signing import SignedPackage
+from django_q.tasks import async_task
+
+from jobstate import registry, services
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.worker import broker as broker_module
+from jobstate.worker import tasks
+from jobstate.worker.broker import EXECUTE, JobBroker, cluster_id
+from jobstate.worker.runner import hard_limit_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def broker(monkeypatch):  # type: ignore[no-untyped-def]
+    """A fresh broker as the sentinel would build it, with a fast poll."""
+    monkeypatch.setattr(broker_module, "_pending", None)
+    monkeypatch.setattr(broker_module, "_cluster_id", None)
+    monkeypatch.setattr(Conf, "POLL", 0.01)
+    monkeypatch.setattr(Conf, "WORKERS", 2)
+    broker = JobBroker(list_key="jobstate-test")
+    yield broker
+    broker.close()
+
+
+def unpack(tasks_: list) -> list[dict]:  # type: ignore[type-arg]
+    return [SignedPackage.loads(payload) for _ack, payload in tasks_]
+
+
+def claim_then_expire(worker_id: str) -> None:
+    """A worker claims and dies: its lease ran out a minute ago."""
+    (job,) = services.claim(worker_id)
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+
+
+def run(package: dict) -> str:  # type: ignore[type-arg]
+    """What a django-q2 worker does with a package."""
+    return pydoc.locate(package["func"])(*package["args"], **package["kwargs"])  # type: ignore[misc]
+
+
+@override_settings(JOBSTATE={"PREFETCH": 10})
+def test_dequeue_claims_a_batch_as_signed_packages(broker):
+    jobs = [services.enqueue("test.echo", {"n": i}) for i in range(3)]
+    handed = broker.dequeue()
+    assert [ack for ack, _ in handed] == [f"job:{job.pk}" for job in jobs]
+    packages = unpack(handed)
+    for job, package in zip(jobs, packages, strict=True):
+        (claimed,) = package["args"]
+        assert package["func"] == EXECUTE and package["kwargs"] == {}
+        assert package["save"] is False and package["ack_failure"] is True
+        assert package["timeout"] == hard_limit_for(registry.get_handler("test.echo"))
+        assert claimed.pk == job.pk and claimed.status == Status.PROCESSING and claimed.lease_token
+    assert set(Job.objects.values_list("status", "worker_id")) == {(Status.PROCESSING, cluster_id())}
+    assert cluster_id() == f"{os.uname().nodename}:{os.getppid()}"
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2})
+def test_claims_only_what_fits_under_the_prefetch_limit(broker):
+    for _ in range(5):
+        services.enqueue("test.echo", {})
+    assert len(broker.dequeue()) == 2
+    assert broker.dequeue() is None  # full: nothing more until a worker picks one up
+    assert Job.objects.processing().count() == 2
+    broker_module.picked_up()
+    assert len(broker.dequeue()) == 1
+    assert Job.objects.queued().count() == 2
+
+
+@override_settings(JOBSTATE={"CLAIM_BATCH": 10, "PREFETCH_SECONDS": 0.5})
+def test_prefetch_follows_the_pick_up_rate(broker):
+    assert broker.prefetch(now=100.0) == 2  # nothing seen yet: one per worker process
+    broker._handed = 100  # workers picked up 100 jobs in the next second
+    assert broker.prefetch(now=101.0) == 20  # 50/s * 0.5 s = 25, capped at two batches
+    assert broker.prefetch(now=101.2) == 20  # measured twice a second, not more
+    assert broker.prefetch(now=102.0) == 13  # nothing picked up: the rate halves
+    assert [broker.prefetch(now=t) for t in (103.0, 104.0, 105.0, 106.0)] == [7, 4, 2, 2]
+    with override_settings(JOBSTATE={"PREFETCH": 3}):
+        assert broker.prefetch(now=107.0) == 3
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2})
+def test_a_leaked_pending_count_is_corrected_from_the_database(broker):
+    for _ in range(3):
+        services.enqueue("test.echo", {})
+    handed = broker.dequeue()
+    assert len(handed) == 2
+    # The pusher "died" with these two: an operator puts them back.
+    for ack, _payload in handed:
+        services.requeue(ack.removeprefix("job:"), "admin", "pusher lost")
+    assert len(broker.dequeue()) == 2
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2, "LEASE_SECONDS": 60})
+def test_leases_of_jobs_waiting_in_memory_are_renewed(broker):
+    for _ in range(3):
+        services.enqueue("test.echo", {})
+    waiting, started = (ack.removeprefix("job:") for ack, _ in broker.dequeue())
+    assert broker.dequeue() is None  # full: the third stays queued
+    services.heartbeat(started, Job.objects.get(pk=started).lease_token, worker_id="host:1:2")
+    soon = timezone.now() + timedelta(seconds=1)
+    Job.objects.filter(pk__in=[waiting, started]).update(lease_expires_at=soon)
+    broker._next_renew = 0  # a heartbeat interval has passed
+    broker.dequeue()
+    renewed = dict(Job.objects.values_list("pk", "lease_expires_at"))
+    assert renewed[UUID(waiting)] > soon + timedelta(seconds=50)
+    assert renewed[UUID(started)] == soon  # a running job's own heartbeat renews it
+
+
+def test_execute_runs_the_job_in_this_worker_process(broker):
+    job = services.enqueue("test.echo", {"x": 1})
+    (package,) = unpack(broker.dequeue())
+    assert run(package) == "completed"
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.result == {"echo": {"x": 1}}
+    me = f"{cluster_id()}:{os.getpid()}"
+    assert job.worker_id == me
+    assert job.events.get(transition="claim").actor_label == f"worker:{cluster_id()}"
+    assert job.events.get(transition="complete").actor_label == f"worker:{me}"
+
+
+@override_settings(JOBSTATE={"WORKER_CONN_MAX_AGE": 300})
+def test_execute_keeps_the_worker_connection_for_the_next_job(broker):
+    services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    connection.close_at = time.monotonic()  # as CONN_MAX_AGE=0 leaves it
+    run(package)
+    used = connection.connection
+    close_old_connections()  # what django-q2 does before each task
+    assert connection.connection is used is not None
+
+
+def test_execute_skips_a_job_taken_away_while_it_waited(broker):
+    job = services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    services.requeue(job, "admin", "taken back")
+    assert run(package) == "skipped"
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.worker_id == ""
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "requeue"]
+
+
+def test_execute_cancels_a_job_whose_cancel_came_before_it_started(broker, temp_handler):
+    ran = []
+    temp_handler("t.never", lambda ctx: ran.append(1))
+    job = services.enqueue("t.never", {})
+    (package,) = unpack(broker.dequeue())
+    services.request_cancel(job, "api", "too late anyway")
+    assert run(package) == "cancelled"
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and ran == []
+
+
+def test_django_q_hard_timeout_fails_the_attempt_and_recycles_the_worker(broker, temp_handler):
+    def stuck(ctx):
+        raise TimeoutException("Task exceeded maximum timeout value")  # what SIGALRM raises
+
+    temp_handler("t.stuck", stuck, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.stuck", {})
+    (package,) = unpack(broker.dequeue())
+    with pytest.raises(TimeoutException):
+        run(package)  # django-q2 then replaces this worker process
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
+
+
+def test_plain_django_q_tasks_ride_the_orm_queue(broker):
+    async_task("jobstate.worker.tasks.reap", broker=broker)
+    (row,) = OrmQ.objects.all()
+    handed = broker.dequeue()
+    assert [ack for ack, _ in handed] == [row.pk]
+    assert unpack(handed)[0]["func"] == "jobstate.worker.tasks.reap"
+    broker.acknowledge(f"job:{row.pk}")  # a job ack never touches django-q2's queue
+    assert OrmQ.objects.filter(pk=row.pk).exists()
+    broker.acknowledge(row.pk)
+    assert not OrmQ.objects.exists()
+
+
+@override_settings(JOBSTATE={"REAP_INTERVAL_SECONDS": 5})
+def test_dequeue_rescues_expired_leases_before_claiming(broker):
+    job = services.enqueue("test.echo", {})
+    claim_then_expire("dead-host:1")
+    handed = broker.dequeue()
+    assert [ack for ack, _ in handed] == [f"job:{job.pk}"]
+    labels = list(job.events.order_by("created_at", "id").values_list("transition", "actor_label"))
+    assert labels == [
+        ("enqueue", "system"),
+        ("claim", "worker:dead-host:1"),
+        ("requeue", "system:reaper"),
+        ("claim", f"worker:{cluster_id()}"),
+    ]
+
+
+def test_idle_dequeue_returns_nothing_and_sizes_count_jobs(broker):
+    assert broker.dequeue() is None
+    services.enqueue("test.echo", {})
+    services.enqueue("test.echo", {}, run_after=timezone.now() + timedelta(hours=1))
+    assert (broker.queue_size(), broker.lock_size()) == (1, 0)
+    broker.dequeue()
+    assert (broker.queue_size(), broker.lock_size()) == (0, 1)
+    assert broker.ping() is True
+
+
+def test_run_by_id_is_the_id_only_alternative():
+    job = services.enqueue("test.echo", {"id": "only"})
+    assert tasks.run_by_id(str(job.pk)) == "completed"
+    assert tasks.run_by_id(str(job.pk)) == "skipped"  # a second delivery changes nothing
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 1
+
+
+def test_scheduled_task_targets_report_counts():
+    services.enqueue("test.echo", {})
+    claim_then_expire("gone:1")
+    assert tasks.reap() == {"requeued": 1, "failed": 0, "cancelled": 0}
+    assert tasks.prune(days=0) == {"jobs": 0, "events": 0, "assets": 0}
+
+
+@override_settings(JOBSTATE={"PREFETCH": 10})
+def test_claims_follow_priority_and_never_start_early(broker):
+    low = services.enqueue("test.echo", {}, priority=-5)
+    later = services.enqueue("test.echo", {}, priority=9, run_after=timezone.now() + timedelta(hours=1))
+    high = services.enqueue("test.echo", {}, priority=5)
+    normal = services.enqueue("test.echo", {})
+    handed = [ack.removeprefix("job:") for ack, _ in broker.dequeue()]
+    assert handed == [str(high.pk), str(normal.pk), str(low.pk)]
+    later.refresh_from_db()
+    assert later.status == Status.QUEUED and later.attempts == 0
+
+
+def test_keyed_job_raised_watermark_while_running_queues_a_rerun(broker):
+    first = services.enqueue("test.echo", {"v": 1}, key="report:7", watermark=1)
+    (package,) = unpack(broker.dequeue())
+    # New input arrives while it runs: same key, same active job, watermark raised.
+    assert services.enqueue("test.echo", {"v": 2}, key="report:7", watermark=2) == first
+    assert run(package) == "completed"
+    first.refresh_from_db()
+    assert first.status == Status.COMPLETED and first.last_success_watermark == 1
+    rerun = Job.objects.get(key="report:7", status=Status.QUEUED)
+    assert rerun.input_watermark == 2
+    broker_module.picked_up()
+    (package,) = unpack(broker.dequeue())
+    assert run(package) == "completed"
+    # Input unchanged since: enqueue returns the finished job and nothing runs.
+    assert services.enqueue("test.echo", {}, key="report:7", watermark=2).pk == rerun.pk
+    assert not Job.objects.active().exists()
+
+
+BAD_OPTIONS = [
+    {"timeout": 0},
+    {"timeout": -5},
+    {"retry_backoff": -1},
+    {"max_attempts": 0},
+    {"concurrency": 0},
+]
+
+
+@pytest.mark.parametrize("options", BAD_OPTIONS)
+def test_handler_options_are_checked_when_registered(options):
+    with pytest.raises(ValueError):
+        registry.handler("t.bad", **options)(lambda ctx: None)
+    assert "t.bad" not in registry.all_handlers()

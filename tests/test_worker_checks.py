@@ -1,0 +1,88 @@
+"""System checks for a dangerous Q_CLUSTER (``manage.py check``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.test import override_settings
+
+from jobstate.worker.checks import sqlite_warnings
+
+GOOD: dict[str, Any] = dict(settings.Q_CLUSTER)
+SQLITE_OK = {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": "x.sqlite3",
+    "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"},
+}
+
+
+def ids(**q_changes: Any) -> set[str]:
+    q = {k: v for k, v in {**GOOD, **q_changes}.items() if v is not None}
+    with override_settings(Q_CLUSTER=q):
+        return {c.id for c in run_checks(tags=["jobstate"]) if c.id.startswith("jobstate.")}
+
+
+@pytest.mark.django_db  # Django 6 checks models against the database too
+def test_the_project_settings_pass():
+    assert ids() == set()
+    call_command("check", "--fail-level", "WARNING")
+
+
+def test_w001_broker_is_not_the_job_table():
+    assert "jobstate.W001" in ids(broker_class=None)
+    assert "jobstate.W001" in ids(broker_class="django_q.brokers.orm.ORM")
+
+
+@pytest.mark.parametrize(("timeout", "retry"), [(660, 660), (700, 660), (None, 660)])
+def test_w002_timeout_not_below_retry(timeout, retry):
+    assert "jobstate.W002" in ids(timeout=timeout, retry=retry)
+
+
+@pytest.mark.parametrize("attempts", [0, None])
+def test_w003_unlimited_max_attempts(attempts):
+    assert "jobstate.W003" in ids(max_attempts=attempts)
+
+
+def test_w004_failures_not_acknowledged():
+    assert "jobstate.W004" in ids(ack_failures=False)
+
+
+def test_w005_cluster_timeout_shorter_than_a_handler_hard_limit(temp_handler):
+    temp_handler("t.long", timeout=900)
+    # With JobBroker each package carries its own limit: no warning.
+    assert "jobstate.W005" not in ids(timeout=60, retry=120)
+    # Id-only messages through the ORM broker are bound by the cluster timeout.
+    assert "jobstate.W005" in ids(broker_class=None, timeout=60, retry=120)
+    assert "jobstate.W005" not in ids(broker_class=None, timeout=3600, retry=3700)
+
+
+def test_w006_results_only_in_the_cache():
+    assert "jobstate.W006" in ids(cached=60)
+
+
+def test_w007_sync_mode():
+    assert "jobstate.W007" in ids(sync=True)
+
+
+@override_settings(JOBSTATE={"LEASE_SECONDS": 20, "HEARTBEAT_SECONDS": 15})
+def test_w008_heartbeat_too_slow_for_the_lease():
+    assert "jobstate.W008" in ids()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"},
+        {"transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"},
+        {"transaction_mode": "IMMEDIATE", "timeout": 30},
+    ],
+)
+def test_w009_sqlite_without_wal_immediate_and_busy_timeout(options):
+    assert sqlite_warnings(SQLITE_OK) == []
+    assert sqlite_warnings({"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}) == []
+    (warning,) = sqlite_warnings({**SQLITE_OK, "OPTIONS": options})
+    assert warning.id == "jobstate.W009"

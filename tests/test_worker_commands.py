@@ -1,0 +1,136 @@
+"""manage.py jobstate_reap, jobstate_prune and jobstate_schedule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+from django.utils import timezone
+from django_q.models import Schedule
+
+from jobstate import services
+from jobstate.models import Asset, Job, JobEvent
+from jobstate.states import Status
+from jobstate.worker import schedules
+from jobstate.worker.runner import drain
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def command(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def expire(job: Job) -> None:
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+
+
+def test_reap_once_requeues_or_fails_lost_jobs():
+    retried = services.enqueue("test.echo", {})
+    (claimed,) = services.claim("lost:1")
+    expire(claimed)
+    last = services.enqueue("test.echo", {}, max_attempts=1)
+    (claimed,) = services.claim("lost:2")
+    expire(claimed)
+    out = command("jobstate_reap")
+    assert out.startswith("requeued 1, failed 1, cancelled 0")
+    retried.refresh_from_db()
+    last.refresh_from_db()
+    assert retried.status == Status.QUEUED and last.status == Status.FAILED
+    assert last.error_message == "worker lost"
+    assert set(
+        JobEvent.objects.filter(transition__in=["requeue", "fail"]).values_list("actor_label", flat=True)
+    ) == {"system:reaper"}
+    assert command("jobstate_reap").startswith("requeued 0, failed 0, cancelled 0")
+
+
+def finished(kind: str = "test.echo", days_ago: float = 40, **options) -> Job:  # type: ignore[no-untyped-def]
+    job = services.enqueue(kind, {}, **options)
+    drain(kinds=[kind])
+    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=days_ago))
+    return Job.objects.get(pk=job.pk)
+
+
+def test_prune_deletes_old_finished_jobs_with_history_assets_and_files(temp_handler, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+
+    def with_file(ctx):
+        ctx.add_asset("report", b"a,b\n", name="r.csv")
+
+    temp_handler("t.file", with_file)
+    old = finished("t.file")
+    stored = Path(tmp_path) / old.assets.get().file.name
+    recent = finished("t.file", days_ago=1)
+    running = services.enqueue("test.echo", {})
+    assert stored.exists()
+
+    dry = command("jobstate_prune", "--dry-run")
+    assert dry.startswith("would delete 1 job(s), 3 event(s), 1 asset(s)")
+    assert Job.objects.filter(pk=old.pk).exists() and stored.exists()
+
+    out = command("jobstate_prune")
+    assert out.startswith("deleted 1 job(s), 3 event(s), 1 asset(s)")
+    assert not Job.objects.filter(pk=old.pk).exists() and not stored.exists()
+    assert not Asset.objects.filter(job_id=old.pk).exists()
+    assert set(Job.objects.values_list("pk", flat=True)) == {recent.pk, running.pk}
+
+    assert command("jobstate_prune", "--days", "0.5").startswith("deleted 1 job(s)")
+    assert list(Job.objects.values_list("pk", flat=True)) == [running.pk]
+
+
+def test_prune_works_in_batches_and_keeps_jobs_tied_to_active_work(temp_handler):
+    temp_handler("t.idle")  # never run here: its jobs stay active
+    olds = [finished() for _ in range(5)]
+    parent = services.enqueue("t.idle", {})
+    child_of_active = finished(parent=parent)
+    busy_parent = finished()
+    services.enqueue("t.idle", {}, parent=busy_parent)
+    out = command("jobstate_prune", "--batch", "2")
+    assert out.startswith("deleted 5 job(s)")
+    assert not Job.objects.filter(pk__in=[j.pk for j in olds]).exists()
+    assert Job.objects.filter(pk__in=[child_of_active.pk, busy_parent.pk]).count() == 2
+
+
+@override_settings(JOBSTATE={"RETENTION_DAYS": None})
+def test_prune_keeps_everything_without_retention():
+    finished()
+    assert "nothing to do" in command("jobstate_prune")
+    assert Job.objects.count() == 1
+
+
+def test_prune_rejects_bad_arguments():
+    with pytest.raises(CommandError):
+        call_command("jobstate_prune", "--days", "-1")
+    with pytest.raises(CommandError):
+        call_command("jobstate_prune", "--batch", "0")
+
+
+def test_schedule_installs_updates_and_removes():
+    out = command("jobstate_schedule")
+    assert f"created: {schedules.REAPER}" in out and f"created: {schedules.PRUNE}" in out
+    reaper = Schedule.objects.get(name=schedules.REAPER)
+    assert (reaper.func, reaper.schedule_type, reaper.minutes, reaper.repeats) == (
+        "jobstate.worker.tasks.reap",
+        Schedule.MINUTES,
+        1,
+        -1,
+    )
+    prune = Schedule.objects.get(name=schedules.PRUNE)
+    assert (prune.func, prune.schedule_type) == ("jobstate.worker.tasks.prune", Schedule.DAILY)
+
+    assert f"unchanged: {schedules.REAPER}" in command("jobstate_schedule")
+    Schedule.objects.filter(name=schedules.REAPER).update(minutes=30)
+    assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
+    assert Schedule.objects.get(name=schedules.REAPER).minutes == 1
+    assert Schedule.objects.count() == 2
+
+    assert f"removed: {schedules.PRUNE}" in command("jobstate_schedule", "--no-prune")
+    assert list(Schedule.objects.values_list("name", flat=True)) == [schedules.REAPER]
+    assert "removed 1 schedule(s)" in command("jobstate_schedule", "--remove")
+    assert not Schedule.objects.exists()

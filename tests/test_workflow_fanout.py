@@ -1,0 +1,237 @@
+"""Fan-out and fan-in: a step starts child jobs, the workflow waits for them
+without holding a worker, and continues once they all ended."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+import jobstate
+from jobstate import registry, services
+from jobstate.models import Job, JobEvent, JobStep
+from jobstate.services.transitions import WAITING
+from jobstate.states import ACTIVE, Status
+from jobstate.worker.runner import drain, run_next
+from jobstate.workflows import state
+from tests.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def step(job: Job, name: str) -> JobStep:
+    return JobStep.objects.get(job_id=job.pk, name=name)
+
+
+def test_fan_out_of_50_children_and_fan_in():
+    parent = services.enqueue("wf.fan", {"n": 50})
+    assert run_next("w1") is not None  # split: starts 50 children, gives the worker back
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and parent.run_after == WAITING
+    assert parent.attempts == 0  # waiting spends no attempt
+    assert step(parent, "split").status == "waiting"
+    children = Job.objects.filter(parent=parent)
+    assert children.count() == 50 and set(children.values_list("status", flat=True)) == {Status.QUEUED}
+    assert set(children.values_list("owner_id", flat=True)) == {parent.owner_id}
+
+    for _ in range(25):
+        assert run_next("w2", kinds=["wf.child"]) is not None
+    parent.refresh_from_db()
+    # split is the first of two steps (0..50 %): half its children are done.
+    assert parent.progress == 25 and parent.progress_message == "25 of 50 child jobs finished"
+    live = state(parent)
+    assert live["waiting_for_children"] and live["progress"] == 25.0
+    assert live["children"]["by_status"] == {"completed": 25, "queued": 25}
+    assert live["steps"][0]["children"]["total"] == 50
+    assert parent.status == Status.QUEUED and parent.run_after == WAITING  # still asleep
+
+    assert drain() == 26  # the other 25 children, then the parent, woken by the last one
+    parent.refresh_from_db()
+    assert parent.status == Status.COMPLETED and parent.attempts == 1
+    assert parent.result == {"total": 50, "sum": sum(i * i for i in range(50)), "value": {"spawned": 50}}
+    split = step(parent, "split")
+    assert split.status == "completed" and split.output["completed"] == 50 and split.output["failed"] == 0
+    assert split.output["results"][7] == {"i": 7, "square": 49}
+    assert Effect.objects.filter(job_id=parent.pk, label="split").count() == 1  # never re-run
+    assert Effect.objects.filter(job_id=parent.pk, label="merge").count() == 1
+    assert list(JobEvent.objects.filter(job_id=parent.pk).values_list("transition", flat=True)) == [
+        "enqueue",
+        "claim",
+        "step_waiting",
+        "requeue",  # suspended
+        "claim",
+        "step_completed",
+        "step_completed",
+        "complete",
+    ]
+
+
+def test_a_failed_child_fails_the_parent():
+    parent = services.enqueue("wf.fan", {"n": 5, "fail": [3]})
+    drain()
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED and parent.attempts == 1  # not retried: the child is final
+    assert parent.error_type == "ChildrenFailed"
+    assert parent.error_message == "1 of 5 child jobs failed or were cancelled"
+    assert step(parent, "split").status == "failed"
+    assert not Effect.objects.filter(job_id=parent.pk, label="merge").exists()
+
+
+def test_a_failed_child_makes_the_parent_partial_under_that_policy():
+    parent = services.enqueue("wf.fan_partial", {"n": 5, "fail": [3]})
+    drain()
+    parent.refresh_from_db()
+    assert parent.status == Status.PARTIAL
+    assert parent.error_message == "split: 1 of 5 child jobs did not complete"
+    assert parent.result == {"total": 5, "sum": 0 + 1 + 4 + 16, "value": {"spawned": 5}}
+    failures = step(parent, "split").output["failures"]
+    assert len(failures) == 1 and failures[0]["status"] == "failed" and "child 3" in failures[0]["error"]
+
+
+def test_cancelling_a_waiting_parent_cancels_its_children():
+    parent = services.enqueue("wf.fan", {"n": 4})
+    run_next("w1")
+    (running,) = services.claim("w2", kinds=["wf.child"])
+    services.request_cancel(parent, "api", "no longer needed")
+    parent.refresh_from_db()
+    assert parent.status == Status.CANCELLED
+    statuses = dict(Job.objects.filter(parent=parent).values_list("pk", "status"))
+    assert statuses.pop(running.pk) == Status.PROCESSING  # asked to stop: its worker ends it
+    assert set(statuses.values()) == {Status.CANCELLED}
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert not Job.objects.filter(parent=parent, status=Status.QUEUED).exists()
+
+
+def test_children_that_end_before_the_parent_suspends_still_wake_it():
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1", kinds=["test.echo"])
+    child = services.enqueue("test.echo", {}, parent=held)
+    (c,) = services.claim("w2", kinds=["test.echo"])
+    assert c.pk == child.pk
+    services.complete(c, c.lease_token, {})  # the wake-up finds the parent still processing
+    services.suspend(held, held.lease_token, reason="waiting for children")
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and parent.run_after < WAITING  # ready at once
+
+
+def test_spawn_validates_children_before_anything_is_started():
+    class Bad(jobstate.Workflow):
+        @jobstate.step()
+        def split(self, ctx: Any) -> None:
+            ctx.spawn("wf.child", {"i": 1})
+            ctx.spawn("no.such.kind", {})
+
+    jobstate.workflow("t.badspawn", max_attempts=1)(Bad)
+    try:
+        parent = services.enqueue("t.badspawn", {})
+        drain()
+    finally:
+        registry.unregister("t.badspawn")
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED and "no.such.kind" in parent.error_message
+    assert not Job.objects.filter(parent=parent).exists()
+
+
+def test_nested_workflows_wait_for_grandchildren():
+    class Outer(jobstate.Workflow):
+        @jobstate.step()
+        def fan(self, ctx: Any) -> None:
+            for n in (2, 3):
+                ctx.spawn("wf.fan", {"n": n})
+
+        @jobstate.step()
+        def total(self, ctx: Any, fan: dict[str, Any]) -> int:
+            return sum(r["sum"] for r in fan["results"])
+
+    jobstate.workflow("t.outer")(Outer)
+    try:
+        outer = services.enqueue("t.outer", {})
+        drain()
+    finally:
+        registry.unregister("t.outer")
+    outer.refresh_from_db()
+    assert outer.status == Status.COMPLETED and outer.result == (0 + 1) + (0 + 1 + 4)
+    assert not Job.objects.filter(status__in=ACTIVE).exists()
+
+
+def test_retry_after_the_fan_out_reuses_the_children_results():
+    parent = services.enqueue("wf.fan_partial", {"n": 4, "fail": [1]})
+    drain()
+    parent.refresh_from_db()
+    assert parent.status == Status.PARTIAL
+    from jobstate.workflows import retry_from
+
+    again = retry_from(parent, "merge", actor="ops", reason="merge again")
+    split = state(again)["steps"][0]
+    assert split["status"] == "completed"
+    assert split["children"] == {"total": 4, "by_status": {"completed": 3, "failed": 1}, "progress": 100.0}
+    assert drain() == 1  # only the retry: no child runs again
+    again.refresh_from_db()
+    assert again.status == Status.PARTIAL and again.result["sum"] == 0 + 4 + 9
+    assert not Job.objects.filter(parent=again).exists()
+    assert Effect.objects.filter(job_id=again.pk, label="split").count() == 0
+
+
+def test_children_take_no_idempotency_key():
+    class Keyed(jobstate.Workflow):
+        @jobstate.step()
+        def split(self, ctx: Any) -> None:
+            ctx.spawn("wf.child", {"i": 1}, key="k1")
+
+    jobstate.workflow("t.keyed", max_attempts=1)(Keyed)
+    try:
+        parent = services.enqueue("t.keyed", {})
+        drain()
+    finally:
+        registry.unregister("t.keyed")
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED and "unknown options: key" in parent.error_message
+    assert not Job.objects.filter(parent=parent).exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
+def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1", kinds=["test.echo"])
+    services.enqueue("test.echo", {}, parent=held)
+    (kid,) = services.claim("w2", kinds=["test.echo"])
+    in_transaction, may_commit = threading.Event(), threading.Event()
+
+    def finish_child() -> None:
+        try:
+            with transaction.atomic():
+                services.complete(kid, kid.lease_token, {})  # the parent is still processing
+                in_transaction.set()
+                may_commit.wait(10)
+        finally:
+            connection.close()
+
+    def suspend_parent() -> None:
+        try:
+            services.suspend(held, held.lease_token, reason="waiting for children")
+        finally:
+            connection.close()
+
+    child = threading.Thread(target=finish_child)
+    child.start()
+    assert in_transaction.wait(10)
+    sleeper = threading.Thread(target=suspend_parent)
+    sleeper.start()
+
+    def suspend_waits_for_the_child() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            return cursor.fetchone()[0] > 0
+
+    deadline = time.monotonic() + 10
+    while not suspend_waits_for_the_child():
+        assert time.monotonic() < deadline, "suspend() did not wait for the child's transaction"
+        time.sleep(0.02)
+    may_commit.set()
+    child.join(10)
+    sleeper.join(10)
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and parent.run_after < WAITING  # woken, not asleep forever
