@@ -55,6 +55,8 @@ DEFAULTS: dict[str, Any] = {
     "SSE_POLL_SECONDS": 1.0,
     "SSE_KEEPALIVE_SECONDS": 15,
     "LONGPOLL_MAX_SECONDS": 30,
+    # Streams and long-polls one user may hold open at once (None: no limit).
+    "API_MAX_STREAMS_PER_USER": 5,
     # Largest accepted API request body in bytes (JSON); larger bodies get a 413.
     "API_MAX_BODY_BYTES": 1024 * 1024,
     # Stuck-job thresholds (seconds).

@@ -35,7 +35,7 @@ RECENTLY_FAILED = "recently_failed"
 REQUEUE = "requeue"  # services.requeue: back to the queue, the old lease stops working
 FORCE_CANCEL = "force_cancel"  # services.cancel_now on behalf of the lost worker
 RETRY = "retry"  # services.retry: a new job linked to the failed one
-START_WORKER = "start_worker"  # nothing to click: a worker must serve the kind
+START_WORKER = "start_worker"  # a worker must serve the kind; or cancel the job (the admin's click)
 
 OPERATOR_FAILED = "OperatorFailed"
 

@@ -99,5 +99,5 @@ def import_rows(ctx: JobContext) -> dict[str, Any]:
     return result
 
 
-# The multi-step ETL workflow demo (docs/readme/workflows.md).
+# The multi-step ETL workflow demo (README.md, "The demo ETL").
 from project import etl  # noqa: E402, F401

@@ -5,8 +5,11 @@ Jobs are driven with jobstate.services directly, never through a worker.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -14,6 +17,15 @@ from jobstate import services
 from jobstate.models import Job
 
 JOBS = "/api/jobs/"
+
+
+@pytest.fixture
+def fresh_cache() -> Iterator[None]:
+    """Throttle histories and open-stream counts live in the cache, and user ids
+    repeat between tests on SQLite: start and end each test with none."""
+    cache.clear()
+    yield
+    cache.clear()
 
 
 def client_for(user: Any | None) -> APIClient:

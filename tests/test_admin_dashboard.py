@@ -69,6 +69,18 @@ def test_dashboard_with_no_jobs(admin_client: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_dashboard_kind_links_are_url_encoded(admin_client: Any, temp_handler: Any) -> None:
+    kind = "test.a&b c#d?e=1"
+    temp_handler(kind)
+    job = queued(kind=kind)
+    html = admin_client.get(DASHBOARD).content.decode()
+    assert f'href="{LIST}?kind=test.a%26b+c%23d%3Fe%3D1"' in html
+    assert "?kind=test.a&amp;b" not in html
+    response = admin_client.get(f"{LIST}?kind=test.a%26b+c%23d%3Fe%3D1")
+    assert response.status_code == 200 and str(job.pk)[:8] in response.content.decode()
+
+
+@pytest.mark.django_db
 def test_dashboard_needs_view_permission(client: Any, staff_user: Any, viewer: Any) -> None:
     client.force_login(staff_user)
     assert client.get(DASHBOARD).status_code == 403

@@ -181,6 +181,44 @@ def test_one_click_force_cancel_and_retry(admin_client: Any, admin_user: Any) ->
     assert str(dead.pk) not in {str(f.job.pk) for f in stuck.find_stuck()}
 
 
+def test_one_click_cancel_of_a_queued_job_no_worker_serves(
+    admin_client: Any, admin_user: Any, temp_handler: Any
+) -> None:
+    temp_handler("test.orphan")
+    job = queued(kind="test.orphan", run_after=ago(hours=1))
+    html = admin_client.get(STUCK).content.decode()
+    section = html.split('id="reason-queued_no_worker"', 1)[1].split("</section>", 1)[0]
+    assert f'data-job="{job.pk}"' in section
+    assert 'name="operation" value="cancel"' in section and ">Cancel</button>" in section
+    response = remedy(admin_client, job, "cancel")
+    assert response.status_code == 302 and response["Location"] == STUCK
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED
+    event = JobEvent.objects.filter(job=job).latest("created_at", "id")
+    assert (event.transition, event.actor, event.actor_label) == ("cancel", admin_user, "admin")
+    assert event.reason == "stuck remedy (queued past due, no worker serving its kind)"
+    assert str(job.pk) not in admin_client.get(STUCK).content.decode()
+
+
+def test_the_cancel_remedy_needs_the_cancel_permission_and_a_queued_job(
+    client: Any, viewer: Any, operator: Any, temp_handler: Any
+) -> None:
+    temp_handler("test.orphan")
+    job = queued(kind="test.orphan", run_after=ago(hours=1))
+    client.force_login(viewer)
+    assert 'value="cancel"' not in client.get(STUCK).content.decode()
+    assert remedy(client, job, "cancel").status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    # A job that a worker picked up meanwhile is not cancelled by the stale click.
+    client.force_login(operator)
+    started = services.start(job, "w-late")
+    response = remedy(client, started, "cancel")
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert messages == ["Cancel refused: the job is processing now; open it to cancel it."]
+    after = Job.objects.get(pk=job.pk)
+    assert after.status == Status.PROCESSING and after.cancel_requested_at is None
+
+
 def test_remedy_refused_when_state_moved_on(admin_client: Any) -> None:
     job = completed()
     response = remedy(admin_client, job, "requeue")

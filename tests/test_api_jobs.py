@@ -60,24 +60,28 @@ def test_enqueue_with_a_known_key_returns_the_existing_job_with_200(user):
     assert Job.objects.count() == 1
 
 
-def test_a_key_held_by_another_owner_is_refused_and_nothing_changes(user, other_user):
+def test_a_key_used_by_another_owner_queues_the_callers_own_job(user, other_user):
+    # Keys are scoped per owner: the other owner's job is neither revealed nor touched.
     job = make_job(other_user, key="shared", watermark=1)
-    before = counts()
+    jobs, events = counts()
     response = client_for(user).post(
         JOBS, {"kind": "test.echo", "key": "shared", "watermark": 9}, format="json"
     )
-    error = assert_error(response, 409, "key_conflict")
-    assert str(job.pk) not in json.dumps(error)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert str(job.pk) not in json.dumps(body)
+    assert Job.objects.get(pk=body["id"]).owner == user
     job.refresh_from_db()
     assert job.input_watermark == 1  # the other owner's job was not touched
-    assert counts() == before
+    assert counts() == (jobs + 1, events + 1)
 
 
-def test_staff_enqueue_deduplicates_onto_a_visible_job(user, staff_user):
+def test_staff_enqueue_uses_the_staff_members_own_keys(user, staff_user):
     job = make_job(user, key="shared")
     response = client_for(staff_user).post(JOBS, {"kind": "test.echo", "key": "shared"}, format="json")
-    assert response.status_code == 200
-    assert response.json()["id"] == str(job.pk)
+    assert response.status_code == 201, response.content
+    assert response.json()["id"] != str(job.pk)
+    assert Job.objects.get(pk=response.json()["id"]).owner == staff_user
 
 
 @pytest.mark.parametrize(

@@ -1,26 +1,36 @@
 """REST API: the OpenAPI schema, the docs page, and a schemathesis run against
 the live schema through the WSGI app (bounded examples; zero 5xx; responses
-conform to the schema)."""
+conform to the schema). The token user owns jobs in every state and assets, so
+generated requests mostly reach real objects; explicit requests check each
+success response (201, 200, 202, 302, streams, downloads) against the schema."""
 
 from __future__ import annotations
 
 import os
 import re
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import schemathesis
+from django.conf import settings as django_settings
+from django.contrib.auth.models import Permission
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode, checks
+from schemathesis.core.failures import FailureGroup
 
-from tests.api_support import client_for
+from jobstate import services
+from jobstate.api.serializers import JobDetailSerializer
+from jobstate.models import JobStep
+from tests.api_support import client_for, completed, failed, fresh_cache, make_job, running
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
 
 # Bounded for CI (deterministic); raise it locally to hunt: JOBSTATE_SCHEMATHESIS_EXAMPLES=500.
 EXAMPLES = int(os.environ.get("JOBSTATE_SCHEMATHESIS_EXAMPLES", "25"))
@@ -95,18 +105,77 @@ CASES = [
 ]
 
 
+# Short streams and long-polls; the throttles and the stream cap have their own tests.
+FAST = {"SSE_MAX_SECONDS": 0.1, "SSE_POLL_SECONDS": 0.02, "LONGPOLL_MAX_SECONDS": 0.1}
+NO_LIMITS = {"DEFAULT_THROTTLE_RATES": {"jobstate_stream": None}}
+# Everything a success or error response must satisfy (no generated input involved).
+CONFORMANCE = [
+    checks.not_a_server_error,
+    checks.status_code_conformance,
+    checks.content_type_conformance,
+    checks.response_headers_conformance,
+    checks.response_schema_conformance,
+]
+
+
 @pytest.fixture
 def token(user) -> str:  # type: ignore[no-untyped-def]
     return Token.objects.get_or_create(user=user)[0].key
 
 
+@pytest.fixture
+def seeded(user, settings, tmp_path) -> dict[str, list[str]]:  # type: ignore[no-untyped-def]
+    """The token user's jobs in every state, and assets (a stored file, an external
+    URL), so that generated requests reach real objects and succeed."""
+    settings.MEDIA_ROOT = tmp_path
+    cancelling = running(user)
+    services.request_cancel(cancelling, services.Actor.api(user), "stop")
+    cancelled = make_job(user)
+    services.request_cancel(cancelled, services.Actor.api(user), "not needed")
+    done = completed(user, result={"rows": 3})
+    JobStep.objects.create(
+        job=done,
+        position=1,
+        name="load",
+        status="completed",
+        cursor={"page": 2},
+        started_at=done.started_at,
+        finished_at=done.finished_at,
+    )
+    files = [
+        services.add_asset(done, asset_type="report", name="out.csv", content=b"a,b\n1,2\n"),
+        services.add_asset(done, asset_type="link", url="https://example.org/data.json"),
+    ]
+    jobs = [make_job(user), running(user), cancelling, cancelled, done, failed(user)]
+    return {"jobs": [str(j.pk) for j in jobs], "assets": [str(a.pk) for a in files]}
+
+
+def _with_seeded_objects(strategy: Any, path: str, method: str, seeded: dict[str, list[str]]) -> Any:
+    """Mostly real ids (and a registered kind to enqueue), sometimes the generated ones."""
+    ids = seeded["assets"] if path.startswith("/api/assets/") else seeded["jobs"]
+
+    def use(case: Any, pk: str | None, kind: str | None) -> Any:
+        if pk is not None and "id" in (case.path_parameters or {}):
+            case.path_parameters["id"] = pk
+        if kind is not None and (path, method) == ("/api/jobs/", "POST") and isinstance(case.body, dict):
+            case.body["kind"] = kind
+        return case
+
+    real_ids = st.sampled_from([*ids, None])
+    kinds = st.sampled_from(["test.echo", "test.echo", "test.echo", None])
+    return st.builds(use, strategy, real_ids, kinds)
+
+
 @pytest.mark.parametrize(("path", "method", "mode"), CASES, ids=[f"{m} {p} {g.value}" for p, m, g in CASES])
-@override_settings(JOBSTATE={"SSE_MAX_SECONDS": 0.2, "SSE_POLL_SECONDS": 0.05, "LONGPOLL_MAX_SECONDS": 0.2})
-def test_api_conforms_to_its_schema(path, method, mode, token):
+@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, **NO_LIMITS})
+def test_api_conforms_to_its_schema(path, method, mode, token, seeded):
     operation = LIVE[path][method]
     headers = {"Authorization": f"Token {token}"}
+    strategy = operation.as_strategy(generation_mode=mode)
+    if mode == GenerationMode.POSITIVE:  # a negative case must stay invalid
+        strategy = _with_seeded_objects(strategy, path, method, seeded)
 
-    @given(case=operation.as_strategy(generation_mode=mode))
+    @given(case=strategy)
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
@@ -117,10 +186,99 @@ def test_api_conforms_to_its_schema(path, method, mode, token):
     def run(case: Any) -> None:
         case.call_and_validate(
             headers=headers,
-            # Valid-looking input still meets unknown kinds and random ids (400/404), and a
-            # valid token is always sent, so "accepts invalid auth" cannot apply; anonymous
-            # access is covered by test_api_access.
+            # Valid-looking input still meets unknown kinds, random ids and refused
+            # transitions (400/404/409), and a valid token is always sent, so "accepts
+            # invalid auth" cannot apply; anonymous access is covered by test_api_access.
             excluded_checks=[checks.positive_data_acceptance, checks.max_response_time, checks.ignored_auth],
         )
 
     run()
+
+
+# --- real success responses, validated against the schema ---------------------------
+
+
+def call(token: str, path: str, method: str, expect: int, **parts: Any) -> Any:
+    """One request through the live schema's operation; its response must conform."""
+    case = LIVE[path][method].Case(media_type="application/json" if "body" in parts else None, **parts)
+    response = case.call(headers={"Authorization": f"Token {token}"})
+    assert response.status_code == expect, (path, response.status_code, response.text[:500])
+    case.validate_response(response, checks=CONFORMANCE)
+    return response
+
+
+@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, **NO_LIMITS})
+def test_success_responses_conform_to_the_schema(user, token, seeded):
+    queued, processing, cancelling, _cancelled, done, dead = seeded["jobs"]
+    stored, external = seeded["assets"]
+    body = {"kind": "test.echo", "parameters": {"n": 1}, "key": "nightly", "priority": 3}
+    created = call(token, "/api/jobs/", "POST", 201, body=body).json()
+    assert created["status"] == "queued" and created["allowed_actions"] == ["cancel"]
+    again = call(token, "/api/jobs/", "POST", 200, body=body).json()
+    assert again["id"] == created["id"]
+    page = call(token, "/api/jobs/", "GET", 200, query={"status": ["queued", "failed"], "page_size": 2})
+    assert len(page.json()["results"]) == 2 and page.json()["next"]
+    following = parse_qs(urlsplit(page.json()["next"]).query)
+    assert call(token, "/api/jobs/", "GET", 200, query=following).json()["results"]
+    detail = call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": done}).json()
+    assert detail["result"] == {"rows": 3} and detail["steps"][0]["name"] == "load"
+    call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": processing}, query={"wait": 0.05})
+    events = call(token, "/api/jobs/{id}/events/", "GET", 200, path_parameters={"id": done}).json()
+    assert [e["to_status"] for e in events["results"]] == ["queued", "processing", "completed"]
+    call(token, "/api/jobs/{id}/events/", "GET", 200, path_parameters={"id": cancelling})
+    stream = call(token, "/api/jobs/{id}/events/stream/", "GET", 200, path_parameters={"id": done})
+    assert "event: end" in stream.text
+    cancel = "/api/jobs/{id}/cancel/"
+    assert (
+        call(token, cancel, "POST", 200, path_parameters={"id": queued}, body={}).json()["status"]
+        == "cancelled"
+    )
+    reason = {"reason": "enough"}
+    assert call(token, cancel, "POST", 202, path_parameters={"id": processing}, body=reason).json()[
+        "cancel_requested"
+    ]
+    retried = call(
+        token, "/api/jobs/{id}/retry/", "POST", 201, path_parameters={"id": dead}, body=reason
+    ).json()
+    assert retried["retry_of"] == dead
+    assets = call(token, "/api/jobs/{id}/assets/", "GET", 200, path_parameters={"id": done}).json()
+    assert {a["id"] for a in assets["results"]} == {stored, external}
+    call(token, "/api/assets/", "GET", 200)
+    asset = call(token, "/api/assets/{id}/", "GET", 200, path_parameters={"id": stored}).json()
+    assert asset["size"] == 8 and asset["download_url"].endswith(f"/api/assets/{stored}/download/")
+    download = call(token, "/api/assets/{id}/download/", "GET", 200, path_parameters={"id": stored})
+    assert download.content == b"a,b\n1,2\n"
+    call(token, "/api/assets/{id}/download/", "GET", 302, path_parameters={"id": external})
+    call(token, "/api/jobs/stuck/", "GET", 200)
+    # And the refusals an ordinary caller meets, in the same schema.
+    call(token, cancel, "POST", 409, path_parameters={"id": done}, body={})
+    call(token, "/api/jobs/{id}/requeue/", "POST", 403, path_parameters={"id": processing}, body={})
+
+
+def test_operator_remedies_conform_to_the_schema(user, staff_user, seeded):
+    operator = type(staff_user).objects.get(pk=staff_user.pk)
+    operator.user_permissions.add(Permission.objects.get(codename="requeue_job"))
+    token = Token.objects.get_or_create(user=operator)[0].key
+    _queued, processing, _cancelling, cancelled, _done, _dead = seeded["jobs"]
+    requeued = call(
+        token, "/api/jobs/{id}/requeue/", "POST", 200, path_parameters={"id": processing}, body={}
+    )
+    assert requeued.json()["status"] == "queued"
+    body = {"reason": "bad input"}
+    failed_now = call(
+        token, "/api/jobs/{id}/fail/", "POST", 200, path_parameters={"id": processing}, body=body
+    )
+    assert failed_now.json()["error_type"] == "OperatorFailed"
+    call(token, "/api/jobs/{id}/fail/", "POST", 409, path_parameters={"id": cancelled}, body=body)
+
+
+def test_a_response_that_breaks_the_schema_is_caught(user, token, seeded, monkeypatch):
+    """The validation above is not vacuous: a wrong type in a success body fails it."""
+    original = JobDetailSerializer.to_representation
+
+    def broken(self: Any, instance: Any) -> Any:
+        return {**original(self, instance), "progress": "half"}
+
+    monkeypatch.setattr(JobDetailSerializer, "to_representation", broken)
+    with pytest.raises(FailureGroup):
+        call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": seeded["jobs"][0]})

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from django.test import override_settings
@@ -11,7 +15,7 @@ from jobstate import NonRetryable, Partial, services
 from jobstate.exceptions import CancelRequested
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.worker.runner import drain, run_job
+from jobstate.worker.runner import INTERRUPT_SIGNAL, HandlerCall, drain, run_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,3 +158,145 @@ def test_cancel_requested_raises_in_check(temp_handler):
     drain()
     job.refresh_from_db()
     assert seen == {"raised": True} and job.status == Status.CANCELLED
+
+
+# -- a cancel request wins over every failure or interrupt --------------------
+
+
+def _cancelled_by_worker(job: Job) -> bool:
+    return list(job.events.values_list("transition", flat=True)) == [
+        "enqueue",
+        "claim",
+        "request_cancel",
+        "cancel",
+    ]
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2, "CANCEL_GRACE_SECONDS": 30})
+def test_timeout_after_a_cancel_request_ends_cancelled(temp_handler):
+    def deaf(ctx):
+        services.request_cancel(ctx.job.pk, "api", "stop it")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # times out long before the cancel grace ends
+            time.sleep(0.05)
+
+    temp_handler("t.deaf", deaf, timeout=0.5, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.deaf", {})
+    (claimed,) = services.claim("w1")
+    assert run_job(claimed, "w1") == "cancelled"
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 1 and _cancelled_by_worker(job)
+    assert "Timeout" in job.events.get(transition="cancel").reason
+
+
+@pytest.mark.parametrize("error", [ValueError("bad input"), NonRetryable("no point")])
+def test_failure_after_a_cancel_request_ends_cancelled(temp_handler, error):
+    def fails(ctx):
+        services.request_cancel(ctx.job.pk, "api", "stop it")
+        raise error
+
+    temp_handler("t.fails", fails, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.fails", {})
+    (claimed,) = services.claim("w1")
+    assert run_job(claimed, "w1") == "cancelled"
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 1 and _cancelled_by_worker(job)
+    cancel = job.events.get(transition="cancel")
+    assert type(error).__name__ in cancel.reason and str(error) in cancel.reason
+    assert cancel.actor_label == "worker:w1"
+
+
+def test_handler_that_returns_after_a_cancel_request_completes(temp_handler):
+    def finishes(ctx):
+        services.request_cancel(ctx.job.pk, "api", "too late")
+        return {"done": True}
+
+    def partial(ctx):
+        services.request_cancel(ctx.job.pk, "api", "too late")
+        raise Partial("half done", result={"done": 1})
+
+    temp_handler("t.finishes", finishes)
+    temp_handler("t.partial", partial)
+    done = services.enqueue("t.finishes", {})
+    half = services.enqueue("t.partial", {})
+    drain()
+    done.refresh_from_db()
+    half.refresh_from_db()
+    # Its work is done: the result is kept rather than thrown away.
+    assert done.status == Status.COMPLETED and done.result == {"done": True}
+    assert half.status == Status.PARTIAL and half.result == {"done": 1}
+
+
+# -- an interrupt that lands after the handler returned -----------------------
+
+
+def test_an_interrupt_landing_after_the_handler_returned_is_ignored(temp_handler):
+    """The heartbeat's interrupt reaches the main thread just after the handler
+    returned: the result stands (it used to be recorded as a timeout and the job
+    run again)."""
+    landed_inside: list[int] = []
+    senders: list[threading.Thread] = []
+
+    def send_interrupt(heartbeat_name: str, ready: threading.Event) -> None:
+        ready.wait(10)
+        beat = next(t for t in threading.enumerate() if t.name == heartbeat_name)
+        # What Heartbeat._interrupt does, without its logging (which could let
+        # the main thread run on before the signal is sent).
+        beat.interrupted = "timeout"
+        signal.pthread_kill(beat.main_ident, INTERRUPT_SIGNAL)
+
+    def finishing(ctx):
+        ready = threading.Event()
+        sender = threading.Thread(target=send_interrupt, args=(f"jobstate-heartbeat-{ctx.job.pk}", ready))
+        senders.append(sender)
+        sender.start()
+        base, exponent = 3, 600_000
+        try:
+            ready.set()
+            # One bytecode holding the GIL for tens of milliseconds with no
+            # eval-breaker check: the sender thread asks for the GIL meanwhile
+            # and gets it (and sends the signal) at the first check after the
+            # handler returned.
+            base**exponent
+        except BaseException:
+            landed_inside.append(ctx.attempt)  # too early this time: try again
+            raise
+        return {"attempt": ctx.attempt}
+
+    temp_handler("t.finishing", finishing, max_attempts=1)
+    # Should a signal come after run_job restored the previous handler, this one
+    # keeps it from killing the test process (SIGUSR1's default action).
+    previous = signal.signal(INTERRUPT_SIGNAL, lambda signum, frame: None)
+    try:
+        for _ in range(5):
+            landed_inside.clear()
+            job = services.enqueue("t.finishing", {})
+            (claimed,) = services.claim("w1")
+            outcome = run_job(claimed, "w1")
+            for sender in senders:
+                sender.join(10)
+            if not landed_inside:
+                break
+    finally:
+        signal.signal(INTERRUPT_SIGNAL, previous)
+    assert not landed_inside, "the interrupt never landed after the handler returned"
+    job.refresh_from_db()
+    assert outcome == "completed" and job.status == Status.COMPLETED and job.result == {"attempt": 1}
+    assert not [t for t in threading.enumerate() if t.name.startswith("jobstate-heartbeat-")]
+
+
+def test_interrupts_land_only_inside_the_handler():
+    frames = {}
+
+    def handler(ctx):
+        frames["handler"] = sys._getframe()
+        frames["call"] = sys._getframe(1)
+        return "done"
+
+    call = HandlerCall(handler, beat=SimpleNamespace(interrupted=None))  # type: ignore[arg-type]
+    assert call.in_handler(sys._getframe()) is False  # not started: not ours either
+    assert call(None) == "done"  # type: ignore[arg-type]
+    assert call.in_handler(frames["handler"]) is True
+    # Back in the calling frame: the handler has returned, too late to interrupt.
+    assert call.in_handler(frames["call"]) is False
+    assert call.in_handler(sys._getframe()) is False

@@ -8,11 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from jobstate import InvalidTransition, LeaseLost, services
 from jobstate.exceptions import CancelRequested
@@ -28,9 +29,13 @@ class JobLifecycle(RuleBasedStateMachine):
         super().__init__()
         Job.objects.all().delete()
         self.now = timezone.now()
-        self.tokens: dict[Any, Any] = {}  # job id -> the live token we were given
+        # job id -> the live token we were given, in claim order: draws must not
+        # depend on random UUIDs, or Hypothesis cannot replay a failing example.
+        self.tokens: dict[Any, Any] = {}
         self.stale: list[tuple[Any, Any]] = []  # (job id, token) no longer valid
         self.terminal: dict[Any, tuple[Any, ...]] = {}
+        self.claimed_at: dict[Any, int | None] = {}  # job id -> input watermark when claimed
+        self.owner = get_user_model().objects.get_or_create(username="hypothesis")[0]
 
     # -- helpers -------------------------------------------------------
     def _ids(self) -> list[Any]:
@@ -48,6 +53,9 @@ class JobLifecycle(RuleBasedStateMachine):
         if token is not None:
             self.stale.append((pk, token))
 
+    def _same_key(self, job: Job) -> Any:
+        return Job.objects.filter(kind=job.kind, owner_id=job.owner_id, key=job.key)
+
     def _snapshot(self, pk: Any) -> tuple[Any, ...]:
         row = Job.objects.filter(pk=pk).values_list(
             "status", "progress", "result", "error_message", "finished_at", "lease_token"
@@ -55,19 +63,62 @@ class JobLifecycle(RuleBasedStateMachine):
         return (row.get(), JobEvent.objects.filter(job_id=pk).count())
 
     # -- rules ---------------------------------------------------------
+    @initialize(
+        key=st.sampled_from(["a", "b"]),
+        watermark=st.one_of(st.none(), st.integers(0, 5)),
+        owned=st.booleans(),
+    )
+    def a_keyed_job_is_ready(self, key: str, watermark: int | None, owned: bool) -> None:
+        """Start most runs where the watermark rule can matter: a keyed job, claimable now."""
+        self.enqueue(key, watermark, 3, owned, ready=True)
+
     @rule(
         key=st.one_of(st.none(), st.sampled_from(["a", "b"])),
         watermark=st.one_of(st.none(), st.integers(0, 5)),
         max_attempts=st.integers(1, 3),
+        owned=st.booleans(),
+        ready=st.booleans(),
     )
-    def enqueue(self, key: str | None, watermark: int | None, max_attempts: int) -> None:
+    def enqueue(
+        self, key: str | None, watermark: int | None, max_attempts: int, owned: bool, ready: bool
+    ) -> None:
         before = set(self._ids())
+        owner = self.owner if owned else None
         job, created = services.get_or_enqueue(
-            "test.echo", {"n": len(before)}, key=key, watermark=watermark, max_attempts=max_attempts
+            "test.echo",
+            {"n": len(before)},
+            key=key,
+            watermark=watermark,
+            max_attempts=max_attempts,
+            owner=owner,
+            # Claimable at once; otherwise only after time passes (run_after = real now).
+            run_after=self.now if ready else None,
         )
         assert created == (job.pk not in before)
+        assert job.owner_id == (owner.pk if owner else None)
         if key is not None:
-            assert Job.objects.filter(key=key, status__in=["queued", "processing"]).count() <= 1
+            active = Job.objects.filter(key=key, status__in=["queued", "processing"])
+            assert active.filter(owner=None).count() <= 1
+            assert active.filter(owner=self.owner).count() <= 1
+            if not created and job.status in ["queued", "processing"] and watermark is not None:
+                assert job.input_watermark is not None and job.input_watermark >= watermark
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), bump=st.integers(0, 2))
+    def input_changes_while_running(self, data: st.DataObject, bump: int) -> None:
+        self._input_changes(data.draw(st.sampled_from(list(self.tokens))), bump)
+
+    def _input_changes(self, pk: Any, bump: int) -> None:
+        """An enqueue with the running job's key: it raises that job's watermark."""
+        running = Job.objects.get(pk=pk)
+        if running.key is None:
+            return
+        watermark = (running.input_watermark or 0) + bump
+        job, created = services.get_or_enqueue(
+            running.kind, {}, key=running.key, watermark=watermark, owner=running.owner
+        )
+        assert not created and job.pk == pk
+        assert Job.objects.get(pk=pk).input_watermark == watermark
 
     @rule(worker=st.sampled_from(["w1", "w2"]), limit=st.integers(1, 3))
     def claim(self, worker: str, limit: int) -> None:
@@ -77,11 +128,13 @@ class JobLifecycle(RuleBasedStateMachine):
         for job in jobs:
             assert job.pk not in self.tokens
             self.tokens[job.pk] = job.lease_token
+            self.claimed_at[job.pk] = job.input_watermark
+            assert job.claimed_watermark == job.input_watermark
 
     @precondition(lambda self: self.tokens)
     @rule(data=st.data(), percent=st.integers(-5, 105))
     def progress(self, data: st.DataObject, percent: int) -> None:
-        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+        pk = data.draw(st.sampled_from(list(self.tokens)))
         try:
             services.report_progress(pk, self.tokens[pk], percent, "p", now=self.now)
             assert 0 <= percent <= 100
@@ -93,16 +146,23 @@ class JobLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
-        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+        pk = data.draw(st.sampled_from(list(self.tokens)))
         services.heartbeat(pk, self.tokens[pk], lease_seconds=LEASE, now=self.now)
 
     @precondition(lambda self: self.tokens)
-    @rule(data=st.data(), outcome=st.sampled_from(["complete", "partial", "fail", "fail_retry", "cancel"]))
-    def finish(self, data: st.DataObject, outcome: str) -> None:
-        pk = data.draw(st.sampled_from(sorted(self.tokens, key=str)))
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(["complete", "partial", "fail", "fail_retry", "cancel"]),
+        by_id=st.booleans(),
+        input_changed=st.booleans(),
+    )
+    def finish(self, data: st.DataObject, outcome: str, by_id: bool, input_changed: bool) -> None:
+        pk = data.draw(st.sampled_from(list(self.tokens)))
         token = self.tokens[pk]
+        if input_changed:
+            self._input_changes(pk, 1)
         if outcome == "complete":
-            services.complete(pk, token, {"ok": 1}, now=self.now)
+            self._complete(pk, token, by_id)
         elif outcome == "partial":
             services.mark_partial(pk, token, {"ok": 0}, "half", now=self.now)
         elif outcome == "cancel":
@@ -110,6 +170,26 @@ class JobLifecycle(RuleBasedStateMachine):
         else:
             services.fail(pk, token, "boom", retry=outcome == "fail_retry", retry_delay=5, now=self.now)
         self._drop_token(pk)
+
+    def _complete(self, pk: Any, token: Any, by_id: bool) -> None:
+        """The watermark rule: the run saw the watermark of its claim; if the input
+        moved past it meanwhile, exactly one new job with the key is queued."""
+        job = Job.objects.get(pk=pk)  # a fresh copy: it already holds any raised watermark
+        seen, current = self.claimed_at[pk], job.input_watermark
+        if job.key is not None:
+            assert not self._same_key(job).filter(status=Status.QUEUED).exists()  # it held the key
+        services.complete(pk if by_id else job, token, {"ok": 1}, now=self.now)
+        done = Job.objects.get(pk=pk)
+        assert done.status == Status.COMPLETED and done.last_success_watermark == seen
+        if job.key is None:
+            return
+        queued = list(self._same_key(job).filter(status=Status.QUEUED))
+        if current is not None and (seen is None or current > seen):
+            (rerun,) = queued
+            assert rerun.input_watermark == current and rerun.parameters == job.parameters
+            assert rerun.events.get().actor_label == "system:watermark"
+        else:
+            assert queued == []
 
     @precondition(lambda self: self.stale)
     @rule(data=st.data(), call=st.sampled_from(["heartbeat", "progress", "complete", "fail"]))

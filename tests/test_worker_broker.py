@@ -9,12 +9,13 @@ from datetime import timedelta
 from uuid import UUID
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import OperationalError, close_old_connections, connection
 from django.test import override_settings
 from django.utils import timezone
 from django_q.conf import Conf
 from django_q.exceptions import TimeoutException
 from django_q.models import OrmQ
+from django_q.signals import pre_execute
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
@@ -36,6 +37,8 @@ def broker(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(broker_module, "_cluster_id", None)
     monkeypatch.setattr(Conf, "POLL", 0.01)
     monkeypatch.setattr(Conf, "WORKERS", 2)
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)  # tests of the queue limit set their own
+    monkeypatch.setattr(broker_module, "_plain", None)
     broker = JobBroker(list_key="jobstate-test")
     yield broker
     broker.close()
@@ -277,3 +280,165 @@ def test_handler_options_are_checked_when_registered(options):
     with pytest.raises(ValueError):
         registry.handler("t.bad", **options)(lambda ctx: None)
     assert "t.bad" not in registry.all_handlers()
+
+
+# -- only jobs still waiting in memory keep their lease -----------------------
+
+
+def leases() -> dict[UUID, object]:
+    return dict(Job.objects.values_list("pk", "lease_expires_at"))
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2, "LEASE_SECONDS": 60, "REAP_INTERVAL_SECONDS": 5})
+def test_a_job_a_worker_took_then_died_with_is_left_to_the_reaper(broker):
+    for _ in range(2):
+        services.enqueue("test.echo", {})
+    taken, waiting = (UUID(ack.removeprefix("job:")) for ack, _ in broker.dequeue())
+    broker_module.picked_up()  # a worker took the first package and died before relabelling it
+    soon = timezone.now() + timedelta(seconds=1)
+    Job.objects.update(lease_expires_at=soon)
+    broker._next_renew = 0
+    broker.dequeue()
+    assert leases()[waiting] > soon + timedelta(seconds=50)
+    assert leases()[taken] == soon  # no longer renewed, although the cluster is busy
+    Job.objects.filter(pk=taken).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    broker._next_reap = 0
+    broker.dequeue()
+    assert Job.objects.get(pk=taken).events.filter(transition="requeue", actor_label="system:reaper").exists()
+    assert not Job.objects.get(pk=waiting).events.filter(transition="requeue").exists()
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2, "LEASE_SECONDS": 60})
+def test_renewal_stops_once_no_worker_took_anything_for_longer_than_any_task_runs(broker):
+    for _ in range(2):
+        services.enqueue("test.echo", {})
+    first, second = (UUID(ack.removeprefix("job:")) for ack, _ in broker.dequeue())
+    start, limit = time.monotonic(), broker_module.max_wait()
+    soon = timezone.now() + timedelta(seconds=1)
+
+    Job.objects.update(lease_expires_at=soon)
+    broker._renew(start + limit - 10)  # a long wait behind long jobs: still renewed
+    assert leases()[first] > soon and leases()[second] > soon
+
+    broker_module.picked_up()  # a worker took the first: the queue moves
+    broker._renew(start + limit - 5)
+    Job.objects.update(lease_expires_at=soon)
+    broker._renew(start + limit + 5)  # handed out long ago, but a pick-up was recent
+    assert leases()[second] > soon and leases()[first] == soon
+
+    broker._renew(start + 2 * limit)  # nothing taken for longer than any task may run
+    Job.objects.update(lease_expires_at=soon)
+    broker._renew(start + 2 * limit + 1)
+    assert leases()[second] == soon
+
+
+# -- django-q2's queue limit: the pusher never blocks on a full queue ---------
+
+
+@override_settings(JOBSTATE={"PREFETCH": 10})
+def test_never_hands_out_more_than_the_queue_limit(broker, monkeypatch):
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 3)
+    for _ in range(5):
+        services.enqueue("test.echo", {})
+    assert broker.prefetch(now=100.0) == 3
+    assert len(broker.dequeue()) == 3
+    assert broker.dequeue() is None  # the queue is full: a put would block the pusher
+    broker_module.picked_up()
+    assert len(broker.dequeue()) == 1
+
+
+@override_settings(JOBSTATE={"CLAIM_BATCH": 10, "PREFETCH_SECONDS": 0.5})
+def test_adaptive_prefetch_respects_the_queue_limit(broker, monkeypatch):
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 4)  # django-q2's default: workers ** 2
+    broker.prefetch(now=100.0)
+    broker._handed = 100
+    assert broker.prefetch(now=101.0) == 4
+
+
+def test_plain_tasks_and_jobs_share_the_queue_limit(broker, monkeypatch):
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 2)
+    for _ in range(2):
+        async_task("jobstate.worker.tasks.reap", broker=broker)
+    for _ in range(3):
+        services.enqueue("test.echo", {})
+    first = broker.dequeue()
+    assert len(first) == 2 and not broker_module._is_job(first[0][0])  # one plain task, one job
+    broker._next_plain = 0
+    assert broker.dequeue() is None  # full
+    pre_execute.send(sender="django_q", func=None, task=unpack(first)[0] | {"ack_id": first[0][0]})
+    broker._next_plain = 0
+    (second,) = broker.dequeue()
+    assert not broker_module._is_job(second[0])  # the freed place went to the next plain task
+    broker_module.picked_up()
+    (third,) = broker.dequeue()
+    assert broker_module._is_job(third[0])
+
+
+@override_settings(JOBSTATE={"PREFETCH": 2, "LEASE_SECONDS": 60, "REAP_INTERVAL_SECONDS": 5})
+def test_after_a_stall_waiting_jobs_are_renewed_before_the_reaper_runs(broker):
+    job = services.enqueue("test.echo", {})
+    broker.dequeue()
+    # The pusher was held up past the lease with the job still waiting in memory.
+    Job.objects.update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    broker._next_renew = broker._next_reap = 0
+    broker.dequeue()
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and job.attempts == 1
+    assert job.lease_expires_at > timezone.now() + timedelta(seconds=50)
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim"]
+
+
+# -- mixed versions: claim only kinds this process can run --------------------
+
+
+def test_claims_only_kinds_registered_in_this_process(broker, temp_handler):
+    temp_handler("t.newer")
+    newer = services.enqueue("t.newer", {})
+    registry.unregister("t.newer")  # this cluster runs a release without that handler
+    mine = services.enqueue("test.echo", {})
+    assert [ack for ack, _ in broker.dequeue()] == [f"job:{mine.pk}"]
+    assert broker.dequeue() is None
+    newer.refresh_from_db()
+    assert newer.status == Status.QUEUED and newer.attempts == 0
+
+
+# -- execute: errors before the handler starts, cancels on the hard limit -----
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+def test_execute_hands_back_a_job_it_could_not_start(broker, monkeypatch, cancelled):
+    job = services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    if cancelled:
+        services.request_cancel(job, "api", "stop")
+
+    def broken(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "heartbeat", broken)
+    with pytest.raises(OperationalError):
+        run(package)  # django-q2 records the failed package
+    job.refresh_from_db()
+    last = job.events.order_by("created_at", "id").last()
+    assert last.actor_label == f"worker:{cluster_id()}:{os.getpid()}"
+    if cancelled:
+        assert job.status == Status.CANCELLED and last.transition == "cancel"
+    else:
+        assert job.status == Status.QUEUED and job.attempts == 1 and last.transition == "requeue"
+        assert job.error_type == "OperationalError" and "could not start" in job.error_message
+    assert broker._still_waiting(time.monotonic()) == []
+
+
+def test_hard_timeout_after_a_cancel_request_ends_cancelled(broker, temp_handler):
+    def stuck(ctx):
+        services.request_cancel(ctx.job.pk, "api", "stop")
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.stuck", stuck, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.stuck", {})
+    (package,) = unpack(broker.dequeue())
+    with pytest.raises(TimeoutException):
+        run(package)
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 1
+    assert "HardTimeout" in job.events.get(transition="cancel").reason

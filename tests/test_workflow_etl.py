@@ -4,6 +4,7 @@ compensation when validation fails."""
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -121,3 +122,39 @@ def test_cli_starts_shows_and_retries_a_workflow():
     }
     with pytest.raises(CommandError, match="not a registered workflow"):
         call_command("jobstate_workflow", "start", "test.echo")
+
+
+class CrashAfterCleanup:
+    """Stands in for ``shutil`` in project.etl: finalize's clean-up removes the work
+    directory, then the worker dies before the step is recorded complete."""
+
+    def __init__(self) -> None:
+        self.crashed = False
+
+    def rmtree(self, path: Any, ignore_errors: bool = False) -> None:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+        if not self.crashed:
+            self.crashed = True
+            raise SimulatedCrash("after rmtree")
+
+
+def test_finalize_survives_a_crash_after_its_clean_up(monkeypatch, dirs):
+    expected = run_clean()
+    Job.objects.all().delete()
+    monkeypatch.setattr(etl, "shutil", CrashAfterCleanup())
+    job = services.enqueue("demo.etl", PARAMS)
+    with pytest.raises(SimulatedCrash):
+        drain()
+    assert not (dirs / "var" / "etl-work" / str(job.pk)).exists()
+    assert JobStep.objects.get(job=job, name="finalize").status == "running"
+    services.requeue_expired(now=timezone.now() + timedelta(hours=1))
+    assert run_job(services.start(job.pk, "w2"), "w2") == "completed"
+    job.refresh_from_db()
+    assert {k: v for k, v in job.result.items() if k != "report_asset"} == {
+        k: v for k, v in expected.items() if k != "report_asset"
+    }
+    assets = {a.name: str(a.pk) for a in job.assets.all()}
+    assert set(assets) == {"sales.csv", "report.csv", "summary.json"}  # attached once
+    assert job.result["report_asset"] == assets["report.csv"]
+    steps = dict(JobStep.objects.filter(job=job).values_list("name", "attempts"))
+    assert steps == {"download": 1, "process": 1, "validate": 1, "finalize": 2}

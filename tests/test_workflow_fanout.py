@@ -235,3 +235,85 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     sleeper.join(10)
     parent.refresh_from_db()
     assert parent.status == Status.QUEUED and parent.run_after < WAITING  # woken, not asleep forever
+
+
+def test_child_jobs_of_a_step_copied_into_a_retry():
+    class Count(jobstate.Workflow):
+        @jobstate.step()
+        def split(self, ctx: Any) -> None:
+            for i in range(3):
+                ctx.spawn("wf.child", {"i": i})
+
+        @jobstate.step()
+        def merge(self, ctx: Any, split: dict[str, Any]) -> dict[str, Any]:
+            mine = ctx.child_jobs("split")
+            return {"split": [j.parameters["i"] for j in mine], "all": ctx.child_jobs().count()}
+
+    jobstate.workflow("t.count")(Count)
+    try:
+        first = services.enqueue("t.count", {})
+        drain()
+        from jobstate.workflows import retry_from
+
+        again = retry_from(first, "merge", actor="ops", reason="merge again")
+        drain()
+    finally:
+        registry.unregister("t.count")
+    first.refresh_from_db()
+    again.refresh_from_db()
+    assert first.result == {"split": [0, 1, 2], "all": 3}
+    assert again.status == Status.COMPLETED and again.result == {"split": [0, 1, 2], "all": 3}
+    assert not Job.objects.filter(parent=again).exists()
+
+
+def test_a_timeout_right_after_the_children_started_waits_for_them(monkeypatch):
+    from jobstate.worker.runner import Interrupted
+    from jobstate.workflows import steps
+
+    real_wait = steps.wait
+
+    def wait_then_time_out(*args: Any, **kwargs: Any) -> Any:
+        real_wait(*args, **kwargs)  # committed: the children exist, the step waits
+        raise Interrupted("timeout")
+
+    monkeypatch.setattr(steps, "wait", wait_then_time_out)
+    parent = services.enqueue("wf.fan", {"n": 3})
+    assert run_next("w1") is not None
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and parent.run_after == WAITING and parent.attempts == 0
+    assert step(parent, "split").status == "waiting"
+    monkeypatch.setattr(steps, "wait", real_wait)
+    assert drain() == 4  # the 3 children, then the parent
+    parent.refresh_from_db()
+    assert parent.status == Status.COMPLETED and parent.result["total"] == 3
+    assert Job.objects.filter(parent=parent).count() == 3  # started once
+    assert Effect.objects.filter(job_id=parent.pk, label="split").count() == 1
+
+
+def test_a_retry_after_a_failed_fan_in_waits_for_the_same_children(monkeypatch):
+    from jobstate.worker.runner import run_job
+    from jobstate.workflows import fanout
+
+    real_fan_in = fanout.fan_in
+    calls: list[int] = []
+
+    def flaky_fan_in(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("database hiccup")
+        return real_fan_in(*args, **kwargs)
+
+    monkeypatch.setattr(fanout, "fan_in", flaky_fan_in)
+    parent = services.enqueue("wf.fan", {"n": 3})  # max_attempts=2
+    drain()  # split, its children, then the woken parent, whose fan-in fails (retried later)
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and step(parent, "split").status == "failed"
+    assert run_job(services.start(parent.pk, "w2"), "w2") == "completed"
+    parent.refresh_from_db()
+    assert parent.result["total"] == 3 and parent.attempts == 2
+    assert Job.objects.filter(parent=parent).count() == 3  # not started again
+    assert Effect.objects.filter(job_id=parent.pk, label="split").count() == 1
+    split = step(parent, "split")
+    assert split.status == "completed" and split.attempts == 2
+    resumed = JobEvent.objects.filter(job_id=parent.pk, transition="step_waiting").last()
+    assert resumed.metadata == {"step": "split", "children": 3, "resumed": True}

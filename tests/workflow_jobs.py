@@ -26,9 +26,16 @@ def effect(ctx: Any, label: str, item: int | None = None) -> None:
 def crash_point(ctx: Any, where: str) -> None:
     """Crash here on the first attempt if the job's parameters say so: ``raise`` a
     SimulatedCrash (in-process tests) or ``hang`` until the test SIGKILLs us after
-    seeing the ``marker`` file."""
+    seeing the ``marker`` file. ``crash_once`` crashes the first time only (a run
+    that recovers a lost one keeps its attempt number); ``crash_always`` every time."""
     params = ctx.parameters
-    if params.get("crash_at") != where or ctx.attempt != params.get("crash_attempt", 1):
+    if params.get("crash_at") != where:
+        return
+    if params.get("crash_once"):
+        if Effect.objects.filter(job_id=ctx.job.pk, label=f"crash:{where}").exists():
+            return
+        effect(ctx, f"crash:{where}")
+    elif not params.get("crash_always") and ctx.attempt != params.get("crash_attempt", 1):
         return
     if params.get("mode", "raise") == "raise":
         raise SimulatedCrash(where)
@@ -127,17 +134,20 @@ class Saga(jobstate.Workflow):
 
     @jobstate.step(undo="unship")
     def ship(self, ctx: Any) -> None:
+        crash_point(ctx, "ship")
         effect(ctx, "ship")
         if ctx.parameters.get("non_retryable"):
             raise NonRetryable("address does not exist")
         raise RuntimeError("carrier down")
 
     def cancel_booking(self, ctx: Any, output: dict[str, str]) -> None:
+        crash_point(ctx, "undo:book")
         effect(ctx, f"undo:book:{output['booking']}")
         if ctx.parameters.get("undo_fails") == "book":
             raise RuntimeError("booking system down")
 
     def refund(self, ctx: Any, output: dict[str, Any]) -> None:
+        crash_point(ctx, "undo:charge")
         effect(ctx, f"undo:charge:{output['charge']}")
 
     def unship(self, ctx: Any, output: Any) -> None:
@@ -196,6 +206,7 @@ class Service(jobstate.Workflow):
     def serve(self, ctx: Any, prepare: dict[str, str]) -> dict[str, Any]:
         ctx.serving(f"serving on {prepare['url']}")
         effect(ctx, "serving")
+        crash_point(ctx, "serve")
         stopped = ctx.wait_for_stop(timeout=float(ctx.parameters.get("serve_for", 30)), poll=0.1)
         effect(ctx, "stopping")
         return {"stopped": stopped}

@@ -2,6 +2,7 @@
 dashboard and assets. Importing this package registers the ModelAdmins."""
 
 from jobstate.admin.assets import AssetAdmin
+from jobstate.admin.events import JobEventAdmin
 from jobstate.admin.jobs import JobAdmin
 
-__all__ = ["AssetAdmin", "JobAdmin"]
+__all__ = ["AssetAdmin", "JobAdmin", "JobEventAdmin"]

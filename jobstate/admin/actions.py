@@ -28,6 +28,12 @@ REFUSALS: tuple[type[Exception], ...] = (JobStateError, ValidationError, Job.Doe
 BULK_LIMIT = 1000
 
 
+def posted_text(request: Any, name: str) -> str:
+    """A free-text field as the services should store it: trimmed, without the NUL
+    characters PostgreSQL refuses (Django's form fields reject them; raw POST reads do not)."""
+    return (request.POST.get(name) or "").replace("\x00", "").strip()
+
+
 def refusal_text(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(exc.messages)
@@ -200,7 +206,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     op = OPERATIONS[name]
 
     def action(modeladmin: Any, request: Any, queryset: QuerySet[Job]) -> Any:
-        reason = (request.POST.get("reason") or "").strip()
+        reason = posted_text(request, "reason")
         jobs = list(queryset.order_by("-created_at", "pk")[: BULK_LIMIT + 1])
         truncated = len(jobs) > BULK_LIMIT
         jobs = jobs[:BULK_LIMIT]

@@ -14,6 +14,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobstate.admin import display
+from jobstate.admin.changelist import SafeListAdmin
+from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import download_link
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.models import Asset
@@ -33,33 +35,12 @@ class AssetTypeFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(asset_type=value)
 
 
-class AssetJobFilter(admin.SimpleListFilter):
-    """Assets of one job (reached from the job page); shows only the chosen job."""
-
-    title = "job"
-    parameter_name = "job"
-
-    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        value = self.value()
-        return [(value, f"Job {value[:8]}")] if value else []
-
-    def has_output(self) -> bool:
-        return self.value() is not None
-
-    def queryset(self, request: Any, queryset: QuerySet[Asset]) -> QuerySet[Asset]:
-        value = self.value()
-        if value is None:
-            return queryset
-        try:
-            return queryset.filter(job_id=value)
-        except Exception as exc:  # a malformed id
-            from django.contrib.admin.options import IncorrectLookupParameters
-
-            raise IncorrectLookupParameters(str(exc)) from exc
+class AssetJobFilter(JobIdFilter):
+    """Assets of one job (reached from the job page)."""
 
 
 @admin.register(Asset)
-class AssetAdmin(admin.ModelAdmin):
+class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     list_display = (
         "name",
         "asset_type",

@@ -1,8 +1,15 @@
-"""The job list's ChangeList: Django's, with a date hierarchy that stays cheap.
+"""ChangeLists for the jobstate admin lists.
 
-Django's own drill-down runs ``SELECT DISTINCT date_trunc(...)`` over every
-matching row. Here the levels come from an index: MIN/MAX of the field, then one
-``EXISTS`` probe per candidate year, month or day.
+``SafeChangeList`` answers bad filter input as bad input, never as a 500: NUL
+characters (PostgreSQL refuses them in text) are dropped from the filters, and
+values Django only rejects while building or compiling the query (``year=0``,
+``year=9999&month=12``) reset the filters with a message, as Django does for
+other invalid lookups.
+
+``JobChangeList`` adds a date hierarchy that stays cheap. Django's own
+drill-down runs ``SELECT DISTINCT date_trunc(...)`` over every matching row.
+Here the levels come from an index: MIN/MAX of the field, then one ``EXISTS``
+probe per candidate year, month or day.
 """
 
 from __future__ import annotations
@@ -11,8 +18,12 @@ import calendar
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib.admin.views.main import ChangeList
-from django.db.models import Max, Min
+from django.contrib import messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
+from django.core.exceptions import EmptyResultSet
+from django.db.models import Max, Min, QuerySet
+from django.http import HttpRequest
 from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.text import capfirst
@@ -20,7 +31,57 @@ from django.utils.text import capfirst
 from jobstate import stuck
 
 
-class JobChangeList(ChangeList):
+def _has_nul(text: str) -> bool:
+    return "\x00" in text
+
+
+class SafeChangeList(ChangeList):
+    def get_filters_params(self, params: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
+        lookups = super().get_filters_params(params)
+        kept = {}
+        for key, values in lookups.items():
+            clean = [v for v in values if not _has_nul(v)]
+            if clean and not _has_nul(key):
+                kept[key] = clean
+        return kept
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except (ValueError, OverflowError) as exc:  # Django's date-hierarchy bounds (year 9999)
+            raise IncorrectLookupParameters(exc) from exc
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        qs = super().get_queryset(request, exclude_parameters)
+        # Some lookups fail only when the SQL is compiled (``created_at__year=0``),
+        # which would be while the page renders: compile here (no query runs).
+        try:
+            qs.query.get_compiler(using=qs.db).as_sql()
+        except EmptyResultSet:
+            pass
+        except (ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        return qs
+
+
+class SafeListAdmin:
+    """ModelAdmin mixin: the safe ChangeList, and a message when filters are reset."""
+
+    changelist_class: type[SafeChangeList] = SafeChangeList
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[SafeChangeList]:
+        return self.changelist_class
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_changelist_instance(request)  # type: ignore[misc]
+        except IncorrectLookupParameters as exc:
+            if ERROR_FLAG not in request.GET:  # Django redirects to the unfiltered list
+                messages.warning(request, f"The filters were not valid and have been cleared ({exc}).")
+            raise
+
+
+class JobChangeList(SafeChangeList):
     def get_results(self, request: Any) -> None:
         super().get_results(request)
         # One stuck-detection context (time, served kinds) shared by every row.
@@ -36,13 +97,18 @@ class JobChangeList(ChangeList):
         if not field:
             return {"show": False}
         year_f, month_f, day_f = f"{field}__year", f"{field}__month", f"{field}__day"
-        year, month, day = (self.params.get(k) for k in (year_f, month_f, day_f))
-        year, month, day = (_last(v) for v in (year, month, day))
+        y, m, d = (_int(self.params.get(k)) for k in (year_f, month_f, day_f))
+        # Without a year Django applies a month or day as a plain lookup (every May):
+        # the levels start at the years then. A day without a month shows the months.
+        if y is None:
+            m = None
+        if m is None:
+            d = None
 
         def link(filters: dict[str, Any]) -> str:
             return self.get_query_string(filters, [f"{field}__"])
 
-        if not (year or month or day):
+        if y is None:
             first, last = self._bounds()
             if first is None or last is None:
                 return {"show": True, "back": None, "choices": []}
@@ -53,15 +119,9 @@ class JobChangeList(ChangeList):
                     "back": None,
                     "choices": [{"link": link({year_f: str(y)}), "title": str(y)} for y in years],
                 }
-            year = str(first.year)
+            y = first.year
             if first.month == last.month:
-                month = str(first.month)
-        try:
-            y = int(year)  # type: ignore[arg-type]
-            m = int(month) if month else None
-            d = int(day) if day else None
-        except ValueError:
-            return {"show": False}
+                m = first.month
         if m and d:
             moment = datetime(y, m, d)
             return {
@@ -124,10 +184,13 @@ class JobChangeList(ChangeList):
         return rows.order_by(field).values_list(field, flat=True).first() is not None
 
 
-def _last(value: Any) -> str | None:
+def _int(value: Any) -> int | None:
     if isinstance(value, list | tuple):
-        return str(value[-1]) if value else None
-    return None if value is None else str(value)
+        value = value[-1] if value else None
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _span(year: int, month: int | None = None, day: int | None = None) -> tuple[datetime, datetime]:

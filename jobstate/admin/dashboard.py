@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -50,7 +51,7 @@ def _kind_rows(by_kind: dict[str, dict[str, int]], changelist: str) -> list[dict
                 "total": sum(counts.values()),
                 "active": counts[Status.QUEUED] + counts[Status.PROCESSING],
                 "segments": segments,
-                "url": f"{changelist}?kind={kind}",
+                "url": f"{changelist}?{urlencode({'kind': kind})}",
             }
         )
     return rows

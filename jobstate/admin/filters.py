@@ -105,3 +105,26 @@ class StuckFilter(admin.SimpleListFilter):
         if value not in stuck.BY_CODE:
             raise IncorrectLookupParameters(f"Unknown stuck reason '{value}'")
         return queryset.filter(stuck.stuck_q(value))
+
+
+class JobIdFilter(admin.SimpleListFilter):
+    """Rows of one job (reached from the job page); shows only the chosen job."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(value, f"Job {value[:8]}")] if value else []
+
+    def has_output(self) -> bool:
+        return self.value() is not None
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        try:
+            return queryset.filter(job_id=value)
+        except (ValueError, ValidationError) as exc:  # a malformed id
+            raise IncorrectLookupParameters(str(exc)) from exc

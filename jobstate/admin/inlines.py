@@ -1,12 +1,18 @@
-"""Read-only inlines on the job page: history, workflow steps, assets."""
+"""Read-only inlines on the job page: history, workflow steps, assets.
+
+A job may have thousands of transitions or assets: those inlines show the
+latest ``limit`` rows and link to the full list, filtered by the job.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.urls import reverse
+from django.forms.models import BaseInlineFormSet
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -39,6 +45,47 @@ class ReadOnlyInline(admin.TabularInline):
         return list(self.fields or [])
 
 
+class CappedInlineFormSet(BaseInlineFormSet):
+    """The latest ``limit`` rows of the inline's ordering, still in that order."""
+
+    limit = 50
+    full_list_url = ""
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_capped"):
+            qs = super().get_queryset()
+            newest = list(qs.reverse()[: self.limit + 1])
+            self.truncated = len(newest) > self.limit
+            rows = newest[: self.limit][::-1]
+            self.total = qs.count() if self.truncated else len(rows)
+            self.total_label = f"{self.total:,}"
+            self._capped = rows
+        return self._capped
+
+
+class CappedInline(ReadOnlyInline):
+    formset = CappedInlineFormSet
+    template = "admin/jobstate/job/capped_tabular.html"
+    limit = 50
+    noun = "rows"
+    full_list = ""  # admin URL name of the list that the ``job`` filter narrows
+
+    def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> Any:
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.limit = self.limit
+        formset.noun = self.noun
+        formset.full_list_url = self.full_list_url(obj)
+        return formset
+
+    def full_list_url(self, job: Any) -> str:
+        if job is None or not self.full_list:
+            return ""
+        try:
+            return f"{reverse(self.full_list)}?{urlencode({'job': job.pk})}"
+        except NoReverseMatch:  # that ModelAdmin is not registered
+            return ""
+
+
 def _compact(value: Any) -> str:
     if value in (None, {}, []):
         return ""
@@ -46,15 +93,8 @@ def _compact(value: Any) -> str:
     return text if len(text) <= 160 else text[:157] + "…"
 
 
-class JobEventInline(ReadOnlyInline):
-    model = JobEvent
-    verbose_name = "transition"
-    verbose_name_plural = "Transition history"
-    fields = ("when", "change", "transition", "actor_display", "reason_display", "details")
-    classes = ("js-history",)
-
-    def get_queryset(self, request: Any) -> Any:
-        return super().get_queryset(request).select_related("actor").order_by("created_at", "id")
+class EventColumns:
+    """How a transition is shown, on the job page and in the full history list."""
 
     @admin.display(description="time")
     def when(self, obj: JobEvent) -> str:
@@ -103,12 +143,30 @@ class JobStepInline(ReadOnlyInline):
         return format_html('<code class="js-meta">{}</code>', _compact(obj.output))
 
 
-class AssetInline(ReadOnlyInline):
+class JobEventInline(EventColumns, CappedInline):
+    model = JobEvent
+    verbose_name = "transition"
+    verbose_name_plural = "Transition history"
+    fields = ("when", "change", "transition", "actor_display", "reason_display", "details")
+    classes = ("js-history",)
+    noun = "transitions"
+    full_list = "admin:jobstate_jobevent_changelist"
+
+    def get_queryset(self, request: Any) -> Any:
+        return super().get_queryset(request).select_related("actor").order_by("created_at", "id")
+
+
+class AssetInline(CappedInline):
     model = Asset
     verbose_name = "asset"
     verbose_name_plural = "Assets"
     fields = ("name", "asset_type", "size_display", "content_type", "created_at", "download")
     classes = ("js-assets",)
+    noun = "assets"
+    full_list = "admin:jobstate_asset_changelist"
+
+    def get_queryset(self, request: Any) -> Any:
+        return super().get_queryset(request).order_by("created_at", "id")
 
     @admin.display(description="size")
     def size_display(self, obj: Asset) -> str:

@@ -14,7 +14,7 @@ from django.urls import path
 
 from jobstate import conf, stuck
 from jobstate.admin import actions, dashboard, views
-from jobstate.admin.changelist import JobChangeList
+from jobstate.admin.changelist import JobChangeList, SafeListAdmin
 from jobstate.admin.filters import KindFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
 from jobstate.admin.job_columns import JobColumns
@@ -38,7 +38,7 @@ def _uuid_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
 
 
 @admin.register(Job)
-class JobAdmin(JobColumns, JobPageFields, admin.ModelAdmin):
+class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
     list_display = (
         "short_id",
         "status_col",
@@ -66,6 +66,7 @@ class JobAdmin(JobColumns, JobPageFields, admin.ModelAdmin):
     ordering = ("-created_at",)
     sortable_by = ("created_col",)  # the one ordering with an index behind it
     paginator = CappedPaginator
+    changelist_class = JobChangeList
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     actions = (actions.cancel_selected, actions.retry_selected)
@@ -110,9 +111,6 @@ class JobAdmin(JobColumns, JobPageFields, admin.ModelAdmin):
         return int(conf.get("ADMIN_COUNT_CAP"))
 
     # --- the list -------------------------------------------------------------
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
-        return JobChangeList
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         qs = super().get_queryset(request)

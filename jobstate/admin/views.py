@@ -20,15 +20,21 @@ from django.utils import timezone
 
 from jobstate import services, stuck
 from jobstate.admin import display
-from jobstate.admin.actions import OPERATIONS, REFUSALS, Operation, refusal_text
+from jobstate.admin.actions import OPERATIONS, REFUSALS, Operation, posted_text, refusal_text
 from jobstate.models import Job
 from jobstate.states import Status
 
 # The stuck page counts each reason up to this many jobs ("1,000+").
 PAGE_COUNT_CAP = 1000
 
-# The one-click remedy each stuck reason offers.
-REMEDY_OPERATION = {stuck.REQUEUE: "requeue", stuck.FORCE_CANCEL: "force_cancel", stuck.RETRY: "retry"}
+# The one-click remedy each stuck reason offers. Starting a worker is no click:
+# the click for a queued job nobody serves is to cancel it (services.request_cancel).
+REMEDY_OPERATION = {
+    stuck.REQUEUE: "requeue",
+    stuck.FORCE_CANCEL: "force_cancel",
+    stuck.RETRY: "retry",
+    stuck.START_WORKER: "cancel",
+}
 
 
 class ReasonForm(forms.Form):
@@ -173,9 +179,14 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     except (Job.DoesNotExist, ValueError, ValidationError):
         messages.error(request, "That job does not exist (any more).")
         return back
+    if op.name == "cancel" and job.status != Status.QUEUED:
+        # The click meant "nobody will run it"; a job that started meanwhile is served.
+        label = Status(job.status).label.lower()
+        messages.error(request, f"Cancel refused: the job is {label} now; open it to cancel it.")
+        return back
     finding = stuck.check(job)
     title = finding.title.lower() if finding else "stuck"
-    note = (request.POST.get("note") or "").strip()
+    note = posted_text(request, "note")
     reason = f"stuck remedy ({title})" + (f": {note}" if note else "")
     after = _perform(request, op, job, reason[:1000])
     if after is not None and op.name == "retry":

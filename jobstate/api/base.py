@@ -8,7 +8,7 @@ from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import AuthenticationFailed, NotFound, ValidationError
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,6 +33,10 @@ class JobstateAPIView:
     def get_exception_handler(self) -> Any:
         return exception_handler
 
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        reject_nul(request)
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+
     def get_authenticate_header(self, request: Request) -> str | None:
         # 401 (not 403) for anonymous requests whenever any configured scheme
         # can challenge (e.g. TokenAuthentication), whatever the class order.
@@ -41,6 +45,19 @@ class JobstateAPIView:
             if header:
                 return header
         return None
+
+
+NUL_MESSAGE = "Null characters are not allowed."
+
+
+def reject_nul(request: Request) -> None:
+    """PostgreSQL refuses NUL characters in text, so a NUL that reached a query
+    would be a 500: refuse it up front, before authentication reads the token."""
+    for name, values in request.query_params.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            raise ValidationError({name: [NUL_MESSAGE]})
+    if "\x00" in request.META.get("HTTP_AUTHORIZATION", ""):
+        raise AuthenticationFailed(f"Invalid Authorization header. {NUL_MESSAGE}")
 
 
 def parse_id(value: Any) -> uuid.UUID:

@@ -126,7 +126,7 @@ class EnqueueSerializer(serializers.Serializer):
         required=False,
         allow_null=True,
         default=None,
-        help_text="Idempotency key: an active (or still up to date) job with this kind and key is "
+        help_text="Idempotency key: an active (or still up to date) job of yours with this kind and key is "
         "returned with 200 instead of queueing a new one.",
     )
     watermark = StrictIntegerField(

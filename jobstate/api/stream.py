@@ -9,12 +9,16 @@
 - ``wait_for_change``: the long-poll behind ``GET /jobs/{id}/?wait=&since=``.
 
 Both are bounded in time; neither holds a transaction open between polls.
+Each holds a server thread, so each counts against the caller's stream limit
+(``jobstate.api.throttling``); ``HeldStream`` gives the slot back when the
+server closes the response.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
@@ -23,6 +27,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from jobstate import conf
 from jobstate.api.serializers import JobSnapshotSerializer
+from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
 from jobstate.states import TERMINAL
 
@@ -113,3 +118,25 @@ def wait_for_change(
         if remaining <= 0:
             return
         sleep(min(poll, remaining))
+
+
+class HeldStream:
+    """An event stream that releases its slot when the server closes the response
+    (a WSGI server always does, and Django registers ``close``), or at the
+    latest when the response is garbage-collected unread."""
+
+    def __init__(self, events: Iterator[bytes], slot: StreamSlot | None) -> None:
+        self.events = events
+        self.slot = slot
+        if slot is not None:
+            weakref.finalize(self, slot.release)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.events
+
+    def close(self) -> None:
+        close = getattr(self.events, "close", None)
+        if close is not None:
+            close()
+        if self.slot is not None:
+            self.slot.release()

@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from django.urls import reverse
@@ -28,7 +27,6 @@ from rest_framework.response import Response
 
 from jobstate import services
 from jobstate.api.base import JobstateAPIView, parse_id
-from jobstate.api.errors import Conflict
 from jobstate.api.filters import JobFilter
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination
 from jobstate.api.permissions import CanActOnJob
@@ -44,7 +42,8 @@ from jobstate.api.serializers import (
     RequiredReasonSerializer,
     StuckSerializer,
 )
-from jobstate.api.stream import event_stream, wait_for_change
+from jobstate.api.stream import HeldStream, event_stream, wait_for_change
+from jobstate.api.throttling import StreamThrottle, hold_stream_slot, stream_slot
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.services import Actor
 from jobstate.states import Status
@@ -61,11 +60,6 @@ LIST_COLUMNS = (
 def list_columns() -> tuple[str, ...]:
     # The owner's name under whatever field the user model names it.
     return (*LIST_COLUMNS, f"owner__{get_user_model().USERNAME_FIELD}")
-
-
-class KeyConflict(Conflict):
-    default_code = "key_conflict"
-    default_detail = "Another owner's job holds this kind and key; choose another key."
 
 
 class StuckQuerySerializer(serializers.Serializer):
@@ -120,7 +114,16 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
 
     def get_throttles(self) -> list[Any]:
         self.throttle_scope = "jobstate_enqueue" if self.action == "create" else "jobstate"
-        return super().get_throttles()
+        throttles = super().get_throttles()
+        if self.action == "stream" or (self.action == "retrieve" and self._long_poll()):
+            throttles.append(StreamThrottle())
+        return throttles
+
+    def _long_poll(self) -> bool:
+        try:
+            return float(self.request.query_params.get("wait") or 0) > 0
+        except ValueError:
+            return False
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return JobSerializer if self.action == "list" else JobDetailSerializer
@@ -173,7 +176,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
             if since is None:
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
-                wait_for_change(job_id, since, wait)
+                with stream_slot(request.user):
+                    wait_for_change(job_id, since, wait)
         job = self.get_queryset().prefetch_related("steps").filter(pk=parse_id(pk)).first()
         if job is None:
             raise NotFound()
@@ -184,21 +188,17 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         user = request.user
-        with transaction.atomic():
-            job, created = services.get_or_enqueue(
-                data["kind"],
-                data["parameters"],
-                owner=user,
-                key=data["key"],
-                watermark=data["watermark"],
-                priority=data["priority"],
-                run_after=data["run_after"],
-                actor=Actor.api(user),
-            )
-            if not created and not Job.objects.owned_by(user).filter(pk=job.pk).exists():
-                # Keys are global per kind. Never hand out (or touch the
-                # watermark of) a job the caller cannot see: roll back, refuse.
-                raise KeyConflict()
+        # Keys are scoped per owner: the job a key names is always the caller's own.
+        job, created = services.get_or_enqueue(
+            data["kind"],
+            data["parameters"],
+            owner=user,
+            key=data["key"],
+            watermark=data["watermark"],
+            priority=data["priority"],
+            run_after=data["run_after"],
+            actor=Actor.api(user),
+        )
         if created:
             return self._detail(job.pk, status.HTTP_201_CREATED, Location=self._location(job.pk))
         return self._detail(job.pk)
@@ -315,9 +315,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
     def stream(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         job_id = self._visible_id(pk)
         last_id = request.headers.get("Last-Event-ID") or None
-        response = StreamingHttpResponse(
-            event_stream(job_id, last_event_id=last_id), content_type="text/event-stream"
-        )
+        events = HeldStream(event_stream(job_id, last_event_id=last_id), hold_stream_slot(request.user))
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
         return response

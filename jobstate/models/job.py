@@ -46,6 +46,19 @@ class JobQuerySet(models.QuerySet["Job"]):
 CLAIM_ORDER = ("-priority", "run_after", "created_at")
 
 
+def forget_owner(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
+    """``on_delete`` for ``Job.owner``: keep the jobs, drop the owner and the key.
+
+    Idempotency keys are scoped per owner; an ownerless job would otherwise
+    enter the system jobs' key space, collide with an active system job or
+    answer a system enqueue with a deleted user's result.
+    """
+    # The key first: the collector runs its updates in order, and an ownerless
+    # row that still had its key could hit the system jobs' unique index.
+    collector.add_field_update(field.model._meta.get_field("key"), None, sub_objs)
+    collector.add_field_update(field, None, sub_objs)
+
+
 class Job(FSMModelMixin, models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     kind = models.CharField(max_length=200, help_text="Registered handler name.")
@@ -53,13 +66,19 @@ class Job(FSMModelMixin, models.Model):
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=forget_owner,
         related_name="jobstate_jobs",
     )
     key = models.CharField(
-        max_length=255, null=True, blank=True, help_text="Idempotency key, unique per kind."
+        max_length=255,
+        null=True,
+        blank=True,
+        help_text="Idempotency key, unique per kind and owner among active jobs.",
     )
     input_watermark = models.BigIntegerField(null=True, blank=True)
+    claimed_watermark = models.BigIntegerField(
+        null=True, blank=True, help_text="input_watermark when the current attempt was claimed."
+    )
     last_success_watermark = models.BigIntegerField(null=True, blank=True)
 
     status = FSMField(max_length=20, choices=Status.choices, default=Status.QUEUED, protected=True)
@@ -131,10 +150,17 @@ class Job(FSMModelMixin, models.Model):
                 condition=Q(max_attempts__gte=1) & Q(attempts__lte=models.F("max_attempts")),
                 name="jobstate_job_attempts_bounded",
             ),
+            # One active job per key, in each owner's own key space; system jobs
+            # (no owner) share one. Two partial indexes: NULLs never collide in one.
+            models.UniqueConstraint(
+                fields=["kind", "owner", "key"],
+                condition=Q(key__isnull=False) & Q(status__in=ACTIVE) & Q(owner__isnull=False),
+                name="jobstate_job_one_active_per_owner_key",
+            ),
             models.UniqueConstraint(
                 fields=["kind", "key"],
-                condition=Q(key__isnull=False) & Q(status__in=ACTIVE),
-                name="jobstate_job_one_active_per_key",
+                condition=Q(key__isnull=False) & Q(status__in=ACTIVE) & Q(owner__isnull=True),
+                name="jobstate_job_one_active_system_key",
             ),
         ]
         indexes = [
@@ -159,7 +185,7 @@ class Job(FSMModelMixin, models.Model):
             models.Index(fields=["kind", "key"], name="jobstate_job_key_idx"),
             models.Index(fields=["status", "finished_at"], name="jobstate_job_finished_idx"),
             # Stuck detection (jobstate.stuck): range scans over the processing set
-            # instead of reading every processing row (see docs/readme/admin.md).
+            # instead of reading every processing row (see the README, "Indexes added for the admin").
             models.Index(
                 fields=["heartbeat_at"],
                 condition=Q(status=Status.PROCESSING),

@@ -19,17 +19,8 @@ from jobstate.services.control import (
     suspend,
 )
 from jobstate.services.enqueue import enqueue, enqueue_many, get_or_enqueue
-from jobstate.services.lease import (
-    Beat,
-    claim,
-    complete,
-    extend_leases,
-    fail,
-    heartbeat,
-    mark_partial,
-    report_progress,
-    start,
-)
+from jobstate.services.lease import Beat, claim, extend_leases, heartbeat, report_progress, start
+from jobstate.services.outcomes import complete, fail, mark_partial
 from jobstate.services.transitions import all_transitions, allowed_transitions
 
 __all__ = [

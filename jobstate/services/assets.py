@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import mimetypes
 import os
 from typing import IO, Any
@@ -11,11 +12,14 @@ from uuid import UUID
 from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile, File
 from django.db import transaction
+from django.db.models.fields.files import FieldFile
 from django.utils.text import get_valid_filename
 
 from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.states import Status
+
+logger = logging.getLogger("jobstate")
 
 
 def safe_name(name: str) -> str:
@@ -41,7 +45,14 @@ def add_asset(
     token: UUID | str | None = None,
 ) -> Asset:
     """Store ``content`` through Django's storage (or record an external ``url``)
-    and link it to ``job``. With ``token``, the caller must still hold the lease."""
+    and link it to ``job``. With ``token``, the caller must still hold the lease.
+
+    The lease is checked before the upload (a stale worker uploads nothing) and
+    again, under a row lock, in the transaction that saves the asset. If that
+    transaction fails the stored file is deleted. Known limits: a crash between
+    the upload and the commit, or an enclosing transaction rolled back after
+    this returns, leaves an orphan file in storage.
+    """
     if not asset_type:
         raise ValidationError({"asset_type": ["An asset type is required."]})
     if content is None and not url:
@@ -77,12 +88,28 @@ def add_asset(
         asset.storage_path = asset.file.name
     try:
         with transaction.atomic():
+            if token is not None and not _lock_if_held(pk, token):
+                raise LeaseLost(pk)
             asset.save()
-    except Exception:
+    except BaseException:
         if asset.file:
-            asset.file.storage.delete(asset.file.name)
+            _discard(asset.file)
         raise
     return asset
+
+
+def _lock_if_held(pk: Any, token: UUID | str) -> bool:
+    """Lock the job row if the lease is still ``token``'s: until this transaction
+    ends, the job cannot end or change hands, so the asset lands under the lease."""
+    held = Job.objects.select_for_update().filter(pk=pk, status=Status.PROCESSING, lease_token=token)
+    return held.values_list("pk", flat=True).first() is not None
+
+
+def _discard(file: FieldFile) -> None:
+    try:
+        file.storage.delete(file.name)
+    except Exception:  # keep the original error; the file is an orphan now
+        logger.exception("Could not delete stored file %s", file.name)
 
 
 def _as_file(content: bytes | str | IO[bytes] | File, name: str) -> File:

@@ -12,7 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import WAITING, move, record_event, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
@@ -45,7 +45,12 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
         # Children first: a child's final transaction locks the child, then its
         # parent; taking the locks in the same order here cannot deadlock with it.
         for child in Job.objects.filter(parent_id=current.pk, status__in=ACTIVE):
-            request_cancel(child, who, reason or "parent cancelled")
+            try:
+                request_cancel(child, who, reason or "parent cancelled")
+            except InvalidTransition as exc:
+                if exc.current not in TERMINAL:
+                    raise
+                # It ended since we listed it: nothing left to cancel there.
         current = _get(job)
         if current.status == Status.QUEUED:
             try:
@@ -86,22 +91,32 @@ def cancel_now(job: Job, token: UUID | str, *, reason: str = "", actor: Actor | 
 
 
 def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
-    """Ask a service-style job to stop gracefully; it then ends ``completed``."""
+    """Ask a service-style job to stop gracefully; it then ends ``completed``.
+
+    The request is stored (``stop_requested_at`` and a ``request_stop`` event) on a
+    processing job, and on a queued one that has served (a step of it reached
+    ``serving``; it now waits for a retry, a rescue or its children): when it runs
+    again, ``wait_for_stop`` returns at once. A queued job that never served has
+    nothing to stop: it is cancelled, its active children with it (``request_cancel``).
+    """
     who = Actor.of(actor)
     current = _get(job)
     if current.status not in ACTIVE:
         raise InvalidTransition(current.status, Status.COMPLETED, "stop")
+    if current.status == Status.QUEUED and not _has_served(current.pk):
+        return request_cancel(current, who, reason or "stopped before it served")
     now = timezone.now()
     with transaction.atomic():
-        if current.status == Status.QUEUED:
-            move(current, "cancel", actor=who, reason=reason or "stopped before it started", now=now)
-        elif Job.objects.filter(
-            pk=current.pk, status=Status.PROCESSING, stop_requested_at__isnull=True
-        ).update(stop_requested_at=now, updated_at=now):
-            record_event(
-                current.pk, Status.PROCESSING, Status.PROCESSING, "request_stop", who, reason, {}, now
-            )
+        if Job.objects.filter(pk=current.pk, status__in=ACTIVE, stop_requested_at__isnull=True).update(
+            stop_requested_at=now, updated_at=now
+        ):
+            status = Job.objects.filter(pk=current.pk).values_list("status", flat=True).get()
+            record_event(current.pk, status, status, "request_stop", who, reason, {}, now)
     return _get(current.pk)
+
+
+def _has_served(job_id: Any) -> bool:
+    return JobEvent.objects.filter(job_id=job_id, transition="step_serving").exists()
 
 
 def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
@@ -137,12 +152,13 @@ def _retry_keyed(old: Job, actor: Any, reason: str) -> tuple[Job, bool]:
     from jobstate.registry import get_handler
     from jobstate.services.enqueue import _create
 
-    if Job.objects.filter(kind=old.kind, key=old.key, status__in=ACTIVE).exists():
+    # Keys are scoped per owner (owner_id=None: the system jobs' scope).
+    if Job.objects.filter(kind=old.kind, owner_id=old.owner_id, key=old.key, status__in=ACTIVE).exists():
         raise IntegrityError("active key")
     job = _create(
         get_handler(old.kind),
         old.parameters,
-        old.owner,
+        old.owner_id,
         old.key,
         old.input_watermark,
         old.priority,
@@ -170,40 +186,69 @@ class ReapReport:
 def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapReport:
     """The reaper: processing jobs whose lease expired go back to the queue
     (attempts left), or end ``failed`` with "worker lost" (none left), or
-    ``cancelled`` when a cancel had been requested."""
+    ``cancelled`` when a cancel had been requested. A workflow with work left for a
+    worker (its undos; see ``jobstate.workflows.recovery``) is requeued for one
+    more run instead, which does not spend an attempt."""
+    from jobstate.workflows import recovery
+
     now = now or timezone.now()
     report = ReapReport()
     reaper = Actor.system("reaper")
     rows = Job.objects.expired(now).values_list(
-        "pk", "lease_token", "attempts", "max_attempts", "cancel_requested_at", "worker_id"
+        "pk", "kind", "lease_token", "attempts", "max_attempts", "cancel_requested_at", "worker_id"
     )[:limit]
-    for pk, token, attempts, max_attempts, cancel_at, worker in rows:
+    for pk, kind, token, attempts, max_attempts, cancel_at, worker in rows:
         guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
         meta = {"attempt": attempts, "worker": worker}
+        lost = f"lease expired (worker {worker or '?'} lost)"
+        last, cancelling = attempts >= max_attempts, cancel_at is not None
         try:
-            if cancel_at is not None:
-                move(pk, "cancel", reason="worker lost while cancelling", metadata=meta, **guard)
-                report.cancelled.append(pk)
-            elif attempts < max_attempts:
-                move(
-                    pk,
-                    "requeue",
-                    reason=f"lease expired (worker {worker or '?'} lost)",
-                    fields={"run_after": now, "worker_id": ""},
-                    metadata=meta,
-                    **guard,
-                )
-                report.requeued.append(pk)
-            else:
-                move(
-                    pk,
-                    "fail",
-                    reason="worker lost",
-                    metadata=meta,
-                    fields={"error_message": "worker lost", "error_type": "WorkerLost"},
-                    **guard,
-                )
-                report.failed.append(pk)
+            with transaction.atomic():
+                plan = recovery.plan(pk, kind, last=last, cancelling=cancelling)
+                if plan is not None and plan.run:
+                    move(
+                        pk,
+                        "requeue",
+                        reason=f"{lost}: {plan.reason}",
+                        fields={"run_after": now, "worker_id": "", "attempts": F("attempts") - 1},
+                        metadata={**meta, "recovery": plan.action},
+                        **guard,
+                    )
+                    recovery.apply(plan, pk, reaper, now)
+                    report.requeued.append(pk)
+                elif plan is not None:
+                    move(
+                        pk,
+                        "fail",
+                        reason=plan.error[:1000],
+                        metadata=meta,
+                        fields={"error_message": plan.error, "error_type": "WorkerLost"},
+                        **guard,
+                    )
+                    report.failed.append(pk)
+                elif cancel_at is not None:
+                    move(pk, "cancel", reason="worker lost while cancelling", metadata=meta, **guard)
+                    report.cancelled.append(pk)
+                elif attempts < max_attempts:
+                    move(
+                        pk,
+                        "requeue",
+                        reason=lost,
+                        fields={"run_after": now, "worker_id": ""},
+                        metadata=meta,
+                        **guard,
+                    )
+                    report.requeued.append(pk)
+                else:
+                    move(
+                        pk,
+                        "fail",
+                        reason="worker lost",
+                        metadata=meta,
+                        fields={"error_message": "worker lost", "error_type": "WorkerLost"},
+                        **guard,
+                    )
+                    report.failed.append(pk)
         except (LeaseLost, InvalidTransition):
             continue  # a heartbeat or the worker itself got there first
     return report

@@ -1,4 +1,4 @@
-"""Creating jobs: validated, idempotent by (kind, key), with their first event."""
+"""Creating jobs: validated, idempotent by (kind, owner, key), with their first event."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from jobstate import conf
 from jobstate.models import Job, JobEvent
 from jobstate.registry import HandlerSpec, get_handler
 from jobstate.services.actors import Actor
+from jobstate.services.control import DuplicateActiveKey
 from jobstate.services.transitions import announce
 from jobstate.states import ACTIVE, Status
 
 SMALLINT = (-32768, 32767)
+# Lookups-then-inserts of a keyed job before giving up: each retry follows an
+# active job that took the key and ended between our lookup and our insert.
+KEY_ATTEMPTS = 3
 
 
 def _clean(
@@ -89,10 +94,13 @@ def get_or_enqueue(
 ) -> tuple[Job, bool]:
     """Queue a job, or return the one its key already names.
 
-    With a key: an active job with that (kind, key) is returned, its watermark
-    raised (never lowered). Otherwise, when the last completed job with that key
-    has processed input at least as new as ``watermark``, that job is returned
-    and nothing runs; else a new job is queued. Returns ``(job, created)``.
+    Keys are scoped per owner (system jobs, with no owner, share one scope).
+    With a key: an active job with that (kind, owner, key) is returned, its
+    watermark raised (never lowered). Otherwise, when the last completed job
+    with that key has processed input at least as new as ``watermark``, that
+    job is returned and nothing runs; else a new job is queued. Returns
+    ``(job, created)``. Raises ``DuplicateActiveKey`` (never ``IntegrityError``)
+    if the key keeps changing hands under it.
     """
     spec, cleaned = _clean(
         kind,
@@ -104,35 +112,35 @@ def get_or_enqueue(
         max_attempts=max_attempts,
     )
     who = Actor.of(actor if actor is not None else owner)
+    conflict: IntegrityError | None = None
     with transaction.atomic():
-        if key is not None:
-            existing = _existing_for_key(kind, key, watermark)
-            if existing is not None:
-                return existing, False
-        try:
-            with transaction.atomic():
-                job = _create(
-                    spec,
-                    cleaned,
-                    owner,
-                    key,
-                    watermark,
-                    priority,
-                    run_after,
-                    max_attempts,
-                    parent,
-                    retry_of,
-                    who,
-                    reason,
-                )
-        except IntegrityError:
-            if key is None:
-                raise
-            existing = _existing_for_key(kind, key, watermark)
-            if existing is None:
-                raise
-            return existing, False
-    return job, True
+        for _attempt in range(KEY_ATTEMPTS):
+            if key is not None:
+                existing = _existing_for_key(kind, key, watermark, _owner_id(owner))
+                if existing is not None:
+                    return existing, False
+            try:
+                with transaction.atomic():
+                    job = _create(
+                        spec,
+                        cleaned,
+                        owner,
+                        key,
+                        watermark,
+                        priority,
+                        run_after,
+                        max_attempts,
+                        parent,
+                        retry_of,
+                        who,
+                        reason,
+                    )
+                return job, True
+            except IntegrityError as exc:
+                if key is None:
+                    raise
+                conflict = exc  # a job took the key after our lookup: look again
+    raise DuplicateActiveKey(f"Another active '{kind}' job holds key '{key}'; try again") from conflict
 
 
 def enqueue(kind: str, parameters: Mapping[str, Any] | None = None, **options: Any) -> Job:
@@ -140,14 +148,19 @@ def enqueue(kind: str, parameters: Mapping[str, Any] | None = None, **options: A
     return get_or_enqueue(kind, parameters, **options)[0]
 
 
-def _existing_for_key(kind: str, key: str, watermark: int | None) -> Job | None:
-    active = Job.objects.select_for_update().filter(kind=kind, key=key, status__in=ACTIVE).first()
+def _owner_id(owner: Any) -> Any:
+    return owner.pk if isinstance(owner, Model) else owner
+
+
+def _existing_for_key(kind: str, key: str, watermark: int | None, owner_id: Any) -> Job | None:
+    same_key = Job.objects.filter(kind=kind, key=key, owner_id=owner_id)  # owner_id=None: IS NULL
+    active = same_key.select_for_update().filter(status__in=ACTIVE).first()
     if active is not None:
         if watermark is not None and (active.input_watermark is None or active.input_watermark < watermark):
             Job.objects.filter(pk=active.pk).update(input_watermark=watermark)
             active.input_watermark = watermark
         return active
-    last = Job.objects.filter(kind=kind, key=key, status=Status.COMPLETED).order_by("-finished_at").first()
+    last = same_key.filter(status=Status.COMPLETED).order_by("-finished_at").first()
     if last is None:
         return None
     dirty = watermark is not None and (
@@ -170,10 +183,12 @@ def _create(
     actor: Actor,
     reason: str,
 ) -> Job:
+    """Insert one validated job and its "enqueue" event; ``owner`` is a user, a
+    user id or None."""
     now = timezone.now()
     job = Job.objects.create(
         kind=spec.name,
-        owner=owner,
+        **({"owner": owner} if owner is None or isinstance(owner, Model) else {"owner_id": owner}),
         key=key,
         input_watermark=watermark,
         parameters=cleaned,

@@ -1,12 +1,13 @@
-"""What a worker does with a job it holds: claim, heartbeat, progress, finish.
+"""What a worker does with a job it holds: claim, heartbeat, progress.
 
 Every call after the claim carries the lease token; a stale worker's call
-matches no row and is refused with ``LeaseLost``, changing nothing.
+matches no row and is refused with ``LeaseLost``, changing nothing. The calls
+that end an attempt (complete, mark_partial, fail) are in ``outcomes``.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -14,19 +15,19 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import Case, Count, F, UUIDField, Value, When
 from django.utils import timezone
 
 from jobstate import conf, registry
-from jobstate.exceptions import CancelRequested, InvalidTransition, LeaseLost
+from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job, JobEvent
 from jobstate.models.job import CLAIM_ORDER
-from jobstate.retry import backoff_seconds
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce, move
 from jobstate.states import Status
+
+logger = logging.getLogger("jobstate")
 
 JobRef = Job | UUID | str
 
@@ -101,6 +102,9 @@ def claim(
             heartbeat_at=now,
             started_at=now,
             attempts=F("attempts") + 1,
+            # What this attempt runs on: complete() compares it with the input
+            # watermark then, so an enqueue raising it meanwhile queues a re-run.
+            claimed_watermark=F("input_watermark"),
             updated_at=now,
         )
         jobs = sorted(
@@ -145,28 +149,27 @@ def start(
 ) -> Job:
     """Claim one specific queued job (e.g. to run it inline); refuses any other state."""
     now = now or timezone.now()
-    token = uuid.uuid4()
-    pk = _pk(job)
-    moved = move(
-        job if isinstance(job, Job) else Job(pk=pk),
+    target = job if isinstance(job, Job) else Job(pk=job)
+    move(
+        target,
         "claim",
         actor=Actor.worker(worker_id),
         fields={
             "worker_id": worker_id,
-            "lease_token": token,
+            "lease_token": uuid.uuid4(),
             "lease_expires_at": _lease(now, lease_seconds),
             "heartbeat_at": now,
             "started_at": now,
             "attempts": F("attempts") + 1,
+            "claimed_watermark": F("input_watermark"),
         },
         now=now,
     )
-    assert moved is not None
-    return Job.objects.get(pk=pk) if not isinstance(job, Job) else _reload_attempts(moved)
-
-
-def _reload_attempts(job: Job) -> Job:
-    job.attempts = Job.objects.filter(pk=job.pk).values_list("attempts", flat=True).get()
+    if not isinstance(job, Job):
+        return Job.objects.get(pk=target.pk)
+    # The values the database computed (the caller's copy may predate an enqueue
+    # that raised the watermark).
+    job.refresh_from_db(fields=["attempts", "input_watermark", "claimed_watermark"])
     return job
 
 
@@ -249,173 +252,8 @@ def report_progress(
         row = Job.objects.filter(pk=pk).values_list("status", "lease_token", "cancel_requested_at").first()
         if row and row[0] == Status.PROCESSING and str(row[1]) == str(token) and row[2]:
             raise CancelRequested(pk)
-        import logging
-
-        logging.getLogger("jobstate").warning(
-            "Refused progress on job %s (status %s): lease lost", pk, row[0] if row else "missing"
-        )
+        logger.warning("Refused progress on job %s (status %s): lease lost", pk, row[0] if row else "missing")
         raise LeaseLost(pk)
     if isinstance(job, Job):
         for attr, value in values.items():
             setattr(job, attr, value)
-
-
-def _json(value: Any, field: str) -> Any:
-    try:
-        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
-
-
-def complete(
-    job: JobRef,
-    token: UUID | str,
-    result: Any = None,
-    *,
-    actor: Actor | None = None,
-    reason: str = "",
-    now: datetime | None = None,
-) -> Job | None:
-    """End the job ``completed`` with ``result``.
-
-    With a key, the job records the watermark it was claimed at as its last
-    successful one; if the watermark was raised while it ran, a follow-up job
-    with the same key is queued in the same transaction (the input is dirty).
-    """
-    result = _json(result, "result")
-    now = now or timezone.now()
-    seen = job.input_watermark if isinstance(job, Job) else None
-    key = job.key if isinstance(job, Job) else None
-    # Errors of earlier attempts stay in the history, not on a completed job.
-    fields = {"result": result, "progress": 100, "error_message": "", "error_type": "", "traceback": ""}
-    fields["last_success_watermark"] = seen
-    who = actor or _worker_actor(job)
-    if isinstance(job, Job) and key is None:
-        # No key, no re-run rule: move's own transaction is enough (no savepoint).
-        return move(job, "complete", actor=who, token=token, reason=reason, fields=fields, now=now)
-    with transaction.atomic():
-        if not isinstance(job, Job):
-            seen, key = Job.objects.filter(pk=job).values_list("input_watermark", "key").first() or (
-                None,
-                None,
-            )
-        fields["last_success_watermark"] = seen
-        moved = move(job, "complete", actor=who, token=token, reason=reason, fields=fields, now=now)
-        if key is not None:
-            _rerun_if_dirty(_pk(job), seen)
-    return moved
-
-
-def _rerun_if_dirty(pk: Any, seen: int | None) -> None:
-    from jobstate.services.enqueue import get_or_enqueue
-
-    row = (
-        Job.objects.filter(pk=pk)
-        .values_list("input_watermark", "kind", "key", "parameters", "owner_id", "priority")
-        .get()
-    )
-    current, kind, key, parameters, owner_id, priority = row
-    if current is not None and (seen is None or current > seen):
-        owner = Job._meta.get_field("owner").related_model.objects.filter(pk=owner_id).first()  # type: ignore[union-attr]
-        get_or_enqueue(
-            kind,
-            parameters,
-            owner=owner,
-            key=key,
-            watermark=current,
-            priority=priority,
-            actor=Actor.system("watermark"),
-            reason="input changed while running",
-        )
-
-
-def mark_partial(
-    job: JobRef,
-    token: UUID | str,
-    result: Any = None,
-    error: str = "",
-    *,
-    actor: Actor | None = None,
-    now: datetime | None = None,
-) -> Job | None:
-    """End the job ``partial``: some result, and an error saying what is missing."""
-    return move(
-        job,
-        "mark_partial",
-        actor=actor or _worker_actor(job),
-        token=token,
-        reason=error,
-        fields={"result": _json(result, "result"), "progress": 100, "error_message": error or ""},
-        now=now,
-    )
-
-
-def fail(
-    job: JobRef,
-    token: UUID | str | None,
-    error: str,
-    *,
-    error_type: str = "",
-    traceback: str = "",
-    retry: bool = True,
-    retry_delay: float | None = None,
-    actor: Actor | None = None,
-    now: datetime | None = None,
-) -> Job | None:
-    """Fail the current attempt: requeue with backoff while attempts remain
-    (and ``retry``), else end the job ``failed`` with the error."""
-    now = now or timezone.now()
-    error = (error or error_type or "failed").strip() or "failed"
-    pk = _pk(job)
-    with transaction.atomic():
-        row = (
-            Job.objects.select_for_update()
-            .filter(pk=pk)
-            .values_list("status", "lease_token", "attempts", "max_attempts", "kind")
-            .first()
-        )
-        if row is None:
-            raise Job.DoesNotExist(f"Job {pk} does not exist")
-        status, lease_token, attempts, max_attempts, kind = row
-        if token is not None and (str(lease_token) != str(token) or status != Status.PROCESSING):
-            raise LeaseLost(pk)
-        details = {
-            "attempt": attempts,
-            "error": error,
-            "error_type": error_type,
-            "traceback": traceback[-8000:],
-        }
-        fields = {"error_message": error, "error_type": error_type[:200], "traceback": traceback}
-        if retry and status == Status.PROCESSING and attempts < max_attempts:
-            if retry_delay is None:
-                spec = registry.all_handlers().get(kind)
-                retry_delay = backoff_seconds(attempts, spec)
-            run_after = now + timedelta(seconds=retry_delay)
-            details["retry_at"] = run_after.isoformat()
-            return move(
-                job,
-                "requeue",
-                actor=actor or _worker_actor(job),
-                token=token,
-                reason=f"attempt {attempts} failed: {error}"[:1000],
-                fields={**fields, "run_after": run_after, "worker_id": ""},
-                metadata=details,
-                now=now,
-            )
-        if status not in (Status.QUEUED, Status.PROCESSING):
-            raise InvalidTransition(status, Status.FAILED, "fail")
-        return move(
-            job,
-            "fail",
-            actor=actor or _worker_actor(job),
-            token=token,
-            reason=error[:1000],
-            fields=fields,
-            metadata=details,
-            now=now,
-        )
-
-
-def _worker_actor(job: JobRef) -> Actor:
-    worker = job.worker_id if isinstance(job, Job) else ""
-    return Actor.worker(worker) if worker else Actor("worker")

@@ -13,7 +13,7 @@ from jobstate import conf, registry
 from jobstate.worker.runner import hard_limit_for
 
 BROKER = "jobstate.worker.broker.JobBroker"
-DOCS = "See docs/readme/workers.md (Q_CLUSTER)."
+DOCS = 'See the README, "Why these Q_CLUSTER values".'
 
 
 def _q() -> dict[str, Any]:

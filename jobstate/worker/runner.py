@@ -4,7 +4,8 @@ The handler runs in the calling thread. A heartbeat thread renews the lease,
 notices cancel and stop requests, and, from the main thread's point of view,
 interrupts the handler (a ``BaseException`` raised through a signal, so a
 handler's ``except Exception`` cannot swallow it) when it overruns its timeout,
-ignores a cancel past the grace period, or loses its lease.
+ignores a cancel past the grace period, or loses its lease. An interrupt that
+lands once the handler has returned is ignored: its outcome stands.
 """
 
 from __future__ import annotations
@@ -15,12 +16,20 @@ import signal
 import threading
 import time
 import traceback as tb
+from types import FrameType
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import CancelRequested, LeaseLost, NonRetryable, Partial, Suspend
+from jobstate.exceptions import (
+    CancelRequested,
+    InvalidTransition,
+    LeaseLost,
+    NonRetryable,
+    Partial,
+    Suspend,
+)
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.worker.context import JobContext
@@ -103,6 +112,39 @@ class Heartbeat(threading.Thread):
         self.join(timeout=10)
 
 
+class HandlerCall:
+    """Calls the handler. Its frame marks where interrupts may land: only in
+    frames it called (the handler and what the handler calls). Once the handler
+    has returned, control is back in this frame or above, and a late interrupt
+    is ignored instead of discarding the handler's result."""
+
+    def __init__(self, func: Any, beat: Heartbeat) -> None:
+        self.func = func
+        self.beat = beat
+        self.entered = False
+
+    def __call__(self, ctx: JobContext) -> Any:
+        self.entered = True
+        # An interrupt that came before this frame was ignored: honour it now.
+        if self.beat.interrupted is not None:
+            raise Interrupted(self.beat.interrupted)
+        return self.func(ctx)
+
+    def in_handler(self, frame: FrameType | None) -> bool:
+        """Is ``frame`` (where a signal landed) inside the handler?"""
+        depth = 0
+        while frame is not None:
+            if frame.f_code is _CALL_CODE:
+                # In this frame itself the handler has either not been called
+                # yet (interrupting is fine) or has returned (too late).
+                return depth > 0 or not self.entered
+            frame, depth = frame.f_back, depth + 1
+        return False
+
+
+_CALL_CODE = HandlerCall.__call__.__code__
+
+
 def run_job(job: Job, worker_id: str) -> str:
     """Run a job this worker has claimed; return its outcome
     (completed, partial, failed, retrying, cancelled, suspended, lost)."""
@@ -116,18 +158,27 @@ def run_job(job: Job, worker_id: str) -> str:
             retry=False,
         )
         return "failed"
-    ctx = JobContext(job, spec, worker_id)
     interruptible = threading.current_thread() is threading.main_thread()
-    beat = Heartbeat(ctx, timeout_for(spec), interruptible)
     previous: Any = None
-    if interruptible:
-        previous = signal.signal(INTERRUPT_SIGNAL, _raise_interrupt(beat))
-    beat.start()
+    installed = False
+    try:
+        ctx = JobContext(job, spec, worker_id)
+        beat = Heartbeat(ctx, timeout_for(spec), interruptible)
+        call = HandlerCall(spec.func, beat)
+        if interruptible:
+            previous = signal.signal(INTERRUPT_SIGNAL, _raise_interrupt(call))
+            installed = True
+        beat.start()
+    except Exception as exc:
+        if installed:
+            signal.signal(INTERRUPT_SIGNAL, previous or signal.SIG_DFL)
+        release(job, exc, "the handler could not be started")
+        raise
     started = time.monotonic()
     outcome: tuple[str, Any]
     try:
         try:
-            outcome = ("ok", spec.func(ctx))
+            outcome = ("ok", call(ctx))
         finally:
             beat.stop()
     except Interrupted as exc:
@@ -153,12 +204,72 @@ def _usable_connection(handler_seconds: float) -> None:
         connection.errors_occurred = False
 
 
-def _raise_interrupt(beat: Heartbeat) -> Any:
-    def handler(signum: int, frame: Any) -> None:
-        if beat.interrupted and not beat.done.is_set():
+def _raise_interrupt(call: HandlerCall) -> Any:
+    beat = call.beat
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if beat.interrupted and not beat.done.is_set() and call.in_handler(frame):
             raise Interrupted(beat.interrupted)
 
     return handler
+
+
+def end_attempt(
+    job: Job,
+    token: Any,
+    error: str,
+    *,
+    error_type: str,
+    traceback: str = "",
+    retry: bool = True,
+    retry_delay: float | None = None,
+) -> str:
+    """End an attempt that failed or was interrupted: ``cancelled`` if a cancel
+    was requested (a retry would be cancelled anyway, and the last attempt must
+    not end ``failed``), else ``services.fail``. Returns the outcome."""
+    with transaction.atomic():
+        # The row lock keeps a cancel request from landing between the two.
+        requested = (
+            Job.objects.select_for_update()
+            .filter(pk=job.pk)
+            .values_list("cancel_requested_at", flat=True)
+            .first()
+        )
+        if requested is not None:
+            logger.info("Job %s: cancel requested; attempt ended with %s: %s", job.pk, error_type, error)
+            reason = f"cancel requested; the attempt ended with {error_type}: {error}"
+            services.cancel_now(job, token, reason=reason[:1000])
+            return "cancelled"
+        services.fail(
+            job,
+            token,
+            error,
+            error_type=error_type,
+            traceback=traceback,
+            retry=retry,
+            retry_delay=retry_delay,
+        )
+    return "retrying" if Job.objects.filter(pk=job.pk, status="queued").exists() else "failed"
+
+
+def release(job: Job, exc: BaseException, why: str) -> str:
+    """Hand back a job whose handler never started (say, the database failed):
+    requeued or failed through the service layer, or cancelled if that was
+    requested. If even that fails, the lease runs out into the reaper."""
+    _usable_connection(math.inf)
+    try:
+        return end_attempt(
+            job,
+            job.lease_token,
+            f"{why}: {exc}"[:1000],
+            error_type=type(exc).__name__,
+            traceback="".join(tb.format_exception(exc)),
+        )
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    except Exception:
+        logger.exception("Job %s could not be released; the reaper will take it", job.pk)
+        return "lost"
 
 
 def _finish(ctx: JobContext, kind: str, value: Any) -> str:
@@ -173,15 +284,13 @@ def _finish(ctx: JobContext, kind: str, value: Any) -> str:
             if value == "cancel":
                 services.cancel_now(job, token, reason="stopped after the cancel grace period")
                 return "cancelled"
-            services.fail(
+            return end_attempt(
                 job,
                 token,
                 f"Timed out after {timeout_for(ctx.spec):g} s",
                 error_type="Timeout",
-                retry=True,
                 retry_delay=_delay(ctx),
             )
-            return "retrying" if Job.objects.filter(pk=job.pk, status="queued").exists() else "failed"
         exc: Exception = value
         if isinstance(exc, CancelRequested):
             services.cancel_now(job, token)
@@ -195,7 +304,7 @@ def _finish(ctx: JobContext, kind: str, value: Any) -> str:
         if isinstance(exc, Partial):
             services.mark_partial(job, token, exc.result, str(exc))
             return "partial"
-        services.fail(
+        return end_attempt(
             job,
             token,
             str(exc) or type(exc).__name__,
@@ -204,8 +313,6 @@ def _finish(ctx: JobContext, kind: str, value: Any) -> str:
             retry=not isinstance(exc, NonRetryable),
             retry_delay=_delay(ctx),
         )
-        job.refresh_from_db(fields=["status"])
-        return "retrying" if job.status == "queued" else "failed"
     except LeaseLost:
         logger.warning("Job %s: lease lost before its outcome was stored", job.pk)
         return "lost"

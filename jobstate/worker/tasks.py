@@ -3,8 +3,8 @@
 ``execute`` runs a job the broker claimed; ``reap`` and ``prune`` are the
 targets of the schedules ``manage.py jobstate_schedule`` installs;
 ``run_by_id`` is the id-only alternative (a plain django-q2 message carrying
-a job id through the ORM broker; see docs/readme/workers.md for why it is not
-the default).
+a job id through the ORM broker; the README's "Why the Job table is the
+broker" says why it is not the default).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from jobstate import conf, services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.worker import broker
-from jobstate.worker.runner import run_job
+from jobstate.worker.runner import end_attempt, release, run_job
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -53,34 +53,37 @@ def execute(job: Job) -> str:
 
     The job may have waited in django-q2's in-memory queue: one heartbeat first
     checks that the lease is still ours (the reaper may have given it to
-    someone else meanwhile) and relabels it with this worker process.
+    someone else meanwhile) and relabels it with this worker process. Taking
+    the package ended the pusher's renewal of its lease, so if anything fails
+    before the handler starts, the job is handed back here (requeued, failed
+    or cancelled, with its history), or else left to the reaper.
     """
     broker.picked_up()
     me = worker_id(job.worker_id or broker.cluster_id())
     try:
         beat = services.heartbeat(job, job.lease_token, worker_id=me)
+        job.worker_id = me
+        if beat.cancel_requested:
+            services.cancel_now(job, job.lease_token, reason="cancelled before it started")
+            return "cancelled"
     except LeaseLost:
         logger.info("Job %s was taken from this cluster while it waited; skipped", job.pk)
         keep_connection()
         return "skipped"
-    job.worker_id = me
-    if beat.cancel_requested:
-        services.cancel_now(job, job.lease_token, reason="cancelled before it started")
-        return "cancelled"
+    except Exception as exc:
+        job.worker_id = me
+        release(job, exc, "the worker could not start the job")
+        raise  # django-q2 records the failed package too
     try:
         outcome = run_job(job, me)
     except TimeoutException:
         # django-q2's hard limit fired: the handler ignored jobstate's own
-        # timeout and cancel interrupts. Record the failed attempt, then let
-        # django-q2 replace this worker process.
+        # timeout and cancel interrupts. Record the failed (or cancelled)
+        # attempt, then let django-q2 replace this worker process.
         close_old_connections()
         with contextlib.suppress(LeaseLost, InvalidTransition):
-            services.fail(
-                job,
-                job.lease_token,
-                "Stopped by the worker's hard time limit",
-                error_type="HardTimeout",
-                retry=True,
+            end_attempt(
+                job, job.lease_token, "Stopped by the worker's hard time limit", error_type="HardTimeout"
             )
         raise
     keep_connection()

@@ -1,21 +1,33 @@
 """Saga compensation: when a workflow fails for good, the undos of its completed
-steps run in reverse order, each recorded on the step and in the job's history."""
+steps run in reverse order, each recorded on the step and in the job's history.
+
+Compensation is resumable: the step that failed for good carries a
+``compensating`` mark, written with its ``failed`` status (by the worker, or by
+the reaper when the worker was lost on the last attempt). Every later run of the
+job sees the mark, runs the undos that are left (an ``undone`` step, or one whose
+undo already failed, is not undone again) and fails with the original error.
+An undo interrupted by a crash runs again: undos must be idempotent.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jobstate.exceptions import LeaseLost
 from jobstate.models.step import StepStatus
+from jobstate.worker.runner import Interrupted
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
+from jobstate.workflows.definition import StepSpec
 
 if TYPE_CHECKING:
     from jobstate.workflows.runtime import Run
 
 logger = logging.getLogger("jobstate")
+S = StepStatus
 
 
 @dataclass
@@ -35,27 +47,66 @@ class Report:
         return "; ".join(parts)
 
 
-def compensate(run: Run, failed_step: str, error: str) -> Report:
-    """Run the undo of every completed step that has one, last step first. An undo
-    that raises is recorded and the others still run."""
+def under_way(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(step, error) of the step that failed for good, if compensation has begun."""
+    for spec in specs:
+        row = rows.get(spec.name)
+        mark = row.detail.get(steps.COMPENSATING) if row is not None else None
+        if mark:
+            return spec.name, str(mark.get("error") or row.error_message or "failed")
+    return None
+
+
+def to_undo(spec: StepSpec, row: Any) -> bool:
+    return (
+        spec.undo is not None
+        and row is not None
+        and row.status == S.COMPLETED
+        and steps.UNDO_ERROR not in row.detail
+    )
+
+
+def report_of(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> Report:
+    """What compensation did so far, in the order the undos run (last step first)."""
     report = Report()
+    for spec in reversed(specs):
+        row = rows.get(spec.name)
+        if row is None or spec.undo is None:
+            continue
+        if row.status == S.UNDONE:
+            report.undone.append(spec.name)
+        elif row.status == S.COMPLETED and steps.UNDO_ERROR in row.detail:
+            report.failed.append((spec.name, str(row.detail[steps.UNDO_ERROR])))
+    return report
+
+
+def compensate(run: Run, failed_step: str, error: str) -> Report:
+    """Run the undo of every completed step that has one and was not undone yet,
+    last step first. An undo that raises (or is interrupted by the timeout or a
+    cancel: the failure is already decided) is recorded and the others still run."""
     because = f"step '{failed_step}' failed: {error}"[:1000]
     for spec in reversed(run.specs):
         row = run.rows.get(spec.name)
-        if spec.undo is None or row is None or row.status != StepStatus.COMPLETED:
+        if spec.undo is None or not to_undo(spec, row):
             continue
         sctx = StepContext(run, spec, row, undoing=True)
         try:
             getattr(run.wf, spec.undo)(sctx, row.output)
         except LeaseLost:
             raise
+        except Interrupted as exc:
+            if exc.why == "lease":
+                raise
+            _undo_failed(run, spec.name, row, f"interrupted ({exc.why})", because)
         except Exception as exc:
             logger.exception("Undo of step '%s' of job %s failed", spec.name, run.job.pk)
-            message = f"{type(exc).__name__}: {exc}"
-            steps.undo_failed(run.job, run.token, spec.name, message, because=because)
-            report.failed.append((spec.name, message))
+            _undo_failed(run, spec.name, row, f"{type(exc).__name__}: {exc}", because)
         else:
             steps.undone(run.job, run.token, spec.name, because=because)
-            row.status = StepStatus.UNDONE
-            report.undone.append(spec.name)
-    return report
+            row.status = S.UNDONE
+    return report_of(run.specs, run.rows)
+
+
+def _undo_failed(run: Run, name: str, row: Any, message: str, because: str) -> None:
+    steps.undo_failed(run.job, run.token, name, message, because=because)
+    row.detail = {**row.detail, steps.UNDO_ERROR: message[:2000]}

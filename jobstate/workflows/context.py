@@ -12,6 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from django.core.files import File
 from django.db import transaction
+from django.db.models import Q
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import CancelRequested
@@ -192,10 +193,14 @@ class StepContext:
         self.spawned.append(ChildSpec(kind, cleaned, options))
 
     def child_jobs(self, step: str | None = None) -> Any:
-        """This job's children started by ``step`` (default: all), in start order."""
-        qs = Job.objects.filter(parent_id=self.job.pk)
+        """The children started by ``step`` (default: all this job's), in start order.
+        A step copied into a retry lists the children of the job that ran it."""
         if step is not None:
-            qs = qs.filter(pk__in=steps.children_of(self.job.pk, step))
+            qs = Job.objects.filter(pk__in=steps.children_of(self.job.pk, step))
+        else:
+            copied = JobStep.objects.filter(job_id=self.job.pk, detail__has_key="copied_from")
+            borrowed = [i for d in copied.values_list("detail", flat=True) for i in d.get("children", ())]
+            qs = Job.objects.filter(Q(parent_id=self.job.pk) | Q(pk__in=borrowed))
         return qs.order_by("created_at", "id")
 
     # Service-style steps ------------------------------------------------------

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from jobstate.exceptions import NonRetryable, Suspend
-from jobstate.models import Job
+from jobstate.models import Job, JobStep
+from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
@@ -34,6 +35,11 @@ class ChildrenFailed(NonRetryable):
 def start(run: Run, spec: StepSpec, sctx: StepContext, value: Any) -> None:
     children = steps.wait(run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec))
     raise Suspend(f"step '{spec.name}' waits for {len(children)} child jobs")
+
+
+def is_waiting(row: Any) -> bool:
+    """Has the step's fan-out committed (its children exist and it waits for them)?"""
+    return JobStep.objects.filter(pk=row.pk, status=StepStatus.WAITING).exists()
 
 
 def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:

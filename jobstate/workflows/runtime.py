@@ -5,6 +5,8 @@ first step that is neither completed nor skipped; completed steps never run
 again and their outputs are handed to later steps. The job's own outcome still
 goes through the worker runner: a return value completes it, ``Partial`` ends it
 partial, ``Suspend`` gives the worker back, and an exception fails the attempt.
+A workflow that failed for good (see ``compensation``) runs no step again: each
+later run finishes its undos and fails with the original error.
 """
 
 from __future__ import annotations
@@ -53,7 +55,17 @@ class Run:
         return 100 * spec.position / total, 100 * (spec.position + 1) / total
 
     def execute(self) -> Any:
-        self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs])
+        names = [s.name for s in self.specs]
+        try:
+            self.rows = steps.ensure(self.job, self.token, names)
+        except CancelRequested:
+            # Only compensation outlives a cancel: the failure was decided first.
+            self.rows = steps.ensure(self.job, self.token, names, cancel_ok=True)
+            if compensation.under_way(self.specs, self.rows) is None:
+                raise
+        failing = compensation.under_way(self.specs, self.rows)
+        if failing is not None:
+            self._resume_compensation(*failing)
         undone = [s.name for s in self.specs if self.rows[s.name].status == S.UNDONE]
         if undone:
             raise NonRetryable(f"workflow was already compensated (undone: {', '.join(undone)})")
@@ -74,7 +86,11 @@ class Run:
 
     def _step(self, spec: StepSpec, row: Any) -> None:
         name = spec.name
+        spawning = False
         try:
+            if row.status != S.WAITING and "children" in row.detail:
+                # An earlier run started this step's children: wait for them, never again.
+                steps.resume_wait(self.job, self.token, row, percent=self.band(spec)[0])
             if row.status == S.WAITING:
                 output = fanout.fan_in(self, spec, row)
             else:
@@ -82,6 +98,7 @@ class Run:
                 sctx = StepContext(self, spec, row)
                 output = self._call(spec, sctx)
                 if sctx.spawned:
+                    spawning = True
                     fanout.start(self, spec, sctx, output)  # raises Suspend
             steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
         except (Suspend, CancelRequested, LeaseLost):
@@ -90,6 +107,9 @@ class Run:
             steps.fail(self.job, self.token, row, f"partial: {exc}", output=exc.result)
             raise
         except Interrupted as exc:
+            if exc.why == "timeout" and spawning and fanout.is_waiting(row):
+                # The timeout hit after the children started: waiting is this run's outcome.
+                raise Suspend(f"step '{name}' waits for its child jobs") from None
             if exc.why == "timeout":  # the runner fails this attempt; is it the last one?
                 self._failed(spec, exc, "timed out")
             raise
@@ -108,12 +128,34 @@ class Run:
         return isinstance(exc, NonRetryable) or self.ctx.attempt >= self.job.max_attempts
 
     def _failed(self, spec: StepSpec, exc: BaseException, error: str) -> None:
-        steps.fail(self.job, self.token, self.rows[spec.name], error)
-        if not self.final(exc):
+        final = self.final(exc)
+        steps.fail(self.job, self.token, self.rows[spec.name], error, compensating=final)
+        if not final:
             return
-        report = compensation.compensate(self, spec.name, error)
+        report = self._compensate(spec.name, error)
         if report:
             raise WorkflowFailed(report.message(spec.name, error), report) from exc
+
+    def _resume_compensation(self, step: str, error: str) -> None:
+        """A run after the workflow failed for good (its worker was lost meanwhile):
+        finish the undos, then fail with the original error."""
+        for spec in self.specs:
+            row = self.rows[spec.name]
+            if row.status in (S.COMPLETED, S.UNDONE):
+                self.outputs[spec.name] = row.output
+            elif row.status == S.SKIPPED:
+                self.outputs[spec.name] = None
+        report = self._compensate(step, error)
+        raise WorkflowFailed(report.message(step, error), report)
+
+    def _compensate(self, step: str, error: str) -> compensation.Report:
+        try:
+            return compensation.compensate(self, step, error)
+        except Interrupted as exc:
+            if exc.why == "lease":
+                raise
+            # The heartbeat interrupts a run once, here between two undos: go on.
+            return compensation.compensate(self, step, error)
 
 
 def run(cls: type[Workflow], ctx: JobContext) -> Any:

@@ -1,6 +1,10 @@
 """The whole state of a workflow job as JSON, ``jobstate.workflows.state(job)``: its
 steps (status, attempts, cursor, output, error, timestamps) and its children. The
-REST API and the admin show it."""
+REST API and the admin show it.
+
+A step still ``running``, ``serving`` or ``waiting`` in a finished job (it was
+cancelled, failed by the reaper or by an operator while the step was in progress)
+is shown as ``interrupted``, its stored status kept as ``stored_status``."""
 
 from __future__ import annotations
 
@@ -10,16 +14,19 @@ from typing import Any
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.services.transitions import WAITING
-from jobstate.states import Status
+from jobstate.states import TERMINAL, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import rows_of
+
+IN_PROGRESS = (StepStatus.RUNNING, StepStatus.SERVING, StepStatus.WAITING)
+INTERRUPTED = "interrupted"
 
 
 def _when(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _step(row: JobStep, children: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _step(row: JobStep, children: dict[str, dict[str, Any]], finished: bool) -> dict[str, Any]:
     detail = dict(row.detail or {})
     ids = detail.pop("children", None)
     detail.pop("band", None)
@@ -36,6 +43,8 @@ def _step(row: JobStep, children: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "updated_at": _when(row.updated_at),
         "detail": detail,
     }
+    if finished and row.status in IN_PROGRESS:
+        out["status"], out["stored_status"] = INTERRUPTED, row.status
     if ids is not None:
         out["children"] = _summary([children[i] for i in ids if i in children], len(ids))
     return out
@@ -62,10 +71,12 @@ def state(job: Job | Any) -> dict[str, Any]:
     # Steps copied into a retry list the children of the job they came from.
     borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
     kids.update({str(r["pk"]): r for r in rows_of(borrowed, ("status", "progress"))})
+    finished = job.status in TERMINAL
     if rows:
-        step_list = [_step(r, kids) for r in rows]
+        step_list = [_step(r, kids, finished) for r in rows]
     elif cls is not None:
-        step_list = [_step(JobStep(job_id=job.pk, name=s.name, position=s.position), kids) for s in cls.steps]
+        blank = [JobStep(job_id=job.pk, name=s.name, position=s.position) for s in cls.steps]
+        step_list = [_step(r, kids, finished) for r in blank]
     else:
         step_list = []
     waiting = job.status == Status.QUEUED and job.run_after >= WAITING

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -33,6 +34,11 @@ from jobstate.states import TERMINAL, Status
 S = StepStatus
 RUNNABLE = (S.PENDING, S.RUNNING, S.FAILED, S.SERVING)  # begin() resumes any of these
 IN_PROGRESS = (S.RUNNING, S.SERVING)
+# Keys of ``JobStep.detail``. COMPENSATING, on the step that failed for good, says
+# the workflow is being compensated: every later run only finishes the undos.
+COMPENSATING = "compensating"
+UNDO_ERROR = "undo_error"
+COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 
 
 class StepStateError(JobStateError):
@@ -91,10 +97,11 @@ def _event(job: Job, name: str, metadata: dict[str, Any], reason: str = "") -> N
     record_event(job.pk, Status.PROCESSING, Status.PROCESSING, name, _worker(job), reason[:1000], metadata)
 
 
-def ensure(job: Job, token: Any, names: Iterable[str]) -> dict[str, JobStep]:
-    """The job's step rows by name, creating missing ones ``pending`` (first run)."""
+def ensure(job: Job, token: Any, names: Iterable[str], *, cancel_ok: bool = False) -> dict[str, JobStep]:
+    """The job's step rows by name, creating missing ones ``pending`` (first run).
+    Raises ``CancelRequested`` on a pending cancel unless ``cancel_ok``."""
     with transaction.atomic():
-        _hold(job, token)
+        _hold(job, token, cancel_ok=cancel_ok)
         return _ensure_rows(job, names)
 
 
@@ -162,20 +169,42 @@ def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float)
     row.status, row.output, row.finished_at, row.updated_at = S.COMPLETED, output, now, now
 
 
-def fail(job: Job, token: Any, row: JobStep, error: str, *, output: Any = None) -> None:
-    """The step raised: ``failed`` with the error (a retry resumes it from its cursor)."""
+def fail(
+    job: Job, token: Any, row: JobStep, error: str, *, output: Any = None, compensating: bool = False
+) -> None:
+    """The step raised: ``failed`` with the error (a retry resumes it from its cursor).
+    ``compensating``: the workflow failed for good; from this commit on, every run of
+    the job only finishes the undos (see ``jobstate.workflows.compensation``)."""
     output = as_json(output, "output")
     now = timezone.now()
     error = (error or "failed")[:10000]
     with transaction.atomic():
         _hold(job, token, step=row.name, cancel_ok=True)
+        detail = JobStep.objects.select_for_update().values_list("detail", flat=True).get(pk=row.pk)
+        if compensating:
+            detail = {**detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
+        values = {"error_message": error, "output": output, "detail": detail, "finished_at": now}
         if not JobStep.objects.filter(pk=row.pk, status__in=(*IN_PROGRESS, S.WAITING)).update(
-            status=S.FAILED, error_message=error, output=output, finished_at=now, updated_at=now
+            status=S.FAILED, updated_at=now, **values
         ):
             raise StepStateError(job.pk, row.name, "fail it")
-        metadata = {"step": row.name, "attempt": row.attempts, "error": error[:2000]}
+        metadata = {"step": row.name, "attempt": row.attempts, "error": error[:2000], "final": compensating}
         _event(job, "step_failed", metadata, error)
     row.status, row.error_message, row.output, row.finished_at = S.FAILED, error, output, now
+    row.detail = detail
+
+
+def lost(job_id: Any, name: str, error: str, *, actor: Actor, now: datetime) -> None:
+    """The reaper, in the transaction that requeued the job (its lease had expired on
+    the last attempt): step ``name``, where the worker was lost (or the next one to
+    run), fails for good and the job's next run compensates."""
+    row = JobStep.objects.select_for_update().get(job_id=job_id, name=name)
+    detail = {**row.detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
+    JobStep.objects.filter(pk=row.pk).update(
+        status=S.FAILED, error_message=error, detail=detail, finished_at=now, updated_at=now
+    )
+    metadata = {"step": name, "attempt": row.attempts, "error": error[:2000], "final": True}
+    record_event(job_id, Status.QUEUED, Status.QUEUED, "step_failed", actor, error[:1000], metadata, now)
 
 
 def note(job: Job, token: Any, name: str, **detail: Any) -> None:
@@ -218,6 +247,22 @@ def wait(
     return created
 
 
+def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
+    """A fan-out step whose children an earlier run of this job started (that run then
+    failed, say, while fanning in): ``waiting`` again for the same children, so a
+    retry never starts them twice."""
+    now = timezone.now()
+    with transaction.atomic():
+        _hold(job, token, percent=percent, message="waiting for child jobs", step=row.name)
+        if not JobStep.objects.filter(pk=row.pk, status__in=RUNNABLE).update(
+            status=S.WAITING, attempts=F("attempts") + 1, finished_at=None, error_message="", updated_at=now
+        ):
+            raise StepStateError(job.pk, row.name, "wait in it again")
+        ids = row.detail.get("children", [])
+        _event(job, "step_waiting", {"step": row.name, "children": len(ids), "resumed": True})
+    row.status, row.attempts, row.finished_at, row.error_message = S.WAITING, row.attempts + 1, None, ""
+
+
 def serving(job: Job, token: Any, name: str, message: str) -> None:
     """A service-style step is up: ``running`` -> ``serving``, the message shown on the job."""
     now = timezone.now()
@@ -249,7 +294,7 @@ def undo_failed(job: Job, token: Any, name: str, error: str, *, because: str) ->
     with transaction.atomic():
         _hold(job, token, step=name, cancel_ok=True)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
-        detail = {**row.detail, "undo_error": error[:2000]}
+        detail = {**row.detail, UNDO_ERROR: error[:2000]}
         JobStep.objects.filter(pk=row.pk).update(detail=detail, updated_at=now)
         _event(job, "step_undo_failed", {"step": name, "error": error[:2000]}, f"compensating: {because}")
 
@@ -273,6 +318,8 @@ def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: s
         row = JobStep.objects.select_for_update().get(job_id=pk, name=name)
         if row.status not in (S.FAILED, S.PENDING):
             raise StepStateError(pk, name, "skip it (only a failed or pending step can be skipped)")
+        if JobStep.objects.filter(job_id=pk, detail__has_key=COMPENSATING).exists():
+            raise StepStateError(pk, name, "skip it (the workflow failed for good and is compensating)")
         detail = {**row.detail, "skipped_by": actor.label, "skip_reason": reason[:1000]}
         JobStep.objects.filter(pk=row.pk).update(
             status=S.SKIPPED, detail=detail, finished_at=now, updated_at=now
@@ -308,7 +355,7 @@ def seed_retry(
                     status=old.status,
                     attempts=old.attempts,
                     output=old.output,
-                    detail={**old.detail, "copied_from": str(old.job_id)},
+                    detail={**_bookkeeping(old.detail), "copied_from": str(old.job_id)},
                     started_at=old.started_at,
                     finished_at=old.finished_at,
                     updated_at=now,
@@ -347,6 +394,11 @@ def seed_retry(
             },
             now,
         )
+
+
+def _bookkeeping(detail: dict[str, Any]) -> dict[str, Any]:
+    """A copied step's detail, without the old job's compensation (its undo was not run for the retry)."""
+    return {k: v for k, v in detail.items() if k not in COMPENSATION_KEYS}
 
 
 def children_of(job_id: Any, name: str) -> list[str]:

@@ -1,5 +1,5 @@
 """The admin in a real browser: log in, cancel a job with a reason, requeue a stuck
-job, and see the dashboard's SVG charts drawn."""
+job, cancel a queued job no worker serves, and see the dashboard's SVG charts drawn."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
     assert (event.to_status, event.actor_id, event.actor_label) == (Status.CANCELLED, admin_user.pk, "admin")
 
     # The stuck page lists the job whose lease expired; requeue it in one click.
+    orphan = queued(user, kind="test.limited", run_after=timezone.now() - timedelta(hours=1))
     page.goto(f"{base}/admin/jobstate/job/")
     page.click(".object-tools .js-link-stuck")
     row = page.locator(f"tr.js-stuck-row[data-job='{lost.pk}']")
@@ -65,6 +66,15 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
     assert "Job requeued." in page.locator("ul.messagelist").inner_text()
     assert page.locator(f"tr.js-stuck-row[data-job='{lost.pk}']").count() == 0
     assert Job.objects.get(pk=lost.pk).status == Status.QUEUED
+
+    # A job queued long ago that no worker serves: cancel it in one click.
+    row = page.locator(f"tr.js-stuck-row[data-job='{orphan.pk}']")
+    assert row.get_attribute("data-reason") == "queued_no_worker"
+    row.locator("button.js-remedy-cancel").click()
+    page.wait_for_url(re.compile(r".*/jobstate/job/stuck/$"))
+    assert "Job cancelled." in page.locator("ul.messagelist").inner_text()
+    assert page.locator(f"tr.js-stuck-row[data-job='{orphan.pk}']").count() == 0
+    assert Job.objects.get(pk=orphan.pk).status == Status.CANCELLED
 
     # The dashboard, from the admin index, draws its charts.
     page.goto(f"{base}/admin/")

@@ -66,3 +66,10 @@ def stuck(ctx: Any) -> None:
     hard limit (the guard terminating the process) can end it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGALRM})
     ctypes.CDLL(None).pause()
+
+
+@jobstate.handler("e2e.once", max_attempts=1)
+def once(ctx: Any) -> dict[str, Any]:
+    """A short job with a single attempt: losing it once fails it for good."""
+    time.sleep(float(ctx.parameters.get("seconds", 0.05)))
+    return {"worker": ctx.worker_id}

@@ -96,6 +96,23 @@ def test_a_job_waiting_in_memory_behind_a_long_one_keeps_its_lease(qcluster):
     assert claimed < long.events.get(transition="complete").created_at
 
 
+def test_prefetch_never_fills_django_q_queue_so_waiting_leases_are_kept(qcluster):
+    # queue_limit 1 with PREFETCH 4: a pusher blocked on a full queue would stop
+    # renewing, then reap its own waiting jobs ("worker lost": one attempt only).
+    cluster = qcluster(workers=1, jobstate={"PREFETCH": 4}, q_cluster={"queue_limit": 1})
+    long = services.enqueue("e2e.slow", {"seconds": 4, "tick": 0.2})  # > 2 leases (2 s each)
+    wait_for(lambda: running_in_worker(long), 10)
+    behind = [services.enqueue("e2e.once", {}) for _ in range(3)]
+
+    for job in (long, *behind):
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    for job in behind:
+        done = fresh(job)
+        assert done.status == Status.COMPLETED, (done.status, done.error_message, cluster.log()[-3000:])
+        assert done.attempts == 1 and transitions(done) == ["enqueue", "claim", "complete"]
+    assert fresh(long).status == Status.COMPLETED
+
+
 def test_failing_handler_is_retried_with_backoff_then_failed(qcluster):
     cluster = qcluster(workers=2)
     doomed = services.enqueue("e2e.flaky", {})

@@ -102,3 +102,22 @@ def test_fan_out_of_50_children_across_worker_processes(qcluster):
     assert len({worker_pid(w) for w in children.values_list("worker_id", flat=True)}) > 1
     assert Effect.objects.filter(job_id=parent.pk, label="split").count() == 1
     assert Effect.objects.filter(job_id=parent.pk, label="merge").count() == 1
+
+
+def test_sigkill_on_the_last_attempt_still_runs_the_undos_in_a_worker(qcluster, tmp_path):
+    cluster = qcluster(workers=2)
+    marker = tmp_path / "crash"
+    params = {"crash_at": "ship", "mode": "hang", "marker": str(marker)}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    victim = kill_at_marker(cluster, job, marker)
+
+    done = finished(cluster, job)
+    assert done.status == Status.FAILED and (done.attempts, done.max_attempts) == (1, 1)
+    assert done.error_message == "step 'ship' failed: worker lost; undone: charge, book"
+    undos = Effect.objects.filter(job_id=job.pk, label__startswith="undo:")
+    assert list(undos.values_list("label", flat=True)) == ["undo:charge:C1", "undo:book:B1"]
+    assert victim not in undos.values_list("pid", flat=True)
+    runs = Counter(Effect.objects.filter(job_id=job.pk).values_list("label", flat=True))
+    assert runs == {"book": 1, "charge": 1, "notify": 1, "undo:charge:C1": 1, "undo:book:B1": 1}
+    rescue = done.events.get(transition="requeue")
+    assert rescue.actor_label == "system:reaper" and rescue.metadata["recovery"] == "compensate"

@@ -1,0 +1,221 @@
+"""The calls that end an attempt: complete, mark_partial, fail.
+
+Like every call after the claim they carry the lease token; a stale worker's
+call matches no row and is refused with ``LeaseLost``, changing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from jobstate import registry
+from jobstate.exceptions import InvalidTransition, LeaseLost
+from jobstate.models import Job
+from jobstate.retry import backoff_seconds
+from jobstate.services.actors import Actor
+from jobstate.services.enqueue import _create
+from jobstate.services.lease import JobRef, _pk
+from jobstate.services.transitions import move
+from jobstate.states import Status
+
+logger = logging.getLogger("jobstate")
+
+
+def _json(value: Any, field: str) -> Any:
+    try:
+        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
+
+
+def complete(
+    job: JobRef,
+    token: UUID | str,
+    result: Any = None,
+    *,
+    actor: Actor | None = None,
+    reason: str = "",
+    now: datetime | None = None,
+) -> Job | None:
+    """End the job ``completed`` with ``result``.
+
+    The job records the watermark its attempt was claimed at (stored by the
+    claim, whatever the caller's copy says) as its last successful one. With a
+    key, if the watermark was raised while it ran, a follow-up job with the same
+    key is queued in the same transaction (the input is dirty).
+    """
+    # Errors of earlier attempts stay in the history, not on a completed job.
+    fields = {
+        "result": _json(result, "result"),
+        "progress": 100,
+        "error_message": "",
+        "error_type": "",
+        "traceback": "",
+        "last_success_watermark": F("claimed_watermark"),
+    }
+    who = actor or _worker_actor(job)
+    if isinstance(job, Job) and job.key is None:
+        # No key, no re-run rule: move's own transaction is enough (no savepoint).
+        moved = move(job, "complete", actor=who, token=token, reason=reason, fields=fields, now=now)
+        job.last_success_watermark = job.claimed_watermark
+        return moved
+    with transaction.atomic():
+        moved = move(job, "complete", actor=who, token=token, reason=reason, fields=fields, now=now)
+        seen = _rerun_if_dirty(_pk(job))
+    if isinstance(job, Job):
+        job.last_success_watermark = seen
+    return moved
+
+
+def _rerun_if_dirty(pk: Any) -> int | None:
+    """Queue the follow-up of a keyed job whose input watermark moved past the one
+    its run was claimed at; return that claimed watermark.
+
+    Never undoes the completion: the stored parameters are not validated again
+    (they were when first enqueued; the schema may have changed since), and a kind
+    that is no longer registered gets no re-run, only a warning.
+    """
+    current, seen, kind, key, parameters, owner_id, priority = (
+        Job.objects.filter(pk=pk)
+        .values_list(
+            "input_watermark", "claimed_watermark", "kind", "key", "parameters", "owner_id", "priority"
+        )
+        .get()
+    )
+    if key is None or current is None or (seen is not None and current <= seen):
+        return seen
+    spec = registry.all_handlers().get(kind)
+    if spec is None:
+        logger.warning(
+            "Job %s completed on watermark %s but its input is at %s; no handler is registered "
+            "for '%s' any more, so no re-run was queued for key %r",
+            pk,
+            seen,
+            current,
+            kind,
+            key,
+        )
+        return seen
+    try:
+        with transaction.atomic():
+            _create(
+                spec,
+                parameters,
+                owner=owner_id,
+                key=key,
+                watermark=current,
+                priority=priority,
+                run_after=None,
+                max_attempts=None,
+                parent=None,
+                retry_of=None,
+                actor=Actor.system("watermark"),
+                reason="input changed while running",
+            )
+    except IntegrityError:
+        # Cannot happen while this job held the key's only active slot; if it
+        # does, keep the completion and leave the re-run to the next enqueue.
+        logger.exception("Could not queue the re-run of job %s (key %r)", pk, key)
+    return seen
+
+
+def mark_partial(
+    job: JobRef,
+    token: UUID | str,
+    result: Any = None,
+    error: str = "",
+    *,
+    actor: Actor | None = None,
+    now: datetime | None = None,
+) -> Job | None:
+    """End the job ``partial``: some result, and an error saying what is missing."""
+    return move(
+        job,
+        "mark_partial",
+        actor=actor or _worker_actor(job),
+        token=token,
+        reason=error,
+        fields={"result": _json(result, "result"), "progress": 100, "error_message": error or ""},
+        now=now,
+    )
+
+
+def fail(
+    job: JobRef,
+    token: UUID | str | None,
+    error: str,
+    *,
+    error_type: str = "",
+    traceback: str = "",
+    retry: bool = True,
+    retry_delay: float | None = None,
+    actor: Actor | None = None,
+    now: datetime | None = None,
+) -> Job | None:
+    """Fail the current attempt: requeue with backoff while attempts remain
+    (and ``retry``), else end the job ``failed`` with the error."""
+    now = now or timezone.now()
+    error = (error or error_type or "failed").strip() or "failed"
+    pk = _pk(job)
+    with transaction.atomic():
+        row = (
+            Job.objects.select_for_update()
+            .filter(pk=pk)
+            .values_list("status", "lease_token", "attempts", "max_attempts", "kind")
+            .first()
+        )
+        if row is None:
+            raise Job.DoesNotExist(f"Job {pk} does not exist")
+        status, lease_token, attempts, max_attempts, kind = row
+        if token is not None and (str(lease_token) != str(token) or status != Status.PROCESSING):
+            raise LeaseLost(pk)
+        details = {
+            "attempt": attempts,
+            "error": error,
+            "error_type": error_type,
+            "traceback": traceback[-8000:],
+        }
+        fields = {"error_message": error, "error_type": error_type[:200], "traceback": traceback}
+        if retry and status == Status.PROCESSING and attempts < max_attempts:
+            if retry_delay is None:
+                spec = registry.all_handlers().get(kind)
+                retry_delay = backoff_seconds(attempts, spec)
+            run_after = now + timedelta(seconds=retry_delay)
+            details["retry_at"] = run_after.isoformat()
+            return move(
+                job,
+                "requeue",
+                actor=actor or _worker_actor(job),
+                token=token,
+                reason=f"attempt {attempts} failed: {error}"[:1000],
+                fields={**fields, "run_after": run_after, "worker_id": ""},
+                metadata=details,
+                now=now,
+            )
+        if status not in (Status.QUEUED, Status.PROCESSING):
+            raise InvalidTransition(status, Status.FAILED, "fail")
+        return move(
+            job,
+            "fail",
+            actor=actor or _worker_actor(job),
+            token=token,
+            reason=error[:1000],
+            fields=fields,
+            metadata=details,
+            now=now,
+        )
+
+
+def _worker_actor(job: JobRef) -> Actor:
+    worker = job.worker_id if isinstance(job, Job) else ""
+    return Actor.worker(worker) if worker else Actor("worker")

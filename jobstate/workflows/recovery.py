@@ -1,0 +1,81 @@
+"""What the reaper does with a workflow whose worker was lost.
+
+Undos run in a worker, so a workflow that still has work for one gets one more
+run instead of ending "worker lost", **without spending an attempt** (the
+requeue takes one back, the claim spends it again: ``attempts`` never exceeds
+``max_attempts``):
+
+- ``compensate``: compensation had begun (a step carries the ``compensating``
+  mark), whatever the attempt; or, on the last attempt, a completed step has an
+  undo to run. Then the step where the worker was lost (or the next one to run)
+  is failed for good with "worker lost", in the same transaction as the requeue.
+- ``finish``: on the last attempt, every step had completed (the worker died
+  before storing the job's outcome): the run stores it, running no step.
+
+Each such requeue is a ``requeue`` event with ``recovery`` in its metadata; after
+``RECOVERY_RUNS`` of them the reaper fails the job, so an undo that keeps killing
+its worker cannot loop forever. A cancel requested before compensation began
+still wins (the job ends ``cancelled``, as for any job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobstate.models import JobEvent, JobStep
+from jobstate.models.step import STEP_DONE
+from jobstate.services.actors import Actor
+from jobstate.workflows import compensation, steps
+from jobstate.workflows.definition import definition_of
+
+RECOVERY_RUNS = 3
+LOST = "worker lost"
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # "compensate" or "finish": requeue for one more run; "": fail now
+    reason: str = ""  # of the requeue, in the job's history
+    error: str = ""  # the job's error when it fails now
+    lost_step: str | None = None  # failed for good by the requeue
+
+    @property
+    def run(self) -> bool:
+        return bool(self.action)
+
+
+def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None:
+    """The plan for an expired workflow job; None: the reaper's usual rule applies
+    (requeue with attempts left, ``cancelled`` on a cancel, else "worker lost")."""
+    cls = definition_of(kind)
+    if cls is None:
+        return None
+    rows = {r.name: r for r in JobStep.objects.filter(job_id=job_id)}
+    failing = compensation.under_way(cls.steps, rows)
+    lost_step = None
+    if failing is not None:
+        action, reason = "compensate", "compensating"
+        summary = compensation.report_of(cls.steps, rows).message(*failing)
+    elif cancelling or not last or not rows:
+        return None
+    else:
+        todo = [s.name for s in cls.steps if getattr(rows.get(s.name), "status", None) not in STEP_DONE]
+        if not todo:
+            action, reason, summary = "finish", "last attempt, every step done: finishing", LOST
+        elif any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps):
+            action, reason, lost_step = "compensate", "last attempt: compensating", todo[0]
+            summary = f"step '{lost_step}' failed: {LOST}"
+        else:
+            return None
+    runs = JobEvent.objects.filter(job_id=job_id, transition="requeue", metadata__has_key="recovery").count()
+    if runs >= RECOVERY_RUNS:
+        return Plan("", error=f"{LOST} again after {runs} recovery runs; {summary}")
+    return Plan(action, reason, lost_step=lost_step)
+
+
+def apply(plan: Plan, job_id: Any, actor: Actor, now: datetime) -> None:
+    """Inside the reaper's transaction, after it requeued the job."""
+    if plan.lost_step is not None:
+        steps.lost(job_id, plan.lost_step, LOST, actor=actor, now=now)

@@ -1,0 +1,228 @@
+"""REST API: hostile input never reaches the database (NUL characters), and the
+endpoints that hold a server thread (progress stream, long-poll) are limited per
+user: a default rate and a cap on how many are open at once."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import pytest
+from django.core.signals import request_finished
+from django.db import close_old_connections
+from django.test import override_settings
+from rest_framework.exceptions import Throttled
+from rest_framework.test import APIClient
+
+from jobstate.api import throttling
+from jobstate.api.stream import HeldStream
+from jobstate.models import Asset, Job, JobEvent
+from tests.api_support import JOBS, assert_error, client_for, completed, fresh_cache, job_url, make_job
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+
+# Every query parameter the API reads, and some it does not.
+PARAMETERS = [
+    "kind",
+    "key",
+    "status",
+    "created_after",
+    "created_before",
+    "parent",
+    "retry_of",
+    "ordering",
+    "cursor",
+    "page_size",
+    "wait",
+    "since",
+    "reason",
+    "search",
+    "anything",
+]
+GETS = [
+    "/api/",
+    JOBS,
+    "/api/jobs/stuck/",
+    "/api/jobs/{job}/",
+    "/api/jobs/{job}/events/",
+    "/api/jobs/{job}/events/stream/",
+    "/api/jobs/{job}/assets/",
+    "/api/assets/",
+    "/api/assets/{asset}/",
+    "/api/assets/{asset}/download/",
+]
+POSTS = [JOBS, "/api/jobs/{job}/cancel/", "/api/jobs/{job}/retry/", "/api/jobs/{job}/fail/"]
+
+
+@pytest.fixture
+def objects(user: Any, settings: Any, tmp_path: Any) -> dict[str, Any]:
+    from jobstate import services
+
+    settings.MEDIA_ROOT = tmp_path
+    job = completed(user)
+    asset = services.add_asset(job, asset_type="out", name="o.txt", content=b"hello")
+    return {"job": job.pk, "asset": asset.pk}
+
+
+def counts() -> tuple[int, int, int]:
+    return Job.objects.count(), JobEvent.objects.count(), Asset.objects.count()
+
+
+@pytest.mark.parametrize("path", GETS)
+@pytest.mark.parametrize("value", ["%00", "a%00b", "test.echo%00"])
+def test_a_nul_in_any_query_parameter_is_a_400(
+    user: Any, objects: dict[str, Any], path: str, value: str
+) -> None:
+    client = client_for(user)
+    for name in PARAMETERS:
+        response = client.get(f"{path.format(**objects)}?{name}={value}", HTTP_ACCEPT="application/json")
+        error = assert_error(response, 400, "invalid")
+        assert error["fields"] == {name: ["Null characters are not allowed."]}, (path, name)
+
+
+@pytest.mark.parametrize("path", POSTS)
+def test_a_nul_in_a_query_parameter_of_a_write_changes_nothing(
+    user: Any, objects: dict[str, Any], path: str
+) -> None:
+    before = counts()
+    body = {"kind": "test.echo", "reason": "because"}
+    response = client_for(user).post(f"{path.format(**objects)}?key=%00", body, format="json")
+    assert_error(response, 400, "invalid")
+    assert counts() == before
+
+
+def test_a_nul_in_a_parameter_name_is_a_400(user: Any) -> None:
+    assert_error(client_for(user).get(f"{JOBS}?kind%00=x"), 400, "invalid")
+
+
+def test_a_nul_in_the_token_is_a_401_not_a_database_error(user: Any) -> None:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Token abc\x00def")
+    error = assert_error(client.get(JOBS), 401, "authentication_failed")
+    assert "Null characters" in error["message"]
+
+
+# --- streams and long-polls -------------------------------------------------------
+
+FAST = {"SSE_POLL_SECONDS": 0.01, "SSE_MAX_SECONDS": 0.05, "LONGPOLL_MAX_SECONDS": 0.05}
+
+
+def stream(client: APIClient, job: Any) -> Any:
+    return client.get(job_url(job, "events/stream/"), HTTP_ACCEPT="text/event-stream")
+
+
+def hang_up(response: Any) -> None:
+    """Close the response as a WSGI server does when the client goes away (keeping
+    the test's database connection open, as the test client itself does)."""
+    request_finished.disconnect(close_old_connections)
+    try:
+        response.close()
+    finally:
+        request_finished.connect(close_old_connections)
+
+
+def test_the_stream_scope_has_a_rate_by_default() -> None:
+    assert throttling.DEFAULT_RATES["jobstate_stream"] == "120/minute"
+    assert throttling.max_streams() == 5
+
+
+@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {}})
+def test_streams_and_long_polls_are_throttled_without_any_setting(user: Any, monkeypatch: Any) -> None:
+    monkeypatch.setitem(throttling.DEFAULT_RATES, "jobstate_stream", "3/minute")
+    job = completed(user)
+    client = client_for(user)
+    assert b"".join(stream(client, job).streaming_content)
+    assert b"".join(stream(client, job).streaming_content)
+    assert client.get(job_url(job), {"wait": 1}).status_code == 200
+    response = client.get(job_url(job), {"wait": 1})
+    assert_error(response, 429, "throttled")
+    assert int(response["Retry-After"]) > 0
+    assert stream(client, job).status_code == 429
+    # Everything else is another scope (unlimited here), and so is a detail without wait.
+    assert client.get(job_url(job)).status_code == 200
+    assert client.get(job_url(job), {"wait": 0}).status_code == 200
+    assert client.get(JOBS).status_code == 200
+
+
+@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"jobstate_stream": None}})
+def test_a_none_rate_turns_the_stream_scope_off(user: Any, monkeypatch: Any) -> None:
+    monkeypatch.setitem(throttling.DEFAULT_RATES, "jobstate_stream", "1/minute")
+    job = completed(user)
+    client = client_for(user)
+    for _ in range(3):
+        assert b"".join(stream(client, job).streaming_content)
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 5, "API_MAX_STREAMS_PER_USER": 2})
+def test_a_user_holds_at_most_so_many_streams_and_long_polls_at_once(user: Any, other_user: Any) -> None:
+    job = make_job(user)  # queued: its stream stays open until closed
+    client = client_for(user)
+    first, second = stream(client, job), stream(client, job)
+    assert (first.status_code, second.status_code) == (200, 200)
+    refused = stream(client, job)  # an EventSource gets the error as an event
+    assert refused.status_code == 429 and refused.content.startswith(b"event: error\ndata: ")
+    assert b'"code": "throttled"' in refused.content
+    error = assert_error(client.get(job_url(job, "events/stream/")), 429, "throttled")
+    assert (
+        "At most 2" in error["message"] and int(client.get(job_url(job, "events/stream/"))["Retry-After"]) > 0
+    )
+    assert_error(client.get(job_url(job), {"wait": 1}), 429, "throttled")
+    assert client.get(job_url(job)).status_code == 200  # a plain detail holds nothing
+    theirs = make_job(other_user)
+    assert stream(client_for(other_user), theirs).status_code == 200  # per user
+    hang_up(first)
+    third = stream(client, job)
+    assert third.status_code == 200
+    hang_up(second)
+    hang_up(third)
+
+
+@override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1})
+def test_slots_come_back_when_streams_end_or_are_dropped(user: Any) -> None:
+    job = completed(user)
+    client = client_for(user)
+    for _ in range(3):  # read to the end: closed by the server
+        assert b"".join(stream(client, job).streaming_content).endswith(b"\n\n")
+    for _ in range(3):  # closed by the server before it was read (the client went away)
+        hang_up(stream(client, job))
+    for _ in range(3):  # a long-poll holds its slot only while it waits
+        assert client.get(job_url(make_job(user)), {"wait": 0.01}).status_code == 200
+
+
+@override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_stream_nobody_closes_gives_its_slot_back_when_collected(user: Any) -> None:
+    slot = throttling.hold_stream_slot(user)
+    held = HeldStream(iter([b"event"]), slot)
+    with pytest.raises(Throttled):
+        throttling.hold_stream_slot(user)
+    del held
+    gc.collect()
+    assert slot is not None and not slot.held
+    again = throttling.hold_stream_slot(user)
+    assert again is not None
+    again.release()
+    again.release()  # idempotent: the count does not go below what is open
+    assert throttling.hold_stream_slot(user) is not None
+
+
+@override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": None})
+def test_the_stream_cap_can_be_turned_off(user: Any) -> None:
+    job = make_job(user)
+    client = client_for(user)
+    opened = [stream(client, job) for _ in range(8)]
+    assert {r.status_code for r in opened} == {200}
+    for response in opened:
+        hang_up(response)
+
+
+@override_settings(
+    JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1},
+    CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}},
+)
+def test_a_cache_that_keeps_nothing_does_not_block_streams(user: Any) -> None:
+    job = make_job(user)
+    client = client_for(user)
+    opened = [stream(client, job) for _ in range(3)]
+    assert {r.status_code for r in opened} == {200}
+    for response in opened:
+        hang_up(response)

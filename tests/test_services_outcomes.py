@@ -1,0 +1,86 @@
+"""complete(): the watermark a run saw is the one at claim time, and the re-run
+it may queue never undoes the completion."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from rest_framework import serializers
+
+from jobstate import services
+from jobstate.models import Job
+from jobstate.states import Status
+
+pytestmark = pytest.mark.django_db
+
+
+def raised_while_running(kind: str = "test.echo") -> Job:
+    """A keyed job claimed at watermark 1 whose input moved to 2 while it ran."""
+    services.enqueue(kind, {"width": 3}, key="k", watermark=1)
+    (claimed,) = services.claim("w")
+    services.enqueue(kind, {"width": 3}, key="k", watermark=2)
+    return claimed
+
+
+@pytest.mark.parametrize("ref", ["id", "reloaded job"])
+def test_complete_uses_the_watermark_seen_at_claim(ref):
+    claimed = raised_while_running()
+    job = claimed.pk if ref == "id" else Job.objects.get(pk=claimed.pk)
+    services.complete(job, claimed.lease_token)
+    done = Job.objects.get(pk=claimed.pk)
+    assert done.status == Status.COMPLETED and done.last_success_watermark == 1
+    rerun = Job.objects.get(key="k", status=Status.QUEUED)
+    assert rerun.input_watermark == 2 and rerun.pk != done.pk
+    assert rerun.events.get().actor_label == "system:watermark"
+
+
+def test_start_claims_at_the_stored_watermark_not_the_callers_copy():
+    job = services.enqueue("test.echo", {}, key="k", watermark=1)
+    services.enqueue("test.echo", {}, key="k", watermark=2)  # job (in memory) still says 1
+    started = services.start(job, "w")
+    assert started.claimed_watermark == 2
+    services.complete(started, started.lease_token)
+    assert Job.objects.get(pk=job.pk).last_success_watermark == 2
+    assert not Job.objects.filter(status=Status.QUEUED).exists()  # nothing was dirty
+
+
+def test_completion_records_claimed_watermark_on_the_instance():
+    claimed = raised_while_running()
+    services.complete(claimed, claimed.lease_token)
+    assert claimed.last_success_watermark == 1 and claimed.status == Status.COMPLETED
+
+
+class Strict(serializers.Serializer):
+    width = serializers.IntegerField(min_value=100)
+
+
+def test_rerun_keeps_the_stored_parameters_when_the_schema_changed(temp_handler):
+    temp_handler("tmp.report")
+    claimed = raised_while_running("tmp.report")
+    temp_handler("tmp.report", schema=Strict)  # width=3 would now be refused
+    services.complete(claimed.pk, claimed.lease_token, {"ok": 1})
+    assert Job.objects.get(pk=claimed.pk).status == Status.COMPLETED
+    rerun = Job.objects.get(key="k", status=Status.QUEUED)
+    assert rerun.parameters == {"width": 3} and rerun.input_watermark == 2
+
+
+def test_unregistered_kind_completes_without_a_rerun(temp_handler, caplog):
+    temp_handler("tmp.gone")
+    claimed = raised_while_running("tmp.gone")
+    from jobstate import registry
+
+    registry.unregister("tmp.gone")
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        services.complete(claimed, claimed.lease_token, {"ok": 1})
+    assert Job.objects.get(pk=claimed.pk).status == Status.COMPLETED
+    assert not Job.objects.filter(status=Status.QUEUED).exists()
+    assert any("tmp.gone" in r.getMessage() and "re-run" in r.getMessage() for r in caplog.records)
+
+
+def test_outcome_calls_are_still_exported():
+    from jobstate.services import outcomes
+
+    assert services.complete is outcomes.complete
+    assert services.fail is outcomes.fail
+    assert services.mark_partial is outcomes.mark_partial

@@ -1,0 +1,299 @@
+"""Workflows whose worker is lost at awkward moments: on the last attempt, while
+compensating, while serving; stop requests on queued workflows; how steps left
+in progress show in a finished job."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+import jobstate
+from jobstate import registry, services
+from jobstate.models import Job, JobEvent, JobStep
+from jobstate.services.transitions import WAITING
+from jobstate.states import Status
+from jobstate.worker.runner import drain, run_job, run_next
+from jobstate.workflows import recovery, state
+from tests.models import Effect
+from tests.workflow_jobs import SimulatedCrash, effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SAGA_ERROR = "step 'ship' failed: NonRetryable: address does not exist"
+
+
+def labels(job: Job) -> list[str]:
+    return list(Effect.objects.filter(job_id=job.pk).order_by("id").values_list("label", flat=True))
+
+
+def statuses(job: Job) -> dict[str, str]:
+    return dict(JobStep.objects.filter(job_id=job.pk).values_list("name", "status"))
+
+
+def reap() -> services.ReapReport:
+    """The reaper, once a dead worker's lease has run out."""
+    return services.requeue_expired(now=timezone.now() + timedelta(hours=1))
+
+
+def crash(job: Job) -> None:
+    """Run ``job`` until its worker "dies" (a SimulatedCrash escapes the runner)."""
+    with pytest.raises(SimulatedCrash):
+        run_job(services.start(job.pk, "w1"), "w1")
+
+
+def rerun(job: Job) -> str:
+    return run_job(services.start(job.pk, "w2"), "w2")
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+# A. A worker lost on the last attempt -------------------------------------------
+
+
+def test_a_worker_lost_on_the_last_attempt_still_compensates():
+    job = services.enqueue("wf.saga", {"crash_at": "ship"}, max_attempts=1)
+    crash(job)  # book, charge and notify completed; the worker dies in ship
+    assert reap().requeued == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.QUEUED and (job.attempts, job.max_attempts) == (0, 1)
+    ship = JobStep.objects.get(job_id=job.pk, name="ship")
+    assert ship.status == "failed" and ship.error_message == "worker lost"
+    requeue = JobEvent.objects.get(job_id=job.pk, transition="requeue")
+    assert requeue.actor_label == "system:reaper" and requeue.metadata["recovery"] == "compensate"
+    assert requeue.reason.endswith("last attempt: compensating")
+
+    assert rerun(job) == "failed"
+    job = fresh(job)
+    assert job.status == Status.FAILED and (job.attempts, job.max_attempts) == (1, 1)
+    assert job.error_type == "WorkflowFailed"
+    assert job.error_message == "step 'ship' failed: worker lost; undone: charge, book"
+    assert labels(job) == ["book", "charge", "notify", "undo:charge:C1", "undo:book:B1"]
+    assert statuses(job) == {"book": "undone", "charge": "undone", "notify": "completed", "ship": "failed"}
+    assert JobEvent.objects.filter(job_id=job.pk, transition="claim").count() == 2  # one attempt, two runs
+
+
+def test_a_worker_lost_after_the_last_step_gets_its_job_completed():
+    class Done(jobstate.Workflow):
+        @jobstate.step(undo="undo_one")
+        def one(self, ctx: Any) -> int:
+            effect(ctx, "one")
+            return 1
+
+        @jobstate.step()
+        def two(self, ctx: Any, one: int) -> int:
+            effect(ctx, "two")
+            return one + 1
+
+        def undo_one(self, ctx: Any, output: int) -> None:
+            effect(ctx, "undo:one")
+
+        def result(self, outputs: dict[str, Any]) -> Any:
+            if not Effect.objects.filter(label="died").exists():
+                Effect.objects.create(job_id=job.pk, label="died")
+                raise SimulatedCrash("after the last step")
+            return outputs["two"]
+
+    jobstate.workflow("t.done", max_attempts=1)(Done)
+    try:
+        job = services.enqueue("t.done", {})
+        crash(job)
+        assert reap().requeued == [job.pk]
+        assert JobEvent.objects.get(job_id=job.pk, transition="requeue").metadata["recovery"] == "finish"
+        assert rerun(job) == "completed"
+    finally:
+        registry.unregister("t.done")
+    job = fresh(job)
+    assert job.status == Status.COMPLETED and job.result == 2 and job.attempts == 1
+    assert labels(job) == ["one", "two", "died"]  # no step ran again, nothing was undone
+
+
+def test_a_worker_lost_on_the_last_attempt_with_nothing_to_undo_fails_as_before():
+    job = services.enqueue("wf.five", {"crash_at": "s3"}, max_attempts=1)
+    crash(job)
+    assert reap().failed == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.FAILED and job.error_message == "worker lost"
+    # G: the step the worker was in shows as interrupted, not running.
+    steps = {s["name"]: s for s in state(job)["steps"]}
+    assert steps["s3"]["status"] == "interrupted" and steps["s3"]["stored_status"] == "running"
+    assert steps["s2"]["status"] == "completed" and "stored_status" not in steps["s2"]
+
+
+def test_recovery_runs_are_bounded():
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_always": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)  # ship fails for good; charge is undone, then the worker dies in book's undo
+    for _ in range(recovery.RECOVERY_RUNS):
+        assert reap().requeued == [job.pk]
+        assert fresh(job).attempts == 0
+        crash(job)  # every recovery run dies in the same undo
+    assert reap().failed == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.FAILED and job.attempts == 1 and job.error_type == "WorkerLost"
+    assert job.error_message == (
+        f"worker lost again after {recovery.RECOVERY_RUNS} recovery runs; {SAGA_ERROR}; undone: charge"
+    )
+    assert labels(job).count("undo:charge:C1") == 1 and labels(job).count("ship") == 1
+
+
+# B. A worker lost during (or just before) compensation ----------------------------
+
+
+def test_a_crash_before_the_undos_never_runs_the_failed_step_again():
+    params = {"non_retryable": True, "crash_at": "undo:charge", "crash_once": True}
+    job = services.enqueue("wf.saga", params)  # max_attempts=2: an attempt is left
+    crash(job)  # ship failed for good; the worker dies in the first undo
+    ship = JobStep.objects.get(job_id=job.pk, name="ship")
+    assert ship.status == "failed" and ship.detail["compensating"]["error"].startswith("NonRetryable")
+    assert reap().requeued == [job.pk]
+    assert rerun(job) == "failed"
+    job = fresh(job)
+    assert job.status == Status.FAILED and job.attempts == 1
+    assert job.error_message == f"{SAGA_ERROR}; undone: charge, book"
+    assert labels(job) == [
+        "book",
+        "charge",
+        "notify",
+        "ship",  # once: the resumed run only compensates
+        "crash:undo:charge",
+        "undo:charge:C1",
+        "undo:book:B1",
+    ]
+
+
+def test_compensation_resumes_after_a_crash_between_two_undos():
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_once": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)
+    assert statuses(job) == {"book": "completed", "charge": "undone", "notify": "completed", "ship": "failed"}
+    assert reap().requeued == [job.pk]
+    assert rerun(job) == "failed"
+    job = fresh(job)
+    assert job.error_message == f"{SAGA_ERROR}; undone: charge, book"
+    assert labels(job).count("undo:charge:C1") == 1  # not undone twice
+    assert statuses(job) == {"book": "undone", "charge": "undone", "notify": "completed", "ship": "failed"}
+    undone = JobEvent.objects.filter(job_id=job.pk, transition="step_undone")
+    assert [e.metadata["step"] for e in undone] == ["charge", "book"]
+
+
+def test_compensation_that_began_outlives_a_cancel_request():
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_once": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)  # compensating: charge undone, the worker dies in book's undo
+    services.request_cancel(job, "ops", "give up")
+    assert reap().requeued == [job.pk]  # not cancelled: the undos are not finished
+    rerun(job)
+    job = fresh(job)
+    assert statuses(job)["book"] == "undone" and labels(job).count("undo:book:B1") == 1
+    # The runner ends an attempt that fails under a cancel request ``cancelled``.
+    assert job.status in (Status.FAILED, Status.CANCELLED) and job.attempts == 1
+
+
+def test_a_run_that_is_not_compensating_stops_at_once_on_a_cancel():
+    job = services.enqueue("wf.saga", {})
+    (claimed,) = services.claim("w1")
+    services.request_cancel(job, "ops", "not needed")
+    assert run_job(claimed, "w1") == "cancelled"
+    assert fresh(job).status == Status.CANCELLED and labels(job) == []
+
+
+def test_a_retry_does_not_inherit_the_old_jobs_compensation():
+    from jobstate.workflows import retry_from
+
+    job = services.enqueue("wf.saga", {"non_retryable": True, "undo_fails": "book"})
+    drain()  # charge undone; book's undo failed, so book stays completed
+    again = retry_from(job, "charge", actor="ops", reason="try again")
+    book = JobStep.objects.get(job_id=again.pk, name="book")
+    assert book.status == "completed" and book.detail == {"copied_from": str(job.pk)}
+    drain()
+    again = fresh(again)
+    assert again.status == Status.FAILED
+    # book's undo failed in the old job; for this one it is tried again.
+    assert labels(again) == ["charge", "notify", "ship", "undo:charge:C1", "undo:book:B1"]
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.1})
+def test_an_undo_cut_off_by_the_timeout_is_recorded_and_the_others_still_run():
+    class Slow(jobstate.Workflow):
+        @jobstate.step(undo="undo_a")
+        def a(self, ctx: Any) -> str:
+            return "A"
+
+        @jobstate.step(undo="undo_b")
+        def b(self, ctx: Any) -> str:
+            return "B"
+
+        @jobstate.step()
+        def c(self, ctx: Any) -> None:
+            raise jobstate.NonRetryable("no")
+
+        def undo_a(self, ctx: Any, output: str) -> None:
+            undone.append(output)
+
+        def undo_b(self, ctx: Any, output: str) -> None:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    undone: list[str] = []
+    jobstate.workflow("t.slow_undo", timeout=0.5, max_attempts=1)(Slow)
+    try:
+        job = services.enqueue("t.slow_undo", {})
+        drain()
+    finally:
+        registry.unregister("t.slow_undo")
+    job = fresh(job)
+    assert job.status == Status.FAILED and undone == ["A"]
+    assert job.error_message == (
+        "step 'c' failed: NonRetryable: no; undone: a; undo failed: b (interrupted (timeout))"
+    )
+
+
+# C. Stop requests on queued jobs ------------------------------------------------------
+
+
+def test_stop_on_a_queued_parent_that_never_served_cancels_it_and_its_children():
+    parent = services.enqueue("wf.fan", {"n": 3})
+    run_next("w1")  # split started 3 children; the parent waits
+    assert fresh(parent).run_after == WAITING
+    services.request_stop(parent, "ops", "not needed")
+    assert fresh(parent).status == Status.CANCELLED
+    children = Job.objects.filter(parent=parent)
+    assert children.count() == 3 and set(children.values_list("status", flat=True)) == {Status.CANCELLED}
+    assert JobEvent.objects.get(job_id=parent.pk, transition="cancel").reason == "not needed"
+    # G: the step that was waiting shows as interrupted.
+    split = state(parent.pk)["steps"][0]
+    assert split["status"] == "interrupted" and split["stored_status"] == "waiting"
+
+
+def test_stop_on_a_served_job_waiting_for_its_rescue_ends_it_completed(user):
+    job = services.enqueue("wf.service", {"crash_at": "serve"}, max_attempts=2)
+    crash(job)  # the worker dies while serving
+    assert reap().requeued == [job.pk]
+    assert fresh(job).status == Status.QUEUED and statuses(job)["serve"] == "serving"
+    services.request_stop(job, services.Actor.api(user), "done for today")
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.stop_requested_at is not None
+    stop = JobEvent.objects.get(job_id=job.pk, transition="request_stop")
+    assert (stop.from_status, stop.to_status, stop.actor_id) == ("queued", "queued", user.pk)
+    services.request_stop(job, "api", "again")  # stored once
+    assert JobEvent.objects.filter(job_id=job.pk, transition="request_stop").count() == 1
+
+    assert rerun(job) == "completed"
+    job = fresh(job)
+    assert job.status == Status.COMPLETED and job.result == {"stopped_on_request": True}
+    assert labels(job) == ["prepare", "serving", "serving", "stopping", "collect"]
+
+
+def test_stop_on_a_job_that_never_ran_cancels_it():
+    job = services.enqueue("wf.service", {})
+    services.request_stop(job, "ops")
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and job.stop_requested_at is None
+    assert JobEvent.objects.get(job_id=job.pk, transition="cancel").reason == "stopped before it served"
