@@ -278,3 +278,22 @@ def test_readme_diagram_is_generated_from_the_code():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert f"```mermaid\n{mermaid()}\n```" in readme, "run: python manage.py jobstate_diagram"
+
+
+def test_extend_leases_renews_only_the_listed_leases_still_held_by_that_worker():
+    for _ in range(3):
+        services.enqueue("test.echo", {})
+    a, b, c = services.claim("cluster-1", limit=3, lease_seconds=1)
+    later = timezone.now() + timedelta(minutes=5)
+    renewed = services.extend_leases(
+        "cluster-1",
+        [(a.pk, a.lease_token), (b.pk, "00000000-0000-0000-0000-000000000000")],
+        lease_seconds=60,
+        now=later,
+    )
+    assert renewed == 1  # b's token is not its lease; c was not listed
+    expiry = dict(Job.objects.values_list("pk", "lease_expires_at"))
+    assert expiry[a.pk] > later
+    assert expiry[b.pk] < later and expiry[c.pk] < later
+    assert services.extend_leases("cluster-2", [(c.pk, c.lease_token)], now=later) == 0
+    assert services.extend_leases("cluster-1", []) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -16,7 +17,7 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, UUIDField, Value, When
+from django.db.models import Case, Count, F, Q, UUIDField, Value, When
 from django.utils import timezone
 
 from jobstate import conf, registry
@@ -210,12 +211,28 @@ def heartbeat(
     return Beat(cancel_at is not None, stop_at is not None)
 
 
-def extend_leases(worker_id: str, *, lease_seconds: float | None = None, now: datetime | None = None) -> int:
-    """Renew every lease held under exactly ``worker_id``: jobs a cluster claimed
-    and keeps queued in memory until one of its worker processes starts them
-    (which relabels them). Returns how many were renewed."""
+def extend_leases(
+    worker_id: str,
+    leases: Iterable[tuple[Any, UUID | str]],
+    *,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> int:
+    """Renew the leases of jobs a cluster claimed and still keeps queued in
+    memory until one of its worker processes starts them (which relabels them).
+
+    ``leases`` are ``(job id, lease token)`` pairs: only those are renewed, and
+    only while still held under exactly ``worker_id``, so a job a dead worker
+    process took is left to the reaper. Returns how many were renewed.
+    """
+    leases = list(leases)
+    if not leases:
+        return 0
     now = now or timezone.now()
-    return Job.objects.filter(status=Status.PROCESSING, worker_id=worker_id).update(
+    held = Q()
+    for pk, token in leases:
+        held |= Q(pk=pk, lease_token=token)
+    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id).update(
         lease_expires_at=_lease(now, lease_seconds)
     )
 

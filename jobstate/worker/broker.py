@@ -22,7 +22,6 @@ import socket
 import time
 import uuid
 from collections import deque
-from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.db import DatabaseError, close_old_connections, connections
@@ -286,15 +285,7 @@ class JobBroker(ORM):
         waiting = self._still_waiting(now)
         if not waiting:
             return
-        # Not services.extend_leases: that renews every job labelled with the
-        # cluster id, including ones a dead worker process took.
-        lease = timezone.now() + timedelta(seconds=float(conf.get("LEASE_SECONDS")))
-        Job.objects.filter(
-            pk__in=[w.pk for w in waiting],
-            lease_token__in=[w.token for w in waiting],
-            status=Status.PROCESSING,
-            worker_id=cluster_id(),
-        ).update(lease_expires_at=lease)
+        services.extend_leases(cluster_id(), [(w.pk, w.token) for w in waiting])
 
     def _still_waiting(self, now: float) -> list[_Handed]:
         """The jobs handed out that no worker process has taken yet.
