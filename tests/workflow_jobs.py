@@ -39,7 +39,11 @@ def crash_point(ctx: Any, where: str) -> None:
         return
     if params.get("mode", "raise") == "raise":
         raise SimulatedCrash(where)
-    Path(params["marker"]).write_text(str(os.getpid()))
+    # Written whole, then renamed: the test reads the pid as soon as the file exists.
+    marker = Path(params["marker"])
+    partial = marker.with_suffix(".tmp")
+    partial.write_text(str(os.getpid()))
+    partial.replace(marker)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         time.sleep(0.05)

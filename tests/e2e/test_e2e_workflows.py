@@ -27,7 +27,10 @@ def fresh(job: Job) -> Job:
 
 
 def kill_at_marker(cluster, job: Job, marker: Path) -> int:  # type: ignore[no-untyped-def]
-    wait_for(marker.exists, 20, message=f"worker to reach the crash point\n{cluster.log()[-3000:]}")
+    def reached() -> bool:
+        return marker.exists() and marker.read_text().strip().isdigit()
+
+    wait_for(reached, 20, message=f"worker to reach the crash point\n{cluster.log()[-3000:]}")
     victim = int(marker.read_text())
     assert worker_pid(fresh(job).worker_id) == victim
     cluster.kill(victim, signal.SIGKILL)
