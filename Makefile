@@ -7,38 +7,73 @@ BIN    := $(VENV)/bin
 PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup lint format migrations-check test-sqlite test-postgres test-django6 bench clean
+.PHONY: demo test setup setup-dev lint format typecheck migrations-check test-sqlite test-postgres \
+	test-lowest test-newproject dist docs docs-serve bench clean
 
+# The runtime only (requirements.txt): what `make demo` needs.
 $(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --no-compile -r requirements.txt
+	touch $@
+
+# The runtime plus tests and tooling (requirements-dev.txt): what `make test` needs.
+# uv installs the tools (it resolves and installs in seconds where pip takes a minute).
+$(VENV)/.installed-dev: requirements-dev.txt $(VENV)/.installed
+	$(BIN)/python -m pip install -q "uv>=0.4"
+	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements-dev.txt
 	touch $@
 
 setup: $(VENV)/.installed
 
+setup-dev: $(VENV)/.installed-dev
+
 demo: setup
 	$(BIN)/python scripts/demo.py
 
-test: setup
+test: setup-dev
 	@bash scripts/test.sh
 
-test-sqlite: setup
+test-sqlite: setup-dev
 	env -u DATABASE_URL $(BIN)/pytest $(PYTEST_ARGS)
 
-test-postgres: setup
+test-postgres: setup-dev
 	DATABASE_URL=$(PG_URL) $(BIN)/pytest $(PYTEST_ARGS)
 
-lint: setup
+# The suite with the lowest versions pyproject.toml allows (a separate venv, .venv-lowest).
+test-lowest: setup-dev
+	@bash scripts/test-lowest.sh
+
+# Build the wheel, install it into a fresh venv, follow the docs' steps in a new project.
+test-newproject: setup-dev
+	@bash tests/newproject/run.sh
+
+# The wheel and sdist in dist/, checked by twine.
+dist: setup-dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist . >/dev/null
+	$(BIN)/twine check --strict dist/*
+
+# The documentation site in site/ (strict: a warning or a broken link fails).
+docs: setup-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: setup-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+lint: setup-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: setup
+format: setup-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# mypy, strict for jobstate/ ([tool.mypy] in pyproject.toml).
+typecheck: setup-dev
+	$(BIN)/mypy
 
 migrations-check: setup
 	env -u DATABASE_URL $(BIN)/python manage.py makemigrations --check --dry-run
 
 clean:
-	rm -rf $(VENV) .venv-django6 var
+	rm -rf $(VENV) .venv-django6 .venv-lowest var dist build site

@@ -176,10 +176,11 @@ WHERE j.kind = 'etl.import' AND j.created_at >= %(low)s AND j.created_at < %(hig
 ASSETS_SQL = """
 INSERT INTO jobstate_asset
     (id, job_id, owner_id, asset_type, name, file, url, storage_path, size, content_type,
-     sha256, metadata, created_at)
+     sha256, metadata, created_at, attempt, attempt_lost)
 SELECT gen_random_uuid(), j.id, j.owner_id, 'report', 'report.csv',
        'jobstate/' || j.id || '/report.csv', '', 'jobstate/' || j.id || '/report.csv',
-       1024 + (j.progress * 10), 'text/csv', md5(j.id::text) || md5(j.kind), '{}'::jsonb, j.finished_at
+       1024 + (j.progress * 10), 'text/csv', md5(j.id::text) || md5(j.kind), '{}'::jsonb, j.finished_at,
+       j.attempts, false
 FROM jobstate_job j
 WHERE j.status = 'completed' AND (j.parameters->>'n')::bigint % 10 = 0
   AND j.created_at >= %(low)s AND j.created_at < %(high)s

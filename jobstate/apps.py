@@ -9,7 +9,7 @@ class JobstateConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete
 
-        from jobstate import registry
+        from jobstate import conf, metrics, registry, tasks, tracing, webhooks, workflows  # noqa: F401
         from jobstate.models import Asset
         from jobstate.services.assets import delete_stored_file
         from jobstate.worker import checks  # noqa: F401  (registers the Q_CLUSTER checks)
@@ -23,3 +23,12 @@ class JobstateConfig(AppConfig):
             dispatch_uid="jobstate_asset_file_cleanup",
         )
         registry.autodiscover()
+        workflows.install()
+        # Higher layers register on the core's hooks (jobstate.hooks); conf's import
+        # registers the settings check.
+        from jobstate.api.serializers import JobDetailSerializer
+
+        webhooks.install(serializer=JobDetailSerializer)
+        metrics.install()
+        tracing.install()
+        tasks.install()  # django.tasks backend: registers the kinds of @task functions

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.checks import Error, register
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
@@ -24,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_JITTER": 0.25,
     # Seconds a handler may ignore a cancel request before it is stopped.
     "CANCEL_GRACE_SECONDS": 30,
+    # ctx.progress() writes at most once per this many seconds (the latest value wins;
+    # the last one is stored with the outcome). 0 writes every call.
+    "PROGRESS_FLUSH_SECONDS": 0.25,
     # How many jobs a worker claims at once.
     "CLAIM_BATCH": 10,
     # django-q2 workers (jobstate.worker.broker.JobBroker): jobs claimed but not yet
@@ -52,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     # polling the database every SSE_POLL_SECONDS and sending a keep-alive comment
     # every SSE_KEEPALIVE_SECONDS; a long-poll ``?wait=`` is capped at LONGPOLL_MAX_SECONDS.
     "SSE_MAX_SECONDS": 300,
-    "SSE_POLL_SECONDS": 1.0,
+    "SSE_POLL_SECONDS": 0.5,
     "SSE_KEEPALIVE_SECONDS": 15,
     "LONGPOLL_MAX_SECONDS": 30,
     # Streams and long-polls one user may hold open at once (None: no limit).
@@ -76,6 +80,45 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_ALIVE_SECONDS": 120,
     # Lists in the admin never COUNT more rows than this (estimates above it).
     "ADMIN_COUNT_CAP": 10_000,
+    # Webhooks -------------------------------------------------------------
+    # Deliver to private, loopback, link-local, reserved or multicast addresses
+    # (checked after DNS resolution). Off by default: a user-supplied URL must
+    # not reach the intranet or the cloud metadata service.
+    "WEBHOOK_ALLOW_PRIVATE": False,
+    # Seconds for connecting and for each read of a delivery.
+    "WEBHOOK_TIMEOUT": 5.0,
+    # Bytes of the receiver's response read (and kept, up to 1 KiB) at most.
+    "WEBHOOK_MAX_RESPONSE_BYTES": 64 * 1024,
+    # Attempts per delivery, and the backoff between them: base * 2 ** (attempt - 1)
+    # seconds, capped at max, plus up to 25% jitter.
+    "WEBHOOK_MAX_ATTEMPTS": 8,
+    "WEBHOOK_BACKOFF_BASE": 10.0,
+    "WEBHOOK_BACKOFF_MAX": 6 * 3600.0,
+    # An endpoint is disabled after this many failed attempts in a row (any
+    # delivery); its owner sees why and re-enables it.
+    "WEBHOOK_DISABLE_AFTER": 20,
+    # Seconds the previous secret keeps signing after a rotation.
+    "WEBHOOK_SECRET_OVERLAP_SECONDS": 24 * 3600,
+    # Seconds a process trusts its "which events does anyone want?" answer; an
+    # endpoint saved in the same process refreshes it at once.
+    "WEBHOOK_CACHE_SECONDS": 2.0,
+    # Metrics ---------------------------------------------------------------
+    # Who may scrape /metrics/: "token" (Authorization: Bearer METRICS_TOKEN),
+    # "staff" (a logged-in staff user; the token works too) or "open".
+    "METRICS_ACCESS": "staff",
+    "METRICS_TOKEN": "",
+    # Seconds the gauges (one grouped query each) are served from memory before a
+    # refresh; a refresh runs in a background thread while the old values are served.
+    "METRICS_CACHE_SECONDS": 10.0,
+    # History rows newer than this many seconds are counted but not yet folded
+    # into the stored totals (a transaction that commits late keeps its row).
+    "METRICS_SETTLE_SECONDS": 10.0,
+    # History rows folded into the stored totals per scrape at most (a first
+    # scrape of a large database catches up over several scrapes).
+    "METRICS_FOLD_BATCH": 50_000,
+    # Tracing ---------------------------------------------------------------
+    # Trace jobs when opentelemetry-api is installed (None: whenever it is).
+    "TRACING": None,
 }
 
 
@@ -84,3 +127,86 @@ def get(name: str) -> Any:
     if name in user:
         return user[name]
     return DEFAULTS[name]
+
+
+# --- validation (``manage.py check``) ----------------------------------------------
+#
+# The accepted types of each key derive from its default: a bool default takes a
+# bool, an int default an int, a float default an int or a float, a str default a
+# str; a ``*_SECONDS`` key also takes a float. Keys that may be None (or whose
+# default is None) are listed here with the types they take besides None; a key
+# added to DEFAULTS with a None default must be added here too (a test checks it).
+NULLABLE: dict[str, tuple[type, ...]] = {
+    "PREFETCH": (int,),
+    "WORKER_CONN_MAX_AGE": (int, float),
+    "RETENTION_DAYS": (int, float),
+    "API_MAX_STREAMS_PER_USER": (int,),
+    "TRACING": (bool,),
+}
+
+
+def allowed_types(name: str) -> tuple[type, ...]:
+    """The types ``JOBSTATE[name]`` may have (``type(None)`` when it may be None)."""
+    if name in NULLABLE:
+        return (*NULLABLE[name], type(None))
+    default = DEFAULTS[name]
+    if isinstance(default, bool):
+        return (bool,)
+    if isinstance(default, float) or (isinstance(default, int) and name.endswith("_SECONDS")):
+        return (int, float)
+    if default is None:
+        return (object,)  # undeclared: see NULLABLE
+    return (type(default),)
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join("None" if t is type(None) else t.__name__ for t in types)
+
+
+def _accepts(types: tuple[type, ...], value: Any) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False  # True is an int to Python, not a number of seconds to us
+    return isinstance(value, types)
+
+
+def problems(user: Any) -> list[Error]:
+    """What is wrong with a ``JOBSTATE`` value (empty when nothing)."""
+    if user is None:
+        return []
+    if not isinstance(user, dict):
+        return [
+            Error(
+                f"settings.JOBSTATE is a {type(user).__name__}; it must be a dict.",
+                hint="JOBSTATE = {'LEASE_SECONDS': 60, ...}; see jobstate.conf.DEFAULTS.",
+                id="jobstate.E001",
+            )
+        ]
+    table = ", ".join(f"{k} ({_type_names(allowed_types(k))})" for k in sorted(DEFAULTS))
+    found: list[Error] = []
+    for key, value in user.items():
+        if key not in DEFAULTS:
+            found.append(
+                Error(
+                    f"Unknown key {key!r} in settings.JOBSTATE.",
+                    hint=f"Allowed keys and types: {table}.",
+                    obj=key,
+                    id="jobstate.E002",
+                )
+            )
+        elif not _accepts(allowed_types(key), value):
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r} ({type(value).__name__}); "
+                    f"expected {_type_names(allowed_types(key))}.",
+                    hint=f"Default: {DEFAULTS[key]!r}. Allowed keys and types: {table}.",
+                    obj=key,
+                    id="jobstate.E003",
+                )
+            )
+    return found
+
+
+@register("jobstate")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    """Unknown keys and wrong types in ``settings.JOBSTATE`` are errors."""
+    return problems(getattr(settings, "JOBSTATE", None))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.exceptions import ValidationError
 
 
@@ -29,6 +31,20 @@ class LeaseLost(JobStateError):
         super().__init__(f"Lease lost on job {job_id}: {reason}")
 
 
+class DuplicateActiveKey(JobStateError):
+    """Another active job already holds this (kind, key)."""
+
+
+class StepStateError(JobStateError):
+    """The workflow step is not in a state that allows the requested change; nothing was written."""
+
+    def __init__(self, job_id: object, name: str, requested: str, current: str | None = None) -> None:
+        self.job_id = job_id
+        self.name = name
+        self.current = current
+        super().__init__(f"Step '{name}' of job {job_id} is {current or 'missing'}; cannot {requested}")
+
+
 class CancelRequested(JobStateError):
     """A cancel was requested: the handler must stop; the worker ends the job ``cancelled``."""
 
@@ -54,6 +70,16 @@ class InvalidParameters(ValidationError):
         super().__init__({"parameters": flat}, code="invalid_parameters")
 
 
+class Interrupted(BaseException):
+    """Raised inside a running handler by its worker when the attempt must stop now
+    (``why``: "timeout", "cancel" or "lease"). A ``BaseException`` so that a
+    handler's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 class NonRetryable(Exception):
     """Raise (or subclass) in a handler to fail the job without further attempts."""
 
@@ -71,7 +97,7 @@ class Suspend(Exception):
     worker back: the job returns to the queue without spending an attempt, until
     ``until`` or, when None, until its last active child has ended."""
 
-    def __init__(self, reason: str = "waiting", until: object = None) -> None:
+    def __init__(self, reason: str = "waiting", until: datetime | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.until = until

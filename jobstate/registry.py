@@ -15,6 +15,10 @@ from jobstate.exceptions import InvalidParameters, UnknownKind
 
 Backoff = float | Callable[[int], float]
 
+# Who may enqueue a kind through the REST API: nobody (False, the default), any
+# authenticated user (True), or users holding this permission ("app.codename").
+ApiPolicy = bool | str
+
 
 @dataclass(frozen=True)
 class HandlerSpec:
@@ -26,6 +30,7 @@ class HandlerSpec:
     retry_backoff: Backoff | None = None
     schema: Any = None
     description: str = ""
+    api: ApiPolicy = False
     options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self, parameters: Any) -> dict[str, Any]:
@@ -43,7 +48,8 @@ class HandlerSpec:
             cleaned = serializer.validated_data
         else:
             cleaned = self.schema(parameters)
-        return json.loads(json.dumps(dict(cleaned), cls=DjangoJSONEncoder))
+        plain: dict[str, Any] = json.loads(json.dumps(dict(cleaned), cls=DjangoJSONEncoder))
+        return plain
 
 
 def _is_serializer_class(obj: Any) -> bool:
@@ -65,13 +71,20 @@ def handler(
     concurrency: int | None = None,
     retry_backoff: Backoff | None = None,
     schema: Any = None,
+    api: ApiPolicy = False,
     **options: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a handler under ``name``.
 
     ``schema`` is a DRF serializer class (or a callable returning cleaned
     parameters) that ``enqueue`` validates parameters against.
+
+    ``api`` says who may enqueue the kind through the REST API: ``False``
+    (the default: nobody; code, workflows and the admin still can), ``True``
+    (any authenticated user) or a permission name such as
+    ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
+    validate_api_policy(name, api)
     if max_attempts is not None and max_attempts < 1:
         raise ValueError("max_attempts must be at least 1")
     if concurrency is not None and concurrency < 1:
@@ -101,11 +114,25 @@ def handler(
             retry_backoff=retry_backoff,
             schema=schema,
             description=(func.__doc__ or "").strip().split("\n")[0],
+            api=api,
             options=options,
         )
         return func
 
     return register
+
+
+def validate_api_policy(name: str, api: Any) -> None:
+    if isinstance(api, bool):
+        return
+    if isinstance(api, str):
+        app_label, dot, codename = api.partition(".")
+        if dot and app_label and codename and not any(c.isspace() for c in api):
+            return
+    raise ValueError(
+        f"Handler '{name}': api must be False, True or a permission name like 'app_label.codename', "
+        f"not {api!r}"
+    )
 
 
 def get_handler(name: str) -> HandlerSpec:

@@ -14,5 +14,5 @@ def backoff_seconds(attempt: int, spec: HandlerSpec | None = None) -> float:
     if callable(custom):
         return max(0.0, float(custom(attempt)))
     base = float(custom) if custom is not None else float(conf.get("RETRY_BACKOFF_BASE"))
-    delay = min(base * 2 ** max(attempt - 1, 0), float(conf.get("RETRY_BACKOFF_MAX")))
+    delay: float = min(base * 2 ** max(attempt - 1, 0), float(conf.get("RETRY_BACKOFF_MAX")))
     return delay + random.uniform(0, delay * float(conf.get("RETRY_JITTER")))

@@ -1,7 +1,7 @@
 """Demo workflow ``demo.etl``: download, process, validate and finalize a day of
 (synthetic, deterministic) sales data, in chunks, writing real files.
 
-Crash it by hand and watch it resume (see README.md, "The demo ETL"):
+Crash it by hand and watch it resume (see docs/explanation/workflows.md, "The demo ETL"):
 
     python manage.py jobstate_workflow start demo.etl --params '{"rows": 40000, "delay": 0.5}'
     python manage.py jobstate_workflow state <job id>      # steps, cursors, outputs
@@ -81,7 +81,7 @@ def asset_once(ctx: StepContext, asset_type: str, name: str, content: str, conte
     return existing or ctx.add_asset(asset_type, content, name=name, content_type=content_type)
 
 
-@jobstate.workflow("demo.etl", max_attempts=3, timeout=1800, schema=ETLParameters)
+@jobstate.workflow("demo.etl", max_attempts=3, timeout=1800, schema=ETLParameters, api=True)
 class DailyETL(jobstate.Workflow):
     """Download, process, validate and finalize a day of sales data."""
 

@@ -29,7 +29,7 @@ class ChartParameters(serializers.Serializer):
     delay = serializers.FloatField(min_value=0, max_value=5, default=0.4)
 
 
-@jobstate.handler("demo.chart", max_attempts=2, timeout=120, schema=ChartParameters)
+@jobstate.handler("demo.chart", max_attempts=2, timeout=120, schema=ChartParameters, api=True)
 def chart(ctx: JobContext) -> dict[str, Any]:
     """Render a bar chart to PNG and attach it, with its data as CSV."""
     title, values = ctx.parameters["title"], ctx.parameters["values"]
@@ -61,7 +61,7 @@ def chart(ctx: JobContext) -> dict[str, Any]:
     return {"bars": len(values), "max": top, "png_bytes": png.tell()}
 
 
-@jobstate.handler("demo.countdown", timeout=900)
+@jobstate.handler("demo.countdown", timeout=900, api=True)
 def countdown(ctx: JobContext) -> dict[str, Any]:
     """Count down slowly, reporting each step (cancel it from the admin or the API)."""
     steps = int(ctx.parameters.get("steps", 30))
@@ -72,7 +72,7 @@ def countdown(ctx: JobContext) -> dict[str, Any]:
     return {"counted": steps}
 
 
-@jobstate.handler("demo.flaky", max_attempts=3, retry_backoff=3.0)
+@jobstate.handler("demo.flaky", max_attempts=3, retry_backoff=3.0, api=True)
 def flaky(ctx: JobContext) -> dict[str, Any]:
     """Fail the first ``failures`` attempts (as a flaky upstream would), then succeed."""
     failures = int(ctx.parameters.get("failures", 1))
@@ -83,7 +83,7 @@ def flaky(ctx: JobContext) -> dict[str, Any]:
     return {"succeeded_on_attempt": ctx.attempt}
 
 
-@jobstate.handler("demo.import", max_attempts=1)
+@jobstate.handler("demo.import", max_attempts=1, api=True)
 def import_rows(ctx: JobContext) -> dict[str, Any]:
     """Import rows; bad rows are skipped, so the job ends ``partial``."""
     rows = ctx.parameters.get("rows", ["alice,30", "bob,x", "carol,41", "dave"])
@@ -99,5 +99,5 @@ def import_rows(ctx: JobContext) -> dict[str, Any]:
     return result
 
 
-# The multi-step ETL workflow demo (README.md, "The demo ETL").
+# The multi-step ETL workflow demo (docs/explanation/workflows.md, "The demo ETL").
 from project import etl  # noqa: E402, F401

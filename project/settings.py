@@ -9,6 +9,8 @@ from pathlib import Path
 
 import dj_database_url
 
+import jobstate
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("JOBSTATE_VAR_DIR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -117,7 +119,7 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "jobstate API",
     "DESCRIPTION": "Durable background jobs with a validated lifecycle.",
-    "VERSION": "0.1.0",
+    "VERSION": jobstate.__version__,
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -128,7 +130,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# django-q2 runs the jobs; the Job table is its broker (see README, "Workers").
+# django-q2 runs the jobs; the Job table is its broker (see docs/explanation/workers.md).
 # Each job package carries its handler's own hard limit; "timeout"/"retry" bind
 # only plain django-q2 tasks (the scheduled reaper and pruner, on the ORM queue).
 # jobstate owns retries: django-q2 delivers once and keeps every failure.

@@ -14,3 +14,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # they pass overrides as JSON in the environment (see tests/e2e/support.py).
 JOBSTATE = {**JOBSTATE, **json.loads(os.environ.get("JOBSTATE_OVERRIDES") or "{}")}
 Q_CLUSTER = {**Q_CLUSTER, **json.loads(os.environ.get("Q_CLUSTER_OVERRIDES") or "{}")}
+
+# django.tasks on jobstate (jobstate.tasks): a project app written for django-tasks-db.
+from tests.tasks_app.settings import TASKS  # noqa: E402, F401
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.tasks_app"]

@@ -11,4 +11,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("jobstate.api.urls")),
+    path("", include("jobstate.metrics.urls")),  # /metrics/ (Prometheus)
 ]

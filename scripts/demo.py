@@ -7,6 +7,7 @@ states; watch them in the admin.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -21,28 +22,46 @@ env.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 env["PYTHONUNBUFFERED"] = "1"
 
 
-def manage(*args: str) -> None:
-    subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, check=True)
+SETUP = """
+import django
+from django.core.management import call_command
+
+django.setup()
+call_command("migrate", verbosity=0)
+call_command("jobstate_demo_user")
+call_command("jobstate_schedule")
+call_command("jobstate_demo_seed")
+"""
+
+
+def setup() -> None:
+    """Migrate, demo user, schedules, seeded jobs: one process (Django starts once)."""
+    subprocess.run([PY, "-c", SETUP], cwd=ROOT, env=env, check=True)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process and everything it started (runserver's autoreloader runs
+    the server in a child process: signalling the parent alone can leave the child
+    serving port 8000)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+        signal_group(proc, signal.SIGINT)
     deadline = time.monotonic() + 15
     for proc in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    # Whatever is left in each group (the parent or a child that ignored SIGINT) is killed.
+    for proc in procs:
+        signal_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def main() -> int:
-    manage("migrate", "--verbosity", "0")
-    manage("jobstate_demo_user")
-    manage("jobstate_schedule")
-    manage("jobstate_demo_seed")
+    setup()
     print(
         "\nStarting the web server on http://127.0.0.1:8000/admin/ and a worker cluster "
         "(python manage.py qcluster).\n"
@@ -51,10 +70,15 @@ def main() -> int:
         flush=True,
     )
     procs = [
-        subprocess.Popen([PY, "manage.py", "runserver", "127.0.0.1:8000"], cwd=ROOT, env=env),
-        subprocess.Popen([PY, "manage.py", "qcluster"], cwd=ROOT, env=env),
+        # Each in its own process group, so that stop() reaches their children too.
+        subprocess.Popen(
+            [PY, "manage.py", "runserver", "127.0.0.1:8000"], cwd=ROOT, env=env, start_new_session=True
+        ),
+        subprocess.Popen([PY, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True),
     ]
-    # A SIGTERM (e.g. from a process manager) stops the demo like Ctrl-C does.
+    # Ctrl-C stops the demo even when it was started in the background (where a shell
+    # leaves SIGINT ignored); a SIGTERM (e.g. from a process manager) does the same.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         while all(proc.poll() is None for proc in procs):

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -26,6 +27,16 @@ def fresh_cache() -> Iterator[None]:
     cache.clear()
     yield
     cache.clear()
+
+
+def grant(user: Any, *codenames: str) -> Any:
+    """Give ``user`` jobstate model permissions; returns the user reloaded (no
+    stale permission cache)."""
+    for codename in codenames:
+        user.user_permissions.add(
+            Permission.objects.get(codename=codename, content_type__app_label="jobstate")
+        )
+    return type(user).objects.get(pk=user.pk)
 
 
 def client_for(user: Any | None) -> APIClient:

@@ -1,8 +1,53 @@
 from __future__ import annotations
 
+import types
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
+from django.db import connection
 
 from jobstate import registry
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first (in their order), so that no worker starts a long
+    one while the other has run out of tests."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# Left in place between transactional tests: post_migrate writes them, and only re-creates them.
+STATIC_TABLES = frozenset({"django_content_type", "auth_permission"})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cheap_flush(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """Empty the tables after a transactional test with DELETE, not TRUNCATE.
+
+    On PostgreSQL, TRUNCATE of these near-empty tables costs about 0.2 s a test (new
+    files for every table and index), DELETE about 0.02 s; with the content types and
+    permissions left in place, post_migrate has nothing to re-create (0.35 s -> 0.09 s
+    per flush in all). Django's foreign keys are DEFERRABLE INITIALLY DEFERRED and the
+    flush runs in one transaction, so the order of the DELETEs does not matter.
+    """
+    ops = connection.ops
+    original = ops.sql_flush
+
+    def sql_flush(
+        self: Any,
+        style: Any,
+        tables: list[str],
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or allow_cascade:
+            return original(style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables if table not in STATIC_TABLES]
+
+    ops.sql_flush = types.MethodType(sql_flush, ops)  # type: ignore[method-assign]
+    yield
+    ops.sql_flush = original  # type: ignore[method-assign]
 
 
 @pytest.fixture

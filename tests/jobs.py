@@ -10,12 +10,12 @@ from rest_framework import serializers
 import jobstate
 
 
-@jobstate.handler("test.echo", max_attempts=3)
+@jobstate.handler("test.echo", max_attempts=3, api=True)
 def echo(ctx: Any) -> dict[str, Any]:
     return {"echo": ctx.parameters}
 
 
-@jobstate.handler("test.limited", concurrency=2)
+@jobstate.handler("test.limited", concurrency=2, api=True)
 def limited(ctx: Any) -> None:
     return None
 
@@ -25,7 +25,7 @@ class SchemaParameters(serializers.Serializer):
     label = serializers.CharField(max_length=50, required=False, default="")
 
 
-@jobstate.handler("test.schema", schema=SchemaParameters)
+@jobstate.handler("test.schema", schema=SchemaParameters, api=True)
 def with_schema(ctx: Any) -> dict[str, Any]:
     """A handler whose parameters are validated by a DRF serializer (API tests)."""
     return {"area": ctx.parameters["width"] ** 2}

@@ -43,6 +43,19 @@ def reasons(now: Any = None) -> dict[str, str]:
     return {str(f.job.pk): f.reason for f in stuck.find_stuck(now)}
 
 
+def waiting_parent(*, lost_wakeup: bool) -> Job:
+    """A job waiting for its child; with ``lost_wakeup`` the child ended without
+    waking it (written behind the service layer's back, as a lost wake-up would)."""
+    parent = processing(lease_seconds=3600)
+    child = queued(parent=parent, run_after=timezone.now() + timedelta(hours=1))
+    services.suspend(parent, parent.lease_token)
+    if lost_wakeup:
+        Job.objects.filter(pk=child.pk).update(status=Status.CANCELLED, finished_at=timezone.now())
+    parent.refresh_from_db()
+    assert parent.status == Status.WAITING
+    return parent
+
+
 def scenario(temp_handler: Any) -> dict[str, Job]:
     """One job per reason, plus healthy ones that must not be reported."""
     temp_handler("test.slow", timeout=60)
@@ -63,8 +76,10 @@ def scenario(temp_handler: Any) -> dict[str, Job]:
     jobs["cancel_unhonoured"] = hung
     jobs["queued_no_worker"] = queued(kind="test.orphan", run_after=ago(hours=1))
     jobs["recently_failed"] = failed(error="out of memory")
+    jobs["waiting_no_children"] = waiting_parent(lost_wakeup=True)
     # Healthy: running with fresh heartbeat, queued for later, done, operator-failed, retried.
     jobs["ok_running"] = processing()
+    jobs["ok_waiting"] = waiting_parent(lost_wakeup=False)
     jobs["ok_future"] = queued(run_after=timezone.now() + timedelta(hours=1))
     jobs["ok_done"] = completed()
     jobs["ok_operator_failed"] = services.force_fail(queued(), "ops", "bad data")
@@ -130,7 +145,7 @@ def test_counts_and_filters(temp_handler: Any) -> None:
     scenario(temp_handler)
     counts = stuck.count_stuck()
     assert counts == {r.code: 2 if r.code == "past_timeout" else 1 for r in stuck.REASONS}
-    assert Job.objects.filter(stuck.any_stuck_q()).count() == 7
+    assert Job.objects.filter(stuck.any_stuck_q()).count() == 8
     assert stuck.count_stuck(cap=0)[stuck.LEASE_EXPIRED] == 0
     finding = stuck.find_stuck(codes=[stuck.RECENTLY_FAILED])[0]
     assert finding.as_dict()["remedy"] == "retry" and "out of memory" in finding.text
@@ -167,6 +182,19 @@ def test_one_click_requeue_records_admin_and_reason(admin_client: Any, admin_use
     assert (event.transition, event.actor, event.actor_label) == ("requeue", admin_user, "admin")
     assert event.reason == "stuck remedy (lease expired (worker lost))"
     assert str(job.pk) not in admin_client.get(STUCK).content.decode()
+
+
+def test_one_click_wakes_a_job_waiting_for_children_that_all_ended(
+    admin_client: Any, admin_user: Any
+) -> None:
+    job = waiting_parent(lost_wakeup=True)
+    assert reasons() == {str(job.pk): "waiting_no_children"}
+    response = remedy(admin_client, job, "requeue")
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED
+    event = JobEvent.objects.filter(job=job).latest("id")
+    assert (event.from_status, event.transition, event.actor) == ("waiting", "wake", admin_user)
 
 
 def test_one_click_force_cancel_and_retry(admin_client: Any, admin_user: Any) -> None:

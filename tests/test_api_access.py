@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.test import override_settings
 from django.utils import timezone
@@ -27,7 +28,7 @@ class Endpoint:
     method: str
     path: str  # {queued}, {running}, {done}, {asset}: the owner's objects
     owner: int  # status for the owner
-    staff: int  # status for staff (without extra model permissions)
+    staff: int  # status for staff with jobstate.view_job only (no action permissions)
     body: dict[str, Any] | None = None
     listing: bool = False  # a list: other users get 200 with nothing of the owner's
 
@@ -75,18 +76,27 @@ def owner_data(response: Any, objects: dict[str, Any]) -> bool:
     return any(item.get("id", item.get("job")) in ids for item in items)
 
 
+@pytest.fixture
+def viewer(django_user_model):  # type: ignore[no-untyped-def]
+    """Staff with jobstate.view_job: sees every job, as in the admin."""
+    user = django_user_model.objects.create_user("vera", password="pw-vera-123", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job", content_type__app_label="jobstate"))
+    return user
+
+
 @override_settings(JOBSTATE=FAST)
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: f"{e.method} {e.path}")
-@pytest.mark.parametrize("role", ["owner", "other", "staff", "anonymous"])
-def test_access_matrix(endpoint, role, objects, user, other_user, staff_user):
-    who = {"owner": user, "other": other_user, "staff": staff_user, "anonymous": None}[role]
+@pytest.mark.parametrize("role", ["owner", "other", "staff", "viewer", "anonymous"])
+def test_access_matrix(endpoint, role, objects, user, other_user, staff_user, viewer):
+    # Staff status alone reads nothing of other people's: like any other user.
+    who = {"owner": user, "other": other_user, "staff": staff_user, "viewer": viewer, "anonymous": None}[role]
     before = (Job.objects.count(), Asset.objects.count())
     response = call(client_for(who), endpoint, objects)
     if role == "anonymous":
         assert_error(response, 401, "not_authenticated")
         assert response["WWW-Authenticate"] == "Token"
         assert (Job.objects.count(), Asset.objects.count()) == before
-    elif role == "other":
+    elif role in ("other", "staff"):
         if endpoint.listing:
             assert response.status_code == 200 and not owner_data(response, objects)
         elif endpoint.method == "post" and endpoint.path == "/api/jobs/":
@@ -177,6 +187,7 @@ def test_the_api_root_links_the_endpoints_schema_and_docs():
     links = client_for(None).get("/api/").json()
     assert links == {
         "jobs": "http://testserver/api/jobs/",
+        "kinds": "http://testserver/api/kinds/",
         "stuck": "http://testserver/api/jobs/stuck/",
         "assets": "http://testserver/api/assets/",
         "schema": "http://testserver/api/schema/",

@@ -8,7 +8,7 @@ import pytest
 
 from jobstate import services
 from jobstate.models import Asset
-from tests.api_support import assert_error, client_for, job_url, make_job, running
+from tests.api_support import assert_error, client_for, grant, job_url, make_job, running
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +46,10 @@ def test_asset_list_and_detail_are_scoped(user, other_user, staff_user):
     assert [a["id"] for a in client_for(user).get("/api/assets/").json()["results"]] == [str(mine.pk)]
     assert client_for(user).get(f"/api/assets/{mine.pk}/").json()["job"] == str(mine.job_id)
     assert_error(client_for(user).get(f"/api/assets/{theirs.pk}/"), 404, "not_found")
-    staff_ids = {a["id"] for a in client_for(staff_user).get("/api/assets/").json()["results"]}
+    assert client_for(staff_user).get("/api/assets/").json()["results"] == []  # staff status alone
+    assert_error(client_for(staff_user).get(f"/api/assets/{theirs.pk}/download/"), 404, "not_found")
+    viewer = grant(staff_user, "view_job")
+    staff_ids = {a["id"] for a in client_for(viewer).get("/api/assets/").json()["results"]}
     assert staff_ids == {str(mine.pk), str(theirs.pk)}
 
 

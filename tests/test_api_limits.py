@@ -8,12 +8,14 @@ import gc
 from typing import Any
 
 import pytest
+from django.core.cache import cache
 from django.core.signals import request_finished
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.test import override_settings
 from rest_framework.exceptions import Throttled
 from rest_framework.test import APIClient
 
+from jobstate.api import stream as stream_module
 from jobstate.api import throttling
 from jobstate.api.stream import HeldStream
 from jobstate.models import Asset, Job, JobEvent
@@ -226,3 +228,76 @@ def test_a_cache_that_keeps_nothing_does_not_block_streams(user: Any) -> None:
     assert {r.status_code for r in opened} == {200}
     for response in opened:
         hang_up(response)
+
+
+@override_settings(
+    JOBSTATE={**FAST, "SSE_MAX_SECONDS": 40, "LONGPOLL_MAX_SECONDS": 30, "API_MAX_STREAMS_PER_USER": 2}
+)
+def test_retry_after_says_when_the_first_held_slot_ends(user: Any) -> None:
+    job = make_job(user)
+    client = client_for(user)
+    first = stream(client, job)
+    held = throttling.hold_stream_slot(user, throttling.long_poll_seconds(10))  # a long-poll of 10 s
+    refused = client.get(job_url(job, "events/stream/"))
+    assert_error(refused, 429, "throttled")
+    # The long-poll's slot ends first: 10 s (+ a poll and the grace), not the stream's 40.
+    assert 10 <= int(refused["Retry-After"]) <= 10 + 1 + throttling.SLOT_GRACE_SECONDS
+    assert held is not None
+    held.release()
+    hang_up(first)
+    both = [stream(client, job), stream(client, job)]
+    refused = client.get(job_url(job), {"wait": 5})
+    assert_error(refused, 429, "throttled")
+    assert 40 <= int(refused["Retry-After"]) <= 40 + 1 + throttling.SLOT_GRACE_SECONDS
+    for response in both:
+        hang_up(response)
+    assert stream(client, job).status_code == 200  # free again at once, not after Retry-After
+
+
+@override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_released_slot_is_not_freed_twice_after_it_expired(user: Any) -> None:
+    old = throttling.hold_stream_slot(user, 0.1)
+    assert old is not None
+    cache.delete(old.key)  # expired; another request takes the slot
+    new = throttling.hold_stream_slot(user)
+    assert new is not None and new.key == old.key
+    old.release()  # must not free the new holder's slot
+    with pytest.raises(Throttled):
+        throttling.hold_stream_slot(user)
+    new.release()
+    assert throttling.hold_stream_slot(user) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(JOBSTATE={**FAST, "LONGPOLL_MAX_SECONDS": 0.3})
+def test_a_long_poll_waits_outside_any_transaction_under_atomic_requests(user: Any, monkeypatch: Any) -> None:
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    seen: list[bool] = []
+    real = stream_module._changed
+
+    def spy(job_id: Any, since: Any) -> bool:
+        seen.append(connection.in_atomic_block)
+        return real(job_id, since)
+
+    monkeypatch.setattr(stream_module, "_changed", spy)
+    job = make_job(user)
+    response = client_for(user).get(job_url(job), {"wait": 1})
+    assert response.status_code == 200, response.content
+    assert len(seen) >= 2 and not any(seen)
+    assert client_for(user).get(job_url(job)).status_code == 200  # a plain detail too
+
+
+@override_settings(JOBSTATE={**FAST, "LONGPOLL_MAX_SECONDS": 5, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_long_poll_whose_wait_fails_answers_with_the_detail_and_frees_its_slot(
+    user: Any, monkeypatch: Any
+) -> None:
+    from django.db import OperationalError
+
+    def broken(job_id: Any, since: Any) -> bool:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(stream_module, "_changed", broken)
+    job = make_job(user)
+    response = client_for(user).get(job_url(job), {"wait": 3})
+    assert response.status_code == 200 and response.json()["id"] == str(job.pk)
+    assert throttling.hold_stream_slot(user) is not None  # the slot came back

@@ -258,6 +258,7 @@ def test_success_responses_conform_to_the_schema(user, token, seeded):
 def test_operator_remedies_conform_to_the_schema(user, staff_user, seeded):
     operator = type(staff_user).objects.get(pk=staff_user.pk)
     operator.user_permissions.add(Permission.objects.get(codename="requeue_job"))
+    operator.user_permissions.add(Permission.objects.get(codename="view_job"))
     token = Token.objects.get_or_create(user=operator)[0].key
     _queued, processing, _cancelling, cancelled, _done, _dead = seeded["jobs"]
     requeued = call(

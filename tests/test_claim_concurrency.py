@@ -48,6 +48,7 @@ def database_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_each_job_claimed_exactly_once_across_processes() -> None:
     services.enqueue_many([("test.echo", {"i": i}) for i in range(JOBS)])

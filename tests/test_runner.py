@@ -15,7 +15,8 @@ from jobstate import NonRetryable, Partial, services
 from jobstate.exceptions import CancelRequested
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.worker.runner import INTERRUPT_SIGNAL, HandlerCall, drain, run_job
+from jobstate.worker.runner import drain, run_job
+from jobstate.worker.supervisor import INTERRUPT_SIGNAL, HandlerCall, Slot, supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -237,17 +238,16 @@ def test_an_interrupt_landing_after_the_handler_returned_is_ignored(temp_handler
     landed_inside: list[int] = []
     senders: list[threading.Thread] = []
 
-    def send_interrupt(heartbeat_name: str, ready: threading.Event) -> None:
+    def send_interrupt(slot: Slot, ready: threading.Event) -> None:
         ready.wait(10)
-        beat = next(t for t in threading.enumerate() if t.name == heartbeat_name)
-        # What Heartbeat._interrupt does, without its logging (which could let
-        # the main thread run on before the signal is sent).
-        beat.interrupted = "timeout"
-        signal.pthread_kill(beat.main_ident, INTERRUPT_SIGNAL)
+        # What the watchdog's interrupt() does, without its logging (which could
+        # let the main thread run on before the signal is sent).
+        slot.interrupted = "timeout"
+        signal.pthread_kill(slot.main_ident, INTERRUPT_SIGNAL)
 
     def finishing(ctx):
         ready = threading.Event()
-        sender = threading.Thread(target=send_interrupt, args=(f"jobstate-heartbeat-{ctx.job.pk}", ready))
+        sender = threading.Thread(target=send_interrupt, args=(supervisor().slot, ready))
         senders.append(sender)
         sender.start()
         base, exponent = 3, 600_000
@@ -282,7 +282,11 @@ def test_an_interrupt_landing_after_the_handler_returned_is_ignored(temp_handler
     assert not landed_inside, "the interrupt never landed after the handler returned"
     job.refresh_from_db()
     assert outcome == "completed" and job.status == Status.COMPLETED and job.result == {"attempt": 1}
-    assert not [t for t in threading.enumerate() if t.name.startswith("jobstate-heartbeat-")]
+    # One heartbeat and one watchdog for the process, not a thread per job.
+    assert sorted(t.name for t in threading.enumerate() if t.name.startswith("jobstate-")) == [
+        "jobstate-heartbeat",
+        "jobstate-watchdog",
+    ]
 
 
 def test_interrupts_land_only_inside_the_handler():
@@ -293,7 +297,7 @@ def test_interrupts_land_only_inside_the_handler():
         frames["call"] = sys._getframe(1)
         return "done"
 
-    call = HandlerCall(handler, beat=SimpleNamespace(interrupted=None))  # type: ignore[arg-type]
+    call = HandlerCall(handler, slot=SimpleNamespace(interrupted=None))  # type: ignore[arg-type]
     assert call.in_handler(sys._getframe()) is False  # not started: not ours either
     assert call(None) == "done"  # type: ignore[arg-type]
     assert call.in_handler(frames["handler"]) is True

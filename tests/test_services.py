@@ -54,7 +54,14 @@ def test_bad_values_write_nothing(options):
 def test_full_lifecycle_with_progress():
     job = services.enqueue("test.echo", {"x": 1})
     (claimed,) = services.claim("w1")
-    assert claimed.pk == job.pk and claimed.status == Status.PROCESSING and claimed.attempts == 1
+    # Claimed is reserved, not running: no attempt charged until a worker begins it.
+    assert claimed.pk == job.pk and claimed.status == Status.PROCESSING and claimed.attempts == 0
+    assert claimed.started_at is None and Job.objects.reserved().count() == 1
+    begun = services.begin(claimed, claimed.lease_token, "w1:7")
+    assert begun.attempt == 1 and not begun.cancel_requested and begun.job.worker_id == "w1:7"
+    assert Job.objects.running().get().started_at is not None and not Job.objects.reserved().exists()
+    with pytest.raises(LeaseLost):  # begun once per claim
+        services.begin(claimed, claimed.lease_token, "w1:7")
     services.report_progress(claimed, claimed.lease_token, 40, "halfway")
     services.heartbeat(claimed, claimed.lease_token)
     services.complete(claimed, claimed.lease_token, {"ok": True})
@@ -117,12 +124,13 @@ def test_progress_validation():
 def test_retry_with_backoff_then_failed():
     job = services.enqueue("test.echo", {}, max_attempts=2)
     (c1,) = services.claim("w1")
+    services.begin(c1, c1.lease_token, "w1")
     services.fail(c1, c1.lease_token, "boom", error_type="ValueError", retry_delay=30)
     job.refresh_from_db()
     assert job.status == Status.QUEUED and job.run_after > timezone.now() + timedelta(seconds=20)
     assert services.claim("w1") == []  # not before run_after
     (c2,) = services.claim("w1", now=timezone.now() + timedelta(seconds=31))
-    assert c2.attempts == 2
+    assert services.begin(c2, c2.lease_token, "w1").attempt == 2
     services.fail(c2, c2.lease_token, "boom again", error_type="ValueError")
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_message == "boom again"
@@ -152,7 +160,8 @@ def test_cancel_queued_and_processing():
 
 def test_reaper_fails_when_attempts_exhausted():
     job = services.enqueue("test.echo", {}, max_attempts=1)
-    services.claim("w1", lease_seconds=1)
+    (claimed,) = services.claim("w1", lease_seconds=1)
+    services.begin(claimed, claimed.lease_token, "w1:2", lease_seconds=1)
     report = services.requeue_expired(timezone.now() + timedelta(seconds=5))
     assert report.failed == [job.pk]
     job.refresh_from_db()
@@ -271,13 +280,14 @@ def test_asset_needs_live_lease_when_token_given():
     assert not Asset.objects.exists()
 
 
-def test_readme_diagram_is_generated_from_the_code():
+def test_state_diagrams_in_the_docs_are_generated_from_the_code():
     from pathlib import Path
 
-    from jobstate.diagram import mermaid
+    from jobstate.diagram import mermaid, step_mermaid
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert f"```mermaid\n{mermaid()}\n```" in readme, "run: python manage.py jobstate_diagram"
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "explanation" / "states.md").read_text()
+    assert f"```mermaid\n{mermaid()}\n```" in doc, "run: python manage.py jobstate_diagram"
+    assert f"```mermaid\n{step_mermaid()}\n```" in doc, "regenerate with jobstate.diagram.step_mermaid()"
 
 
 def test_extend_leases_renews_only_the_listed_leases_still_held_by_that_worker():

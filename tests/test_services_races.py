@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from jobstate import LeaseLost, services
 from jobstate.models import Asset, Job
-from jobstate.services import assets, control
+from jobstate.services import assets, cascade
 from jobstate.states import Status
 from tests.api_support import JOBS, assert_error, client_for
 
@@ -28,15 +28,15 @@ def test_cancelling_a_parent_tolerates_a_child_that_just_finished(monkeypatch):
     first = services.enqueue("test.echo", {"n": 1}, parent=parent)
     second = services.enqueue("test.echo", {"n": 2}, parent=parent)
     running = services.start(first, "w-child")
-    real_get = control._get
+    real_chunks = cascade._chunks
 
-    def child_finishes_first(job: Any) -> Job:
-        pk = job.pk if isinstance(job, Job) else job
-        if pk == first.pk and Job.objects.filter(pk=pk, status=Status.PROCESSING).exists():
+    def child_finishes_first(ids: list[Any]) -> list[list[Any]]:
+        # The parent has listed its active children; one of them ends now.
+        if Job.objects.filter(pk=first.pk, status=Status.PROCESSING).exists():
             services.complete(running, running.lease_token, {"done": True})
-        return real_get(job)
+        return real_chunks(ids)
 
-    monkeypatch.setattr(control, "_get", child_finishes_first)
+    monkeypatch.setattr(cascade, "_chunks", child_finishes_first)
     result = services.request_cancel(parent, "api", "not needed")
     assert result.status == Status.PROCESSING and result.cancel_requested_at is not None
     assert Job.objects.get(pk=first.pk).status == Status.COMPLETED

@@ -289,6 +289,7 @@ JobLifecycle.TestCase.settings = settings(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_job_lifecycle_state_machine() -> None:
     JobLifecycle.TestCase().runTest()

@@ -66,11 +66,14 @@ def test_dequeue_claims_a_batch_as_signed_packages(broker):
     assert [ack for ack, _ in handed] == [f"job:{job.pk}" for job in jobs]
     packages = unpack(handed)
     for job, package in zip(jobs, packages, strict=True):
-        (claimed,) = package["args"]
+        # Slim: id, lease token and kind; nothing pickled from the model.
+        job_id, token, kind = package["args"]
         assert package["func"] == EXECUTE and package["kwargs"] == {}
         assert package["save"] is False and package["ack_failure"] is True
         assert package["timeout"] == hard_limit_for(registry.get_handler("test.echo"))
-        assert claimed.pk == job.pk and claimed.status == Status.PROCESSING and claimed.lease_token
+        claimed = Job.objects.get(pk=job_id)
+        assert (job_id, token, kind) == (str(job.pk), str(claimed.lease_token), "test.echo")
+        assert claimed.status == Status.PROCESSING and claimed.started_at is None and claimed.attempts == 0
     assert set(Job.objects.values_list("status", "worker_id")) == {(Status.PROCESSING, cluster_id())}
     assert cluster_id() == f"{os.uname().nodename}:{os.getppid()}"
 
@@ -383,7 +386,7 @@ def test_after_a_stall_waiting_jobs_are_renewed_before_the_reaper_runs(broker):
     broker._next_renew = broker._next_reap = 0
     broker.dequeue()
     job.refresh_from_db()
-    assert job.status == Status.PROCESSING and job.attempts == 1
+    assert job.status == Status.PROCESSING and job.attempts == 0  # reserved: not charged yet
     assert job.lease_expires_at > timezone.now() + timedelta(seconds=50)
     assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim"]
 
@@ -415,7 +418,7 @@ def test_execute_hands_back_a_job_it_could_not_start(broker, monkeypatch, cancel
     def broken(*args, **kwargs):
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(services, "heartbeat", broken)
+    monkeypatch.setattr(services, "begin", broken)
     with pytest.raises(OperationalError):
         run(package)  # django-q2 records the failed package
     job.refresh_from_db()
@@ -424,7 +427,8 @@ def test_execute_hands_back_a_job_it_could_not_start(broker, monkeypatch, cancel
     if cancelled:
         assert job.status == Status.CANCELLED and last.transition == "cancel"
     else:
-        assert job.status == Status.QUEUED and job.attempts == 1 and last.transition == "requeue"
+        # It never ran: no attempt charged.
+        assert job.status == Status.QUEUED and job.attempts == 0 and last.transition == "requeue"
         assert job.error_type == "OperationalError" and "could not start" in job.error_message
     assert broker._still_waiting(time.monotonic()) == []
 
@@ -442,3 +446,31 @@ def test_hard_timeout_after_a_cancel_request_ends_cancelled(broker, temp_handler
     job.refresh_from_db()
     assert job.status == Status.CANCELLED and job.attempts == 1
     assert "HardTimeout" in job.events.get(transition="cancel").reason
+
+
+def test_a_last_attempt_whose_start_fails_is_requeued_and_still_runs_once(broker, temp_handler):
+    """The database fails as the worker process begins the job (its first write):
+    the job goes back to the queue with the error, its only attempt unspent."""
+    ran: list[int] = []
+    temp_handler("t.once", lambda ctx: ran.append(ctx.attempt), max_attempts=1, retry_backoff=0)
+    job = services.enqueue("t.once", {})
+    (package,) = unpack(broker.dequeue())
+    failed: list[str] = []
+
+    def fail_first_job_update(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        if not failed and sql.lstrip().upper().startswith("UPDATE") and "jobstate_job" in sql:
+            failed.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(fail_first_job_update), pytest.raises(OperationalError):
+        run(package)
+    job.refresh_from_db()
+    assert failed and ran == []
+    assert job.status == Status.QUEUED and job.attempts == 0 and job.error_type == "OperationalError"
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    broker_module.picked_up()
+    (package,) = unpack(broker.dequeue())
+    assert run(package) == "completed"
+    job.refresh_from_db()
+    assert ran == [1] and job.status == Status.COMPLETED and job.attempts == 1

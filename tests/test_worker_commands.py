@@ -34,9 +34,11 @@ def expire(job: Job) -> None:
 def test_reap_once_requeues_or_fails_lost_jobs():
     retried = services.enqueue("test.echo", {})
     (claimed,) = services.claim("lost:1")
+    services.begin(claimed, claimed.lease_token, "lost:1:1")
     expire(claimed)
     last = services.enqueue("test.echo", {}, max_attempts=1)
     (claimed,) = services.claim("lost:2")
+    services.begin(claimed, claimed.lease_token, "lost:2:1")
     expire(claimed)
     out = command("jobstate_reap")
     assert out.startswith("requeued 1, failed 1, cancelled 0")

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 import jobstate
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent, JobStep
-from jobstate.services.transitions import WAITING
 from jobstate.states import ACTIVE, Status
 from jobstate.worker.runner import drain, run_next
 from jobstate.workflows import state
@@ -30,7 +30,7 @@ def test_fan_out_of_50_children_and_fan_in():
     parent = services.enqueue("wf.fan", {"n": 50})
     assert run_next("w1") is not None  # split: starts 50 children, gives the worker back
     parent.refresh_from_db()
-    assert parent.status == Status.QUEUED and parent.run_after == WAITING
+    assert parent.status == Status.WAITING
     assert parent.attempts == 0  # waiting spends no attempt
     assert step(parent, "split").status == "waiting"
     children = Job.objects.filter(parent=parent)
@@ -46,7 +46,7 @@ def test_fan_out_of_50_children_and_fan_in():
     assert live["waiting_for_children"] and live["progress"] == 25.0
     assert live["children"]["by_status"] == {"completed": 25, "queued": 25}
     assert live["steps"][0]["children"]["total"] == 50
-    assert parent.status == Status.QUEUED and parent.run_after == WAITING  # still asleep
+    assert parent.status == Status.WAITING  # still asleep
 
     assert drain() == 26  # the other 25 children, then the parent, woken by the last one
     parent.refresh_from_db()
@@ -60,10 +60,13 @@ def test_fan_out_of_50_children_and_fan_in():
     assert list(JobEvent.objects.filter(job_id=parent.pk).values_list("transition", flat=True)) == [
         "enqueue",
         "claim",
+        "step_started",
         "step_waiting",
-        "requeue",  # suspended
+        "suspend",  # processing -> waiting
+        "wake",  # by its last child: waiting -> queued
         "claim",
         "step_completed",
+        "step_started",
         "step_completed",
         "complete",
     ]
@@ -108,13 +111,14 @@ def test_cancelling_a_waiting_parent_cancels_its_children():
 def test_children_that_end_before_the_parent_suspends_still_wake_it():
     parent = services.enqueue("test.echo", {})
     (held,) = services.claim("w1", kinds=["test.echo"])
+    services.begin(held, held.lease_token, "w1:1")
     child = services.enqueue("test.echo", {}, parent=held)
     (c,) = services.claim("w2", kinds=["test.echo"])
     assert c.pk == child.pk
     services.complete(c, c.lease_token, {})  # the wake-up finds the parent still processing
     services.suspend(held, held.lease_token, reason="waiting for children")
     parent.refresh_from_db()
-    assert parent.status == Status.QUEUED and parent.run_after < WAITING  # ready at once
+    assert parent.status == Status.QUEUED and parent.run_after <= timezone.now()  # ready at once
 
 
 def test_spawn_validates_children_before_anything_is_started():
@@ -196,6 +200,7 @@ def test_children_take_no_idempotency_key():
 def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     parent = services.enqueue("test.echo", {})
     (held,) = services.claim("w1", kinds=["test.echo"])
+    services.begin(held, held.lease_token, "w1:1")
     services.enqueue("test.echo", {}, parent=held)
     (kid,) = services.claim("w2", kinds=["test.echo"])
     in_transaction, may_commit = threading.Event(), threading.Event()
@@ -234,7 +239,7 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     child.join(10)
     sleeper.join(10)
     parent.refresh_from_db()
-    assert parent.status == Status.QUEUED and parent.run_after < WAITING  # woken, not asleep forever
+    assert parent.status == Status.QUEUED and parent.run_after <= timezone.now()  # woken, not asleep forever
 
 
 def test_child_jobs_of_a_step_copied_into_a_retry():
@@ -267,7 +272,7 @@ def test_child_jobs_of_a_step_copied_into_a_retry():
 
 
 def test_a_timeout_right_after_the_children_started_waits_for_them(monkeypatch):
-    from jobstate.worker.runner import Interrupted
+    from jobstate.exceptions import Interrupted
     from jobstate.workflows import steps
 
     real_wait = steps.wait
@@ -280,7 +285,7 @@ def test_a_timeout_right_after_the_children_started_waits_for_them(monkeypatch):
     parent = services.enqueue("wf.fan", {"n": 3})
     assert run_next("w1") is not None
     parent.refresh_from_db()
-    assert parent.status == Status.QUEUED and parent.run_after == WAITING and parent.attempts == 0
+    assert parent.status == Status.WAITING and parent.attempts == 0
     assert step(parent, "split").status == "waiting"
     monkeypatch.setattr(steps, "wait", real_wait)
     assert drain() == 4  # the 3 children, then the parent
@@ -316,4 +321,10 @@ def test_a_retry_after_a_failed_fan_in_waits_for_the_same_children(monkeypatch):
     split = step(parent, "split")
     assert split.status == "completed" and split.attempts == 2
     resumed = JobEvent.objects.filter(job_id=parent.pk, transition="step_waiting").last()
-    assert resumed.metadata == {"step": "split", "children": 3, "resumed": True}
+    assert resumed.metadata == {
+        "step": "split",
+        "from": "failed",
+        "to": "waiting",
+        "children": 3,
+        "resumed": True,
+    }

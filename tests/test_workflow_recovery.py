@@ -15,7 +15,6 @@ from django.utils import timezone
 import jobstate
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent, JobStep
-from jobstate.services.transitions import WAITING
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job, run_next
 from jobstate.workflows import recovery, state
@@ -261,7 +260,7 @@ def test_an_undo_cut_off_by_the_timeout_is_recorded_and_the_others_still_run():
 def test_stop_on_a_queued_parent_that_never_served_cancels_it_and_its_children():
     parent = services.enqueue("wf.fan", {"n": 3})
     run_next("w1")  # split started 3 children; the parent waits
-    assert fresh(parent).run_after == WAITING
+    assert fresh(parent).status == Status.WAITING
     services.request_stop(parent, "ops", "not needed")
     assert fresh(parent).status == Status.CANCELLED
     children = Job.objects.filter(parent=parent)

@@ -61,7 +61,7 @@ def test_steps_run_in_order_handing_outputs_on():
     rows = step_rows(job)
     assert [rows[n].output for n in ("s1", "s2", "s3", "s4")] == [1, 2, 3, 4]
     assert all(r.status == "completed" and r.attempts == 1 and r.finished_at for r in rows.values())
-    assert transitions(job) == ["enqueue", "claim"] + ["step_completed"] * 5 + ["complete"]
+    assert transitions(job) == ["enqueue", "claim"] + ["step_started", "step_completed"] * 5 + ["complete"]
 
 
 def test_resume_after_crash_skips_completed_steps():
@@ -327,7 +327,11 @@ def test_skip_a_failed_step_of_a_job_waiting_for_its_retry(user):
     assert job.status == Status.QUEUED and job.run_after > timezone.now()
     skip_step(job, "two", actor=user, reason="not needed")
     event = JobEvent.objects.get(job_id=job.pk, transition="skip_step")
-    assert (event.actor_id, event.reason, event.metadata) == (user.pk, "not needed", {"step": "two"})
+    assert (event.actor_id, event.reason, event.metadata) == (
+        user.pk,
+        "not needed",
+        {"step": "two", "from": "failed", "to": "skipped"},
+    )
     with pytest.raises(steps.StepStateError):
         skip_step(job, "one", actor=user)  # completed steps cannot be skipped
     run_job(services.start(job, "w2"), "w2")

@@ -50,7 +50,7 @@ def crash_point(ctx: Any, where: str) -> None:
     raise RuntimeError("was not killed")
 
 
-@jobstate.workflow("wf.five", max_attempts=3, retry_backoff=0)
+@jobstate.workflow("wf.five", max_attempts=3, retry_backoff=0, api=True)
 class Five(jobstate.Workflow):
     """Five steps; each output builds on the one before."""
 
@@ -158,7 +158,7 @@ class Saga(jobstate.Workflow):
         effect(ctx, "undo:ship")  # never: ship did not complete
 
 
-@jobstate.handler("wf.child", max_attempts=1)
+@jobstate.handler("wf.child", max_attempts=1, api=False)  # a fan-out child: internal
 def child(ctx: Any) -> dict[str, int]:
     i = int(ctx.parameters["i"])
     ctx.progress(50, f"child {i}")

@@ -100,7 +100,8 @@ OPERATIONS: dict[str, Operation] = {
             "A queued job is cancelled at once; a processing job is asked to stop and its worker "
             "ends it cancelled.",
             lambda j: (
-                j.status == Status.QUEUED or (j.status == Status.PROCESSING and j.cancel_requested_at is None)
+                j.status in (Status.QUEUED, Status.WAITING)
+                or (j.status == Status.PROCESSING and j.cancel_requested_at is None)
             ),
             _cancel,
             _cancel_done,
@@ -133,7 +134,7 @@ OPERATIONS: dict[str, Operation] = {
             "requeue_job",
             "The job goes back to the queue now; its current worker's lease stops working. If no "
             "attempt is left, one more is granted.",
-            lambda j: j.status == Status.PROCESSING,
+            lambda j: j.status in (Status.PROCESSING, Status.WAITING),  # a waiting job is woken
             _requeue,
             lambda b, a: "Job requeued.",
         ),
@@ -142,7 +143,7 @@ OPERATIONS: dict[str, Operation] = {
             "Fail",
             "requeue_job",
             "The job ends failed, with the reason as its error message. It is not retried.",
-            lambda j: j.status in (Status.QUEUED, Status.PROCESSING),
+            lambda j: j.status in (Status.QUEUED, Status.WAITING, Status.PROCESSING),
             _fail,
             lambda b, a: "Job failed.",
             danger=True,

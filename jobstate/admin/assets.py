@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -109,7 +109,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def download_view(self, request: HttpRequest, asset_id: Any) -> HttpResponse:
+    def download_view(self, request: HttpRequest, asset_id: Any) -> FileResponse:
         """Stream a stored file to staff who may view it (or to its owner)."""
         asset = get_object_or_404(Asset, pk=asset_id)
         user = request.user

@@ -15,6 +15,7 @@ probe per candidate year, month or day.
 from __future__ import annotations
 
 import calendar
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -150,7 +151,7 @@ class JobChangeList(SafeChangeList):
                 ],
             }
         lo, hi = self._bounds()
-        months = range(1, 13)
+        months: Sequence[int] = range(1, 13)
         if lo is not None and hi is not None:
             months = range(lo.month if lo.year == y else 1, (hi.month if hi.year == y else 12) + 1)
         months = [mm for mm in months if lo is not None and self._any(_span(y, mm))]

@@ -1,5 +1,9 @@
 """Server-rendered SVG charts: no JavaScript, no CDN, they work offline.
 
+Sizes are in CSS pixels: a chart is drawn as wide as a dashboard panel (about
+460 px) so its 12 px text is not scaled down (``max-width: 100%`` only shrinks
+it on narrow screens).
+
 Each function returns a complete ``<svg>`` element as safe HTML. Labels are
 escaped; numbers are formatted here. Colours come from the caller.
 """
@@ -14,7 +18,7 @@ from datetime import datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
-FONT = 'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif" font-size="11"'
+FONT = 'font-family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif" font-size="12"'
 AXIS = "#9ca3af"
 GRID = "#e5e7eb"
 
@@ -126,8 +130,8 @@ def time_chart(
     tick_format: str = "%H:%M",
     ticks: int = 6,
     kind: str = "area",
-    width: int = 640,
-    height: int = 190,
+    width: int = 460,
+    height: int = 200,
 ) -> SafeString:
     """Stacked areas (``kind="area"``) or stacked columns (``kind="columns"``) over time."""
     left, right, top_pad, bottom = 44, 10, 10, 34
@@ -233,7 +237,7 @@ def time_chart(
                 s.name,
             )
         )
-        legend_x += 24 + 7 * len(s.name)
+        legend_x += 26 + 7 * len(s.name)
     return _svg(width, height, label, body, "js-time-chart")
 
 

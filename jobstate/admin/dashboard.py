@@ -17,8 +17,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from jobstate import conf, stuck
-from jobstate.admin import charts, display, stats
+from jobstate import stuck
+from jobstate.admin import charts, display, stats, workers
 from jobstate.admin.views import page_context
 from jobstate.states import Status
 
@@ -49,7 +49,7 @@ def _kind_rows(by_kind: dict[str, dict[str, int]], changelist: str) -> list[dict
             {
                 "kind": kind,
                 "total": sum(counts.values()),
-                "active": counts[Status.QUEUED] + counts[Status.PROCESSING],
+                "active": counts[Status.QUEUED] + counts[Status.WAITING] + counts[Status.PROCESSING],
                 "segments": segments,
                 "url": f"{changelist}?{urlencode({'kind': kind})}",
             }
@@ -69,7 +69,6 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     minute = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
     hour = stats.throughput(now, span=timedelta(days=1), bucket="hour")
     times = stats.durations(now)
-    workers = stats.workers(now)
     stuck_counts = stuck.count_stuck(now, cap=BADGE_CAP)
     colours = display.STATUS_COLOURS
     bars = [
@@ -117,12 +116,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             }
             for d in times
         ],
-        workers=workers,
-        worker_rows=[
-            {"worker_id": w.worker_id, "jobs": w.jobs, "ago": display.since(w.last_heartbeat, now)}
-            for w in workers.from_heartbeats
-        ],
-        workers_window=int(float(conf.get("WORKER_ALIVE_SECONDS"))),
+        **workers.panel_context(now),
+        live_active=sum(active.values()),
         stuck_total=sum(stuck_counts.values()),
         stuck_capped=any(n >= BADGE_CAP for n in stuck_counts.values()),
         stuck_active=sum(n for c, n in stuck_counts.items() if c in stuck.ACTIVE_REASONS),

@@ -16,6 +16,7 @@ from jobstate.states import Status
 # Badge colours per status; also used by the dashboard charts.
 STATUS_COLOURS: dict[str, str] = {
     Status.QUEUED: "#6b7280",
+    Status.WAITING: "#0e7490",
     Status.PROCESSING: "#2563eb",
     Status.COMPLETED: "#15803d",
     Status.PARTIAL: "#b45309",
@@ -23,6 +24,9 @@ STATUS_COLOURS: dict[str, str] = {
     Status.CANCELLED: "#7c3aed",
 }
 
+
+# JSON up to this many characters is shown on one line (parameters, results).
+COMPACT_JSON = 100
 
 # Enum lookups are slow enough to matter at 50 rows x several columns.
 STATUS_LABELS: dict[str, str] = {str(value): str(label) for value, label in Status.choices}
@@ -85,7 +89,9 @@ def since(moment: datetime | None, now: datetime) -> str:
 def pretty_json(value: Any) -> SafeString:
     if value is None or value == {} or value == []:
         return format_html('<span class="js-muted">{}</span>', "(empty)" if value is not None else "-")
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
+    if len(text) > COMPACT_JSON:  # short values stay on one line
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, cls=DjangoJSONEncoder)
     return format_html('<pre class="js-pre js-json">{}</pre>', text)
 
 

@@ -27,7 +27,7 @@ class StatusFilter(admin.SimpleListFilter):
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         return [
-            ("active", "Active (queued or processing)"),
+            ("active", "Active (queued, waiting or processing)"),
             ("finished", "Finished"),
             *[(s.value, s.label) for s in Status],
         ]
@@ -84,7 +84,7 @@ class OwnerFilter(admin.SimpleListFilter):
         if value == "none":
             return queryset.filter(owner__isnull=True)
         try:
-            return queryset.filter(owner_id=value)
+            return queryset.filter(owner_id=value)  # type: ignore[misc]  # a string: Django converts it
         except (ValueError, ValidationError) as exc:
             raise IncorrectLookupParameters(str(exc)) from exc
 

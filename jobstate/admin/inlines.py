@@ -7,7 +7,8 @@ latest ``limit`` rows and link to the full list, filtered by the job.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import admin
@@ -42,7 +43,7 @@ class ReadOnlyInline(admin.TabularInline):
         )
 
     def get_readonly_fields(self, request: Any, obj: Any = None) -> list[str]:
-        return list(self.fields or [])
+        return list(cast("Sequence[str]", self.fields or []))  # names: these inlines group no fields
 
 
 class CappedInlineFormSet(BaseInlineFormSet):
@@ -50,6 +51,7 @@ class CappedInlineFormSet(BaseInlineFormSet):
 
     limit = 50
     full_list_url = ""
+    noun: str  # (set by CappedInline.get_formset)
 
     def get_queryset(self) -> Any:
         if not hasattr(self, "_capped"):
@@ -71,7 +73,7 @@ class CappedInline(ReadOnlyInline):
     full_list = ""  # admin URL name of the list that the ``job`` filter narrows
 
     def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> Any:
-        formset = super().get_formset(request, obj, **kwargs)
+        formset = cast("type[CappedInlineFormSet]", super().get_formset(request, obj, **kwargs))
         formset.limit = self.limit
         formset.noun = self.noun
         formset.full_list_url = self.full_list_url(obj)

@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString
 from jobstate import stuck
 from jobstate.admin import display
 from jobstate.models import Job
-from jobstate.states import Status
+from jobstate.states import ACTIVE, Status
 
 
 class JobColumns:
@@ -31,7 +31,14 @@ class JobColumns:
 
     @admin.display(description="job")
     def short_id(self, obj: Job) -> SafeString:
-        return format_html('<code title="{}">{}</code>', obj.pk, str(obj.pk)[:8])
+        # data-job/data-active: the rows the live refresh (jobstate/live.js) follows.
+        return format_html(
+            '<code title="{}" data-job="{}" data-active="{}">{}</code>',
+            obj.pk,
+            obj.pk,
+            "1" if obj.status in ACTIVE else "0",
+            str(obj.pk)[:8],
+        )
 
     @admin.display(description="status")
     def status_col(self, obj: Job) -> SafeString:
@@ -83,15 +90,19 @@ def _active_finding(job: Job, ctx: stuck.Context) -> stuck.Finding | None:
 
 
 def age_or_duration(job: Job, now: datetime) -> SafeString:
+    if job.status == Status.WAITING:
+        return format_html('<span class="js-muted">{}</span>', "waiting for children")
     if job.status == Status.QUEUED:
         if job.run_after > now:
-            if job.run_after.year >= 2999:
-                return format_html('<span class="js-muted">{}</span>', "waiting for children")
             return format_html(
                 '<span class="js-muted">runs in {}</span>', display.short_duration(job.run_after - now)
             )
         return format_html("waiting {}", display.since(max(job.created_at, job.run_after), now))
     if job.status == Status.PROCESSING:
+        if job.started_at is None:  # reserved by a cluster, not begun by a worker yet
+            return format_html(
+                '<span class="js-muted">reserved {}</span>', display.since(job.heartbeat_at, now)
+            )
         return format_html("running {}", display.since(job.started_at, now))
     if job.started_at is None:
         return format_html('<span class="js-muted">{}</span>', "never ran")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -13,48 +15,73 @@ from django.utils.safestring import SafeString
 from jobstate.admin import display
 from jobstate.admin.views import job_url
 from jobstate.models import Job
+from jobstate.states import ACTIVE, Status
+
+if TYPE_CHECKING:  # a mixin of JobAdmin: checked as part of it
+    from django.contrib.admin.options import _FieldOpts, _FieldsetSpec
+
+    _JobAdmin = admin.ModelAdmin[Job]
+else:
+    _JobAdmin = object
 
 
-class JobPageFields:
+class JobPageFields(_JobAdmin):
     """Fieldsets and display methods of the (read-only) job page, mixed into ``JobAdmin``."""
 
-    fieldsets = (
-        (
-            None,
-            {
-                "fields": (
-                    ("id_display", "status_display"),
-                    ("kind", "owner"),
-                    "progress_display",
-                    ("current_step", "attempts_display", "priority"),
-                    ("key", "input_watermark", "last_success_watermark"),
-                    "relations",
-                )
-            },
-        ),
-        (
-            "Timing",
-            {"fields": (("created_at", "run_after"), ("started_at", "finished_at"), "duration_display")},
-        ),
-        (
-            "Lease",
-            {
-                "fields": (
-                    ("worker_id", "lease_expires_display", "heartbeat_display"),
-                    ("cancel_requested_at", "stop_requested_at"),
-                    "lease_token",
-                ),
-                "classes": ("js-lease",),
-            },
-        ),
-        ("Parameters", {"fields": ("parameters_display",)}),
-        ("Result", {"fields": ("result_display",)}),
-        ("Error", {"fields": (("error_type", "error_message_display"), "traceback_display")}),
+    # The summary first; the history (and steps, assets) right under it (see
+    # change_form.html); then the sections that have something to show.
+    summary_fields = (
+        ("id_display", "status_display"),
+        ("kind_display", "owner"),
+        ("progress_display", "duration_display"),
+        ("current_step", "attempts_display", "priority"),
+        ("created_at", "started_at", "finished_at"),
     )
+
+    def get_fieldsets(self, request: Any, obj: Job | None = None) -> _FieldsetSpec:
+        if obj is None:
+            return [(None, {"fields": self.summary_fields})]
+        cached = getattr(obj, "_js_fieldsets", None)  # the admin asks several times a page
+        if cached is None:
+            cached = obj._js_fieldsets = self._fieldsets_for(obj)  # type: ignore[attr-defined]
+        return list(cached)
+
+    def _fieldsets_for(self, obj: Job) -> list[tuple[str | None, _FieldOpts]]:
+        summary: list[Any] = list(self.summary_fields)
+        if obj.worker_id:
+            summary[3] = (*summary[3], "worker_id")
+        if obj.status == Status.QUEUED and obj.run_after > obj.created_at + timedelta(seconds=1):
+            summary.append("run_after")
+        if obj.key or obj.input_watermark is not None or obj.last_success_watermark is not None:
+            summary.append(("key", "input_watermark", "last_success_watermark"))
+        if (
+            obj.parent_id
+            or obj.retry_of_id
+            or Job.objects.filter(Q(retry_of=obj.pk) | Q(parent=obj.pk)).exists()
+        ):
+            summary.append("relations")
+        sections: list[tuple[str | None, _FieldOpts]] = [(None, {"fields": summary})]
+        if obj.error_type or obj.error_message or obj.traceback:
+            title = "Error" if obj.is_terminal else "Last error"  # an earlier attempt's
+            sections.append(
+                (title, {"fields": (("error_type", "error_message_display"), "traceback_display")})
+            )
+        if obj.result not in (None, {}, []):
+            sections.append(("Result", {"fields": ("result_display",)}))
+        sections.append(("Parameters", {"fields": ("parameters_display",)}))
+        requests = tuple(f for f in ("cancel_requested_at", "stop_requested_at") if getattr(obj, f))
+        if (obj.status in ACTIVE and (obj.lease_expires_at or obj.heartbeat_at)) or requests:
+            lease = ("lease_expires_display", "heartbeat_display", "lease_token")
+            fields: list[Any] = [lease if obj.lease_token else lease[:2]]
+            if requests:
+                fields.append(requests)
+            sections.append(("Lease", {"fields": fields, "classes": ("js-lease",)}))
+        return sections
+
     readonly_fields = (
         "id_display",
         "status_display",
-        "kind",
+        "kind_display",
         "owner",
         "progress_display",
         "current_step",
@@ -85,6 +112,10 @@ class JobPageFields:
     @admin.display(description="id")
     def id_display(self, obj: Job) -> SafeString:
         return format_html("<code>{}</code>", obj.pk)
+
+    @admin.display(description="kind")
+    def kind_display(self, obj: Job) -> str:
+        return obj.kind
 
     @admin.display(description="status")
     def status_display(self, obj: Job) -> SafeString:

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
 from jobstate import conf, stuck
-from jobstate.admin import actions, dashboard, views
+from jobstate.admin import actions, dashboard, live, site, views
 from jobstate.admin.changelist import JobChangeList, SafeListAdmin
 from jobstate.admin.filters import KindFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
@@ -21,6 +21,7 @@ from jobstate.admin.job_columns import JobColumns
 from jobstate.admin.job_page import JobPageFields
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.models import Job
+from jobstate.states import ACTIVE
 
 # Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
 BADGE_CAP = 100
@@ -74,6 +75,10 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
 
     class Media:
         css = {"all": ("jobstate/admin.css",)}
+
+    def __init__(self, model: Any, admin_site: Any) -> None:
+        super().__init__(model, admin_site)
+        site.install(admin_site)  # the dashboard and stuck page in the app list
 
     # --- permissions: the form never writes a job ------------------------------
 
@@ -157,7 +162,8 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         inlines: list[Any] = [JobEventInline]
         if obj.steps.exists():
             inlines.append(JobStepInline)
-        inlines.append(AssetInline)
+        if obj.assets.exists():  # an empty table says nothing
+            inlines.append(AssetInline)
         return inlines
 
     def change_view(
@@ -173,6 +179,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             extra["operations"] = actions.available(job, request.user)
             extra["finding"] = stuck.check(job)
             extra["history_count"] = job.events.count()
+            extra["live_active"] = job.status in ACTIVE
         return super().change_view(request, object_id, form_url, extra)
 
     # --- extra pages ------------------------------------------------------------
@@ -182,13 +189,15 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
 
         def bind(view: Any) -> Any:
             def bound(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-                return view(self, request, *args, **kwargs)
+                response: HttpResponse = view(self, request, *args, **kwargs)
+                return response
 
             return wrap(bound)
 
         return [
             path("dashboard/", bind(dashboard.dashboard_view), name="jobstate_job_dashboard"),
             path("stuck/", bind(views.stuck_view), name="jobstate_job_stuck"),
+            path("live/", bind(live.live_view), name="jobstate_job_live"),
             path("stuck/remedy/", bind(views.stuck_remedy_view), name="jobstate_job_stuck_remedy"),
             path("stuck/reap/", bind(views.reap_view), name="jobstate_job_reap"),
             path(

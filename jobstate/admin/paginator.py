@@ -52,7 +52,7 @@ class CappedPaginator(Paginator):
         self.is_capped = False
 
     @cached_property
-    def count(self) -> int:  # type: ignore[override]
+    def count(self) -> int:
         qs = self.object_list
         if not isinstance(qs, QuerySet):
             return len(qs)

@@ -6,13 +6,13 @@ Windows are bounded (the last hour, the last day); durations use PostgreSQL's
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.db import connections
-from django.db.models import Count, Max
+from django.db.models import Count
 from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 
@@ -20,10 +20,8 @@ from jobstate import conf
 from jobstate.models import Job
 from jobstate.states import Status
 
-logger = logging.getLogger("jobstate")
-
 DURATION_SAMPLE = 5000
-ACTIVE_ORDER = (Status.QUEUED, Status.PROCESSING)
+ACTIVE_ORDER = (Status.QUEUED, Status.WAITING, Status.PROCESSING)
 FINISHED = (Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED)
 
 
@@ -45,7 +43,7 @@ def kind_counts(since: datetime, using: str = "default") -> dict[str, dict[str, 
 
 
 def active_counts(by_kind: dict[str, dict[str, int]]) -> dict[str, int]:
-    """Queued and processing jobs, summed from ``kind_counts``."""
+    """Queued, waiting and processing jobs, summed from ``kind_counts``."""
     return {s: sum(c[s] for c in by_kind.values()) for s in ACTIVE_ORDER}
 
 
@@ -86,7 +84,7 @@ def throughput(now: datetime, *, span: timedelta, bucket: str, using: str = "def
     start = end - span + step
     times = [start + step * i for i in range(int(span / step))]
     index = {t: i for i, t in enumerate(times)}
-    by_status = {s: [0] * len(times) for s in FINISHED}
+    by_status: dict[str, list[int]] = {s: [0] * len(times) for s in FINISHED}
     rows = (
         Job.objects.using(using)
         .filter(status__in=FINISHED, finished_at__gte=start)
@@ -145,6 +143,8 @@ def durations(
     )
     samples: dict[str, list[float]] = {}
     for kind, started, finished in rows:
+        if started is None or finished is None:  # (the filter leaves none)
+            continue
         samples.setdefault(kind, []).append((finished - started).total_seconds())
     return [
         Durations(kind, len(v), percentile(v, 0.5), percentile(v, 0.95))
@@ -167,61 +167,124 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
+# Dead processes stay on the panel this long (then only the worker-processes list has them).
+DEAD_SHOWN = timedelta(hours=1)
+PROCESS_ROWS = 200
+
+
 @dataclass
-class Worker:
-    worker_id: str
-    jobs: int
-    last_heartbeat: datetime
+class Process:
+    """One cluster process as its heartbeat row tells it."""
+
+    name: str
+    role: str
+    pid: int
+    started_at: datetime
+    seen_at: datetime
+    job_id: Any
+    jobs_done: int
+    alive: bool
+    job_kind: str = ""
+    job_progress: int | None = None
+
+    @property
+    def state(self) -> str:
+        if not self.alive:
+            return "dead"
+        if self.role != "worker":
+            return "alive"
+        return "busy" if self.job_id else "idle"
 
 
 @dataclass
 class Cluster:
-    cluster_id: str
+    name: str
     host: str
-    status: str
-    workers: int
-    uptime: float | None
+    processes: list[Process] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return any(p.alive for p in self.processes)
+
+    @property
+    def workers_alive(self) -> int:
+        return sum(1 for p in self.processes if p.alive and p.role == "worker")
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for p in self.processes if p.state == "busy")
 
 
 @dataclass
 class Workers:
-    from_heartbeats: list[Worker] = field(default_factory=list)
+    """The clusters seen lately, their processes alive or dead (``WorkerProcess`` rows)."""
+
     clusters: list[Cluster] = field(default_factory=list)
-    clusters_error: str = ""
+    alive_seconds: int = 0
+    truncated: bool = False
 
     @property
     def alive(self) -> int:
-        return max(len(self.from_heartbeats), sum(c.workers for c in self.clusters))
+        """Worker processes alive (busy or idle)."""
+        return sum(c.workers_alive for c in self.clusters)
+
+    @property
+    def busy(self) -> int:
+        return sum(c.busy for c in self.clusters)
+
+    @property
+    def clusters_alive(self) -> int:
+        return sum(1 for c in self.clusters if c.alive)
+
+    @property
+    def dead(self) -> int:
+        return sum(1 for c in self.clusters for p in c.processes if not p.alive)
 
 
 def workers(now: datetime, using: str = "default") -> Workers:
-    """Workers seen alive: busy ones by their jobs' heartbeats, plus django-q2's
-    own cluster statistics when its broker keeps them."""
-    fresh = now - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
-    rows = (
-        Job.objects.using(using)
-        .filter(status=Status.PROCESSING, heartbeat_at__gte=fresh)
-        .exclude(worker_id="")
-        .order_by()
-        .values_list("worker_id")
-        .annotate(n=Count("*"), last=Max("heartbeat_at"))
-        .order_by("worker_id")
-    )
-    result = Workers([Worker(w, n, last) for w, n, last in rows])
-    try:
-        from django_q.status import Stat
+    """Every cluster process seen in the last hour: alive when seen within
+    ``WORKER_ALIVE_SECONDS`` (idle or busy), else dead. Two small queries."""
+    from jobstate.models import WorkerProcess
 
-        for stat in Stat.get_all() or []:
-            result.clusters.append(
-                Cluster(
-                    str(stat.cluster_id),
-                    str(getattr(stat, "host", "")),
-                    str(stat.status),
-                    len(getattr(stat, "workers", []) or []),
-                    stat.uptime() if getattr(stat, "tob", None) else None,
-                )
+    alive_seconds = float(conf.get("WORKER_ALIVE_SECONDS"))
+    fresh = now - timedelta(seconds=alive_seconds)
+    rows = list(
+        WorkerProcess.objects.using(using)
+        .filter(seen_at__gte=now - max(DEAD_SHOWN, timedelta(seconds=alive_seconds)))
+        .order_by("cluster", "role", "name")[: PROCESS_ROWS + 1]
+    )
+    result = Workers(alive_seconds=int(alive_seconds), truncated=len(rows) > PROCESS_ROWS)
+    running = {r.job_id for r in rows[:PROCESS_ROWS] if r.job_id and r.seen_at >= fresh}
+    jobs: dict[UUID | None, tuple[str, int | None]] = {
+        pk: (kind, progress)
+        for pk, kind, progress in Job.objects.using(using)
+        .filter(pk__in=running)
+        .values_list("pk", "kind", "progress")
+    }
+    by_name: dict[str, Cluster] = {}
+    for row in rows[:PROCESS_ROWS]:
+        cluster = by_name.get(row.cluster)
+        if cluster is None:
+            cluster = by_name[row.cluster] = Cluster(row.cluster, row.host)
+            result.clusters.append(cluster)
+        alive = row.seen_at >= fresh
+        kind, progress = jobs.get(row.job_id, ("", None))
+        cluster.processes.append(
+            Process(
+                name=row.name,
+                role=row.role,
+                pid=row.pid,
+                started_at=row.started_at,
+                seen_at=row.seen_at,
+                job_id=row.job_id if alive else None,
+                jobs_done=row.jobs_done,
+                alive=alive,
+                job_kind=kind,
+                job_progress=progress,
             )
-    except Exception as exc:  # the cluster stats are a bonus; never break the page
-        logger.debug("django-q2 cluster stats unavailable: %s", exc)
-        result.clusters_error = str(exc)[:200]
+        )
+    # Live clusters first; inside one, the pusher first, then workers by name.
+    result.clusters.sort(key=lambda c: (not c.alive, c.name))
+    for c in result.clusters:
+        c.processes.sort(key=lambda p: (p.role != "pusher", not p.alive, p.pid, p.name))
     return result

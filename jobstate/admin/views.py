@@ -47,7 +47,7 @@ class ReasonForm(forms.Form):
     )
 
     def clean_reason(self) -> str:
-        reason = self.cleaned_data["reason"].strip()
+        reason: str = self.cleaned_data["reason"].strip()
         if not reason:
             raise forms.ValidationError("Give a reason.")
         return reason

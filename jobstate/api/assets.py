@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from django.db.models import QuerySet
 from django.http import FileResponse, HttpResponseRedirect
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -18,16 +18,21 @@ from rest_framework.request import Request
 from jobstate import services
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.pagination import AssetPagination
+from jobstate.api.permissions import visible_assets
 from jobstate.api.renderers import PassthroughRenderer
+from jobstate.api.schema import extend_schema
 from jobstate.api.serializers import AssetSerializer
 from jobstate.models import Asset
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List assets", description="Your assets (staff: everyone's), newest first."),
+    list=extend_schema(
+        summary="List assets",
+        description="Your assets (staff with `jobstate.view_job`: everyone's), newest first.",
+    ),
     retrieve=extend_schema(summary="Asset detail"),
 )
-class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet):
+class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
     """Files (or external URLs) produced by jobs."""
 
     queryset = Asset.objects.none()  # for schema introspection; see get_queryset
@@ -36,13 +41,7 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet):
     filter_backends: list[Any] = []
 
     def get_queryset(self) -> QuerySet[Asset]:
-        user = self.request.user
-        qs = Asset.objects.all()
-        if getattr(user, "is_staff", False):
-            return qs
-        if not getattr(user, "is_authenticated", False):
-            return qs.none()
-        return qs.filter(owner=user)
+        return visible_assets(self.request.user)
 
     def get_object(self) -> Asset:
         asset = self.get_queryset().filter(pk=parse_id(self.kwargs["pk"])).first()

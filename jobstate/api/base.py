@@ -4,47 +4,79 @@ parser, schema and the one error shape."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
+from django.apps import apps
 from django.urls import NoReverseMatch, reverse
-from drf_spectacular.utils import extend_schema
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed, NotFound, ValidationError
+from rest_framework.metadata import SimpleMetadata
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import AllowAny, IsAuthenticated
+from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from jobstate.api.errors import exception_handler
 from jobstate.api.parsers import LimitedJSONParser
-from jobstate.api.schema import JobstateAutoSchema
+from jobstate.api.schema import JobstateAutoSchema, extend_schema
 from jobstate.api.throttling import JobstateThrottle
 
 
-class JobstateAPIView:
-    # Settings every jobstate view carries itself, so the app behaves the same
-    # whatever the project's REST_FRAMEWORK defaults are.
+class JobstateAPIView(APIView):
+    # Every jobstate view's first base (listed before DRF's generic classes, it
+    # leaves their MRO as it was). Settings every jobstate view carries itself, so
+    # the app behaves the same whatever the project's REST_FRAMEWORK defaults are
+    # (DRF binds most of them to APIView when it is imported): authentication,
+    # permissions, throttles, parsers, renderers, content negotiation, versioning,
+    # schema and errors.
+    # Pagination and filter backends are set by each list view.
 
     permission_classes = [IsAuthenticated]
     throttle_classes = [JobstateThrottle]
     throttle_scope = "jobstate"
     parser_classes = [LimitedJSONParser]
+    renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
+    content_negotiation_class = DefaultContentNegotiation
+    metadata_class = SimpleMetadata
+    versioning_class = None
     schema = JobstateAutoSchema()
+
+    def get_authenticators(self) -> list[BaseAuthentication]:
+        return [auth() for auth in authentication_classes()]
 
     def get_exception_handler(self) -> Any:
         return exception_handler
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         reject_nul(request)
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+        super().initial(request, *args, **kwargs)
 
-    def get_authenticate_header(self, request: Request) -> str | None:
+    # DRF's own returns None as well when no scheme challenges (its stub says str).
+    def get_authenticate_header(self, request: Request) -> str | None:  # type: ignore[override]
         # 401 (not 403) for anonymous requests whenever any configured scheme
         # can challenge (e.g. TokenAuthentication), whatever the class order.
-        for authenticator in self.get_authenticators():  # type: ignore[attr-defined]
+        for authenticator in self.get_authenticators():
             header = authenticator.authenticate_header(request)
             if header:
                 return header
         return None
+
+
+def authentication_classes() -> list[type[BaseAuthentication]]:
+    """Session and token authentication (token when ``rest_framework.authtoken``
+    is installed), then whatever else the project authenticates with (JWT, …):
+    a valid token works even where the project's defaults do not list it."""
+    classes: list[type[BaseAuthentication]] = [SessionAuthentication]
+    if apps.is_installed("rest_framework.authtoken"):
+        classes.append(TokenAuthentication)
+    # api_settings imports the dotted paths its stub types as strings.
+    for cls in cast("list[type[BaseAuthentication]]", api_settings.DEFAULT_AUTHENTICATION_CLASSES):
+        if cls not in classes:
+            classes.append(cls)
+    return classes
 
 
 NUL_MESSAGE = "Null characters are not allowed."
@@ -67,7 +99,7 @@ def parse_id(value: Any) -> uuid.UUID:
         raise NotFound() from None
 
 
-class ApiRoot(JobstateAPIView, APIView):
+class ApiRoot(JobstateAPIView):
     """Links to the endpoints, the schema and the docs (no data: open to all)."""
 
     permission_classes = [AllowAny]
@@ -78,18 +110,23 @@ class ApiRoot(JobstateAPIView, APIView):
     )
     def get(self, request: Request) -> Response:
         links = {}
-        for name, url_name in LINKS.items():
-            try:
-                links[name] = request.build_absolute_uri(reverse(url_name))
-            except NoReverseMatch:
-                continue  # e.g. a project that serves no schema
+        for name, url_names in LINKS.items():
+            for url_name in url_names:
+                try:
+                    links[name] = request.build_absolute_uri(reverse(url_name))
+                    break
+                except NoReverseMatch:
+                    continue  # e.g. a project that serves no schema of its own
         return Response(links)
 
 
+# Each link: the first URL name that resolves (the project's own schema views
+# first, as the demo project mounts them, then jobstate's).
 LINKS = {
-    "jobs": "jobstate-api:job-list",
-    "stuck": "jobstate-api:job-stuck",
-    "assets": "jobstate-api:asset-list",
-    "schema": "api-schema",
-    "docs": "api-docs",
+    "jobs": ("jobstate-api:job-list",),
+    "kinds": ("jobstate-api:kind-list",),
+    "stuck": ("jobstate-api:job-stuck",),
+    "assets": ("jobstate-api:asset-list",),
+    "schema": ("api-schema", "jobstate-api:schema"),
+    "docs": ("api-docs", "jobstate-api:docs"),
 }

@@ -32,6 +32,20 @@ class Conflict(exceptions.APIException):
     default_detail = "The request conflicts with the job's current state."
 
 
+class KindNotAllowed(exceptions.PermissionDenied):
+    """The kind exists, but its API policy does not let this user start it."""
+
+    default_code = "kind_not_allowed"
+
+    def __init__(self, kind: str, permission: str | None = None) -> None:
+        if permission:
+            message = f"Starting '{kind}' jobs through the API needs the '{permission}' permission."
+        else:
+            message = f"Jobs of kind '{kind}' cannot be started through the API."
+        super().__init__(message, self.default_code)
+        self.kind = kind
+
+
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "payload_too_large"
@@ -114,6 +128,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code, message, fields = "permission_denied", 403, "Permission denied.", {}
     elif isinstance(exc, RequestDataTooBig):
         code, status_code, message, fields = "payload_too_large", 413, "The request body is too large.", {}
+    elif isinstance(exc, KindNotAllowed):
+        code, status_code, message = "kind_not_allowed", 403, str(exc.detail)
+        fields = {"kind": [message]}
     elif isinstance(exc, exceptions.APIException):
         code, message, fields = _api_exception(exc)
         status_code = exc.status_code
@@ -139,7 +156,8 @@ def _authenticate_header(context: dict[str, Any]) -> str | None:
     view, request = context.get("view"), context.get("request")
     if view is None or request is None:
         return None
-    return view.get_authenticate_header(request)
+    header: str | None = view.get_authenticate_header(request)
+    return header
 
 
 def _roll_back(context: dict[str, Any]) -> None:

@@ -76,6 +76,8 @@ class JobFilter(django_filters.FilterSet):
 
     def is_valid(self) -> bool:
         valid = super().is_valid()
+        if self.data is None:  # (FilterSet keeps an empty dict instead)
+            return valid
         getlist = getattr(self.data, "getlist", None)
         for param, field in self.PARAMETERS.items():
             values = getlist(param) if getlist else [self.data.get(param)]

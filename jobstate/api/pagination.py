@@ -18,10 +18,10 @@ import base64
 import binascii
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Field, Model, Q, QuerySet
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
@@ -44,7 +44,10 @@ class KeysetPagination(BasePagination):
     page_size_query_param = "page_size"
     ordering_query_param = "ordering"
 
-    def paginate_queryset(self, queryset: QuerySet[Any], request: Request, view: Any = None) -> list[Any]:
+    # A queryset only (DRF's pagination also takes a list): the cursor filters and orders it.
+    def paginate_queryset(  # type: ignore[override]
+        self, queryset: QuerySet[Any], request: Request, view: Any = None
+    ) -> list[Any]:
         self.request = request
         self.ordering_name = self._ordering_name(request)
         self.fields = self.orderings[self.ordering_name]
@@ -100,7 +103,7 @@ class KeysetPagination(BasePagination):
             if not isinstance(values, list) or len(values) != len(self.fields):
                 raise ValueError("wrong cursor length")
             position = [
-                model._meta.get_field(f.lstrip("-")).to_python(v)
+                cast("Field[Any, Any]", model._meta.get_field(f.lstrip("-"))).to_python(v)  # not a relation
                 for f, v in zip(self.fields, values, strict=True)
             ]
             if any(v is None or (isinstance(v, datetime) and timezone.is_naive(v)) for v in position):
@@ -207,8 +210,11 @@ class JobPagination(KeysetPagination):
 
 
 class EventPagination(KeysetPagination):
-    orderings = {"created_at": ("created_at", "id"), "-created_at": ("-created_at", "-id")}
-    default_ordering = "created_at"
+    # Insertion order is the truth (JobEvent.Meta): events are written under the
+    # job's row lock, so ids follow the real sequence even when clocks disagree.
+    # "created_at"/"-created_at" stay accepted as names of the same two orders.
+    orderings = {"id": ("id",), "-id": ("-id",), "created_at": ("id",), "-created_at": ("-id",)}
+    default_ordering = "id"
     page_size = 100
 
 

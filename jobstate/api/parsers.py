@@ -7,7 +7,6 @@ from typing import IO, Any
 
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
-from rest_framework.settings import api_settings
 
 from jobstate import conf
 from jobstate.api.errors import PayloadTooLarge
@@ -33,8 +32,9 @@ class LimitedJSONParser(JSONParser):
         encoding = (parser_context or {}).get("encoding") or "utf-8"
         try:
             text = raw.decode(encoding)
-            constant = None if not api_settings.STRICT_JSON else _reject_constant
-            return json.loads(text, parse_constant=constant)
+            # Always strict (whatever REST_FRAMEWORK["STRICT_JSON"] says): PostgreSQL
+            # refuses NaN and Infinity in JSON.
+            return json.loads(text, parse_constant=_reject_constant)
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply.") from None
         except (ValueError, LookupError) as exc:

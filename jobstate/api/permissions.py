@@ -1,8 +1,16 @@
-"""Who may do what to a job through the API.
+"""Who may see, start and act on what through the API (docs/reference/api-access.md).
 
-Visibility is decided by the queryset (``Job.objects.owned_by``): another
-user's job is simply not found. Acting on a visible job: its owner may cancel
-and retry it; staff may do so to other people's jobs when they hold the
+Visibility is one rule, the admin's: active staff holding ``jobstate.view_job``
+(or ``change_job``) see every job, asset and event with its users' names;
+everyone else sees only their own jobs and assets (another user's job is simply
+not found, a 404), and the people who acted on them appear as ``operator``.
+
+Starting: a kind's ``api=`` policy (``jobstate.registry.handler``) says who may
+enqueue it here: nobody (``False``, the default), any authenticated user
+(``True``) or holders of a permission (``"app.codename"``).
+
+Acting on a visible job: its owner may cancel it, and retry it when they may
+start its kind; staff may do so to other people's jobs when they hold the
 matching model permission (``jobstate.cancel_job``, ``jobstate.retry_job``).
 The operator remedies (requeue a processing job, fail a job with a reason) need
 ``jobstate.requeue_job`` and staff status, whoever owns the job, as in the admin.
@@ -13,9 +21,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from django.db.models import QuerySet
 from rest_framework.permissions import BasePermission
 
-from jobstate.models import Job
+from jobstate import registry
+from jobstate.models import Asset, Job
 from jobstate.services import allowed_transitions
 from jobstate.states import TERMINAL, Status
 
@@ -26,6 +36,49 @@ ACTION_PERMISSIONS = {
     "fail": "jobstate.requeue_job",
 }
 OPERATOR_ACTIONS = frozenset({"requeue", "fail"})
+VIEW_ALL_PERMISSIONS = ("jobstate.view_job", "jobstate.change_job")
+OPERATOR = "operator"  # how owners see the other people who acted on their jobs
+
+
+def may_view_all(user: Any) -> bool:
+    """Active staff with ``jobstate.view_job`` (or ``change_job``), as in the admin."""
+    if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
+        return False
+    return any(user.has_perm(perm) for perm in VIEW_ALL_PERMISSIONS)
+
+
+def visible_jobs(user: Any) -> QuerySet[Job]:
+    if may_view_all(user):
+        return Job.objects.all()
+    if not getattr(user, "is_authenticated", False):
+        return Job.objects.none()
+    return Job.objects.filter(owner=user)
+
+
+def visible_assets(user: Any) -> QuerySet[Asset]:
+    if may_view_all(user):
+        return Asset.objects.all()
+    if not getattr(user, "is_authenticated", False):
+        return Asset.objects.none()
+    return Asset.objects.filter(owner=user)
+
+
+def may_start(user: Any, spec: registry.HandlerSpec) -> bool:
+    """Whether ``user`` may enqueue ``spec``'s kind through the API."""
+    if not getattr(user, "is_authenticated", False) or spec.api is False:
+        return False
+    if spec.api is True:
+        return True
+    return bool(user.has_perm(spec.api))
+
+
+def may_start_kind(user: Any, kind: str) -> bool:
+    spec = registry.all_handlers().get(kind)
+    return spec is not None and may_start(user, spec)
+
+
+def startable_kinds(user: Any) -> list[registry.HandlerSpec]:
+    return [spec for _, spec in sorted(registry.all_handlers().items()) if may_start(user, spec)]
 
 
 def may_act(user: Any, job: Job, action: str) -> bool:
@@ -33,6 +86,8 @@ def may_act(user: Any, job: Job, action: str) -> bool:
         action not in OPERATOR_ACTIONS
         and job.owner_id is not None
         and job.owner_id == getattr(user, "pk", None)
+        # A retry enqueues the kind again: only if the owner may start it.
+        and (action != "retry" or may_start_kind(user, job.kind))
     ):
         return True
     return bool(getattr(user, "is_staff", False) and user.has_perm(ACTION_PERMISSIONS[action]))

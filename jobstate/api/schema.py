@@ -4,11 +4,20 @@ them."""
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
+from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import extend_schema as spectacular_extend_schema
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.metadata import SimpleMetadata
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.views import APIView
 
 from jobstate.api.serializers import ErrorSerializer
+from jobstate.api.throttling import JobstateThrottle
 
 # One Server-Sent Event, as OpenAPI describes an event stream's items. ``data``
 # is JSON: a job snapshot for ``job``, {"reason", "status"?} for ``end``, the
@@ -37,6 +46,27 @@ DESCRIPTIONS = {
 }
 
 
+def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
+    """drf-spectacular's ``extend_schema`` for jobstate's view methods, built on
+    ``JobstateAutoSchema`` whatever the project's ``DEFAULT_SCHEMA_CLASS``.
+
+    drf-spectacular bases a method's extended schema on the method's own
+    ``kwargs["schema"]`` or else on ``DEFAULT_SCHEMA_CLASS`` as it was at import
+    time; with DRF's (the default) ``/api/schema/`` would fail. Setting ours
+    first makes the annotation independent of the host's settings.
+    """
+    decorate = spectacular_extend_schema(**kwargs)
+
+    def decorator(f: Any) -> Any:
+        if callable(f) and not inspect.isclass(f) and not hasattr(f, "cls"):
+            if not hasattr(f, "kwargs"):
+                f.kwargs = {}
+            f.kwargs.setdefault("schema", JobstateAutoSchema)
+        return decorate(f)
+
+    return decorator
+
+
 class JobstateAutoSchema(AutoSchema):
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
@@ -58,3 +88,56 @@ class JobstateAutoSchema(AutoSchema):
                 body["description"] = DESCRIPTIONS[code]
                 responses[code] = body
         return responses
+
+
+# The schema and docs of the jobstate API alone, whatever the project's settings -------
+
+
+def _is_jobstate_view(callback: Any) -> bool:
+    cls = getattr(callback, "cls", None)
+    return cls is not None and cls.__module__.startswith("jobstate.") and not issubclass(cls, _OwnViews)
+
+
+class JobstateSchemaGenerator(SchemaGenerator):
+    """Documents jobstate's endpoints (wherever the project mounts them) and
+    nothing else: other views may carry schema classes drf-spectacular refuses
+    (e.g. under DRF's default ``DEFAULT_SCHEMA_CLASS``)."""
+
+    def _initialise_endpoints(self) -> None:
+        if self.endpoints is None:
+            super()._initialise_endpoints()
+            endpoints = cast("Sequence[Any]", self.endpoints)  # set by the call above
+            self.endpoints = [e for e in endpoints if _is_jobstate_view(e[3])]
+
+
+class _OwnViews(APIView):
+    """The schema and docs views (not documented themselves): drf-spectacular's,
+    with jobstate's own throttle, content negotiation and no versioning."""
+
+    throttle_classes = [JobstateThrottle]
+    throttle_scope = "jobstate"
+    content_negotiation_class = DefaultContentNegotiation
+    metadata_class = SimpleMetadata
+    versioning_class = None
+    schema = JobstateAutoSchema()
+
+
+class JobstateSchemaView(_OwnViews, SpectacularAPIView):
+    """OpenAPI 3 schema of the jobstate API (YAML, or JSON by content negotiation)."""
+
+    generator_class = JobstateSchemaGenerator
+
+    @extend_schema(exclude=True)
+    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().get(request, *args, **kwargs)
+
+
+class JobstateDocsView(_OwnViews, SpectacularSwaggerView):
+    """Swagger UI for the jobstate API (assets from drf-spectacular-sidecar when
+    the project's SPECTACULAR_SETTINGS say so)."""
+
+    url_name = "jobstate-api:schema"
+
+    @extend_schema(exclude=True)
+    def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().get(request, *args, **kwargs)

@@ -19,7 +19,7 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from jobstate import conf
-from jobstate.api.permissions import allowed_actions
+from jobstate.api.permissions import OPERATOR, allowed_actions
 from jobstate.models import Asset, Job, JobEvent, JobStep
 from jobstate.states import Status
 
@@ -45,7 +45,13 @@ class UTCDateTimeField(serializers.DateTimeField):
     for every client. Also skips DRF's per-value time-zone lookup, which is a
     good part of a 50-row page's serialization time."""
 
-    def to_representation(self, value: Any) -> str | None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The API's format, not the project's REST_FRAMEWORK["DATETIME_FORMAT"].
+        kwargs.setdefault("format", ISO_8601)
+        super().__init__(*args, **kwargs)
+
+    # DRF's own returns None for an empty value too (its stub says str).
+    def to_representation(self, value: Any) -> str | None:  # type: ignore[override]
         if not value:
             return None
         output_format = getattr(self, "format", api_settings.DATETIME_FORMAT)
@@ -75,7 +81,7 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
-class ParametersField(serializers.Field):
+class ParametersField(serializers.Field[Any, Any, Any, Any]):
     """A JSON object: only size and plain-text checks here; the handler's schema
     validates the content (in jobstate.services)."""
 
@@ -118,7 +124,7 @@ def _check_tree(value: Any) -> None:
             stack.extend(item)
 
 
-class EnqueueSerializer(serializers.Serializer):
+class EnqueueSerializer(serializers.Serializer[Any]):
     kind = StrictCharField(max_length=200, help_text="A registered handler name.")
     parameters = ParametersField(required=False, default=dict, help_text="Validated by the handler's schema.")
     key = StrictCharField(
@@ -139,19 +145,23 @@ class EnqueueSerializer(serializers.Serializer):
     )
     priority = StrictIntegerField(min_value=-32768, max_value=32767, required=False, default=0)
     run_after = serializers.DateTimeField(
-        required=False, allow_null=True, default=None, help_text="Do not start before this time."
+        required=False,
+        allow_null=True,
+        default=None,
+        input_formats=[ISO_8601],
+        help_text="Do not start before this time (ISO 8601).",
     )
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(serializers.Serializer[Any]):
     reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
-class RequiredReasonSerializer(serializers.Serializer):
+class RequiredReasonSerializer(serializers.Serializer[Any]):
     reason = StrictCharField(max_length=1000, help_text="Why: recorded in the history.")
 
 
-class StuckSerializer(serializers.Serializer):
+class StuckSerializer(serializers.Serializer[Any]):
     """A job that needs a person (jobstate.stuck): why, since when, what fixes it."""
 
     job = serializers.UUIDField()
@@ -168,7 +178,7 @@ class StuckSerializer(serializers.Serializer):
 # Outputs --------------------------------------------------------------------
 
 
-class OutputSerializer(serializers.ModelSerializer):
+class OutputSerializer(serializers.ModelSerializer[Any]):
     serializer_field_mapping = {
         **serializers.ModelSerializer.serializer_field_mapping,
         models.DateTimeField: UTCDateTimeField,
@@ -271,7 +281,10 @@ class JobEventSerializer(OutputSerializer):
     actor = serializers.CharField(
         source="actor_label", read_only=True, help_text="api, admin, worker:<id>, …"
     )
-    user = serializers.SerializerMethodField(help_text="The user behind the change, if any.")
+    user = serializers.SerializerMethodField(
+        help_text="The user behind the change, if any: `operator` for someone other than you, unless you "
+        "may view all jobs."
+    )
     metadata = serializers.SerializerMethodField()
 
     class Meta:
@@ -293,7 +306,27 @@ class JobEventSerializer(OutputSerializer):
         return event.from_status or None
 
     def get_user(self, event: JobEvent) -> str | None:
-        return event.actor.get_username() if event.actor_id is not None and event.actor else None
+        if event.actor_id is None or not event.actor:
+            return None
+        if self._names_user(event):
+            return event.actor.get_username()
+        return OPERATOR
+
+    def to_representation(self, event: JobEvent) -> dict[str, Any]:
+        data = super().to_representation(event)
+        # "user:<name>" labels (changes made in code on a user's behalf) name a person too.
+        label = data.get("actor") or ""
+        if label.startswith("user:") and not self._names_user(event):
+            data["actor"] = f"user:{OPERATOR}"
+        return data
+
+    def _names_user(self, event: JobEvent) -> bool:
+        """Usernames are shown to those who may view all jobs; others see their own."""
+        if self.context.get("names_users"):
+            return True
+        request = self.context.get("request")
+        viewer = getattr(getattr(request, "user", None), "pk", None)
+        return viewer is not None and event.actor_id == viewer
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_metadata(self, event: JobEvent) -> dict[str, Any]:
@@ -335,7 +368,7 @@ class AssetSerializer(OutputSerializer):
         return request.build_absolute_uri(path) if request is not None else path
 
 
-class JobSnapshotSerializer(serializers.Serializer):
+class JobSnapshotSerializer(serializers.Serializer[Any]):
     """What the progress stream sends each time the job changes."""
 
     id = serializers.UUIDField()
@@ -349,10 +382,11 @@ class JobSnapshotSerializer(serializers.Serializer):
     finished_at = UTCDateTimeField(allow_null=True)
 
 
-class ErrorDetailSerializer(serializers.Serializer):
+class ErrorDetailSerializer(serializers.Serializer[Any]):
     code = serializers.CharField(help_text="Stable machine-readable code, e.g. `invalid_transition`.")
     message = serializers.CharField()
-    fields = serializers.DictField(
+    # A declared field: DRF's metaclass takes it out of the class, Serializer.fields stays.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.JSONField(), help_text="Field name to messages (nested for `parameters`)."
     )
     current_status = serializers.ChoiceField(
@@ -360,5 +394,5 @@ class ErrorDetailSerializer(serializers.Serializer):
     )
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[Any]):
     error = ErrorDetailSerializer()

@@ -1,35 +1,51 @@
 """Waiting for a job to change without tight client polling.
 
-- ``event_stream``: Server-Sent Events. The server polls one small row every
-  ``SSE_POLL_SECONDS`` and sends a ``job`` event whenever the snapshot changes,
-  an ``end`` event when the job is terminal or ``SSE_MAX_SECONDS`` have passed,
-  and a comment line as keep-alive. Each event's ``id`` is the job's
-  ``updated_at``, so a reconnecting EventSource (``Last-Event-ID``) gets no
-  duplicate.
-- ``wait_for_change``: the long-poll behind ``GET /jobs/{id}/?wait=&since=``.
+- ``event_stream`` / ``aevent_stream``: Server-Sent Events. The server polls one
+  small row every ``SSE_POLL_SECONDS`` and sends a ``job`` event whenever the
+  snapshot changes, an ``end`` event when the job is terminal or
+  ``SSE_MAX_SECONDS`` have passed, and a comment line as keep-alive. Each
+  event's ``id`` is the job's ``updated_at``, so a reconnecting EventSource
+  (``Last-Event-ID``) gets no duplicate.
+- ``wait_for_change`` / ``await_change``: the long-poll behind
+  ``GET /jobs/{id}/?wait=&since=``.
 
-Both are bounded in time; neither holds a transaction open between polls.
-Each holds a server thread, so each counts against the caller's stream limit
-(``jobstate.api.throttling``); ``HeldStream`` gives the slot back when the
-server closes the response.
+Each comes twice: a plain generator/function for WSGI (the server thread is the
+stream's anyway) and an async one for ASGI, where waiting holds no thread and
+every chunk is sent as it is made (Django buffers a sync iterator whole under
+ASGI). ``streaming_response`` picks by the request. All are bounded in time;
+none holds a transaction open: each poll is one autocommit query, and the views
+run outside ``ATOMIC_REQUESTS`` (see ``long_poll_view``).
+
+Each counts against the caller's stream limit (``jobstate.api.throttling``);
+``HeldStream`` / ``AsyncHeldStream`` give the slot back when the response ends,
+the client goes away or the server closes the response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
+from functools import wraps
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from jobstate import conf
 from jobstate.api.serializers import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
 from jobstate.states import TERMINAL
+
+logger = logging.getLogger("jobstate.api")
 
 SNAPSHOT_FIELDS = (
     "id",
@@ -61,6 +77,48 @@ def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> byte
     return ("\n".join(lines) + "\n\n").encode()
 
 
+class _Events:
+    """What the stream sends, whoever drives it (sync or async)."""
+
+    def __init__(self, last_event_id: str | None, clock: Callable[[], float]) -> None:
+        self.max_seconds = float(conf.get("SSE_MAX_SECONDS"))
+        self.poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
+        self.keepalive = float(conf.get("SSE_KEEPALIVE_SECONDS"))
+        self.clock = clock
+        self.started = self.last_beat = clock()
+        self.sent: str | None = last_event_id
+        self.done = False
+
+    def opening(self) -> bytes:
+        return f"retry: {int(self.poll * 1000) + 1000}\n\n".encode()
+
+    def after(self, current: dict[str, Any] | None) -> list[bytes]:
+        """The chunks to send after one poll (each whole events); sets ``done``."""
+        if current is None:
+            self.done = True
+            return [_event("end", {"reason": "deleted"})]
+        chunks = []
+        stamp = current["updated_at"]
+        if stamp != self.sent:
+            self.sent = stamp
+            self.last_beat = self.clock()
+            chunks.append(_event("job", current, stamp))
+        if current["status"] in TERMINAL:
+            self.done = True
+            return [*chunks, _event("end", {"reason": "terminal", "status": current["status"]})]
+        now = self.clock()
+        if now - self.started >= self.max_seconds:
+            self.done = True
+            return [*chunks, _event("end", {"reason": "timeout"})]
+        if now - self.last_beat >= self.keepalive:
+            self.last_beat = now
+            chunks.append(b": keep-alive\n\n")
+        return chunks
+
+    def pause(self) -> float:
+        return min(self.poll, max(self.max_seconds - (self.clock() - self.started), 0))
+
+
 def event_stream(
     job_id: Any,
     *,
@@ -68,33 +126,36 @@ def event_stream(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[bytes]:
-    max_seconds = float(conf.get("SSE_MAX_SECONDS"))
-    poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
-    keepalive = float(conf.get("SSE_KEEPALIVE_SECONDS"))
-    started = last_beat = clock()
-    sent: str | None = last_event_id
-    yield f"retry: {int(poll * 1000) + 1000}\n\n".encode()
+    events = _Events(last_event_id, clock)
+    yield events.opening()
     while True:
-        current = snapshot(job_id)
-        if current is None:
-            yield _event("end", {"reason": "deleted"})
+        yield from events.after(snapshot(job_id))
+        if events.done:
             return
-        stamp = current["updated_at"]
-        if stamp != sent:
-            sent = stamp
-            last_beat = clock()
-            yield _event("job", current, stamp)
-        if current["status"] in TERMINAL:
-            yield _event("end", {"reason": "terminal", "status": current["status"]})
+        sleep(events.pause())
+
+
+async def aevent_stream(
+    job_id: Any,
+    *,
+    last_event_id: str | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> AsyncIterator[bytes]:
+    events = _Events(last_event_id, clock)
+    read = sync_to_async(snapshot)
+    yield events.opening()
+    while True:
+        for chunk in events.after(await read(job_id)):
+            yield chunk
+        if events.done:
             return
-        now = clock()
-        if now - started >= max_seconds:
-            yield _event("end", {"reason": "timeout"})
-            return
-        if now - last_beat >= keepalive:
-            last_beat = now
-            yield b": keep-alive\n\n"
-        sleep(min(poll, max(max_seconds - (now - started), 0)))
+        await sleep(events.pause())
+
+
+def _changed(job_id: Any, since: datetime) -> bool:
+    row = Job.objects.filter(pk=job_id).values_list("updated_at", "status").first()
+    return row is None or row[0] > since or row[1] in TERMINAL
 
 
 def wait_for_change(
@@ -110,14 +171,31 @@ def wait_for_change(
     seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
     poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
     deadline = clock() + seconds
-    while True:
-        row = Job.objects.filter(pk=job_id).values_list("updated_at", "status").first()
-        if row is None or row[0] > since or row[1] in TERMINAL:
-            return
+    while not _changed(job_id, since):
         remaining = deadline - clock()
         if remaining <= 0:
             return
         sleep(min(poll, remaining))
+
+
+async def await_change(
+    job_id: Any,
+    since: datetime,
+    seconds: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """``wait_for_change`` without holding a thread while it waits."""
+    seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
+    poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
+    deadline = clock() + seconds
+    changed = sync_to_async(_changed)
+    while not await changed(job_id, since):
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return
+        await sleep(min(poll, remaining))
 
 
 class HeldStream:
@@ -140,3 +218,89 @@ class HeldStream:
             close()
         if self.slot is not None:
             self.slot.release()
+
+
+class AsyncHeldStream:
+    """The ASGI twin of ``HeldStream``: the slot comes back when the stream ends,
+    when the client disconnects (Django cancels the response, the generator's
+    ``finally`` runs) and when Django closes the response."""
+
+    def __init__(self, events: AsyncIterator[bytes], slot: StreamSlot | None) -> None:
+        self.events = events
+        self.slot = slot
+        if slot is not None:
+            weakref.finalize(self, slot.release)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.events:
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.slot is not None:
+            self.slot.release()
+
+
+def is_asgi(request: Any) -> bool:
+    return isinstance(getattr(request, "_request", request), ASGIRequest)
+
+
+def streaming_response(
+    request: Any, job_id: Any, last_event_id: str | None, slot: StreamSlot | None
+) -> StreamingHttpResponse:
+    """The progress stream as the server wants it: async under ASGI, sync under WSGI."""
+    if is_asgi(request):
+        content: Any = AsyncHeldStream(aevent_stream(job_id, last_event_id=last_event_id), slot)
+    else:
+        content = HeldStream(event_stream(job_id, last_event_id=last_event_id), slot)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
+    return response
+
+
+# The long-poll view -------------------------------------------------------------
+
+
+class WaitFirst(HttpResponse):
+    """What the detail view answers when it wants to wait before answering: the
+    checks passed and the slot is held; ``long_poll_view`` waits, then asks the
+    view again for the detail."""
+
+    def __init__(self, job_id: Any, since: datetime, seconds: float, slot: StreamSlot | None) -> None:
+        super().__init__(status=202)
+        self.job_id, self.since, self.seconds, self.slot = job_id, since, seconds, slot
+
+
+WAITED = "jobstate_waited"  # set on the Django request once the wait is over
+
+
+def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the (sync) DRF detail view in an async view: a ``?wait=`` long-poll
+    awaits the change in the event loop (no thread held under ASGI) and outside
+    any transaction (``ATOMIC_REQUESTS`` does not apply to it), then the view
+    renders the detail. Under WSGI Django runs it in the request's thread."""
+    call = sync_to_async(view)
+
+    @wraps(view)
+    async def detail(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        response = await call(request, *args, **kwargs)
+        if not isinstance(response, WaitFirst):
+            return response
+        try:
+            await await_change(response.job_id, response.since, response.seconds)
+        except Exception:
+            # E.g. the database went away while waiting: answer now; the detail
+            # view reports what it finds, in the API's error shape if it fails too.
+            logger.warning("Long-poll of job %s stopped waiting", response.job_id, exc_info=True)
+        finally:
+            if response.slot is not None:
+                response.slot.release()
+        setattr(request, WAITED, True)
+        return await call(request, *args, **kwargs)
+
+    for alias in connections:
+        detail = transaction.non_atomic_requests(using=alias)(detail)
+    return detail

@@ -7,15 +7,21 @@ progress stream and long-polls, on top of ``jobstate``). A missing rate means no
 limit, except for ``jobstate_stream``, which defaults to ``DEFAULT_RATES``; a
 ``None`` rate turns a scope off.
 
-A stream or long-poll also holds a server thread while it is open (a WSGI
-server has few), so each user may hold at most
-``JOBSTATE["API_MAX_STREAMS_PER_USER"]`` (5 by default) at once,
-counted in Django's default cache: per process with the local-memory cache,
-across processes with a shared one (Redis, Memcached).
+A stream or long-poll also holds a connection (and under WSGI a server thread)
+while it is open, so each user may hold at most
+``JOBSTATE["API_MAX_STREAMS_PER_USER"]`` (5 by default) at once, counted in
+Django's default cache: per process with the local-memory cache, across
+processes with a shared one (Redis, Memcached). A slot is given back when the
+response ends or the client goes away, and expires on its own shortly after the
+longest the stream could last; a refusal's ``Retry-After`` is when the first
+held slot ends at the latest.
 """
 
 from __future__ import annotations
 
+import math
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -29,12 +35,14 @@ from jobstate import conf
 
 STREAM_SCOPE = "jobstate_stream"
 DEFAULT_RATES: dict[str, str] = {STREAM_SCOPE: "120/minute"}
-STREAM_RETRY_SECONDS = 5
 
 
 class JobstateThrottle(ScopedRateThrottle):
     def get_rate(self) -> str | None:
-        rates = (getattr(settings, "REST_FRAMEWORK", {}) or {}).get("DEFAULT_THROTTLE_RATES") or {}
+        if self.scope is None:
+            return None
+        framework = getattr(settings, "REST_FRAMEWORK", {}) or {}
+        rates: dict[str, str] = framework.get("DEFAULT_THROTTLE_RATES") or {}
         if self.scope in rates:
             return rates[self.scope]
         return DEFAULT_RATES.get(self.scope)
@@ -65,50 +73,70 @@ def max_streams() -> int | None:
     return int(limit) if limit else None
 
 
-class StreamSlot:
-    """One of a user's open streams or long-polls; ``release`` is idempotent."""
+# A slot outlives the longest stream or long-poll by this much, so a slot whose
+# server process died (and never released it) comes back on its own.
+SLOT_GRACE_SECONDS = 5
 
-    def __init__(self, key: str) -> None:
+
+def stream_seconds() -> float:
+    """How long a progress stream may hold its slot at most."""
+    return float(conf.get("SSE_MAX_SECONDS")) + float(conf.get("SSE_POLL_SECONDS"))
+
+
+def long_poll_seconds(wait: float) -> float:
+    return min(float(wait), float(conf.get("LONGPOLL_MAX_SECONDS"))) + float(conf.get("SSE_POLL_SECONDS"))
+
+
+class StreamSlot:
+    """One of a user's open streams or long-polls; ``release`` is idempotent and
+    frees only this slot (never one another request took after it expired)."""
+
+    def __init__(self, key: str, token: str) -> None:
         self.key = key
+        self.token = token
         self.held = True
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            _decr(self.key)
+            with suppress(Exception):  # a cache outage must not break a finished response
+                current = cache.get(self.key)
+                if isinstance(current, list | tuple) and current and current[0] == self.token:
+                    cache.delete(self.key)
 
 
-def _decr(key: str) -> None:
-    with suppress(ValueError):  # the counter expired meanwhile
-        cache.decr(key)
+def hold_stream_slot(user: Any, seconds: float | None = None) -> StreamSlot | None:
+    """Take one of ``user``'s stream slots for at most ``seconds`` (default: a
+    whole progress stream), or raise ``Throttled`` (429) whose ``Retry-After``
+    is when the first held slot ends at the latest.
 
-
-def hold_stream_slot(user: Any) -> StreamSlot | None:
-    """Count one more open stream for ``user``, or raise ``Throttled`` (429)."""
+    Each slot is its own cache key (``cache.add`` takes it atomically), holding
+    its expiry: counted per process with the local-memory cache, across
+    processes with a shared one (Redis, Memcached).
+    """
     limit = max_streams()
     if limit is None:
         return None
-    key = f"jobstate_streams_{user.pk}"
-    # Outlives any slot taken now, so a counter left by a dead process heals.
-    ttl = int(float(conf.get("SSE_MAX_SECONDS")) + float(conf.get("LONGPOLL_MAX_SECONDS"))) + 60
-    cache.add(key, 0, ttl)
-    try:
-        count = cache.incr(key)
-    except ValueError:  # a cache that keeps nothing (DummyCache): no limit
-        return None
-    cache.touch(key, ttl)
-    if count > limit:
-        _decr(key)
-        raise Throttled(
-            wait=STREAM_RETRY_SECONDS,
-            detail=f"At most {limit} progress streams or long-polls may be open at once; close one first.",
-        )
-    return StreamSlot(key)
+    hold = stream_seconds() if seconds is None else float(seconds)
+    ttl = hold + SLOT_GRACE_SECONDS
+    token = uuid.uuid4().hex
+    keys = [f"jobstate_stream_{user.pk}_{i}" for i in range(limit)]
+    for key in keys:
+        if cache.add(key, [token, time.time() + ttl], math.ceil(ttl)):
+            return StreamSlot(key, token)
+    held = cache.get_many(keys)
+    ends = [v[1] for v in held.values() if isinstance(v, list | tuple) and len(v) == 2]
+    # Free by now (expired between add and get_many): try again at once.
+    wait = max(1, math.ceil(min(ends) - time.time())) if len(ends) == len(keys) else 1
+    raise Throttled(
+        wait=wait,
+        detail=f"At most {limit} progress streams or long-polls may be open at once; close one first.",
+    )
 
 
 @contextmanager
-def stream_slot(user: Any) -> Iterator[None]:
-    slot = hold_stream_slot(user)
+def stream_slot(user: Any, seconds: float | None = None) -> Iterator[None]:
+    slot = hold_stream_slot(user, seconds)
     try:
         yield
     finally:

@@ -1,5 +1,9 @@
 """URLs of the jobstate REST API; the demo project mounts them under /api/.
 
+``schema/`` and ``docs/`` serve the OpenAPI schema and Swagger UI of these
+endpoints alone, whatever the project's REST_FRAMEWORK settings (a project that
+mounts drf-spectacular's own views earlier at the same paths serves those).
+
 ``urlpatterns`` ends with a JSON 404 for any other path under the mount point;
 include ``api_patterns`` instead to leave unmatched paths to the project.
 """
@@ -10,13 +14,23 @@ from rest_framework.routers import SimpleRouter
 from jobstate.api.assets import AssetViewSet
 from jobstate.api.base import ApiRoot
 from jobstate.api.errors import not_found
+from jobstate.api.kinds import KindList
+from jobstate.api.schema import JobstateDocsView, JobstateSchemaView
 from jobstate.api.views import JobViewSet
+from jobstate.api.webhooks import WebhookEndpointViewSet
 
 app_name = "jobstate-api"
 
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("assets", AssetViewSet, basename="asset")
+router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 
-api_patterns = [path("", ApiRoot.as_view(), name="root"), *router.urls]
+api_patterns = [
+    path("", ApiRoot.as_view(), name="root"),
+    path("kinds/", KindList.as_view(), name="kind-list"),
+    path("schema/", JobstateSchemaView.as_view(), name="schema"),
+    path("docs/", JobstateDocsView.as_view(), name="docs"),
+    *router.urls,
+]
 urlpatterns = [*api_patterns, re_path(r"^[\s\S]*$", not_found, name="not-found")]

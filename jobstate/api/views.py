@@ -1,8 +1,9 @@
 """The REST API for jobs: enqueue, list, detail, cancel, retry, operator
 remedies, stuck jobs, history, assets and progress (SSE, long-poll).
 
-Every query is scoped with ``Job.objects.owned_by(user)`` (staff see all), so
-another user's job is a 404, never a 403. Every change goes through
+Every query is scoped with ``visible_jobs(user)`` (staff holding
+``jobstate.view_job`` see all, as in the admin), so another user's job is a
+404, never a 403. Every change goes through
 jobstate.services with ``Actor.api(user)``.
 """
 
@@ -17,21 +18,22 @@ from django.http import StreamingHttpResponse
 from django.urls import reverse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
-from rest_framework import serializers, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
+from rest_framework import ISO_8601, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobstate import services
+from jobstate import registry, services
 from jobstate.api.base import JobstateAPIView, parse_id
+from jobstate.api.errors import KindNotAllowed
 from jobstate.api.filters import JobFilter
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination
-from jobstate.api.permissions import CanActOnJob
+from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visible_jobs
 from jobstate.api.renderers import EventStreamRenderer
-from jobstate.api.schema import SSE_EVENT_SCHEMA
+from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
 from jobstate.api.serializers import (
     AssetSerializer,
     EnqueueSerializer,
@@ -42,8 +44,8 @@ from jobstate.api.serializers import (
     RequiredReasonSerializer,
     StuckSerializer,
 )
-from jobstate.api.stream import HeldStream, event_stream, wait_for_change
-from jobstate.api.throttling import StreamThrottle, hold_stream_slot, stream_slot
+from jobstate.api.stream import WAITED, WaitFirst, long_poll_view, streaming_response
+from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.services import Actor
 from jobstate.states import Status
@@ -62,19 +64,22 @@ def list_columns() -> tuple[str, ...]:
     return (*LIST_COLUMNS, f"owner__{get_user_model().USERNAME_FIELD}")
 
 
-class StuckQuerySerializer(serializers.Serializer):
+class StuckQuerySerializer(serializers.Serializer[Any]):
     reason = serializers.MultipleChoiceField(
         choices=[r.code for r in REASONS], required=False, help_text="Only these reasons (repeat)."
     )
 
 
-class WaitSerializer(serializers.Serializer):
+class WaitSerializer(serializers.Serializer[Any]):
     wait = serializers.FloatField(min_value=0, max_value=300, required=False)
-    since = serializers.DateTimeField(required=False)
+    since = serializers.DateTimeField(required=False, input_formats=[ISO_8601])
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List jobs", description="Your jobs (staff: everyone's), newest first."),
+    list=extend_schema(
+        summary="List jobs",
+        description="Your jobs (staff with `jobstate.view_job`: everyone's), newest first.",
+    ),
     create=extend_schema(
         summary="Enqueue a job",
         request=EnqueueSerializer,
@@ -100,7 +105,7 @@ class WaitSerializer(serializers.Serializer):
         ],
     ),
 )
-class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
+class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events and assets too
     """Jobs: enqueue, list, detail, cancel, retry, history, assets and progress."""
 
     queryset = Job.objects.none()  # for schema introspection; see get_queryset
@@ -109,10 +114,22 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
     filterset_class = JobFilter
     pagination_class = JobPagination
 
+    @classmethod
+    def as_view(cls, actions: dict[str, Any] | None = None, **initkwargs: Any) -> Any:
+        view = super().as_view(actions, **initkwargs)
+        if actions and actions.get("get") == "retrieve":
+            return long_poll_view(view)  # async: a long-poll waits in the event loop
+        return view
+
     def get_permissions(self) -> list[Any]:
         return [*super().get_permissions(), CanActOnJob()]
 
+    def _waited(self) -> bool:
+        return bool(getattr(self.request._request, WAITED, False))
+
     def get_throttles(self) -> list[Any]:
+        if self._waited():
+            return []  # the long-poll's own request, counted before it waited
         self.throttle_scope = "jobstate_enqueue" if self.action == "create" else "jobstate"
         throttles = super().get_throttles()
         if self.action == "stream" or (self.action == "retrieve" and self._long_poll()):
@@ -125,11 +142,11 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
         except ValueError:
             return False
 
-    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
+    def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
         return JobSerializer if self.action == "list" else JobDetailSerializer
 
     def get_queryset(self) -> QuerySet[Job]:
-        qs = Job.objects.owned_by(self.request.user).select_related("owner")
+        qs = visible_jobs(self.request.user).select_related("owner")
         if self.action == "list":
             return qs.only(*list_columns())
         return qs
@@ -145,7 +162,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
 
     def _visible_id(self, pk: Any) -> uuid.UUID:
         job_id = parse_id(pk)
-        if not Job.objects.owned_by(self.request.user).filter(pk=job_id).exists():
+        if not visible_jobs(self.request.user).filter(pk=job_id).exists():
             raise NotFound()
         return job_id
 
@@ -166,18 +183,18 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
             JobSerializer(page, many=True, context=self.get_serializer_context()).data
         )
 
-    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+    def retrieve(self, request: Request, pk: str | None = None) -> Response | WaitFirst:
         params = WaitSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         wait = params.validated_data.get("wait")
-        if wait:
+        if wait and not self._waited():
             job_id = self._visible_id(pk)
             since = params.validated_data.get("since")
             if since is None:
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
-                with stream_slot(request.user):
-                    wait_for_change(job_id, since, wait)
+                # long_poll_view waits (holding the slot, outside any transaction), then asks again.
+                return WaitFirst(job_id, since, wait, hold_stream_slot(request.user, long_poll_seconds(wait)))
         job = self.get_queryset().prefetch_related("steps").filter(pk=parse_id(pk)).first()
         if job is None:
             raise NotFound()
@@ -188,6 +205,9 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         user = request.user
+        spec = registry.get_handler(data["kind"])  # an unknown kind is a 400
+        if not may_start(user, spec):
+            raise KindNotAllowed(spec.name, spec.api if isinstance(spec.api, str) else None)
         # Keys are scoped per owner: the job a key names is always the caller's own.
         job, created = services.get_or_enqueue(
             data["kind"],
@@ -268,9 +288,9 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
 
     @extend_schema(
         summary="Jobs that need a person",
-        description="Your stuck jobs (staff: everyone's), grouped by reason (lease expired, past its "
-        "timeout, no heartbeat, cancel not honoured, queued with no worker for its kind, failed and "
-        "not retried), each with the remedy; at most `STUCK_LIST_LIMIT` per reason.",
+        description="Your stuck jobs (staff with `jobstate.view_job`: everyone's), grouped by reason "
+        "(lease expired, past its timeout, no heartbeat, cancel not honoured, queued with no worker "
+        "for its kind, failed and not retried), each with the remedy; at most `STUCK_LIST_LIMIT` per reason.",
         parameters=[StuckQuerySerializer],
         responses=StuckSerializer(many=True),
     )
@@ -279,21 +299,27 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
         params = StuckQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         codes = params.validated_data.get("reason") or None
-        findings = find_stuck(codes=codes, queryset=Job.objects.owned_by(request.user))
+        findings = find_stuck(codes=codes, queryset=visible_jobs(request.user))
         return Response(StuckSerializer([f.as_dict() for f in findings], many=True).data)
 
-    @extend_schema(summary="Transition history", responses=JobEventSerializer(many=True))
+    @extend_schema(
+        summary="Transition history",
+        description="In the order it happened (event id). People other than you who acted on the job "
+        "appear as `operator` unless you may view all jobs (staff with `jobstate.view_job`).",
+        responses=JobEventSerializer(many=True),
+    )
     @action(detail=True, filter_backends=[], pagination_class=EventPagination)
     def events(self, request: Request, pk: str | None = None) -> Response:
         job_id = self._visible_id(pk)
         page = self.paginate_queryset(JobEvent.objects.filter(job_id=job_id).select_related("actor"))
-        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+        context = {**self.get_serializer_context(), "names_users": may_view_all(request.user)}
+        return self.get_paginated_response(JobEventSerializer(page, many=True, context=context).data)
 
     @extend_schema(summary="The job's assets", responses=AssetSerializer(many=True))
     @action(detail=True, filter_backends=[], pagination_class=JobAssetPagination)
     def assets(self, request: Request, pk: str | None = None) -> Response:
         job_id = self._visible_id(pk)
-        page = self.paginate_queryset(Asset.objects.filter(job_id=job_id))
+        page = self.paginate_queryset(Asset.objects.visible().filter(job_id=job_id))
         context = self.get_serializer_context()
         return self.get_paginated_response(AssetSerializer(page, many=True, context=context).data)
 
@@ -315,8 +341,5 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet):
     def stream(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         job_id = self._visible_id(pk)
         last_id = request.headers.get("Last-Event-ID") or None
-        events = HeldStream(event_stream(job_id, last_event_id=last_id), hold_stream_slot(request.user))
-        response = StreamingHttpResponse(events, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
-        return response
+        # Async under ASGI (sent as made, no thread held), sync under WSGI.
+        return streaming_response(request, job_id, last_id, hold_stream_slot(request.user))

@@ -22,6 +22,13 @@ def _asset_storage():  # type: ignore[no-untyped-def]
     return storages[conf.get("STORAGE")]
 
 
+class AssetQuerySet(models.QuerySet["Asset"]):
+    def visible(self) -> AssetQuerySet:
+        """Assets that belong to a job's results: not written by an attempt that was
+        lost (killed, or taken from its worker by the reaper or an operator)."""
+        return self.filter(attempt_lost=False)
+
+
 class Asset(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="assets")
@@ -42,6 +49,16 @@ class Asset(models.Model):
     sha256 = models.CharField(max_length=64, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The job's attempt that stored it (empty: not stored under a lease)."
+    )
+    attempt_lost = models.BooleanField(
+        default=False,
+        help_text="Its attempt did not end by its own worker (killed, reaped or taken by an operator): "
+        "hidden from the job's results.",
+    )
+
+    objects = AssetQuerySet.as_manager()
 
     class Meta:
         ordering = ("created_at",)

@@ -18,8 +18,21 @@ class JobQuerySet(models.QuerySet["Job"]):
     def queued(self) -> JobQuerySet:
         return self.filter(status=Status.QUEUED)
 
+    def waiting(self) -> JobQuerySet:
+        """Jobs waiting for their children (never claimed until woken)."""
+        return self.filter(status=Status.WAITING)
+
     def processing(self) -> JobQuerySet:
         return self.filter(status=Status.PROCESSING)
+
+    def reserved(self) -> JobQuerySet:
+        """Processing jobs a cluster claimed that no worker process has begun yet
+        (waiting in its in-memory queue): no attempt charged, ``started_at`` NULL."""
+        return self.filter(status=Status.PROCESSING, started_at__isnull=True)
+
+    def running(self) -> JobQuerySet:
+        """Processing jobs whose handler a worker process has begun."""
+        return self.filter(status=Status.PROCESSING, started_at__isnull=False)
 
     def active(self) -> JobQuerySet:
         return self.filter(status__in=ACTIVE)
@@ -44,6 +57,20 @@ class JobQuerySet(models.QuerySet["Job"]):
 
 
 CLAIM_ORDER = ("-priority", "run_after", "created_at")
+# Columns written while a job runs (progress, heartbeats, lease renewal, begin):
+# no index covers them, nor any partial index's condition, so on PostgreSQL
+# those updates are HOT (heap-only: no index entry written; tests/test_job_indexes.py).
+HOT_COLUMNS = (
+    "progress",
+    "progress_message",
+    "current_step",
+    "heartbeat_at",
+    "lease_expires_at",
+    "updated_at",
+    "started_at",
+    "attempts",
+    "worker_id",
+)
 
 
 def forget_owner(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
@@ -68,6 +95,9 @@ class Job(FSMModelMixin, models.Model):
         blank=True,
         on_delete=forget_owner,
         related_name="jobstate_jobs",
+        # No index of its own: jobstate_job_owner_idx and jobstate_job_owner_new_idx
+        # lead with owner_id and serve every lookup by owner (one index fewer per insert).
+        db_index=False,
     )
     key = models.CharField(
         max_length=255,
@@ -170,11 +200,14 @@ class Job(FSMModelMixin, models.Model):
                 condition=Q(status=Status.QUEUED),
                 name="jobstate_job_claim_idx",
             ),
-            # Stuck detection and the reaper: processing jobs by lease expiry.
+            # The processing set (reserved and running jobs; small: bounded by the
+            # workers and their prefetch): the reaper, stuck detection and the
+            # per-kind concurrency count scan it. Keyed by ``kind``, which never
+            # changes, and never by a column written while a job runs (see HOT_COLUMNS).
             models.Index(
-                fields=["lease_expires_at"],
+                fields=["kind"],
                 condition=Q(status=Status.PROCESSING),
-                name="jobstate_job_lease_idx",
+                name="jobstate_job_processing_idx",
             ),
             models.Index(fields=["owner", "status", "-created_at"], name="jobstate_job_owner_idx"),
             # An owner's jobs newest first (the API's default list and its keyset pages):
@@ -184,18 +217,6 @@ class Job(FSMModelMixin, models.Model):
             models.Index(fields=["kind", "status"], name="jobstate_job_kind_idx"),
             models.Index(fields=["kind", "key"], name="jobstate_job_key_idx"),
             models.Index(fields=["status", "finished_at"], name="jobstate_job_finished_idx"),
-            # Stuck detection (jobstate.stuck): range scans over the processing set
-            # instead of reading every processing row (see the README, "Indexes added for the admin").
-            models.Index(
-                fields=["heartbeat_at"],
-                condition=Q(status=Status.PROCESSING),
-                name="jobstate_job_heartbeat_idx",
-            ),
-            models.Index(
-                fields=["started_at"],
-                condition=Q(status=Status.PROCESSING),
-                name="jobstate_job_running_idx",
-            ),
             models.Index(
                 fields=["cancel_requested_at"],
                 condition=Q(status=Status.PROCESSING, cancel_requested_at__isnull=False),
@@ -230,17 +251,27 @@ class Job(FSMModelMixin, models.Model):
     def mark_partial(self) -> None:
         """The handler finished with a result and an error."""
 
-    @transition(field=status, source=[Status.QUEUED, Status.PROCESSING], target=Status.FAILED)
+    @transition(field=status, source=[Status.QUEUED, Status.WAITING, Status.PROCESSING], target=Status.FAILED)
     def fail(self) -> None:
-        """Attempts exhausted, non-retryable error, unknown handler or worker lost."""
+        """Attempts exhausted, non-retryable error, unknown handler, worker lost or an operator."""
 
-    @transition(field=status, source=[Status.QUEUED, Status.PROCESSING], target=Status.CANCELLED)
+    @transition(
+        field=status, source=[Status.QUEUED, Status.WAITING, Status.PROCESSING], target=Status.CANCELLED
+    )
     def cancel(self) -> None:
         """A cancel request honoured (or its worker gone while cancelling)."""
 
     @transition(field=status, source=Status.PROCESSING, target=Status.QUEUED)
     def requeue(self) -> None:
-        """Back to the queue: a retry with backoff, an expired lease, or a wait."""
+        """Back to the queue: a retry with backoff, an expired lease, or a wait until a time."""
+
+    @transition(field=status, source=Status.PROCESSING, target=Status.WAITING)
+    def suspend(self) -> None:
+        """The handler gives its worker back until its last active child ends."""
+
+    @transition(field=status, source=Status.WAITING, target=Status.QUEUED)
+    def wake(self) -> None:
+        """Its last active child ended (or an operator): ready to run again."""
 
     @property
     def is_terminal(self) -> bool:

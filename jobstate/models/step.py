@@ -1,10 +1,15 @@
-"""Durable steps of a workflow job (written only by jobstate.workflows.steps)."""
+"""Durable steps of a workflow job and their state machine, declared once with django-fsm-2.
+
+Status changes go through ``jobstate.services.steps.move_step`` (a guarded UPDATE
+plus a history row on the job, in one transaction); other columns (cursor, detail)
+are written by ``jobstate.workflows.steps``."""
 
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django_fsm import FSMField, FSMModelMixin, transition
 
 
 class StepStatus(models.TextChoices):
@@ -24,11 +29,18 @@ STEP_FINISHED = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, St
 STEP_DONE = (StepStatus.COMPLETED, StepStatus.SKIPPED)
 
 
-class JobStep(models.Model):
+S = StepStatus
+# Where a run (re)starts a step: a crashed run leaves it running or serving.
+RUNNABLE = (S.PENDING, S.RUNNING, S.FAILED, S.SERVING)
+# A step a worker is in the middle of.
+STEP_BUSY = (S.RUNNING, S.SERVING, S.WAITING)
+
+
+class JobStep(FSMModelMixin, models.Model):
     job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="steps")
     position = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=200)
-    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    status = FSMField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     cursor = models.JSONField(null=True, blank=True, help_text="Last checkpoint inside the step.")
     output = models.JSONField(null=True, blank=True, help_text="What the step returned.")
@@ -58,3 +70,43 @@ class JobStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.position}. {self.name} [{self.status}]"
+
+    # The step state machine. As for ``Job``, these methods are the declaration
+    # that jobstate.services.steps reads as a table (sources -> target) and turns
+    # into a guarded UPDATE; never call them directly.
+
+    @transition(field=status, source=RUNNABLE, target=S.RUNNING)
+    def start(self) -> None:
+        """A run starts (or resumes, from its cursor) the step: one more attempt."""
+
+    @transition(field=status, source=S.RUNNING, target=S.SERVING)
+    def serve(self) -> None:
+        """A service-style step is up and serving until asked to stop."""
+
+    @transition(field=status, source=S.RUNNING, target=S.WAITING)
+    def wait(self) -> None:
+        """A fan-out step started its child jobs and waits for them."""
+
+    @transition(field=status, source=RUNNABLE, target=S.WAITING)
+    def resume_wait(self) -> None:
+        """A later run waits again for the children an earlier run started."""
+
+    @transition(field=status, source=STEP_BUSY, target=S.COMPLETED)
+    def complete(self) -> None:
+        """The step returned (or its children were summed up)."""
+
+    @transition(field=status, source=STEP_BUSY, target=S.FAILED)
+    def fail(self) -> None:
+        """The step raised; a retry resumes it from its cursor."""
+
+    @transition(field=status, source=(S.PENDING, *STEP_BUSY, S.FAILED), target=S.FAILED)
+    def lose(self) -> None:
+        """The reaper: its worker was lost on the last attempt; the workflow compensates."""
+
+    @transition(field=status, source=S.COMPLETED, target=S.UNDONE)
+    def undo(self) -> None:
+        """Compensation ran the step's undo."""
+
+    @transition(field=status, source=(S.FAILED, S.PENDING), target=S.SKIPPED)
+    def skip(self) -> None:
+        """An operator skips a failed or pending step of a job no worker holds."""

@@ -5,7 +5,7 @@ conditional UPDATE plus its JobEvent in one transaction.
 """
 
 from jobstate.services.actors import Actor
-from jobstate.services.assets import add_asset, safe_name
+from jobstate.services.assets import add_asset, remove_orphan_files, result_assets, safe_name
 from jobstate.services.control import (
     DuplicateActiveKey,
     ReapReport,
@@ -19,18 +19,32 @@ from jobstate.services.control import (
     suspend,
 )
 from jobstate.services.enqueue import enqueue, enqueue_many, get_or_enqueue
-from jobstate.services.lease import Beat, claim, extend_leases, heartbeat, report_progress, start
+from jobstate.services.lease import (
+    Beat,
+    Begun,
+    begin,
+    claim,
+    extend_leases,
+    heartbeat,
+    progress_fields,
+    report_progress,
+    start,
+)
 from jobstate.services.outcomes import complete, fail, mark_partial
+from jobstate.services.steps import all_step_transitions, move_step
 from jobstate.services.transitions import all_transitions, allowed_transitions
 
 __all__ = [
     "Actor",
     "Beat",
+    "Begun",
     "DuplicateActiveKey",
     "ReapReport",
     "add_asset",
+    "all_step_transitions",
     "all_transitions",
     "allowed_transitions",
+    "begin",
     "cancel_now",
     "claim",
     "complete",
@@ -42,11 +56,15 @@ __all__ = [
     "get_or_enqueue",
     "heartbeat",
     "mark_partial",
+    "move_step",
+    "progress_fields",
+    "remove_orphan_files",
     "report_progress",
     "request_cancel",
     "request_stop",
     "requeue",
     "requeue_expired",
+    "result_assets",
     "retry",
     "safe_name",
     "start",

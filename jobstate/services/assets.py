@@ -6,17 +6,21 @@ import hashlib
 import logging
 import mimetypes
 import os
-from typing import IO, Any
+from datetime import datetime, timedelta
+from typing import IO, Any, cast
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile, File
+from django.core.files.storage import Storage
 from django.db import transaction
-from django.db.models.fields.files import FieldFile
+from django.db.models import Subquery
+from django.utils import timezone
 from django.utils.text import get_valid_filename
 
 from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
+from jobstate.models.asset import asset_upload_to
 from jobstate.states import Status
 
 logger = logging.getLogger("jobstate")
@@ -38,7 +42,7 @@ def add_asset(
     *,
     asset_type: str,
     name: str = "",
-    content: bytes | str | IO[bytes] | File | None = None,
+    content: bytes | str | IO[bytes] | File[bytes] | None = None,
     url: str = "",
     content_type: str = "",
     metadata: dict[str, Any] | None = None,
@@ -51,17 +55,21 @@ def add_asset(
     again, under a row lock, in the transaction that saves the asset. If that
     transaction fails the stored file is deleted. Known limits: a crash between
     the upload and the commit, or an enclosing transaction rolled back after
-    this returns, leaves an orphan file in storage.
+    this returns, leaves an orphan file in storage (``remove_orphan_files``,
+    run by ``jobstate_prune``, deletes it). With ``token`` the asset records its
+    attempt; if that attempt is later lost (its worker killed, the job reaped or
+    taken by an operator) the asset is hidden from the job's results
+    (``result_assets``).
     """
     if not asset_type:
         raise ValidationError({"asset_type": ["An asset type is required."]})
     if content is None and not url:
         raise ValidationError({"content": ["Give file content or an external URL."]})
     pk = job.pk if isinstance(job, Job) else job
-    row = Job.objects.filter(pk=pk).values_list("owner_id", "status", "lease_token").first()
+    row = Job.objects.filter(pk=pk).values_list("owner_id", "status", "lease_token", "attempts").first()
     if row is None:
         raise Job.DoesNotExist(f"Job {pk} does not exist")
-    owner_id, status, lease_token = row
+    owner_id, status, lease_token, attempt = row
     if token is not None and (status != Status.PROCESSING or str(lease_token) != str(token)):
         raise LeaseLost(pk)
     filename = safe_name(name or (url.rsplit("/", 1)[-1] if url else "") or asset_type)
@@ -73,6 +81,8 @@ def add_asset(
         url=url,
         metadata=metadata or {},
         content_type=content_type or mimetypes.guess_type(filename)[0] or "application/octet-stream",
+        # Under a lease: the attempt that holds it (the lock below keeps it current).
+        attempt=attempt if token is not None else None,
     )
     if content is not None:
         file = _as_file(content, filename)
@@ -85,15 +95,15 @@ def add_asset(
         asset.sha256 = digest.hexdigest()
         asset.size = size
         asset.file.save(filename, file, save=False)
-        asset.storage_path = asset.file.name
+        asset.storage_path = cast(str, asset.file.name)  # set by save()
     try:
         with transaction.atomic():
             if token is not None and not _lock_if_held(pk, token):
                 raise LeaseLost(pk)
             asset.save()
     except BaseException:
-        if asset.file:
-            _discard(asset.file)
+        if asset.file.name:  # (a FieldFile is true when it has a name)
+            _discard(asset.file.storage, asset.file.name)
         raise
     return asset
 
@@ -105,14 +115,14 @@ def _lock_if_held(pk: Any, token: UUID | str) -> bool:
     return held.values_list("pk", flat=True).first() is not None
 
 
-def _discard(file: FieldFile) -> None:
+def _discard(storage: Storage, name: str) -> None:
     try:
-        file.storage.delete(file.name)
+        storage.delete(name)
     except Exception:  # keep the original error; the file is an orphan now
-        logger.exception("Could not delete stored file %s", file.name)
+        logger.exception("Could not delete stored file %s", name)
 
 
-def _as_file(content: bytes | str | IO[bytes] | File, name: str) -> File:
+def _as_file(content: bytes | str | IO[bytes] | File[bytes], name: str) -> File[bytes]:
     if isinstance(content, File):
         return content
     if isinstance(content, str):
@@ -124,7 +134,67 @@ def _as_file(content: bytes | str | IO[bytes] | File, name: str) -> File:
 
 def delete_stored_file(asset: Asset) -> None:
     """Remove an asset's stored file once the deleting transaction commits."""
-    if not asset.file:
+    name = asset.file.name
+    if not name:  # (a FieldFile is false exactly when it has no name)
         return
-    storage, name = asset.file.storage, asset.file.name
+    storage = asset.file.storage
     transaction.on_commit(lambda: storage.delete(name))
+
+
+def result_assets(job: Job | UUID | str) -> Any:
+    """The assets that belong to ``job``'s results, oldest first: every asset but
+    those of an attempt that was lost (``Asset.objects.visible()``). The API and
+    the admin's result views list these."""
+    pk = job.pk if isinstance(job, Job) else job
+    return Asset.objects.visible().filter(job_id=pk).order_by("created_at", "pk")
+
+
+def lose_attempt_assets(job_id: Any) -> int:
+    """Inside the transaction that takes a processing job from its worker (before
+    its ``attempts`` change): hide the assets its current attempt stored."""
+    current = Job.objects.filter(pk=job_id).values("attempts")[:1]
+    return Asset.objects.filter(job_id=job_id, attempt=Subquery(current), attempt_lost=False).update(
+        attempt_lost=True
+    )
+
+
+def remove_orphan_files(*, older_than: timedelta = timedelta(hours=1), dry_run: bool = False) -> list[str]:
+    """Delete stored files under ``jobstate/`` that no Asset row names (an upload
+    whose row was never committed: a crash between the two, or a rolled-back
+    transaction). Files younger than ``older_than`` are kept (an upload may be
+    about to commit its row), as are files whose age the storage cannot tell.
+    Returns the names removed (or, with ``dry_run``, that would be)."""
+    storage = Asset._meta.get_field("file").storage
+    if callable(storage):
+        storage = storage()
+    root = asset_upload_to(Asset(job_id="x"), "").split("/", 1)[0]  # "jobstate"
+    try:
+        job_dirs, _files = storage.listdir(root)
+    except (FileNotFoundError, NotImplementedError):
+        return []
+    cutoff = timezone.now() - older_than
+    removed: list[str] = []
+    for job_dir in job_dirs:
+        try:
+            _sub, files = storage.listdir(f"{root}/{job_dir}")
+        except (FileNotFoundError, NotImplementedError):
+            continue
+        names = [f"{root}/{job_dir}/{f}" for f in files]
+        known = set(Asset.objects.filter(file__in=names).values_list("file", flat=True))
+        for name in names:
+            if name in known or not _older(storage, name, cutoff):
+                continue
+            if not dry_run:
+                storage.delete(name)
+            removed.append(name)
+    return removed
+
+
+def _older(storage: Any, name: str, cutoff: datetime) -> bool:
+    try:
+        modified: datetime = storage.get_modified_time(name)
+    except (NotImplementedError, OSError):
+        return False
+    if timezone.is_naive(modified):
+        modified = timezone.make_aware(modified)
+    return modified < cutoff

@@ -8,24 +8,37 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Case, F, When
 from django.utils import timezone
 
-from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost
+from jobstate import hooks
+from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost
 from jobstate.models import Job, JobEvent
+from jobstate.registry import get_handler
+from jobstate.services import cascade
+from jobstate.services._rows import JobRef, create_job, record_event
+from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
-from jobstate.services.transitions import WAITING, move, record_event, wake_parent_if_done
+from jobstate.services.enqueue import get_or_enqueue
+from jobstate.services.transitions import move, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
 
-JobRef = Job | UUID | str
+__all__ = [
+    "DuplicateActiveKey",  # re-exported: it lives in jobstate.exceptions
+    "JobRef",
+    "ReapReport",
+    "cancel_now",
+    "force_fail",
+    "request_cancel",
+    "request_stop",
+    "requeue",
+    "requeue_expired",
+    "retry",
+    "suspend",
+]
 
-
-class DuplicateActiveKey(JobStateError):
-    """Another active job already holds this (kind, key)."""
-
-
-def _get(job: JobRef) -> Job:
-    return Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
+# Statuses a cancel ends at once (no worker holds the job).
+IDLE = (Status.QUEUED, Status.WAITING)
 
 
 def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
@@ -40,40 +53,23 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
     current = _get(job)
     if current.status in TERMINAL:
         raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
-    cancelled_here = False
     with transaction.atomic():
-        # Children first: a child's final transaction locks the child, then its
-        # parent; taking the locks in the same order here cannot deadlock with it.
-        for child in Job.objects.filter(parent_id=current.pk, status__in=ACTIVE):
+        if current.status in IDLE:
             try:
-                request_cancel(child, who, reason or "parent cancelled")
-            except InvalidTransition as exc:
-                if exc.current not in TERMINAL:
-                    raise
-                # It ended since we listed it: nothing left to cancel there.
-        current = _get(job)
-        if current.status == Status.QUEUED:
-            try:
+                # Ends its active children first (services.cascade).
                 move(current, "cancel", actor=who, reason=reason, now=now)
-                cancelled_here = True
+                return _get(current.pk)
             except InvalidTransition:
                 current = _get(job)  # claimed meanwhile: ask its worker instead
-        if current.status == Status.PROCESSING:
-            if Job.objects.filter(
-                pk=current.pk, status=Status.PROCESSING, cancel_requested_at__isnull=True
-            ).update(cancel_requested_at=now, updated_at=now):
-                record_event(
-                    current.pk,
-                    Status.PROCESSING,
-                    Status.PROCESSING,
-                    "request_cancel",
-                    who,
-                    reason,
-                    {},
-                    now,
-                )
-        elif not cancelled_here:
+        if current.status != Status.PROCESSING:
             raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
+        cascade.end_children(current.pk, why=Status.CANCELLED, actor=who, now=now)
+        if Job.objects.filter(
+            pk=current.pk, status=Status.PROCESSING, cancel_requested_at__isnull=True
+        ).update(cancel_requested_at=now, updated_at=now):
+            record_event(
+                current.pk, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now
+            )
     return _get(current.pk)
 
 
@@ -103,7 +99,7 @@ def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: st
     current = _get(job)
     if current.status not in ACTIVE:
         raise InvalidTransition(current.status, Status.COMPLETED, "stop")
-    if current.status == Status.QUEUED and not _has_served(current.pk):
+    if current.status in IDLE and not _has_served(current.pk):
         return request_cancel(current, who, reason or "stopped before it served")
     now = timezone.now()
     with transaction.atomic():
@@ -121,8 +117,6 @@ def _has_served(job_id: Any) -> bool:
 
 def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
     """A new job linked to a terminal one (``retry_of``); the old one is untouched."""
-    from jobstate.services.enqueue import get_or_enqueue
-
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry")
@@ -149,13 +143,10 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
 
 
 def _retry_keyed(old: Job, actor: Any, reason: str) -> tuple[Job, bool]:
-    from jobstate.registry import get_handler
-    from jobstate.services.enqueue import _create
-
     # Keys are scoped per owner (owner_id=None: the system jobs' scope).
     if Job.objects.filter(kind=old.kind, owner_id=old.owner_id, key=old.key, status__in=ACTIVE).exists():
         raise IntegrityError("active key")
-    job = _create(
+    job = create_job(
         get_handler(old.kind),
         old.parameters,
         old.owner_id,
@@ -186,26 +177,48 @@ class ReapReport:
 def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapReport:
     """The reaper: processing jobs whose lease expired go back to the queue
     (attempts left), or end ``failed`` with "worker lost" (none left), or
-    ``cancelled`` when a cancel had been requested. A workflow with work left for a
-    worker (its undos; see ``jobstate.workflows.recovery``) is requeued for one
-    more run instead, which does not spend an attempt."""
-    from jobstate.workflows import recovery
+    ``cancelled`` when a cancel had been requested. The ``hooks.reaping`` hook may
+    decide otherwise: a workflow with work left for a worker (its undos; see
+    ``jobstate.workflows.recovery``) is requeued for one more run, which does not
+    spend an attempt, or failed at once.
 
+    A job that was only reserved (claimed by a cluster that stopped before one
+    of its worker processes began it: ``started_at`` NULL) never ran: it goes
+    back to the queue as it was, no attempt charged, never failed for lack of
+    attempts (``cancelled`` if a cancel was requested)."""
     now = now or timezone.now()
     report = ReapReport()
     reaper = Actor.system("reaper")
     rows = Job.objects.expired(now).values_list(
-        "pk", "kind", "lease_token", "attempts", "max_attempts", "cancel_requested_at", "worker_id"
+        "pk",
+        "kind",
+        "lease_token",
+        "attempts",
+        "max_attempts",
+        "cancel_requested_at",
+        "worker_id",
+        "started_at",
     )[:limit]
-    for pk, kind, token, attempts, max_attempts, cancel_at, worker in rows:
+    for pk, kind, token, attempts, max_attempts, cancel_at, worker, started in rows:
         guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
         meta = {"attempt": attempts, "worker": worker}
         lost = f"lease expired (worker {worker or '?'} lost)"
         last, cancelling = attempts >= max_attempts, cancel_at is not None
         try:
             with transaction.atomic():
-                plan = recovery.plan(pk, kind, last=last, cancelling=cancelling)
-                if plan is not None and plan.run:
+                if started is None:
+                    reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
+                    meta["reserved"] = True
+                    if cancelling:
+                        move(pk, "cancel", reason=f"{reserved}; cancel requested", metadata=meta, **guard)
+                        report.cancelled.append(pk)
+                    else:
+                        fields = {"run_after": now, "worker_id": ""}
+                        move(pk, "requeue", reason=reserved, fields=fields, metadata=meta, **guard)
+                        report.requeued.append(pk)
+                    continue
+                plan = hooks.reaping.ask(hooks.Expired(pk, kind, last=last, cancelling=cancelling))
+                if plan is not None and plan.action:
                     move(
                         pk,
                         "requeue",
@@ -214,7 +227,8 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
                         metadata={**meta, "recovery": plan.action},
                         **guard,
                     )
-                    recovery.apply(plan, pk, reaper, now)
+                    if plan.then is not None:
+                        plan.then(pk, reaper, now)
                     report.requeued.append(pk)
                 elif plan is not None:
                     move(
@@ -264,8 +278,18 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     """An operator puts a processing job back in the queue now (e.g. a stuck one).
 
     The old worker's token stops working. If no attempt is left, one more is granted.
+    A ``waiting`` job is woken (``wake``): it runs again now, whatever its children do.
     """
     current = _get(job)
+    if current.status == Status.WAITING:
+        move(
+            current,
+            "wake",
+            actor=Actor.of(actor),
+            reason=reason or "woken by operator",
+            fields={"run_after": timezone.now()},
+        )
+        return _get(current.pk)
     fields: dict[str, Any] = {"run_after": timezone.now(), "worker_id": ""}
     if current.attempts >= current.max_attempts:
         fields["max_attempts"] = current.attempts + 1
@@ -274,7 +298,8 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
 
 
 def force_fail(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
-    """An operator ends a queued or processing job ``failed`` with a reason."""
+    """An operator ends a queued, waiting or processing job ``failed`` with a reason;
+    its active children are cancelled, each with a history row naming it."""
     message = reason or "failed by operator"
     move(
         _get(job),
@@ -294,21 +319,43 @@ def suspend(
     reason: str = "",
     actor: Actor | None = None,
 ) -> Job | None:
-    """Give the worker back while the job waits (for its children, or a time).
+    """Give the worker back while the job waits, without spending an attempt.
 
-    ``processing`` -> ``queued`` without spending an attempt. With no ``until``
-    the job waits until its last active child ends (at once if none is active).
+    With ``until``: ``processing`` -> ``queued`` (``requeue``), runnable from then.
+    Without: ``processing`` -> ``waiting`` (``suspend``) until its last active
+    child ends, which wakes it (``wake``: -> ``queued``); at once if none is active.
     """
+    who = actor or Actor.worker(job.worker_id)
+    # The attempt is refunded only if one was charged: a job merely reserved by a
+    # cluster (never begun) has not spent one.
+    refund = Case(
+        When(started_at__isnull=False, then=F("attempts") - 1),
+        default=F("attempts"),
+        output_field=Job._meta.get_field("attempts"),
+    )
+    fields: dict[str, Any] = {"attempts": refund, "worker_id": ""}
     with transaction.atomic():
+        if until is not None:
+            return move(
+                job,
+                "requeue",
+                actor=who,
+                token=token,
+                reason=reason or "waiting",
+                fields={**fields, "run_after": until},
+                metadata={"suspended": True},
+            )
         moved = move(
             job,
-            "requeue",
-            actor=actor or Actor.worker(job.worker_id),
+            "suspend",
+            actor=who,
             token=token,
-            reason=reason or "waiting",
-            fields={"run_after": until or WAITING, "attempts": F("attempts") - 1, "worker_id": ""},
+            reason=reason or "waiting for its children",
+            fields=fields,
             metadata={"suspended": True},
         )
-        if until is None and wake_parent_if_done(job.pk):
-            job.run_after = timezone.now()  # its children all ended before it suspended
+        if wake_parent_if_done(job.pk):
+            # Its children all ended before it suspended.
+            job.run_after = timezone.now()
+            Job._meta.get_field("status").set_state(job, Status.QUEUED)
     return moved

@@ -1,4 +1,11 @@
-"""What a worker does with a job it holds: claim, heartbeat, progress.
+"""What a worker does with a job it holds: claim, begin, heartbeat, progress.
+
+Claimed is not running. ``claim`` *reserves* jobs for a cluster (status
+``processing`` under a lease token, ``started_at`` NULL, no attempt charged);
+``begin`` is called by the worker process that is about to run the handler:
+it charges the attempt and sets ``started_at``. A reserved job whose cluster
+dies goes back to the queue without losing an attempt (see
+``services.requeue_expired`` and docs/explanation/attempts.md).
 
 Every call after the claim carries the lease token; a stale worker's call
 matches no row and is refused with ``LeaseLost``, changing nothing. The calls
@@ -17,15 +24,16 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Case, Count, F, Q, UUIDField, Value, When
+from django.db.models import F, Q
 from django.utils import timezone
 
-from jobstate import conf, registry
+from jobstate import conf
 from jobstate.exceptions import CancelRequested, LeaseLost
-from jobstate.models import Job, JobEvent
-from jobstate.models.job import CLAIM_ORDER
+from jobstate.models import Job
+from jobstate.services._rows import column, concrete_field
 from jobstate.services.actors import Actor
-from jobstate.services.transitions import announce, move
+from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
+from jobstate.services.transitions import move
 from jobstate.states import Status
 
 logger = logging.getLogger("jobstate")
@@ -41,114 +49,113 @@ def _lease(now: datetime, lease_seconds: float | None) -> datetime:
     return now + timedelta(seconds=lease_seconds or conf.get("LEASE_SECONDS"))
 
 
-def claim(
+@dataclass(frozen=True)
+class Begun:
+    """What ``begin`` found: the job as stored (with this attempt charged, unless
+    a cancel was requested before it started, in which case nothing was written)."""
+
+    job: Job
+    attempt: int
+    cancel_requested: bool
+
+
+def begin(
+    job: JobRef,
+    token: UUID | str,
     worker_id: str,
-    kinds: list[str] | None = None,
-    limit: int = 1,
     *,
     lease_seconds: float | None = None,
     now: datetime | None = None,
-) -> list[Job]:
-    """Atomically take up to ``limit`` ready jobs, each under a fresh lease token.
+) -> Begun:
+    """A worker process starts the handler of a job its cluster reserved.
 
-    PostgreSQL locks candidates with ``FOR UPDATE SKIP LOCKED``; SQLite's
-    IMMEDIATE transactions serialize claimers and the UPDATE re-checks the
-    status (compare-and-set). Per-kind concurrency limits count processing jobs
-    under a per-kind lock, so they hold across every worker and machine.
+    One guarded UPDATE (this lease token, still ``processing``, not started,
+    no cancel requested) sets ``started_at``, charges the attempt
+    (``attempts + 1``), relabels the holder with the worker process and renews
+    the lease; where the database supports ``RETURNING`` the same statement
+    loads the whole row, so the worker needs nothing else before the handler.
+
+    If a cancel was requested before it started, nothing is written and
+    ``cancel_requested`` is True (the caller ends it ``cancelled``; it never ran).
+    Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
+    already begun.
     """
     now = now or timezone.now()
-    limits = registry.concurrency_limits()
-    if kinds is not None:
-        limits = {k: v for k, v in limits.items() if k in kinds}
-    with transaction.atomic():
-        qs = Job.objects.filter(status=Status.QUEUED, run_after__lte=now)
-        if kinds is not None:
-            qs = qs.filter(kind__in=kinds)
-        room: dict[str, int] = {}
-        if limits:
-            _lock_kinds(sorted(limits))
-            running = dict(
-                Job.objects.filter(status=Status.PROCESSING, kind__in=list(limits))
-                .values("kind")
-                .annotate(n=Count("id"))
-                .values_list("kind", "n")
-            )
-            room = {k: limit_ - running.get(k, 0) for k, limit_ in limits.items()}
-            full = [k for k, r in room.items() if r <= 0]
-            if full:
-                qs = qs.exclude(kind__in=full)
-        qs = qs.order_by(*CLAIM_ORDER)
-        if connection.features.has_select_for_update_skip_locked:
-            qs = qs.select_for_update(skip_locked=True)
-        ids: list[Any] = []
-        for pk, kind in qs.values_list("pk", "kind")[: limit * 4 if room else limit]:
-            if kind in room:
-                if room[kind] <= 0:
-                    continue
-                room[kind] -= 1
-            ids.append(pk)
-            if len(ids) == limit:
-                break
-        if not ids:
-            return []
-        tokens = {pk: uuid.uuid4() for pk in ids}
-        Job.objects.filter(pk__in=ids, status=Status.QUEUED).update(
+    pk = _pk(job)
+    worker_id = worker_id[:200]
+    expires = _lease(now, lease_seconds)
+    begun = _begin_returning(pk, token, worker_id, now, expires)
+    if begun is None:
+        held = Job.objects.filter(
+            pk=pk,
+            lease_token=token,
             status=Status.PROCESSING,
-            worker_id=worker_id,
-            lease_token=Case(
-                *[When(pk=pk, then=Value(token)) for pk, token in tokens.items()],
-                output_field=UUIDField(),
-            ),
-            lease_expires_at=_lease(now, lease_seconds),
-            heartbeat_at=now,
+            started_at__isnull=True,
+            cancel_requested_at__isnull=True,
+        )
+        if held.update(
             started_at=now,
             attempts=F("attempts") + 1,
-            # What this attempt runs on: complete() compares it with the input
-            # watermark then, so an enqueue raising it meanwhile queues a re-run.
-            claimed_watermark=F("input_watermark"),
+            worker_id=worker_id,
+            heartbeat_at=now,
+            lease_expires_at=expires,
             updated_at=now,
-        )
-        jobs = sorted(
-            Job.objects.filter(pk__in=ids, status=Status.PROCESSING, worker_id=worker_id).filter(
-                lease_token__in=list(tokens.values())
-            ),
-            key=lambda j: ids.index(j.pk),
-        )
-        actor = Actor.worker(worker_id)
-        JobEvent.objects.bulk_create(
-            [
-                JobEvent(
-                    job_id=job.pk,
-                    from_status=Status.QUEUED,
-                    to_status=Status.PROCESSING,
-                    transition="claim",
-                    actor_label=actor.label,
-                    metadata={"attempt": job.attempts},
-                    created_at=now,
-                )
-                for job in jobs
-            ]
-        )
-        for job in jobs:
-            announce(job.pk, Status.QUEUED, Status.PROCESSING, "claim", actor)
-    return jobs
+        ):
+            begun = Job.objects.get(pk=pk)
+    if begun is not None:
+        return Begun(begun, begun.attempts, False)
+    current = Job.objects.filter(pk=pk).first()
+    if (
+        current is not None
+        and current.status == Status.PROCESSING
+        and str(current.lease_token) == str(token)
+        and current.started_at is None
+        and current.cancel_requested_at is not None
+    ):
+        return Begun(current, current.attempts, True)
+    raise LeaseLost(pk)
 
 
-def _lock_kinds(kinds: list[str]) -> None:
-    if connection.vendor != "postgresql":
-        return  # SQLite: the IMMEDIATE transaction already holds the write lock.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('jobstate:' || k)) "
-            "FROM unnest(%s::text[]) AS k ORDER BY k",
-            [kinds],
-        )
+def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime) -> Job | None:
+    """``begin``'s UPDATE ... RETURNING (PostgreSQL, SQLite >= 3.35); None if the
+    row did not match or the database cannot return rows from an UPDATE."""
+    if not connection.features.can_return_columns_from_insert:
+        return None
+    meta = Job._meta
+    qn = connection.ops.quote_name
+
+    def prep(name: str, value: Any) -> Any:
+        return concrete_field(Job, name).get_db_prep_value(value, connection)
+
+    columns = ", ".join(qn(column(f)) for f in meta.concrete_fields)
+    sql = (
+        f"UPDATE {qn(meta.db_table)} SET {qn('started_at')} = %s, {qn('attempts')} = {qn('attempts')} + 1, "
+        f"{qn('worker_id')} = %s, {qn('heartbeat_at')} = %s, {qn('lease_expires_at')} = %s, "
+        f"{qn('updated_at')} = %s "
+        f"WHERE {qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s "
+        f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL "
+        f"RETURNING {columns}"
+    )
+    params = [
+        prep("started_at", now),
+        worker_id,
+        prep("heartbeat_at", now),
+        prep("lease_expires_at", expires),
+        prep("updated_at", now),
+        prep("id", pk),
+        prep("lease_token", token),
+        str(Status.PROCESSING),
+    ]
+    rows = list(Job.objects.raw(sql, params))
+    return rows[0] if rows else None
 
 
 def start(
     job: JobRef, worker_id: str, *, lease_seconds: float | None = None, now: datetime | None = None
 ) -> Job:
-    """Claim one specific queued job (e.g. to run it inline); refuses any other state."""
+    """Claim one specific queued job and begin it at once (run it inline, or the
+    id-only path): one UPDATE that is ``claim`` and ``begin`` together. Refuses
+    any other state."""
     now = now or timezone.now()
     target = job if isinstance(job, Job) else Job(pk=job)
     move(
@@ -237,6 +244,23 @@ def extend_leases(
     )
 
 
+def progress_fields(
+    percent: float | int | None, message: str | None = None, step: str | None = None
+) -> dict[str, Any]:
+    """The Job fields a progress report writes (``progress``, ``progress_message``,
+    ``current_step``); raises ``ValidationError`` for a percent outside 0..100."""
+    values: dict[str, Any] = {}
+    if percent is not None:
+        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
+            raise ValidationError({"progress": ["Progress is a number between 0 and 100."]})
+        values["progress"] = int(percent)
+    if message is not None:
+        values["progress_message"] = str(message)[:500]
+    if step is not None:
+        values["current_step"] = str(step)[:200]
+    return values
+
+
 def report_progress(
     job: JobRef,
     token: UUID | str,
@@ -251,15 +275,7 @@ def report_progress(
     Refused (nothing written) when the token is stale (``LeaseLost``) or when a
     cancel was requested (``CancelRequested``: the handler should stop).
     """
-    values: dict[str, Any] = {}
-    if percent is not None:
-        if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 <= percent <= 100:
-            raise ValidationError({"progress": ["Progress is a number between 0 and 100."]})
-        values["progress"] = int(percent)
-    if message is not None:
-        values["progress_message"] = str(message)[:500]
-    if step is not None:
-        values["current_step"] = str(step)[:200]
+    values = progress_fields(percent, message, step)
     now = now or timezone.now()
     pk = _pk(job)
     updated = Job.objects.filter(

@@ -22,8 +22,8 @@ from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.retry import backoff_seconds
+from jobstate.services._rows import create_job as _create
 from jobstate.services.actors import Actor
-from jobstate.services.enqueue import _create
 from jobstate.services.lease import JobRef, _pk
 from jobstate.services.transitions import move
 from jobstate.states import Status
@@ -45,9 +45,14 @@ def complete(
     *,
     actor: Actor | None = None,
     reason: str = "",
+    progress: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Job | None:
     """End the job ``completed`` with ``result``.
+
+    ``progress``: progress fields not yet written (a coalesced
+    ``ctx.progress``; see ``lease.progress_fields``), stored with the outcome
+    (the percent is 100 whatever they say).
 
     The job records the watermark its attempt was claimed at (stored by the
     claim, whatever the caller's copy says) as its last successful one. With a
@@ -56,6 +61,7 @@ def complete(
     """
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
+        **(progress or {}),
         "result": _json(result, "result"),
         "progress": 100,
         "error_message": "",
@@ -136,16 +142,24 @@ def mark_partial(
     error: str = "",
     *,
     actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Job | None:
-    """End the job ``partial``: some result, and an error saying what is missing."""
+    """End the job ``partial``: some result, and an error saying what is missing.
+    ``progress`` as in ``complete``."""
+    fields = {
+        **(progress or {}),
+        "result": _json(result, "result"),
+        "progress": 100,
+        "error_message": error or "",
+    }
     return move(
         job,
         "mark_partial",
         actor=actor or _worker_actor(job),
         token=token,
         reason=error,
-        fields={"result": _json(result, "result"), "progress": 100, "error_message": error or ""},
+        fields=fields,
         now=now,
     )
 
@@ -160,10 +174,12 @@ def fail(
     retry: bool = True,
     retry_delay: float | None = None,
     actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Job | None:
     """Fail the current attempt: requeue with backoff while attempts remain
-    (and ``retry``), else end the job ``failed`` with the error."""
+    (and ``retry``), else end the job ``failed`` with the error. ``progress``:
+    progress fields not yet written, stored with the outcome."""
     now = now or timezone.now()
     error = (error or error_type or "failed").strip() or "failed"
     pk = _pk(job)
@@ -171,12 +187,12 @@ def fail(
         row = (
             Job.objects.select_for_update()
             .filter(pk=pk)
-            .values_list("status", "lease_token", "attempts", "max_attempts", "kind")
+            .values_list("status", "lease_token", "attempts", "max_attempts", "kind", "started_at")
             .first()
         )
         if row is None:
             raise Job.DoesNotExist(f"Job {pk} does not exist")
-        status, lease_token, attempts, max_attempts, kind = row
+        status, lease_token, attempts, max_attempts, kind, started_at = row
         if token is not None and (str(lease_token) != str(token) or status != Status.PROCESSING):
             raise LeaseLost(pk)
         details = {
@@ -185,7 +201,12 @@ def fail(
             "error_type": error_type,
             "traceback": traceback[-8000:],
         }
-        fields = {"error_message": error, "error_type": error_type[:200], "traceback": traceback}
+        fields = {
+            **(progress or {}),
+            "error_message": error,
+            "error_type": error_type[:200],
+            "traceback": traceback,
+        }
         if retry and status == Status.PROCESSING and attempts < max_attempts:
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)
@@ -197,7 +218,11 @@ def fail(
                 "requeue",
                 actor=actor or _worker_actor(job),
                 token=token,
-                reason=f"attempt {attempts} failed: {error}"[:1000],
+                reason=(
+                    f"attempt {attempts} failed: {error}"
+                    if started_at is not None
+                    else f"not started (no attempt charged): {error}"
+                )[:1000],
                 fields={**fields, "run_after": run_after, "worker_id": ""},
                 metadata=details,
                 now=now,

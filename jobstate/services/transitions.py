@@ -8,7 +8,7 @@ final judge, so two racing callers can never both win.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -16,19 +16,35 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
+from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost
-from jobstate.models import Job, JobEvent, JobStep
+from jobstate.models import Job
+from jobstate.services import cascade
+from jobstate.services._rows import announce, record_event
 from jobstate.services.actors import Actor
-from jobstate.signals import job_transitioned
+from jobstate.services.assets import lose_attempt_assets
 from jobstate.states import ACTIVE, TERMINAL, Status
+
+__all__ = [
+    "all_transitions",
+    "allowed_transitions",
+    "announce",
+    "move",
+    "record_event",
+    "sources_of",
+    "target_of",
+    "wake_parent_if_done",
+]
 
 logger = logging.getLogger("jobstate")
 
-# Far-future run_after for a parent that waits for its children: it is woken,
-# in the transaction that finishes its last child, by setting run_after to now.
-WAITING = datetime(2999, 1, 1, tzinfo=UTC)
 
-
+# The ``@transition`` methods on ``Job`` (django-fsm-2) are the one declaration of
+# the state machine, but they are read here as a table, never called: calling one
+# would check the source against the in-memory row, which another process may have
+# changed since it was read, and could not carry the lease-token guard. ``move()``
+# turns a declared transition into ``UPDATE ... WHERE pk = %s AND status IN
+# (sources) [AND lease_token = %s]`` so the database decides, atomically.
 def _meta(name: str) -> Any:
     method = getattr(Job, name, None)
     meta = getattr(method, "_django_fsm", None)
@@ -50,60 +66,11 @@ def target_of(name: str) -> str:
 def all_transitions() -> list[tuple[str, str, str]]:
     """(source, target, name) for every declared transition, in declaration order."""
     field = Job._meta.get_field("status")
-    return [
-        (str(t.source), str(t.target), t.name)
-        for t in field.get_all_transitions(Job)  # type: ignore[attr-defined]
-    ]
+    return [(str(t.source), str(t.target), t.name) for t in field.get_all_transitions(Job)]
 
 
 def allowed_transitions(status: str) -> list[str]:
     return [name for source, _target, name in all_transitions() if source == status]
-
-
-def record_event(
-    job_id: Any,
-    from_status: str,
-    to_status: str,
-    name: str,
-    actor: Actor,
-    reason: str = "",
-    metadata: dict[str, Any] | None = None,
-    now: datetime | None = None,
-) -> JobEvent:
-    event = JobEvent.objects.create(
-        job_id=job_id,
-        from_status=from_status,
-        to_status=to_status,
-        transition=name,
-        actor_id=actor.user_id,
-        actor_label=actor.label,
-        reason=reason or "",
-        metadata=metadata or {},
-        created_at=now or timezone.now(),
-    )
-    announce(job_id, from_status, to_status, name, actor, reason)
-    return event
-
-
-def announce(
-    job_id: Any, from_status: str, to_status: str, name: str, actor: Actor, reason: str = ""
-) -> None:
-    """Send ``job_transitioned`` once the surrounding transaction commits."""
-    if not job_transitioned.has_listeners(Job):
-        return
-
-    def send() -> None:
-        job_transitioned.send(
-            sender=Job,
-            job_id=job_id,
-            from_status=from_status,
-            to_status=to_status,
-            transition=name,
-            actor_label=actor.label,
-            reason=reason,
-        )
-
-    transaction.on_commit(send)
 
 
 def move(
@@ -118,12 +85,13 @@ def move(
     condition: Q | None = None,
     now: datetime | None = None,
 ) -> Job | None:
-    """Apply transition ``name`` to ``job`` and record it; raise if refused.
+    """Apply the declared transition ``name`` to ``job`` and record it; raise if refused.
 
     ``token`` (when given) must match the job's lease token, ``condition`` is an
     extra guard on the row. A refused move raises ``InvalidTransition`` or
-    ``LeaseLost`` and writes nothing. Returns the in-memory job, updated, when
-    one was passed.
+    ``LeaseLost`` and writes nothing. A job that ends ``failed`` or ``cancelled``
+    ends its active children first (``cascade``). Returns the in-memory job,
+    updated, when one was passed.
     """
     now = now or timezone.now()
     target = target_of(name)
@@ -149,6 +117,18 @@ def move(
             if row is None or row not in sources:
                 _refuse(job_id, name, target, token)
             from_status = str(row)
+        if (
+            from_status == Status.PROCESSING
+            and target != from_status
+            and not actor.label.startswith("worker:")
+        ):
+            # The attempt did not end by its own worker (reaped, or taken by an
+            # operator): what it stored is not part of the job's results.
+            lose_attempt_assets(job_id)
+        if target in (Status.FAILED, Status.CANCELLED):
+            # Children first (a child's final transaction locks the child, then its
+            # parent): rolled back with the rest if the UPDATE below is refused.
+            cascade.end_children(job_id, why=target, actor=actor, now=now)
         if not qs.filter(status=from_status).update(**values):
             _refuse(job_id, name, target, token)
         record_event(job_id, from_status, target, name, actor, reason, metadata, now)
@@ -165,7 +145,7 @@ def move(
         for attr, value in values.items():
             if attr != "status" and not hasattr(value, "resolve_expression"):
                 setattr(job, attr, value)
-        Job._meta.get_field("status").set_state(job, target)  # type: ignore[attr-defined]
+        Job._meta.get_field("status").set_state(job, target)
         return job
     return None
 
@@ -182,16 +162,30 @@ def _refuse(job_id: Any, name: str, target: str, token: Any) -> None:
 
 
 def wake_parent_if_done(parent_id: Any, now: datetime | None = None) -> bool:
-    """Let a waiting parent run again once none of its children is active; until
-    then, keep a waiting workflow's progress in step with its children."""
+    """Wake a ``waiting`` parent (``wake``: -> ``queued``) once none of its children
+    is active; until then, let a hook keep a waiting parent's progress in step with
+    its children."""
     now = now or timezone.now()
     _serialize_wakeups(parent_id)
-    if Job.objects.filter(parent_id=parent_id, status__in=ACTIVE).exists():
-        _waiting_progress(parent_id, now)
+    active = Job.objects.filter(parent_id=parent_id, status__in=ACTIVE)
+    if active.exists():
+        if hooks.waiting_progress:
+            _waiting_progress(parent_id, active, now)
         return False
-    return bool(
-        Job.objects.filter(pk=parent_id, status=Status.QUEUED, run_after__gte=WAITING).update(run_after=now)
-    )
+    if not Job.objects.filter(pk=parent_id, status=Status.WAITING).exists():
+        return False
+    try:
+        move(
+            parent_id,
+            "wake",
+            actor=Actor.system("children done"),
+            reason="its last active child ended",
+            fields={"run_after": now},
+            now=now,
+        )
+    except InvalidTransition:
+        return False  # cancelled or failed meanwhile
+    return True
 
 
 def _serialize_wakeups(parent_id: Any) -> None:
@@ -203,28 +197,17 @@ def _serialize_wakeups(parent_id: Any) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"jobstate:wake:{parent_id}"])
 
 
-def _waiting_progress(parent_id: Any, now: datetime) -> None:
-    """A workflow waiting in a fan-out step (see jobstate.workflows) has no lease to
-    report progress with: place its children's progress within the step's share."""
-    band, total = (
-        JobStep.objects.filter(job_id=parent_id, status="waiting")
-        .values_list("detail__band", "detail__total")
-        .first()
-    ) or (None, None)
-    if not band or not total:
-        return
-    active = Job.objects.filter(parent_id=parent_id, status__in=ACTIVE).aggregate(
-        n=Count("pk"), p=Sum("progress")
-    )
-    done = max(0, total - active["n"])
-    fraction = min(1.0, (done * 100 + (active["p"] or 0)) / (total * 100))
-    waiting = Job.objects.filter(pk=parent_id, status=Status.QUEUED, run_after__gte=WAITING)
+def _waiting_progress(parent_id: Any, active: Any, now: datetime) -> None:
+    """A waiting parent has no lease to report progress with: the ``waiting_progress``
+    hook (jobstate.workflows, for a fan-out step) says what it shows."""
+    waiting = Job.objects.filter(pk=parent_id, status=Status.WAITING)
     # Cosmetic: skip it rather than wait for a parent row someone else is changing
     # (a cancel that cascades to this child's row would deadlock with us).
     if not waiting.select_for_update(skip_locked=True).values_list("pk", flat=True):
         return
-    waiting.update(
-        progress=max(0, min(100, int(band[0] + (band[1] - band[0]) * fraction))),
-        progress_message=f"{done} of {total} child jobs finished",
-        updated_at=now,
-    )
+    counts = active.aggregate(n=Count("pk"), p=Sum("progress"))
+    shown = hooks.waiting_progress.ask(hooks.Waiting(parent_id, counts["n"], counts["p"] or 0))
+    if shown is None:
+        return
+    percent, message = shown
+    waiting.update(progress=max(0, min(100, int(percent))), progress_message=message[:500], updated_at=now)

@@ -1,92 +1,71 @@
 """The Job table as django-q2's broker.
 
 ``Q_CLUSTER["broker_class"] = "jobstate.worker.broker.JobBroker"``. The cluster's
-pusher calls ``dequeue()``, which claims a batch of ready jobs of the kinds
-registered in this process with ``services.claim`` (``FOR UPDATE SKIP LOCKED``
-on PostgreSQL, per-kind limits) and hands django-q2 one signed package per job,
-calling ``jobstate.worker.tasks.execute`` with the claimed job. The Job table stays the
+pusher calls ``dequeue()``, which claims ready jobs of the kinds registered in
+this process with ``services.claim`` and hands django-q2 one slim signed
+package per job (``jobstate.worker.packages.package``). The Job table stays the
 only source of truth, so acknowledge/fail are no-ops for jobs and django-q2
 writes no Task row for them (``"save": False``) unless ``execute`` itself
 crashes. Plain django-q2 tasks (the scheduled reaper and pruner, or any
 ``async_task``) still travel through django-q2's ORM queue, which this class
-inherits.
+inherits. Everything that touches django-q2 itself goes through
+``jobstate.worker.q2``.
+
+Claims are sized to demand: one claim (one round trip) takes as many jobs as
+the cluster has room for (``prefetch``: free worker slots plus a short
+prefetch), and a busy pusher waits on a shared-memory counter, without
+touching the database, until a worthwhile batch fits. An idle pusher waits
+for a NOTIFY on PostgreSQL (``jobstate.worker.listen``) and polls briefly on
+SQLite.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
 import socket
 import time
-import uuid
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from django.db import DatabaseError, close_old_connections, connections
-from django.utils import timezone
-from django_q.brokers.orm import ORM
-from django_q.conf import Conf
-from django_q.models import OrmQ
-from django_q.signals import pre_execute
-from django_q.signing import SignedPackage
+from django.db import DatabaseError, close_old_connections, connection, connections
 
 from jobstate import conf, registry, services
 from jobstate.models import Job
+from jobstate.services import workers as worker_processes
 from jobstate.states import Status
+from jobstate.worker import q2
 from jobstate.worker.listen import Listener
+from jobstate.worker.packages import EXECUTE, package
 from jobstate.worker.runner import hard_limit_for
+
+__all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait", "picked_up"]
 
 logger = logging.getLogger("jobstate.worker")
 
 JOB_ACK_PREFIX = "job:"
-EXECUTE = "jobstate.worker.tasks.execute"
 # How often a busy pusher also looks at django-q2's own queue (seconds).
 PLAIN_TASK_INTERVAL = 1.0
-# How long a pusher with no free room waits before looking again (seconds).
-FULL_WAIT = 0.01
+# How often a pusher with no worthwhile room looks at the shared counter again,
+# and how long it waits so at most before returning to django-q2 (seconds).
+FULL_WAIT = 0.005
+FULL_WAIT_MAX = 0.1
+# An idle pusher on SQLite looks for ready jobs this often (a read, no lock).
+SQLITE_POLL = 0.05
 # How often the pusher measures the rate at which workers pick jobs up (seconds).
 RATE_WINDOW = 0.5
 # Lease periods, past the longest hard limit, that a job may wait in django-q2's
 # queue while no worker process takes anything before its lease is left to expire.
 STALL_LEASES = 3
 
-
-class _Pending:
-    """Packages handed to django-q2 but not yet picked up by a worker process.
-
-    A counter in shared memory, created in the sentinel before it forks the
-    pusher and the workers. The pusher adds what it hands out, a worker
-    subtracts each package it picks up; the pusher claims only what fits under
-    the prefetch limit (a busy cluster does not sit on jobs other clusters
-    could run) and django-q2's queue limit. Without fork it is off.
-    """
-
-    def __init__(self) -> None:
-        shared = "fork" in multiprocessing.get_all_start_methods()
-        self.value = multiprocessing.get_context("fork").Value("i", 0) if shared else None
-
-    def add(self, n: int) -> None:
-        if self.value is not None:
-            with self.value.get_lock():
-                # Never below zero: after a correction (lower_to) the packages
-                # still queued are picked up without having been counted.
-                self.value.value = max(0, self.value.value + n)
-
-    def get(self) -> int:
-        return self.value.value if self.value is not None else 0
-
-    def lower_to(self, n: int) -> None:
-        if self.value is not None:
-            with self.value.get_lock():
-                self.value.value = min(self.value.value, n)
-
-
-_pending: _Pending | None = None
-# Plain django-q2 tasks (schedules, async_task) handed out and not yet picked up:
-# they share django-q2's bounded queue with the jobs.
-_plain: _Pending | None = None
+# Packages handed to django-q2 and not yet picked up by a worker process: jobs,
+# and plain django-q2 tasks (they share django-q2's bounded queue). The pusher
+# adds what it hands out, a worker subtracts what it picks up; the pusher claims
+# only what fits under the prefetch limit (a busy cluster does not sit on jobs
+# other clusters could run) and django-q2's queue limit.
+_pending: q2.Counter | None = None
+_plain: q2.Counter | None = None
 _cluster_id: str | None = None
 
 
@@ -96,14 +75,13 @@ def picked_up() -> None:
         _pending.add(-1)
 
 
-def _plain_picked_up(sender: Any, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
-    """django-q2's ``pre_execute``, in a worker process: count a plain task off
-    (jobs count themselves off in ``execute``)."""
-    if _plain is not None and task is not None and not _is_job(task.get("ack_id")):
+def _plain_picked_up(task: dict[str, Any]) -> None:
+    """In a worker process: count a plain task off (jobs count themselves off in ``execute``)."""
+    if _plain is not None and not _is_job(task.get("ack_id")):
         _plain.add(-1)
 
 
-pre_execute.connect(_plain_picked_up, dispatch_uid="jobstate.worker.broker.plain")
+q2.on_task_start(_plain_picked_up, uid="jobstate.worker.broker.plain")
 
 
 class _Handed(NamedTuple):
@@ -117,14 +95,14 @@ def cluster_id() -> str:
     return _cluster_id or f"{socket.gethostname()}:{os.getppid()}"
 
 
-class JobBroker(ORM):
+class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (Any)
     def __init__(self, list_key: str | None = None) -> None:
         global _pending, _plain, _cluster_id
         super().__init__(list_key=list_key)
         if _pending is None:
-            _pending = _Pending()
+            _pending = q2.Counter()
         if _plain is None:
-            _plain = _Pending()
+            _plain = q2.Counter()
         if _cluster_id is None:
             # Built in the sentinel, whose parent is the qcluster process.
             _cluster_id = f"{socket.gethostname()}:{os.getppid()}"
@@ -146,7 +124,7 @@ class JobBroker(ORM):
         for conn in connections.all(initialized_only=True):
             if conn.connection is not None and conn.errors_occurred and not conn.is_usable():
                 conn.close()
-        return OrmQ.objects.using(Conf.ORM or "default")
+        return q2.OrmQ.objects.using(q2.orm_alias())
 
     def info(self) -> str:
         return "jobstate Job table (+ django-q2 ORM queue)"
@@ -161,7 +139,7 @@ class JobBroker(ORM):
             close_old_connections()
             for conn in connections.all(initialized_only=True):
                 conn.close()
-            time.sleep(Conf.POLL)
+            time.sleep(q2.poll())
             return None
 
     def _dequeue(self) -> list[tuple[Any, str]] | None:
@@ -177,34 +155,62 @@ class JobBroker(ORM):
         free = self._free(now)
         if now >= self._next_plain and free > 0:
             self._next_plain = now + PLAIN_TASK_INTERVAL
-            plain = self._plain_tasks(min(int(Conf.BULK), free))
+            plain = q2.take_plain(self, min(q2.bulk(), free))
             if plain and _plain is not None:
                 _plain.add(len(plain))
             self._plain_handed += len(plain)
             free -= len(plain)
             tasks.extend(plain)
-        room = min(self._room(now), free)
+        limit = self.prefetch(now)
+        room = min(self._room(now, limit), free)
+        # Only kinds this process can run: in a mixed-version deployment
+        # another cluster's kinds wait for a cluster that has their handler.
         kinds = sorted(registry.all_handlers())
-        if room > 0 and kinds:
+        claimable = room > 0 and bool(kinds)
+        if claimable and self._worthwhile(room, limit):
             listener = self._listen()
             if listener is not None:
                 listener.drain()
-            # Only kinds this process can run: in a mixed-version deployment
-            # another cluster's kinds wait for a cluster that has their handler.
-            batch = min(room, int(conf.get("CLAIM_BATCH")))
-            jobs = services.claim(cluster_id(), kinds=kinds, limit=batch)
+            jobs = self._claim(kinds, room)
             if jobs and _pending is not None:
                 _pending.add(len(jobs))
             self._handed += len(jobs)
             self._waiting.extend(_Handed(job.pk, job.lease_token, now) for job in jobs)
             tasks.extend((f"{JOB_ACK_PREFIX}{job.pk}", package(job)) for job in jobs)
+            if tasks:
+                return tasks
+            self._idle(q2.poll(), kinds)
+            return None
         if tasks:
             return tasks
-        if room <= 0:
-            time.sleep(FULL_WAIT)
+        if claimable or room <= 0:
+            self._wait_for_room(limit)
         else:
-            self._idle(Conf.POLL)
+            self._idle(q2.poll(), kinds)
         return None
+
+    def _claim(self, kinds: list[str], limit: int) -> list[Job]:
+        return services.claim(cluster_id(), kinds=kinds, limit=limit)
+
+    def _worthwhile(self, room: int, limit: int) -> bool:
+        """Claim now only if a worker may soon run dry (no more waiting packages
+        than worker processes) or at least half the prefetch fits: one batch of
+        several jobs instead of a claim each time a slot frees up."""
+        if _pending is None or not _pending.shared:
+            return True
+        return _pending.get() <= q2.workers() or 2 * room >= limit
+
+    def _wait_for_room(self, limit: int) -> None:
+        """Wait, without touching the database, until a claim is worthwhile (or
+        ``FULL_WAIT_MAX`` passes, so django-q2 can stop the pusher)."""
+        deadline = time.monotonic() + FULL_WAIT_MAX
+        while True:
+            time.sleep(FULL_WAIT)
+            if time.monotonic() >= deadline or _pending is None or not _pending.shared:
+                return
+            room = limit - _pending.get()
+            if room > 0 and self._worthwhile(room, limit):
+                return
 
     def prefetch(self, now: float) -> int:
         """How many claimed jobs may wait for a worker: ``PREFETCH`` if set, else
@@ -215,7 +221,7 @@ class JobBroker(ORM):
         the pusher, and with it the renewal of the leases of waiting jobs."""
         fixed = conf.get("PREFETCH")
         wanted = int(fixed) if fixed else self._adaptive_prefetch(now)
-        limit = int(Conf.QUEUE_LIMIT or 0)
+        limit = q2.queue_limit()
         return min(wanted, limit) if limit > 0 else wanted
 
     def _adaptive_prefetch(self, now: float) -> int:
@@ -226,11 +232,10 @@ class JobBroker(ORM):
                 self._rate = (self._rate + seen) / 2
             self._picked, self._rate_at = picked, now
         wanted = math.ceil(self._rate * float(conf.get("PREFETCH_SECONDS")))
-        return max(int(Conf.WORKERS), min(wanted, 2 * int(conf.get("CLAIM_BATCH"))))
+        return max(q2.workers(), min(wanted, 2 * int(conf.get("CLAIM_BATCH"))))
 
-    def _room(self, now: float) -> int:
-        limit = self.prefetch(now)
-        if _pending is None or _pending.value is None:
+    def _room(self, now: float, limit: int) -> int:
+        if _pending is None or not _pending.shared:
             return limit
         room = limit - _pending.get()
         if room <= 0:
@@ -240,8 +245,8 @@ class JobBroker(ORM):
 
     def _free(self, now: float) -> int:
         """Places left in django-q2's bounded in-memory queue (jobs and plain tasks)."""
-        limit = int(Conf.QUEUE_LIMIT or 0)
-        if limit <= 0 or _pending is None or _pending.value is None or _plain is None:
+        limit = q2.queue_limit()
+        if limit <= 0 or _pending is None or not _pending.shared or _plain is None:
             return limit if limit > 0 else 1 << 30
         free = limit - _pending.get() - _plain.get()
         if free <= 0:
@@ -255,12 +260,10 @@ class JobBroker(ORM):
         the database bounds the real numbers."""
         if now < self._next_reconcile or _pending is None or _plain is None:
             return
-        self._next_reconcile = now + max(Conf.POLL, 1.0)
+        self._next_reconcile = now + max(q2.poll(), 1.0)
         waiting = Job.objects.filter(status=Status.PROCESSING, worker_id=cluster_id()).count()
         _pending.lower_to(waiting)
-        # A plain task stays locked in django-q2's queue until it is acknowledged.
-        taken = self.get_connection().filter(key=self.list_key, lock__gt=timezone.now()).count()
-        _plain.lower_to(taken)
+        _plain.lower_to(q2.plain_locked(self))
 
     def _reap(self, now: float) -> None:
         interval = float(conf.get("REAP_INTERVAL_SECONDS") or 0)
@@ -278,14 +281,18 @@ class JobBroker(ORM):
 
     def _renew(self, now: float) -> None:
         """Keep the leases of jobs waiting in django-q2's in-memory queue: a job
-        queued behind a long one must not be rescued (and lose an attempt)
-        before it has even started. Only those: a job a worker process took
-        (and maybe died with before relabelling it) is left to the reaper."""
+        queued behind a long one must not be rescued before it has even
+        started. Only those: a job a worker process took (and maybe died with
+        before beginning it) is left to the reaper. Also the pusher's own
+        WorkerProcess heartbeat."""
         self._next_renew = now + float(conf.get("HEARTBEAT_SECONDS"))
+        try:
+            worker_processes.beat(f"{cluster_id()}:{os.getpid()}", cluster=cluster_id(), role="pusher")
+        except DatabaseError:
+            logger.warning("jobstate broker: could not record the pusher's heartbeat", exc_info=True)
         waiting = self._still_waiting(now)
-        if not waiting:
-            return
-        services.extend_leases(cluster_id(), [(w.pk, w.token) for w in waiting])
+        if waiting:
+            services.extend_leases(cluster_id(), [(w.pk, w.token) for w in waiting])
 
     def _still_waiting(self, now: float) -> list[_Handed]:
         """The jobs handed out that no worker process has taken yet.
@@ -297,7 +304,7 @@ class JobBroker(ORM):
         renewed at the next pick-up, or once no worker process has taken
         anything for longer than any task may run (``max_wait``).
         """
-        if _pending is not None and _pending.value is not None and _plain is not None:
+        if _pending is not None and _pending.shared and _plain is not None:
             waiting = _pending.get()
             while len(self._waiting) > waiting:
                 self._waiting.popleft()
@@ -309,27 +316,26 @@ class JobBroker(ORM):
             self._waiting.popleft()
         return list(self._waiting)
 
-    def _plain_tasks(self, limit: int) -> list[tuple[Any, str]]:
-        """django-q2's own queue (schedules, async_task): ORM.dequeue without its sleep."""
-        now = timezone.now()
-        rows = list(self.get_connection().filter(key=self.list_key, lock__lt=now)[:limit])
-        taken = []
-        for row in rows:
-            if self.get_connection().filter(id=row.id, lock=row.lock).update(lock=self.timeout(row)):
-                taken.append((row.pk, row.payload))
-        return taken
-
     def _listen(self) -> Listener | None:
         if self._listener is None and Listener.available():
             self._listener = Listener()
         return self._listener
 
-    def _idle(self, seconds: float) -> None:
+    def _idle(self, seconds: float, kinds: list[str]) -> None:
+        """Nothing to claim: wait for a NOTIFY (PostgreSQL), or look every
+        ``SQLITE_POLL`` seconds with a read that takes no lock (SQLite)."""
         listener = self._listen()
-        if listener is None:
-            time.sleep(seconds)
-        else:
+        if listener is not None:
             listener.wait(seconds)
+            return
+        if connection.vendor != "sqlite" or not kinds:
+            time.sleep(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(min(SQLITE_POLL, max(0.0, deadline - time.monotonic())))
+            if Job.objects.ready().filter(kind__in=kinds).exists():
+                return
 
     def close(self) -> None:
         """Drop the LISTEN connection (the pusher's ends with its process)."""
@@ -352,10 +358,10 @@ class JobBroker(ORM):
             super().delete(task_id)
 
     def queue_size(self) -> int:
-        return Job.objects.ready().count() + super().queue_size()
+        return Job.objects.ready().count() + cast(int, super().queue_size())
 
     def lock_size(self) -> int:
-        return Job.objects.processing().count() + super().lock_size()
+        return Job.objects.processing().count() + cast(int, super().lock_size())
 
     def purge_queue(self) -> Any:
         # Only django-q2's own queue: jobs are ended through jobstate.services.
@@ -380,29 +386,5 @@ def max_wait() -> float:
     anything: every busy worker frees up within the longest hard limit (or
     django-q2's ``timeout`` for plain tasks), plus a few lease periods of slack."""
     limits = [hard_limit_for(spec) for spec in registry.all_handlers().values()]
-    longest = max([hard_limit_for(None), int(Conf.TIMEOUT or 0), *limits])
+    longest = max([hard_limit_for(None), q2.task_timeout(), *limits])
     return longest + STALL_LEASES * float(conf.get("LEASE_SECONDS"))
-
-
-def package(job: Job) -> str:
-    """A signed django-q2 task package that runs ``job`` in a worker process.
-
-    The claimed Job itself travels pickled (no reload in the worker).
-    ``timeout`` is the hard limit after which django-q2 stops the worker
-    process; jobstate's own soft timeout and cancel grace come first.
-    """
-    spec = registry.all_handlers().get(job.kind)
-    return SignedPackage.dumps(
-        {
-            "id": uuid.uuid4().hex,
-            "name": f"{job.kind} {job.pk}"[:100],
-            "func": EXECUTE,
-            "args": (job,),
-            "kwargs": {},
-            "group": "jobstate",
-            "save": False,
-            "ack_failure": True,
-            "timeout": hard_limit_for(spec),
-            "started": timezone.now(),
-        }
-    )

@@ -4,6 +4,7 @@ rescue; django-q2 must deliver each package once and report every failure."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -13,7 +14,7 @@ from jobstate import conf, registry
 from jobstate.worker.runner import hard_limit_for
 
 BROKER = "jobstate.worker.broker.JobBroker"
-DOCS = 'See the README, "Why these Q_CLUSTER values".'
+DOCS = "See docs/reference/checks.md in the jobstate documentation."
 
 
 def _q() -> dict[str, Any]:
@@ -114,7 +115,7 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     return sqlite_warnings(settings.DATABASES.get("default", {}))
 
 
-def sqlite_warnings(db: dict[str, Any]) -> list[Warning]:
+def sqlite_warnings(db: Mapping[str, Any]) -> list[Warning]:
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return []
     options = db.get("OPTIONS", {})

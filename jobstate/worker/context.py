@@ -3,40 +3,125 @@
 from __future__ import annotations
 
 import threading
-from typing import IO, Any
+import time
+from collections.abc import Callable
+from typing import IO, Any, cast
+from uuid import UUID
 
 from django.core.files import File
 
-from jobstate import services
-from jobstate.exceptions import CancelRequested
+from jobstate import conf, services
+from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.registry import HandlerSpec
 
 
+def lease_token(job: Job) -> UUID:
+    """The token of the lease this worker holds on ``job`` (the field is empty only
+    on a job nobody holds)."""
+    return cast(UUID, job.lease_token)
+
+
 class JobContext:
     """Passed to every handler. All writes carry the lease token, so a worker that
-    lost its lease can no longer change the job."""
+    lost its lease can no longer change the job.
+
+    Progress is coalesced: ``progress()`` writes at most once per
+    ``JOBSTATE["PROGRESS_FLUSH_SECONDS"]`` (0: every call). A report that comes
+    sooner is kept in memory (the latest value wins) and written by the worker
+    process's heartbeat thread when its time comes, or with the job's outcome.
+    """
 
     def __init__(self, job: Job, spec: HandlerSpec, worker_id: str) -> None:
         self.job = job
         self.spec = spec
         self.worker_id = worker_id
-        self.token = job.lease_token
+        self.token = lease_token(job)
         self.parameters: dict[str, Any] = job.parameters or {}
         self.attempt: int = job.attempts
-        # Set by the background heartbeat; read by handlers without a query.
+        # Set by the worker process's heartbeat; read by handlers without a query.
         self.cancel_seen = threading.Event()
         self.stop_seen = threading.Event()
+        self.lease_lost = threading.Event()
+        # Coalesced progress: the reports not yet written (the arguments of
+        # report_progress, latest wins), when they are due, and when the last
+        # write went out. ``_writing`` serialises writes (handler and heartbeat).
+        self._state = threading.Lock()
+        self._writing = threading.Lock()
+        self._pending: dict[str, Any] | None = None
+        self._due: float | None = None
+        self._written_at = -float("inf")
+        # Called (by progress) when a report is left for the heartbeat to write.
+        self.on_pending: Callable[[], None] | None = None
 
     def progress(
         self, percent: float | None = None, message: str | None = None, *, step: str | None = None
     ) -> None:
-        """Store progress; raises ``CancelRequested`` when a cancel is pending."""
+        """Store progress; raises ``CancelRequested`` when a cancel is pending and
+        ``LeaseLost`` once this worker no longer holds the job."""
+        services.progress_fields(percent, message, step)  # invalid values fail here, now
+        if self.lease_lost.is_set():
+            raise LeaseLost(self.job.pk)
+        if self.cancel_seen.is_set():
+            raise CancelRequested(self.job.pk)
+        report = {
+            k: v for k, v in (("percent", percent), ("message", message), ("step", step)) if v is not None
+        }
+        flush = float(conf.get("PROGRESS_FLUSH_SECONDS") or 0)
+        if flush <= 0:
+            self._write(report)
+            return
+        notify = False
+        with self._state:
+            self._pending = {**(self._pending or {}), **report}
+            now = time.monotonic()
+            if now - self._written_at >= flush and self._writing.acquire(blocking=False):
+                report, self._pending, self._due, self._written_at = self._pending, None, None, now
+            else:
+                notify = self._due is None
+                self._due = max(now, self._written_at + flush)
+                report = {}
+        if not report:
+            if notify and self.on_pending is not None:
+                self.on_pending()
+            return
         try:
-            services.report_progress(self.job, self.token, percent, message, step=step)
+            self._write(report)
+        finally:
+            self._writing.release()
+
+    def _write(self, report: dict[str, Any]) -> None:
+        try:
+            services.report_progress(
+                self.job, self.token, report.get("percent"), report.get("message"), step=report.get("step")
+            )
         except CancelRequested:
             self.cancel_seen.set()
             raise
+        except LeaseLost:
+            self.lease_lost.set()
+            raise
+
+    def progress_due(self, now: float) -> float | None:
+        """When the heartbeat should write the pending report (None: nothing pending)."""
+        return self._due if self._pending else None
+
+    def flush_progress(self) -> None:
+        """Write the pending report now (the heartbeat thread, when it is due)."""
+        with self._writing:
+            with self._state:
+                report, self._pending, self._due = self._pending, None, None
+                self._written_at = time.monotonic()
+            if report:
+                self._write(report)
+
+    def take_progress(self) -> dict[str, Any]:
+        """The pending report as Job fields, to be stored with the outcome."""
+        with self._state:
+            report, self._pending, self._due = self._pending, None, None
+        if not report:
+            return {}
+        return services.progress_fields(report.get("percent"), report.get("message"), report.get("step"))
 
     def heartbeat(self) -> None:
         """Renew the lease now; raises ``CancelRequested`` when a cancel is pending."""
@@ -72,7 +157,7 @@ class JobContext:
     def add_asset(
         self,
         asset_type: str,
-        content: bytes | str | IO[bytes] | File | None = None,
+        content: bytes | str | IO[bytes] | File[bytes] | None = None,
         *,
         name: str = "",
         url: str = "",

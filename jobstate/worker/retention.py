@@ -1,4 +1,5 @@
-"""Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``.
+"""Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``, and
+stored asset files no Asset row names (``services.remove_orphan_files``).
 
 Each batch is one transaction. Deleting a job deletes its history, steps,
 assets and, once the transaction commits, the assets' stored files (the
@@ -8,14 +9,14 @@ active parent or an active child) are kept until that work ends.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from jobstate import conf
+from jobstate import conf, services
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE
 
@@ -27,6 +28,7 @@ class PruneReport:
     assets: int = 0
     cutoff: datetime | None = None
     dry_run: bool = False
+    orphan_files: list[str] = field(default_factory=list)  # stored files with no Asset row
 
     def as_dict(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
@@ -65,6 +67,7 @@ def prune(
         report.jobs = qs.count()
         report.events = JobEvent.objects.filter(job__in=qs.values("pk")).count()
         report.assets = Asset.objects.filter(job__in=qs.values("pk")).count()
+        report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
     size = int(batch or conf.get("PRUNE_BATCH"))
     while True:
@@ -78,4 +81,5 @@ def prune(
         report.assets += counts.get("jobstate.Asset", 0)
         if len(pks) < size:
             break
+    report.orphan_files = services.remove_orphan_files()
     return report

@@ -76,4 +76,5 @@ def install(prune: bool = True) -> dict[str, str]:
 
 
 def uninstall() -> int:
-    return Schedule.objects.filter(name__in=[REAPER, PRUNE]).delete()[0]
+    deleted: int = Schedule.objects.filter(name__in=[REAPER, PRUNE]).delete()[0]
+    return deleted

@@ -1,28 +1,31 @@
 """The functions django-q2 worker processes call.
 
-``execute`` runs a job the broker claimed; ``reap`` and ``prune`` are the
+``execute`` runs a job the broker claimed (``jobstate.worker.packages`` builds
+its django-q2 message: job id, lease token and kind only); ``reap`` and ``prune`` are the
 targets of the schedules ``manage.py jobstate_schedule`` installs;
 ``run_by_id`` is the id-only alternative (a plain django-q2 message carrying
-a job id through the ORM broker; the README's "Why the Job table is the
-broker" says why it is not the default).
+a job id through the ORM broker; docs/explanation/workers.md, "Why the Job
+table is the broker", says why it is not the default).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import time
 from typing import Any
 
 from django.db import close_old_connections, connection
-from django_q.exceptions import TimeoutException
 
-from jobstate import conf, services
+from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
-from jobstate.worker import broker
-from jobstate.worker.runner import end_attempt, release, run_job
+from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
+from jobstate.worker.q2 import TimeoutException
+from jobstate.worker.runner import run_job
+from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -48,32 +51,63 @@ def keep_connection() -> None:
     connection.close_at = max(connection.close_at, time.monotonic() + float(age))
 
 
-def execute(job: Job) -> str:
+def _serve(me: str, cluster: str) -> None:
+    """In a django-q2 worker process (a child of the cluster), record this process
+    in WorkerProcess from its heartbeat thread, busy or idle."""
+    if multiprocessing.parent_process() is not None:
+        supervisor().serve_as(me, cluster)
+
+
+def _held(job_id: Any, token: Any, kind: str, me: str) -> Job:
+    """The job as this worker holds it, for the rare paths that end it before
+    it started (its row if it can be read; the writes are guarded by ``token``)."""
+    try:
+        job = Job.objects.filter(pk=job_id).first()
+    except Exception:
+        job = None
+    if job is None:
+        job = Job(pk=job_id, kind=kind)
+    job.lease_token = token
+    job.worker_id = me
+    return job
+
+
+def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
     """Run a job the broker claimed for this cluster; return its outcome.
 
-    The job may have waited in django-q2's in-memory queue: one heartbeat first
-    checks that the lease is still ours (the reaper may have given it to
-    someone else meanwhile) and relabels it with this worker process. Taking
-    the package ended the pusher's renewal of its lease, so if anything fails
-    before the handler starts, the job is handed back here (requeued, failed
-    or cancelled, with its history), or else left to the reaper.
+    The job may have waited in django-q2's in-memory queue, reserved: one
+    UPDATE (``services.begin``) checks that the lease is still ours (the reaper
+    may have given it to someone else meanwhile), charges the attempt, relabels
+    the holder with this worker process and loads the job. Taking the package
+    ended the pusher's renewal of its lease, so if anything fails before the
+    handler starts, the job is handed back here (requeued, without an attempt
+    charged, or cancelled, with its history), or else left to the reaper.
     """
+    from jobstate.worker import broker
+
     broker.picked_up()
-    me = worker_id(job.worker_id or broker.cluster_id())
+    if isinstance(job_id, Job):  # a package from before the slim format
+        job_id, token, kind = job_id.pk, job_id.lease_token, job_id.kind
+    cluster = broker.cluster_id()
+    me = worker_id(cluster)
+    _serve(me, cluster)
+    if registry.all_handlers().get(kind or "") is None:
+        return unknown_kind(_held(job_id, token, kind or "", me))
     try:
-        beat = services.heartbeat(job, job.lease_token, worker_id=me)
-        job.worker_id = me
-        if beat.cancel_requested:
-            services.cancel_now(job, job.lease_token, reason="cancelled before it started")
-            return "cancelled"
+        begun = services.begin(job_id, token, me)
     except LeaseLost:
-        logger.info("Job %s was taken from this cluster while it waited; skipped", job.pk)
+        logger.info("Job %s was taken from this cluster while it waited; skipped", job_id)
         keep_connection()
         return "skipped"
     except Exception as exc:
-        job.worker_id = me
-        release(job, exc, "the worker could not start the job")
+        release(_held(job_id, token, kind or "", me), exc, "the worker could not start the job")
         raise  # django-q2 records the failed package too
+    job = begun.job
+    if begun.cancel_requested:
+        job.worker_id = me
+        outcome = cancel_unstarted(job)
+        keep_connection()
+        return outcome
     try:
         outcome = run_job(job, me)
     except TimeoutException:
@@ -91,8 +125,12 @@ def execute(job: Job) -> str:
 
 
 def run_by_id(job_id: Any) -> str:
-    """Id-only alternative: claim this one job now and run it."""
-    me = f"{broker.cluster_id()}:{os.getpid()}"
+    """Id-only alternative: claim and begin this one job now, and run it."""
+    from jobstate.worker import broker
+
+    cluster = broker.cluster_id()
+    me = worker_id(cluster)
+    _serve(me, cluster)
     try:
         job = services.start(job_id, me)
     except (InvalidTransition, Job.DoesNotExist):

@@ -23,7 +23,17 @@ _LAZY = {
     "StepStateError": "jobstate.workflows.steps",
 }
 
-__all__ = ["StepSpec", "Workflow", "definition_of", "step", "workflow", *_LAZY]
+__all__ = ["StepSpec", "Workflow", "definition_of", "install", "step", "workflow", *_LAZY]
+
+
+def install() -> None:
+    """Register the workflows' answers to the core's hooks (``JobstateConfig.ready``):
+    the reaper's plan for a workflow job, and a waiting workflow's progress."""
+    from jobstate import hooks
+    from jobstate.workflows import fanout, recovery
+
+    hooks.reaping.register(recovery.reaping)
+    hooks.waiting_progress.register(fanout.waiting_progress)
 
 
 def __getattr__(name: str) -> Any:

@@ -16,14 +16,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobstate.exceptions import LeaseLost
+from jobstate.exceptions import Interrupted, LeaseLost
 from jobstate.models.step import StepStatus
-from jobstate.worker.runner import Interrupted
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
-from jobstate.workflows.definition import StepSpec
 
 if TYPE_CHECKING:
+    from jobstate.workflows.definition import StepSpec
     from jobstate.workflows.runtime import Run
 
 logger = logging.getLogger("jobstate")
@@ -51,7 +50,9 @@ def under_way(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> tuple[str, 
     """(step, error) of the step that failed for good, if compensation has begun."""
     for spec in specs:
         row = rows.get(spec.name)
-        mark = row.detail.get(steps.COMPENSATING) if row is not None else None
+        if row is None:
+            continue
+        mark = row.detail.get(steps.COMPENSATING)
         if mark:
             return spec.name, str(mark.get("error") or row.error_message or "failed")
     return None
@@ -87,7 +88,7 @@ def compensate(run: Run, failed_step: str, error: str) -> Report:
     because = f"step '{failed_step}' failed: {error}"[:1000]
     for spec in reversed(run.specs):
         row = run.rows.get(spec.name)
-        if spec.undo is None or not to_undo(spec, row):
+        if row is None or spec.undo is None or not to_undo(spec, row):
             continue
         sctx = StepContext(run, spec, row, undoing=True)
         try:

@@ -18,10 +18,10 @@ from jobstate import conf, registry, services
 from jobstate.exceptions import CancelRequested
 from jobstate.models import Asset, Job, JobStep
 from jobstate.workflows import steps
-from jobstate.workflows.definition import StepSpec
 from jobstate.workflows.steps import ChildSpec
 
 if TYPE_CHECKING:
+    from jobstate.workflows.definition import StepSpec
     from jobstate.workflows.runtime import Run
 
 # No idempotency key: a key could hand back another job that is not this one's
@@ -84,7 +84,7 @@ class StepContext:
     def add_asset(
         self,
         asset_type: str,
-        content: bytes | str | IO[bytes] | File | None = None,
+        content: bytes | str | IO[bytes] | File[bytes] | None = None,
         *,
         name: str = "",
         url: str = "",
@@ -277,7 +277,7 @@ class Batch:
             except BaseException:
                 self._atomic.__exit__(*sys.exc_info())
                 raise
-        result = self._atomic.__exit__(et, ev, tb)
+        result: bool | None = self._atomic.__exit__(et, ev, tb)
         self.committed = et is None
         return result
 
@@ -294,7 +294,8 @@ def _from(items: Iterable[Any], start: int) -> Iterable[Any]:
         return items
     if hasattr(items, "__getitem__") and not isinstance(items, Mapping):
         try:
-            return items[start:]  # type: ignore[index]
+            rest: Iterable[Any] = items[start:]
+            return rest
         except TypeError:
             pass
     return islice(iter(items), start, None)

@@ -13,15 +13,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from jobstate import hooks
 from jobstate.exceptions import NonRetryable, Suspend
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
-from jobstate.workflows.definition import StepSpec
 
 if TYPE_CHECKING:
+    from jobstate.workflows.definition import StepSpec
     from jobstate.workflows.runtime import Run
 
 CHUNK = 500  # ids per IN (...) query
@@ -42,6 +43,21 @@ def is_waiting(row: Any) -> bool:
     return JobStep.objects.filter(pk=row.pk, status=StepStatus.WAITING).exists()
 
 
+def waiting_progress(waiting: hooks.Waiting) -> tuple[int, str] | None:
+    """The ``hooks.waiting_progress`` answer for a workflow waiting in a fan-out step:
+    its children's progress placed within the step's share of the workflow."""
+    band, total = (
+        JobStep.objects.filter(job_id=waiting.job_id, status=StepStatus.WAITING)
+        .values_list("detail__band", "detail__total")
+        .first()
+    ) or (None, None)
+    if not band or not total:
+        return None
+    done = max(0, total - waiting.active)
+    fraction = min(1.0, (done * 100 + waiting.progress) / (total * 100))
+    return int(band[0] + (band[1] - band[0]) * fraction), f"{done} of {total} child jobs finished"
+
+
 def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:
     for i in range(0, len(ids), CHUNK):
         yield from Job.objects.filter(pk__in=ids[i : i + CHUNK]).values("pk", *fields)
@@ -56,7 +72,7 @@ def fan_in(run: Run, spec: StepSpec, row: Any) -> dict[str, Any]:
     if active:
         raise Suspend(f"step '{spec.name}': {active} of {len(ids)} child jobs still running")
     counts = {s: 0 for s in (Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED)}
-    failures = []
+    failures: list[dict[str, Any]] = []
     for pk in ids:
         child = by_id.get(pk)
         status = child["status"] if child else Status.CANCELLED  # deleted meanwhile

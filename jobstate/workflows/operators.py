@@ -19,7 +19,7 @@ from jobstate.models import Job, JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.states import TERMINAL, Status
-from jobstate.workflows import steps
+from jobstate.workflows import step_operators
 from jobstate.workflows.definition import Workflow, definition_of
 
 
@@ -83,7 +83,7 @@ def retry_from(
     why = reason or f"retry of {old.pk} from step '{start}'"
     with transaction.atomic():
         new = services.retry(old, who, why)
-        steps.seed_retry(new, old.pk, rows, names, start, skipping, actor=who, reason=why)
+        step_operators.seed_retry(new, old.pk, rows, names, start, skipping, actor=who, reason=why)
     return new
 
 
@@ -96,5 +96,5 @@ def skip_step(job: Job | Any, step: str, *, actor: Actor | str | Any | None = No
     names = [s.name for s in cls.steps]
     if step not in names:
         raise ValidationError({"step": [f"'{step}' is not a step of {current.kind} ({', '.join(names)})."]})
-    steps.skip(current, names, step, actor=Actor.of(actor), reason=reason or "skipped by operator")
+    step_operators.skip(current, names, step, actor=Actor.of(actor), reason=reason or "skipped by operator")
     return _get(current)

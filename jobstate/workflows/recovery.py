@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobstate import hooks
 from jobstate.models import JobEvent, JobStep
 from jobstate.models.step import STEP_DONE
 from jobstate.services.actors import Actor
@@ -79,3 +80,17 @@ def apply(plan: Plan, job_id: Any, actor: Actor, now: datetime) -> None:
     """Inside the reaper's transaction, after it requeued the job."""
     if plan.lost_step is not None:
         steps.lost(job_id, plan.lost_step, LOST, actor=actor, now=now)
+
+
+def reaping(expired: hooks.Expired) -> hooks.Reaping | None:
+    """The ``hooks.reaping`` answer for a workflow job (registered by ``install``)."""
+    found = plan(expired.job_id, expired.kind, last=expired.last, cancelling=expired.cancelling)
+    if found is None:
+        return None
+    if not found.run:
+        return hooks.Reaping("", error=found.error)
+
+    def then(job_id: Any, actor: Actor, now: datetime) -> None:
+        apply(found, job_id, actor, now)
+
+    return hooks.Reaping(found.action, reason=found.reason, then=then)

@@ -12,16 +12,17 @@ later run finishes its undos and fails with the original error.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobstate.exceptions import CancelRequested, LeaseLost, NonRetryable, Partial, Suspend
+from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, NonRetryable, Partial, Suspend
 from jobstate.models import JobStep
 from jobstate.models.step import StepStatus
-from jobstate.worker.context import JobContext
-from jobstate.worker.runner import Interrupted
 from jobstate.workflows import compensation, fanout, steps
 from jobstate.workflows.context import StepContext
-from jobstate.workflows.definition import StepSpec, Workflow
+
+if TYPE_CHECKING:  # types only (the worker is an independent layer; definition imports us)
+    from jobstate.worker.context import JobContext
+    from jobstate.workflows.definition import StepSpec, Workflow
 
 logger = logging.getLogger("jobstate")
 S = StepStatus

@@ -8,12 +8,12 @@ is shown as ``interrupted``, its stored status kept as ``stored_status``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
-from jobstate.services.transitions import WAITING
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import rows_of
@@ -26,7 +26,7 @@ def _when(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _step(row: JobStep, children: dict[str, dict[str, Any]], finished: bool) -> dict[str, Any]:
+def _step(row: JobStep, children: Mapping[str, Mapping[str, Any]], finished: bool) -> dict[str, Any]:
     detail = dict(row.detail or {})
     ids = detail.pop("children", None)
     detail.pop("band", None)
@@ -50,7 +50,7 @@ def _step(row: JobStep, children: dict[str, dict[str, Any]], finished: bool) -> 
     return out
 
 
-def _summary(rows: list[dict[str, Any]], total: int) -> dict[str, Any]:
+def _summary(rows: list[Mapping[str, Any]], total: int) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     done = 0
     for r in rows:
@@ -66,7 +66,9 @@ def state(job: Job | Any) -> dict[str, Any]:
     job = job if isinstance(job, Job) else Job.objects.get(pk=job)
     cls = definition_of(job.kind)
     rows = list(JobStep.objects.filter(job_id=job.pk).order_by("position"))
-    kids = {str(r["pk"]): r for r in Job.objects.filter(parent_id=job.pk).values("pk", "status", "progress")}
+    kids: dict[str, Mapping[str, Any]] = {
+        str(r["pk"]): r for r in Job.objects.filter(parent_id=job.pk).values("pk", "status", "progress")
+    }
     own = dict(kids)
     # Steps copied into a retry list the children of the job they came from.
     borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
@@ -79,7 +81,7 @@ def state(job: Job | Any) -> dict[str, Any]:
         step_list = [_step(r, kids, finished) for r in blank]
     else:
         step_list = []
-    waiting = job.status == Status.QUEUED and job.run_after >= WAITING
+    waiting = job.status == Status.WAITING
     progress = float(job.progress)
     if waiting:  # live: children's progress within the waiting step's share
         for row in rows:

@@ -1,11 +1,13 @@
-"""The only writers of ``JobStep`` rows.
+"""What workflows do to their ``JobStep`` rows.
 
 Every change a worker makes to a step happens in one transaction with a lease
 check on its job: ``services.report_progress`` (or ``services.heartbeat``) is a
 token-guarded UPDATE of the job row, so a worker that lost its lease writes
 nothing, and on PostgreSQL the row stays locked until the step change commits,
-so the reaper cannot take the job half-way. Decisions (a step completed, failed,
-waiting, serving, skipped, undone) also get a JobEvent on the job's history.
+so the reaper cannot take the job half-way. Status changes go through
+``services.move_step`` (the declared ``JobStep`` transitions, a guarded UPDATE and
+a history row on the job); this module writes the steps' other columns (rows
+created pending, cursors, bookkeeping in ``detail``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,16 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobstate import services
-from jobstate.exceptions import CancelRequested, InvalidTransition, JobStateError
+from jobstate.exceptions import CancelRequested, StepStateError
 from jobstate.models import Job, JobStep
-from jobstate.models.step import StepStatus
+from jobstate.models.step import RUNNABLE, StepStatus
 from jobstate.services.actors import Actor
-from jobstate.services.transitions import record_event
-from jobstate.states import TERMINAL, Status
+from jobstate.services.steps import move_step, step_event
+from jobstate.states import Status
+
+__all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
 S = StepStatus
-RUNNABLE = (S.PENDING, S.RUNNING, S.FAILED, S.SERVING)  # begin() resumes any of these
 IN_PROGRESS = (S.RUNNING, S.SERVING)
 # Keys of ``JobStep.detail``. COMPENSATING, on the step that failed for good, says
 # the workflow is being compensated: every later run only finishes the undos.
@@ -41,13 +44,9 @@ UNDO_ERROR = "undo_error"
 COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 
 
-class StepStateError(JobStateError):
-    """The step is not in a state that allows the requested change; nothing was written."""
-
-    def __init__(self, job_id: Any, name: str, requested: str) -> None:
-        row = JobStep.objects.filter(job_id=job_id, name=name).values_list("status", flat=True).first()
-        self.current = row
-        super().__init__(f"Step '{name}' of job {job_id} is {row or 'missing'}; cannot {requested}")
+def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
+    row = JobStep.objects.filter(job_id=job_id, name=name).values_list("status", flat=True).first()
+    return StepStateError(job_id, name, requested, row)
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,6 @@ def _worker(job: Job) -> Actor:
     return Actor.worker(job.worker_id or "?")
 
 
-def _event(job: Job, name: str, metadata: dict[str, Any], reason: str = "") -> None:
-    """History of a worker-side step decision (the job stays ``processing``)."""
-    record_event(job.pk, Status.PROCESSING, Status.PROCESSING, name, _worker(job), reason[:1000], metadata)
-
-
 def ensure(job: Job, token: Any, names: Iterable[str], *, cancel_ok: bool = False) -> dict[str, JobStep]:
     """The job's step rows by name, creating missing ones ``pending`` (first run).
     Raises ``CancelRequested`` on a pending cancel unless ``cancel_ok``."""
@@ -128,15 +122,23 @@ def begin(job: Job, token: Any, row: JobStep, *, percent: float) -> JobStep:
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=percent, message="", step=row.name)
-        if not JobStep.objects.filter(pk=row.pk, status__in=RUNNABLE).update(
-            status=S.RUNNING,
-            attempts=F("attempts") + 1,
-            started_at=Coalesce(F("started_at"), now),
-            finished_at=None,
-            error_message="",
-            updated_at=now,
-        ):
-            raise StepStateError(job.pk, row.name, "start it")
+        fields = {
+            "attempts": F("attempts") + 1,
+            "started_at": Coalesce(F("started_at"), now),
+            "finished_at": None,
+            "error_message": "",
+        }
+        move_step(
+            job.pk,
+            row.name,
+            "start",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields=fields,
+            metadata={"attempt": row.attempts + 1},
+            requested="start it",
+            now=now,
+        )
     row.status, row.attempts, row.started_at = S.RUNNING, row.attempts + 1, row.started_at or now
     row.finished_at, row.error_message, row.updated_at = None, "", now
     return row
@@ -152,7 +154,7 @@ def checkpoint(
         if not JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS).update(
             cursor=cursor, updated_at=timezone.now()
         ):
-            raise StepStateError(job.pk, name, "checkpoint it")
+            raise _refused(job.pk, name, "checkpoint it")
 
 
 def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float) -> None:
@@ -161,11 +163,17 @@ def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float)
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=percent, step=row.name, cancel_ok=True)
-        if not JobStep.objects.filter(pk=row.pk, status__in=(*IN_PROGRESS, S.WAITING)).update(
-            status=S.COMPLETED, output=output, finished_at=now, updated_at=now, error_message=""
-        ):
-            raise StepStateError(job.pk, row.name, "complete it")
-        _event(job, "step_completed", {"step": row.name, "attempt": row.attempts})
+        move_step(
+            job.pk,
+            row.name,
+            "complete",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields={"output": output, "finished_at": now, "error_message": ""},
+            metadata={"attempt": row.attempts},
+            requested="complete it",
+            now=now,
+        )
     row.status, row.output, row.finished_at, row.updated_at = S.COMPLETED, output, now, now
 
 
@@ -183,13 +191,18 @@ def fail(
         detail = JobStep.objects.select_for_update().values_list("detail", flat=True).get(pk=row.pk)
         if compensating:
             detail = {**detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
-        values = {"error_message": error, "output": output, "detail": detail, "finished_at": now}
-        if not JobStep.objects.filter(pk=row.pk, status__in=(*IN_PROGRESS, S.WAITING)).update(
-            status=S.FAILED, updated_at=now, **values
-        ):
-            raise StepStateError(job.pk, row.name, "fail it")
-        metadata = {"step": row.name, "attempt": row.attempts, "error": error[:2000], "final": compensating}
-        _event(job, "step_failed", metadata, error)
+        move_step(
+            job.pk,
+            row.name,
+            "fail",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields={"error_message": error, "output": output, "detail": detail, "finished_at": now},
+            reason=error,
+            metadata={"attempt": row.attempts, "error": error[:2000], "final": compensating},
+            requested="fail it",
+            now=now,
+        )
     row.status, row.error_message, row.output, row.finished_at = S.FAILED, error, output, now
     row.detail = detail
 
@@ -200,11 +213,17 @@ def lost(job_id: Any, name: str, error: str, *, actor: Actor, now: datetime) -> 
     run), fails for good and the job's next run compensates."""
     row = JobStep.objects.select_for_update().get(job_id=job_id, name=name)
     detail = {**row.detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
-    JobStep.objects.filter(pk=row.pk).update(
-        status=S.FAILED, error_message=error, detail=detail, finished_at=now, updated_at=now
+    move_step(
+        job_id,
+        name,
+        "lose",
+        actor=actor,
+        job_status=Status.QUEUED,
+        fields={"error_message": error, "detail": detail, "finished_at": now},
+        reason=error,
+        metadata={"attempt": row.attempts, "error": error[:2000], "final": True},
+        now=now,
     )
-    metadata = {"step": name, "attempt": row.attempts, "error": error[:2000], "final": True}
-    record_event(job_id, Status.QUEUED, Status.QUEUED, "step_failed", actor, error[:1000], metadata, now)
 
 
 def note(job: Job, token: Any, name: str, **detail: Any) -> None:
@@ -226,8 +245,8 @@ def wait(
     with transaction.atomic():
         _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
-        if row.status != S.RUNNING:
-            raise StepStateError(job.pk, name, "wait in it")
+        if row.status != S.RUNNING:  # checked before its children are created
+            raise StepStateError(job.pk, name, "wait in it", row.status)
         created = [
             services.enqueue(
                 child.kind,
@@ -242,8 +261,17 @@ def wait(
         ]
         ids = [str(c.pk) for c in created]
         detail = {**row.detail, "children": ids, "total": len(ids), "value": value, "band": list(band)}
-        JobStep.objects.filter(pk=row.pk).update(status=S.WAITING, detail=detail, updated_at=now)
-        _event(job, "step_waiting", {"step": name, "children": len(ids)})
+        move_step(
+            job.pk,
+            name,
+            "wait",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields={"detail": detail},
+            metadata={"children": len(ids)},
+            requested="wait in it",
+            now=now,
+        )
     return created
 
 
@@ -254,25 +282,33 @@ def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=percent, message="waiting for child jobs", step=row.name)
-        if not JobStep.objects.filter(pk=row.pk, status__in=RUNNABLE).update(
-            status=S.WAITING, attempts=F("attempts") + 1, finished_at=None, error_message="", updated_at=now
-        ):
-            raise StepStateError(job.pk, row.name, "wait in it again")
-        ids = row.detail.get("children", [])
-        _event(job, "step_waiting", {"step": row.name, "children": len(ids), "resumed": True})
+        move_step(
+            job.pk,
+            row.name,
+            "resume_wait",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields={"attempts": F("attempts") + 1, "finished_at": None, "error_message": ""},
+            metadata={"children": len(row.detail.get("children", [])), "resumed": True},
+            requested="wait in it again",
+            now=now,
+        )
     row.status, row.attempts, row.finished_at, row.error_message = S.WAITING, row.attempts + 1, None, ""
 
 
 def serving(job: Job, token: Any, name: str, message: str) -> None:
     """A service-style step is up: ``running`` -> ``serving``, the message shown on the job."""
-    now = timezone.now()
     with transaction.atomic():
         _hold(job, token, message=message, step=name)
-        if not JobStep.objects.filter(job_id=job.pk, name=name, status=S.RUNNING).update(
-            status=S.SERVING, updated_at=now
-        ):
-            raise StepStateError(job.pk, name, "serve")
-        _event(job, "step_serving", {"step": name, "message": message[:500]})
+        move_step(
+            job.pk,
+            name,
+            "serve",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            metadata={"message": message[:500]},
+            requested="serve",
+        )
 
 
 def undone(job: Job, token: Any, name: str, *, because: str) -> None:
@@ -281,11 +317,22 @@ def undone(job: Job, token: Any, name: str, *, because: str) -> None:
     with transaction.atomic():
         _hold(job, token, message=f"undid {name}", step=name, cancel_ok=True)
         row = JobStep.objects.select_for_update().filter(job_id=job.pk, name=name).first()
-        if row is None or row.status != S.COMPLETED:
-            raise StepStateError(job.pk, name, "mark it undone")
-        detail = {**row.detail, "undone_at": now.isoformat(), "undone_because": because[:1000]}
-        JobStep.objects.filter(pk=row.pk).update(status=S.UNDONE, detail=detail, updated_at=now)
-        _event(job, "step_undone", {"step": name}, f"compensating: {because}")
+        detail = {
+            **(row.detail if row else {}),
+            "undone_at": now.isoformat(),
+            "undone_because": because[:1000],
+        }
+        move_step(
+            job.pk,
+            name,
+            "undo",
+            actor=_worker(job),
+            job_status=Status.PROCESSING,
+            fields={"detail": detail},
+            reason=f"compensating: {because}",
+            requested="mark it undone",
+            now=now,
+        )
 
 
 def undo_failed(job: Job, token: Any, name: str, error: str, *, because: str) -> None:
@@ -296,109 +343,15 @@ def undo_failed(job: Job, token: Any, name: str, error: str, *, because: str) ->
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
         detail = {**row.detail, UNDO_ERROR: error[:2000]}
         JobStep.objects.filter(pk=row.pk).update(detail=detail, updated_at=now)
-        _event(job, "step_undo_failed", {"step": name, "error": error[:2000]}, f"compensating: {because}")
-
-
-# Operator actions (no lease: they apply to jobs no worker holds) ---------------
-
-
-def _lock_job(pk: Any) -> Job:
-    return Job.objects.select_for_update().get(pk=pk)
-
-
-def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: str) -> None:
-    """An operator skips a failed or pending step of a job waiting to be run (queued)."""
-    pk = job.pk if isinstance(job, Job) else job
-    now = timezone.now()
-    with transaction.atomic():
-        locked = _lock_job(pk)
-        if locked.status != Status.QUEUED:
-            raise InvalidTransition(locked.status, Status.QUEUED, "skip_step")
-        _ensure_rows(locked, names)
-        row = JobStep.objects.select_for_update().get(job_id=pk, name=name)
-        if row.status not in (S.FAILED, S.PENDING):
-            raise StepStateError(pk, name, "skip it (only a failed or pending step can be skipped)")
-        if JobStep.objects.filter(job_id=pk, detail__has_key=COMPENSATING).exists():
-            raise StepStateError(pk, name, "skip it (the workflow failed for good and is compensating)")
-        detail = {**row.detail, "skipped_by": actor.label, "skip_reason": reason[:1000]}
-        JobStep.objects.filter(pk=row.pk).update(
-            status=S.SKIPPED, detail=detail, finished_at=now, updated_at=now
-        )
-        record_event(pk, Status.QUEUED, Status.QUEUED, "skip_step", actor, reason, {"step": name}, now)
-
-
-def seed_retry(
-    new: Job,
-    old_id: Any,
-    old_rows: dict[str, JobStep],
-    names: list[str],
-    start: str,
-    skip_names: Iterable[str],
-    *,
-    actor: Actor,
-    reason: str,
-) -> None:
-    """Step rows of a retry that starts at ``start``: earlier steps copied as they
-    ended (their outputs are reused), ``skip_names`` skipped, the rest pending."""
-    now = timezone.now()
-    skipping = set(skip_names)
-    first = names.index(start)
-    rows: list[JobStep] = []
-    for position, name in enumerate(names):
-        if position < first:
-            old = old_rows[name]
-            rows.append(
-                JobStep(
-                    job_id=new.pk,
-                    name=name,
-                    position=position,
-                    status=old.status,
-                    attempts=old.attempts,
-                    output=old.output,
-                    detail={**_bookkeeping(old.detail), "copied_from": str(old.job_id)},
-                    started_at=old.started_at,
-                    finished_at=old.finished_at,
-                    updated_at=now,
-                )
-            )
-        elif name in skipping:
-            rows.append(
-                JobStep(
-                    job_id=new.pk,
-                    name=name,
-                    position=position,
-                    status=S.SKIPPED,
-                    detail={"skipped_by": actor.label, "skip_reason": reason[:1000]},
-                    finished_at=now,
-                    updated_at=now,
-                )
-            )
-        else:
-            rows.append(JobStep(job_id=new.pk, name=name, position=position, updated_at=now))
-    with transaction.atomic():
-        if _lock_job(new.pk).status in TERMINAL:
-            raise InvalidTransition(new.status, Status.QUEUED, "retry_from")
-        JobStep.objects.bulk_create(rows)
-        record_event(
-            new.pk,
-            Status.QUEUED,
-            Status.QUEUED,
-            "retry_from",
-            actor,
-            reason,
-            {
-                "retry_of": str(old_id),
-                "from_step": start,
-                "reused": names[:first],
-                "skipped": [n for n in names if n in skipping],
-            },
+        step_event(
+            job.pk,
+            Status.PROCESSING,
+            "step_undo_failed",
+            _worker(job),
+            f"compensating: {because}",
+            {"step": name, "error": error[:2000]},
             now,
         )
-
-
-def _bookkeeping(detail: dict[str, Any]) -> dict[str, Any]:
-    """A copied step's detail, without the old job's compensation (its undo was not run for the retry)."""
-    return {k: v for k, v in detail.items() if k not in COMPENSATION_KEYS}
 
 
 def children_of(job_id: Any, name: str) -> list[str]:

@@ -1,12 +1,14 @@
 """Screenshots of the admin for the README (not part of the normal test run).
 
-Run explicitly; it rewrites docs/screenshots/*.png:
+Run explicitly, under the demo's settings (so the kind filter lists no test-only
+kinds); it rewrites docs/screenshots/*.png:
 
-    .venv/bin/pytest tests/browser/screenshots.py
+    .venv/bin/pytest --ds=project.settings tests/browser/screenshots.py
 
 It fills the database with a realistic mix of jobs through jobstate.services
 (time travel by ``now=`` arguments and a few timestamp updates for history), then
-photographs the job list, one job page, the stuck page and the dashboard.
+photographs the job list, one job page, the stuck page, the dashboard and the
+admin index.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from django.utils import timezone
 
 from jobstate import services
 from jobstate.models import Job, JobEvent, JobStep
+from jobstate.services import workers
 from tests.browser.conftest import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -59,6 +62,7 @@ def seed(users: list[Any], temp_handler: Any) -> Job:
             services.complete(job, job.lease_token, {"rows": rng.randint(10, 5000)}, now=end)
         Job.objects.filter(pk=job.pk).update(created_at=start - timedelta(seconds=2))
     # Work in progress.
+    running: list[Job] = []
     for i in range(9):
         job = services.enqueue(
             rng.choice(list(KINDS)),
@@ -73,6 +77,21 @@ def seed(users: list[Any], temp_handler: Any) -> Job:
         services.report_progress(
             job, job.lease_token, rng.randint(5, 95), f"page {i + 1} of 12", step=f"page-{i + 1}"
         )
+        running.append(job)
+    # Two clusters beating, one busy with some of those jobs, one idle; a third died.
+    for cluster, size, started in (
+        ("web-1:4120", 4, timedelta(hours=3)),
+        ("web-2:3310", 2, timedelta(minutes=50)),
+    ):
+        pid = cluster.partition(":")[2]
+        workers.beat(f"{cluster}:{pid}", cluster=cluster, role="pusher", now=now - started)
+        workers.beat(f"{cluster}:{pid}", cluster=cluster, role="pusher")
+        for n in range(size):
+            busy = running[n] if cluster.startswith("web-1") and n < 3 else None
+            name = f"{cluster}:{int(pid) + 1 + n}"
+            workers.beat(name, cluster=cluster, role="worker", now=now - started)
+            workers.beat(name, cluster=cluster, role="worker", job_id=busy and busy.pk, finished=12 + 7 * n)
+    workers.beat("web-3:2900:2901", cluster="web-3:2900", role="worker", now=now - timedelta(minutes=12))
     for i in range(6):
         services.enqueue(
             rng.choice(list(KINDS)), {"n": i}, owner=rng.choice(users), priority=rng.choice([0, 0, 5])
@@ -173,3 +192,5 @@ def test_screenshots(
     page.screenshot(path=str(OUT / "stuck.png"), full_page=True)
     page.goto(f"{base}/admin/jobstate/job/dashboard/")
     page.screenshot(path=str(OUT / "dashboard.png"), full_page=True)
+    page.goto(f"{base}/admin/")
+    page.screenshot(path=str(OUT / "admin-index.png"), full_page=False)

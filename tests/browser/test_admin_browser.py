@@ -78,7 +78,7 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
 
     # The dashboard, from the admin index, draws its charts.
     page.goto(f"{base}/admin/")
-    page.click("#jobstate-module .js-link-dashboard")
+    page.click("#content-main .app-jobstate a:text-is('Dashboard')")
     page.wait_for_url(re.compile(r".*/jobstate/job/dashboard/$"))
     charts = page.locator("svg.js-chart")
     assert charts.count() >= 4

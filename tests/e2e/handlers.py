@@ -73,3 +73,22 @@ def once(ctx: Any) -> dict[str, Any]:
     """A short job with a single attempt: losing it once fails it for good."""
     time.sleep(float(ctx.parameters.get("seconds", 0.05)))
     return {"worker": ctx.worker_id}
+
+
+@jobstate.handler("e2e.chaos", max_attempts=5, retry_backoff=0.2)
+def chaos(ctx: Any) -> dict[str, Any]:
+    """Record this run under its lease token (one file per lease: a second run
+    under the same lease is a double run), tick with progress, return."""
+    runs = Path(ctx.parameters["dir"])
+    record = {"job": str(ctx.job.pk), "attempt": ctx.attempt, "pid": os.getpid(), "start": time.time()}
+    try:
+        with open(runs / f"{ctx.job.pk}-{ctx.token}.json", "x") as fh:
+            json.dump(record, fh)
+    except FileExistsError:
+        (runs / f"double-{ctx.job.pk}-{ctx.token}-{os.getpid()}.json").write_text(json.dumps(record))
+    seconds, tick = float(ctx.parameters.get("seconds", 0.5)), 0.1
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        ctx.progress(min(99, int(100 * elapsed / seconds)))
+        time.sleep(tick)
+    return {"attempt": ctx.attempt, "pid": os.getpid()}

@@ -4,7 +4,6 @@ step, skip a step, ask a serving one to stop. Actions record the actor
 
 from __future__ import annotations
 
-import getpass
 import json
 from typing import Any
 
@@ -13,7 +12,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import JobStateError
-from jobstate.models import Job
+from jobstate.management.commands._common import cli_actor, fail, get_job
+from jobstate.models import JobStep
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
 
@@ -41,7 +41,7 @@ class Command(BaseCommand):
         stop.add_argument("--reason", default="")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        actor = services.Actor(f"cli:{getpass.getuser()}")
+        actor = cli_actor()
         action = options["action"]
         try:
             if action == "start":
@@ -54,8 +54,13 @@ class Command(BaseCommand):
                 job = services.enqueue(options["kind"], params, actor=actor, reason="started from the CLI")
                 self.stdout.write(str(job.pk))
                 return
-            job = Job.objects.get(pk=options["job"])
+            job = get_job(options["job"])
             if action == "state":
+                if definition_of(job.kind) is None and not JobStep.objects.filter(job_id=job.pk).exists():
+                    raise CommandError(
+                        f"Job {job.pk} ({job.kind}) is not a workflow; "
+                        f"`manage.py jobstate show {job.pk}` shows it"
+                    )
                 self.stdout.write(json.dumps(state(job), indent=2))
             elif action == "retry":
                 new = retry_from(
@@ -68,7 +73,5 @@ class Command(BaseCommand):
             elif action == "stop":
                 services.request_stop(job, actor, options["reason"])
                 self.stdout.write(f"stop requested for {job.pk}")
-        except (Job.DoesNotExist, ValidationError, ValueError) as exc:
-            raise CommandError(str(exc)) from None
-        except JobStateError as exc:
-            raise CommandError(str(exc)) from None
+        except (ValidationError, JobStateError, ValueError) as exc:
+            raise fail(exc) from None

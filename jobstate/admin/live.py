@@ -1,0 +1,94 @@
+"""The live refresh's JSON endpoint: ``<admin>/jobstate/job/live/``.
+
+``jobstate/live.js`` polls it every second or so while a page shows an active
+job, and stops once nothing shown is active. Wrapped by ``admin_site.admin_view``
+(staff login) and checked against the job view permission like the pages.
+
+Query parameters:
+
+- ``ids``: comma-separated job ids shown on the page (at most ``MAX_IDS``; others
+  and malformed ids are ignored). Each known job comes back with its status,
+  progress and the HTML of the list cells and job-page fields that change.
+- ``dashboard=1``: also the dashboard's live tiles and its workers panel.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+
+from jobstate import stuck
+from jobstate.admin import workers
+from jobstate.models import Job
+from jobstate.states import ACTIVE, Status
+
+MAX_IDS = 200
+LIST_CELLS = ("status_col", "progress_col", "attempts_col", "age_col")
+PAGE_FIELDS = (
+    "status_display",
+    "progress_display",
+    "attempts_display",
+    "duration_display",
+    "heartbeat_display",
+)
+DEFERRED = ("parameters", "result", "traceback", "error_message")  # heavy, never shown here
+
+
+def parse_ids(raw: str) -> list[uuid.UUID]:
+    found: list[uuid.UUID] = []
+    for part in raw.split(",")[:MAX_IDS]:
+        try:
+            found.append(uuid.UUID(part.strip()))
+        except ValueError:
+            continue
+    return found
+
+
+def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
+    return {
+        "status": job.status,
+        "active": job.status in ACTIVE,
+        "progress": job.progress,
+        "progress_message": job.progress_message,
+        "current_step": job.current_step,
+        "attempts": job.attempts,
+        "cells": {name: str(getattr(model_admin, name)(job)) for name in LIST_CELLS},
+        "fields": {name: str(getattr(model_admin, name)(job)) for name in PAGE_FIELDS},
+    }
+
+
+def dashboard_payload(request: HttpRequest) -> dict[str, Any]:
+    now = timezone.now()
+    counts = {s: 0 for s in (Status.QUEUED, Status.PROCESSING)}
+    for status, n in (
+        Job.objects.filter(status__in=ACTIVE).order_by().values_list("status").annotate(n=Count("*"))
+    ):
+        counts[status] = counts.get(status, 0) + n
+    panel = workers.panel_context(now)
+    found = panel["workers"]
+    return {
+        "active": sum(counts.values()),
+        "counts": {**counts, "workers": found.alive, "busy": found.busy},
+        "html": {"js-workers": workers.render_panel(request, now)},
+    }
+
+
+def live_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    ids = parse_ids(request.GET.get("ids", ""))
+    jobs = list(Job.objects.filter(pk__in=ids).defer(*DEFERRED).order_by()) if ids else []
+    ctx = stuck.Context()  # one for all rows, as the list does
+    for job in jobs:
+        job._stuck_ctx = ctx  # type: ignore[attr-defined]
+    payload: dict[str, Any] = {"jobs": {str(job.pk): job_payload(model_admin, job) for job in jobs}}
+    payload["active"] = sum(1 for j in payload["jobs"].values() if j["active"])
+    if request.GET.get("dashboard"):
+        payload["dashboard"] = dashboard_payload(request)
+        payload["active"] += payload["dashboard"]["active"]
+    return JsonResponse(payload)  # admin_view adds never_cache

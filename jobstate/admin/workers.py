@@ -1,0 +1,116 @@
+"""Worker processes: the dashboard's workers panel and a read-only list.
+
+Every cluster process (the pusher and each worker process) upserts its
+``WorkerProcess`` row every few seconds, busy or idle, through
+``jobstate.services.workers.beat``. A process seen within
+``WORKER_ALIVE_SECONDS`` is alive (idle or busy); an older one is shown as dead
+for an hour (``stats.DEAD_SHOWN``), so an idle cluster and a dead one look different.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from jobstate import conf
+from jobstate.admin import display, stats
+from jobstate.admin.views import job_url
+from jobstate.models import WorkerProcess
+
+STATE_CLASSES = {"busy": "processing", "idle": "completed", "alive": "completed", "dead": "failed"}
+
+
+def state_badge(state: str) -> SafeString:
+    return format_html(
+        '<span class="js-badge js-badge-{} js-state-{}">{}</span>', STATE_CLASSES[state], state, state
+    )
+
+
+def _whole_seconds(moment: datetime, now: datetime) -> str:
+    return display.short_duration(timedelta(seconds=max(0, round((now - moment).total_seconds()))))
+
+
+def panel_context(now: datetime | None = None) -> dict[str, Any]:
+    """What ``jobstate/workers_panel.html`` shows."""
+    now = now or timezone.now()
+    found = stats.workers(now)
+    clusters = []
+    for c in found.clusters:
+        rows = []
+        for p in c.processes:
+            rows.append(
+                {
+                    "process": p,
+                    "badge": state_badge(p.state),
+                    "seen": _whole_seconds(p.seen_at, now),
+                    "up": _whole_seconds(p.started_at, now),
+                    "job_url": job_url(p.job_id) if p.job_id else "",
+                    "job_short": str(p.job_id)[:8] if p.job_id else "",
+                }
+            )
+        clusters.append({"cluster": c, "rows": rows})
+    return {"workers": found, "worker_clusters": clusters, "workers_window": found.alive_seconds}
+
+
+def render_panel(request: HttpRequest, now: datetime | None = None) -> str:
+    return render_to_string("jobstate/workers_panel.html", panel_context(now), request=request)
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(admin.ModelAdmin):
+    """Every process row, alive or dead: read-only (the processes write them)."""
+
+    list_display = ("name", "role", "state_col", "job_col", "seen_col", "started_at", "jobs_done")
+    list_filter = ("role", "cluster")
+    search_fields = ("name", "cluster", "host")
+    ordering = ("cluster", "role", "name")
+    list_per_page = 100
+    show_facets = admin.ShowFacets.NEVER
+    actions = None
+
+    class Media:
+        css = {"all": ("jobstate/admin.css",)}
+
+    # Read-only; visible to whoever may view jobs.
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return any(user.has_perm(f"jobstate.{p}") for p in ("view_workerprocess", "view_job"))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a dead row goes by itself (services.workers.forget_dead)
+
+    @staticmethod
+    def _alive(obj: WorkerProcess) -> bool:
+        return obj.seen_at >= timezone.now() - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
+
+    @admin.display(description="state")
+    def state_col(self, obj: WorkerProcess) -> SafeString:
+        if not self._alive(obj):
+            return state_badge("dead")
+        if obj.role != WorkerProcess.Role.WORKER:
+            return state_badge("alive")
+        return state_badge("busy" if obj.job_id else "idle")
+
+    @admin.display(description="current job")
+    def job_col(self, obj: WorkerProcess) -> SafeString:
+        if not obj.job_id or not self._alive(obj):
+            return format_html("{}", "—")
+        return format_html('<a href="{}"><code>{}</code></a>', job_url(obj.job_id), str(obj.job_id)[:8])
+
+    @admin.display(description="last heartbeat", ordering="seen_at")
+    def seen_col(self, obj: WorkerProcess) -> str:
+        return f"{_whole_seconds(obj.seen_at, timezone.now())} ago"

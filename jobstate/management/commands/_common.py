@@ -1,0 +1,66 @@
+"""Shared by the jobstate commands: find a job by id, say what went wrong in one line."""
+
+from __future__ import annotations
+
+import getpass
+import uuid
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import CommandError
+
+from jobstate import services
+from jobstate.exceptions import InvalidParameters
+from jobstate.models import Job
+
+
+def cli_actor() -> services.Actor:
+    """Changes made from the command line are recorded as ``cli:<os user>``."""
+    try:
+        who = getpass.getuser()
+    except Exception:  # no user name in this environment (some containers)
+        who = "unknown"
+    return services.Actor(f"cli:{who}")
+
+
+def job_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw.strip())
+    except (ValueError, AttributeError):
+        raise CommandError(
+            f"'{raw}' is not a job id: give the full UUID, like 3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
+        ) from None
+
+
+def get_job(raw: str) -> Job:
+    pk = job_id(raw)
+    try:
+        return Job.objects.select_related("owner").get(pk=pk)
+    except Job.DoesNotExist:
+        raise CommandError(f"No job {pk}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """A ValidationError's messages (``field: message; ...``) or the error's text."""
+    if isinstance(exc, InvalidParameters):
+        return "; ".join(f"parameters: {field}: {_flat(errors)}" for field, errors in exc.errors.items())
+    if isinstance(exc, ValidationError):
+        if hasattr(exc, "error_dict"):
+            parts = []
+            for field, errors in exc.message_dict.items():
+                for message in errors:
+                    parts.append(message if field in ("__all__", "kind") else f"{field}: {message}")
+            return "; ".join(parts)
+        return "; ".join(str(m) for m in exc.messages)
+    return str(exc).replace("\n", " ")
+
+
+def _flat(errors: object) -> str:
+    if isinstance(errors, dict):
+        return "; ".join(f"{k}: {_flat(v)}" for k, v in errors.items())
+    if isinstance(errors, (list, tuple)):
+        return " ".join(_flat(e) for e in errors)
+    return str(errors)
+
+
+def fail(exc: BaseException, prefix: str = "") -> CommandError:
+    return CommandError(f"{prefix}{one_line(exc)}")

@@ -1,0 +1,122 @@
+"""What a scrape reports, taken as one snapshot and cached per process: the
+current-state gauges (a few grouped queries) and the counters (``totals.fold``).
+
+A scrape is served from memory while the snapshot is younger than
+METRICS_CACHE_SECONDS; past that, the first scrape starts one background
+refresh and keeps serving the previous snapshot (stale by at most one refresh),
+so a scrape never waits on a count over millions of rows except the very first
+one of a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import close_old_connections, connection
+from django.db.models import Count, Max, Min
+from django.utils import timezone
+
+from jobstate import conf
+from jobstate.metrics import totals
+from jobstate.models import Job
+from jobstate.services import workers
+from jobstate.states import Status
+
+logger = logging.getLogger("jobstate.metrics")
+
+
+@dataclass
+class Snapshot:
+    taken_at: float  # time.time()
+    jobs: dict[tuple[str, str], int] = field(default_factory=dict)
+    oldest_ready: dict[str, float] = field(default_factory=dict)
+    stuck: dict[str, int] = field(default_factory=dict)
+    workers: dict[tuple[str, str], int] = field(default_factory=dict)
+    clusters: dict[str, float] = field(default_factory=dict)
+    totals: totals.Totals = field(default_factory=lambda: totals.Totals())
+    seconds: float = 0.0
+
+
+def stuck_counts(now: datetime) -> dict[str, int]:
+    """Jobs per stuck reason (``jobstate.stuck.count_stuck``, capped like the admin's)."""
+    from jobstate.stuck import count_stuck
+
+    return count_stuck(now)
+
+
+def take(now: datetime | None = None) -> Snapshot:
+    started = time.monotonic()
+    now = now or timezone.now()
+    snap = Snapshot(taken_at=now.timestamp())
+    for kind, status, n in Job.objects.order_by().values_list("kind", "status").annotate(n=Count("pk")):
+        snap.jobs[(kind, status)] = n
+    ready = (
+        Job.objects.filter(status=Status.QUEUED, run_after__lte=now)
+        .order_by()
+        .values_list("kind")
+        .annotate(oldest=Min("run_after"))
+    )
+    snap.oldest_ready = {kind: max(0.0, (now - oldest).total_seconds()) for kind, oldest in ready}
+    snap.stuck = stuck_counts(now)
+    alive = workers.alive(now).order_by()
+    for cluster, role, n in alive.values_list("cluster", "role").annotate(n=Count("pk")):
+        snap.workers[(cluster, role)] = n
+    for cluster, seen in alive.values_list("cluster").annotate(seen=Max("seen_at")):
+        snap.clusters[cluster] = seen.timestamp()
+    snap.totals = totals.fold(now)
+    snap.seconds = time.monotonic() - started
+    return snap
+
+
+_lock = threading.Lock()
+_current: Snapshot | None = None
+_refreshing = False
+
+
+def reset() -> None:
+    global _current
+    with _lock:
+        _current = None
+
+
+def current() -> Snapshot:
+    """The cached snapshot; taken now if there is none or caching is off."""
+    global _current, _refreshing
+    ttl = float(conf.get("METRICS_CACHE_SECONDS"))
+    snap = _current
+    if snap is None or ttl <= 0:
+        snap = take()
+        with _lock:
+            _current = snap
+        return snap
+    if time.time() - snap.taken_at > ttl:
+        with _lock:
+            start, _refreshing = not _refreshing, True
+        if start:
+            threading.Thread(target=_refresh, name="jobstate-metrics-refresh", daemon=True).start()
+    return snap
+
+
+def _refresh() -> None:
+    global _current, _refreshing
+    try:
+        snap = take()
+        with _lock:
+            _current = snap
+    except Exception:  # the next scrape tries again
+        logger.exception("Refreshing the jobstate metrics failed")
+    finally:
+        with _lock:
+            _refreshing = False
+        if not connection.in_atomic_block:
+            connection.close()
+        close_old_connections()
+
+
+def age(snap: Snapshot) -> Any:
+    return max(0.0, time.time() - snap.taken_at)

@@ -1,0 +1,43 @@
+"""``metrics/``: the Prometheus text exposition, behind METRICS_ACCESS."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from jobstate import conf
+from jobstate.metrics.collector import registry
+
+_registry = None
+
+
+def allowed(request: HttpRequest) -> bool:
+    access = conf.get("METRICS_ACCESS")
+    if access == "open":
+        return True
+    token = str(conf.get("METRICS_TOKEN") or "")
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
+        return True
+    if access == "staff":
+        user = getattr(request, "user", None)
+        return bool(user is not None and user.is_authenticated and user.is_staff and user.is_active)
+    return False
+
+
+@never_cache
+def metrics(request: HttpRequest) -> HttpResponse:
+    global _registry
+    if not allowed(request):
+        user = getattr(request, "user", None)
+        if request.headers.get("Authorization") or (user is not None and user.is_authenticated):
+            return HttpResponse("Forbidden\n", status=403, content_type="text/plain")
+        response = HttpResponse("Authentication required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    if _registry is None:
+        _registry = registry()
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

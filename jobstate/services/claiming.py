@@ -1,0 +1,203 @@
+"""Claiming ready jobs: ``claim`` reserves a batch in one round trip.
+
+Split from ``lease`` (what a worker does with a job it holds) to keep each
+module small; ``jobstate.services.lease.claim`` and ``jobstate.services.claim``
+are this function.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from jobstate import conf, registry
+from jobstate.models import Job, JobEvent
+from jobstate.services.actors import Actor
+from jobstate.services.transitions import announce
+from jobstate.states import Status
+
+
+def _lease(now: datetime, lease_seconds: float | None) -> datetime:
+    return now + timedelta(seconds=lease_seconds or conf.get("LEASE_SECONDS"))
+
+
+def claim(
+    worker_id: str,
+    kinds: list[str] | None = None,
+    limit: int = 1,
+    *,
+    lease_seconds: float | None = None,
+    now: datetime | None = None,
+) -> list[Job]:
+    """Atomically take up to ``limit`` ready jobs, each under a fresh lease token.
+
+    One round trip for the whole batch: on PostgreSQL a single statement locks
+    the candidates (``FOR UPDATE SKIP LOCKED``), reserves them and writes their
+    ``claim`` history rows; on SQLite, whose IMMEDIATE transactions serialize
+    claimers, an ``UPDATE ... RETURNING`` that re-checks the status, then one
+    bulk insert of the history rows. Per-kind concurrency limits count
+    processing jobs under a per-kind lock first, so they hold across every
+    worker and machine. A claimed job is reserved, not running: ``begin``
+    charges the attempt and sets ``started_at`` when a worker starts it.
+    Returned in claim order (priority, then ``run_after``, then age).
+    """
+    now = now or timezone.now()
+    limits = registry.concurrency_limits()
+    if kinds is not None:
+        limits = {k: v for k, v in limits.items() if k in kinds}
+    if limit < 1 or kinds == []:
+        return []
+    postgres = connection.vendor == "postgresql"
+    actor = Actor.worker(worker_id)
+    with transaction.atomic():
+        picked, params = _ready(kinds, limit, now, postgres)
+        if limits:
+            ids = _within_limits(limits, picked, params, limit)
+            if not ids:
+                return []
+            picked, params = _ids(ids)
+        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres)
+        if not postgres and jobs:
+            JobEvent.objects.bulk_create([_claim_event(job, actor, now) for job in jobs])
+        for job in jobs:
+            announce(job.pk, Status.QUEUED, Status.PROCESSING, "claim", actor, now=now)
+    return jobs
+
+
+def _prep(field: str, value: Any, model: Any = Job) -> Any:
+    return model._meta.get_field(field).get_db_prep_value(value, connection)
+
+
+def _ready(kinds: list[str] | None, limit: int, now: datetime, postgres: bool) -> tuple[str, list[Any]]:
+    """SELECT of the ids of the next ready jobs, in claim order (locked on PostgreSQL)."""
+    params: list[Any] = [str(Status.QUEUED), _prep("run_after", now)]
+    where = ""
+    if kinds is not None:
+        where = f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
+        params.extend(kinds)
+    lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
+    sql = (
+        f"SELECT id FROM {Job._meta.db_table} WHERE status = %s AND run_after <= %s{where} "
+        f"ORDER BY priority DESC, run_after, created_at LIMIT %s{lock}"
+    )
+    return sql, [*params, limit]
+
+
+def _ids(ids: list[Any]) -> tuple[str, list[Any]]:
+    placeholders = ", ".join(["%s"] * len(ids))
+    return f"SELECT id FROM {Job._meta.db_table} WHERE id IN ({placeholders})", [
+        _prep("id", pk) for pk in ids
+    ]
+
+
+def _within_limits(limits: dict[str, int], picked: str, params: list[Any], limit: int) -> list[Any]:
+    """Ids of candidates that fit their kind's concurrency limit, in claim order.
+
+    Candidates of kinds that are full are skipped; up to four times ``limit``
+    are looked at (and locked until the claim commits) so that one full kind
+    does not starve the others.
+    """
+    _lock_kinds(sorted(limits))
+    running = dict(
+        Job.objects.filter(status=Status.PROCESSING, kind__in=list(limits))
+        .values("kind")
+        .annotate(n=Count("id"))
+        .values_list("kind", "n")
+    )
+    room = {k: limit_ - running.get(k, 0) for k, limit_ in limits.items()}
+    full = [k for k, r in room.items() if r <= 0]
+    if full:
+        # Never a candidate: no lock taken on them.
+        head, _, tail = picked.partition(" ORDER BY ")
+        picked = f"{head} AND kind NOT IN ({', '.join(['%s'] * len(full))}) ORDER BY {tail}"
+        params = [*params[:-1], *full, params[-1]]
+    params[-1] = limit * 4
+    ids: list[Any] = []
+    with connection.cursor() as cursor:
+        cursor.execute(picked.replace("SELECT id ", "SELECT id, kind ", 1), params)
+        for pk, kind in cursor.fetchall():
+            if kind in room:
+                if room[kind] <= 0:
+                    continue
+                room[kind] -= 1
+            ids.append(pk)
+            if len(ids) == limit:
+                break
+    return ids
+
+
+def _reserve(
+    picked: str,
+    params: list[Any],
+    worker_id: str,
+    actor: Actor,
+    now: datetime,
+    expires: datetime,
+    postgres: bool,
+) -> list[Job]:
+    """Reserve the picked queued jobs under fresh lease tokens; on PostgreSQL the
+    same statement writes their claim events."""
+    table = Job._meta.db_table
+    token = "gen_random_uuid()" if postgres else "lower(hex(randomblob(16)))"
+    # Reserved, not running: begin() sets started_at and charges the attempt.
+    # claimed_watermark: what this attempt runs on; complete() compares it with
+    # the input watermark, so an enqueue raising it meanwhile queues a re-run.
+    assignments = (
+        f"status = %s, worker_id = %s, lease_token = {token}, lease_expires_at = %s, heartbeat_at = %s, "
+        "started_at = NULL, claimed_watermark = input_watermark, updated_at = %s"
+    )
+    stamp = _prep("updated_at", now)
+    values = [str(Status.PROCESSING), worker_id[:200], _prep("lease_expires_at", expires), stamp, stamp]
+    if not postgres:
+        update = f"UPDATE {table} SET {assignments} WHERE status = %s AND id IN ({picked}) RETURNING *"
+        values += [str(Status.QUEUED), *params]
+    else:
+        # ``= ANY(ARRAY(...))``: the picked ids are computed once (an InitPlan)
+        # and looked up by primary key; as ``IN (subquery)`` the planner may
+        # scan the whole table for the UPDATE.
+        update = (
+            f"WITH claimed AS (UPDATE {table} SET {assignments} "
+            f"WHERE id = ANY(ARRAY({picked})) AND status = %s RETURNING *), "
+            f"events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, transition, "
+            "actor_label, reason, metadata, created_at) SELECT id, %s, %s, 'claim', %s, '', "
+            "jsonb_build_object('attempt', attempts + 1), %s FROM claimed) SELECT * FROM claimed"
+        )
+        values = [
+            *values,
+            *params,
+            str(Status.QUEUED),
+            str(Status.QUEUED),
+            str(Status.PROCESSING),
+            actor.label[:200],
+            _prep("created_at", now, JobEvent),
+        ]
+    jobs = list(Job.objects.raw(update, values))
+    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.created_at))
+    return jobs
+
+
+def _claim_event(job: Job, actor: Actor, now: datetime) -> JobEvent:
+    return JobEvent(
+        job_id=job.pk,
+        from_status=Status.QUEUED,
+        to_status=Status.PROCESSING,
+        transition="claim",
+        actor_label=actor.label,
+        metadata={"attempt": job.attempts + 1},
+        created_at=now,
+    )
+
+
+def _lock_kinds(kinds: list[str]) -> None:
+    if connection.vendor != "postgresql":
+        return  # SQLite: the IMMEDIATE transaction already holds the write lock.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('jobstate:' || k)) "
+            "FROM unnest(%s::text[]) AS k ORDER BY k",
+            [kinds],
+        )

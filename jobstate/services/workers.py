@@ -1,0 +1,75 @@
+"""Who is alive: the heartbeats of cluster processes (``WorkerProcess`` rows)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from jobstate import conf
+from jobstate.models.worker import WorkerProcess
+
+
+def beat(
+    name: str,
+    *,
+    cluster: str,
+    role: str,
+    job_id: Any = None,
+    finished: int = 0,
+    now: datetime | None = None,
+) -> None:
+    """Record that process ``name`` is alive (running ``job_id``, or idle when None).
+
+    One UPDATE in the common case; the first beat of a process inserts its row.
+    ``finished`` adds to the process's count of jobs done.
+    """
+    now = now or timezone.now()
+    values: dict[str, Any] = {"seen_at": now, "job_id": job_id}
+    if finished:
+        values["jobs_done"] = F("jobs_done") + finished
+    if WorkerProcess.objects.filter(name=name).update(**values):
+        return
+    host, _, pid = name.rpartition(":")
+    try:
+        with transaction.atomic():
+            WorkerProcess.objects.create(
+                name=name[:200],
+                cluster=cluster[:200],
+                host=(host.split(":")[0] or socket.gethostname())[:200],
+                pid=int(pid) if pid.isdigit() else os.getpid(),
+                role=role,
+                started_at=now,
+                seen_at=now,
+                job_id=job_id,
+                jobs_done=finished,
+            )
+    except IntegrityError:  # a concurrent first beat of the same name
+        WorkerProcess.objects.filter(name=name).update(**values)
+
+
+def gone(name: str) -> None:
+    """A process that stops cleanly removes its row."""
+    WorkerProcess.objects.filter(name=name).delete()
+
+
+def alive(now: datetime | None = None) -> QuerySet[WorkerProcess]:
+    """Processes seen within ``WORKER_ALIVE_SECONDS``."""
+    now = now or timezone.now()
+    return WorkerProcess.objects.filter(
+        seen_at__gte=now - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
+    )
+
+
+def forget_dead(older_than_seconds: float = 24 * 3600, now: datetime | None = None) -> int:
+    """Delete rows of processes not seen for ``older_than_seconds``; returns how many."""
+    now = now or timezone.now()
+    deleted, _ = WorkerProcess.objects.filter(
+        seen_at__lt=now - timedelta(seconds=older_than_seconds)
+    ).delete()
+    return deleted

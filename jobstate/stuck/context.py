@@ -1,0 +1,92 @@
+"""What every stuck reason shares: the time, thresholds, handler timeouts and the
+kinds a worker is serving right now."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections
+from django.db.models import Model
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from jobstate import conf, registry
+from jobstate.models import Job
+from jobstate.states import TERMINAL, Status
+
+
+def _seconds(name: str) -> timedelta:
+    return timedelta(seconds=float(conf.get(name)))
+
+
+def _ago(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "never"
+    return f"{timesince(moment, now)} ago" if moment <= now else "in the future"
+
+
+class Context:
+    """Per-call values shared by the reasons: the time, and (lazily) which kinds a
+    worker is serving right now."""
+
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now or timezone.now()
+        self._served: frozenset[str] | None = None
+        self._unserved: list[str] | None = None
+
+    @property
+    def served_kinds(self) -> frozenset[str]:
+        if self._served is None:
+            self._served = served_kinds(self.now)
+        return self._served
+
+    @property
+    def unserved_kinds(self) -> list[str]:
+        """Stored kinds that no worker is visibly serving (usually none)."""
+        if self._unserved is None:
+            self._unserved = sorted(set(distinct_values(Job, "kind")) - self.served_kinds)
+        return self._unserved
+
+
+def distinct_values(model: type[Model], column: str, limit: int = 200, using: str = "default") -> list[Any]:
+    """Distinct non-null values of an indexed column, hopping through its index
+    (one index probe per value instead of a scan of every row)."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table, col = qn(model._meta.db_table), qn(column)
+    sql = (
+        f"WITH RECURSIVE v(x) AS ("
+        f" SELECT MIN({col}) FROM {table}"
+        f" UNION ALL"
+        f" SELECT (SELECT MIN({col}) FROM {table} WHERE {col} > v.x) FROM v WHERE v.x IS NOT NULL"
+        f") SELECT x FROM v WHERE x IS NOT NULL LIMIT %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [limit])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def timeouts() -> tuple[dict[str, float], float]:
+    """(per-kind handler timeouts, the default for every other kind), seconds."""
+    custom = {name: float(spec.timeout) for name, spec in registry.all_handlers().items() if spec.timeout}
+    return custom, float(conf.get("DEFAULT_TIMEOUT"))
+
+
+def timeout_for(kind: str) -> float:
+    custom, default = timeouts()
+    return custom.get(kind, default)
+
+
+def served_kinds(now: datetime | None = None) -> frozenset[str]:
+    """Kinds a worker is visibly serving: a job of that kind is running with a fresh
+    heartbeat, or one finished within the queued-past-due window."""
+    now = now or timezone.now()
+    fresh = now - _seconds("STUCK_NO_HEARTBEAT_SECONDS")
+    window = now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
+    running = Job.objects.filter(status=Status.PROCESSING, heartbeat_at__gte=fresh)
+    finished = Job.objects.filter(status__in=TERMINAL, finished_at__gte=window)
+    kinds: set[str] = set()
+    for qs in (running, finished):
+        kinds.update(qs.order_by().values_list("kind", flat=True).distinct())
+    return frozenset(kinds)

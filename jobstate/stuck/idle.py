@@ -1,0 +1,74 @@
+"""Reasons a job no worker holds is stuck: queued past due with no worker serving
+its kind, waiting for children none of which is active any more, failed for
+good and not retried."""
+
+from __future__ import annotations
+
+from django.db.models import Exists, OuterRef, Q
+
+from jobstate.models import Job
+from jobstate.states import ACTIVE, Status
+from jobstate.stuck.codes import OPERATOR_FAILED
+from jobstate.stuck.context import Context, _ago, _seconds
+
+
+def _q_queued_no_worker(ctx: Context) -> Q:
+    # Positive on the (few, usually zero) unserved kinds, so the (kind, status)
+    # index answers it; with none, the filter matches nothing without a query.
+    due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
+    return Q(status=Status.QUEUED, run_after__lt=due, kind__in=ctx.unserved_kinds)
+
+
+def _is_queued_no_worker(job: Job, ctx: Context) -> bool:
+    due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
+    return job.status == Status.QUEUED and job.run_after < due and job.kind not in ctx.served_kinds
+
+
+def _q_waiting_no_children(ctx: Context) -> Q:
+    """Waiting jobs none of whose children is active (the wake-up was lost: the
+    transaction that ended the last child should have woken it)."""
+    live = Job.objects.filter(parent_id=OuterRef("pk"), status__in=ACTIVE)
+    return Q(status=Status.WAITING) & ~Q(Exists(live))
+
+
+def _is_waiting_no_children(job: Job, ctx: Context) -> bool:
+    return (
+        job.status == Status.WAITING and not Job.objects.filter(parent_id=job.pk, status__in=ACTIVE).exists()
+    )
+
+
+def _q_recently_failed(ctx: Context) -> Q:
+    since = ctx.now - _seconds("STUCK_RECENT_FAILURE_SECONDS")
+    retried = Exists(Job.objects.filter(retry_of=OuterRef("pk")))
+    return Q(status=Status.FAILED, finished_at__gte=since) & ~Q(error_type=OPERATOR_FAILED) & ~Q(retried)
+
+
+def _is_recently_failed(job: Job, ctx: Context) -> bool:
+    since = ctx.now - _seconds("STUCK_RECENT_FAILURE_SECONDS")
+    return (
+        job.status == Status.FAILED
+        and job.finished_at is not None
+        and job.finished_at >= since
+        and job.error_type != OPERATOR_FAILED
+        and not Job.objects.filter(retry_of=job.pk).exists()
+    )
+
+
+def _describe_queued(job: Job, ctx: Context) -> str:
+    return (
+        f"Due {_ago(job.run_after, ctx.now)} and still queued: no worker has run a '{job.kind}' job recently."
+    )
+
+
+def _describe_waiting(job: Job, ctx: Context) -> str:
+    return (
+        f"Waiting for its children since {_ago(job.updated_at, ctx.now)}, but none of them is "
+        "queued or running any more: nothing will wake it."
+    )
+
+
+def _describe_failed(job: Job, ctx: Context) -> str:
+    return (
+        f"Failed {_ago(job.finished_at, ctx.now)} after attempt {job.attempts}/{job.max_attempts}: "
+        f"{(job.error_message or '').strip()[:200]}"
+    )

@@ -1,0 +1,66 @@
+"""jobstate as a backend of Django's tasks framework (``django.tasks`` on Django
+6.0+, the ``django-tasks`` backport on 5.2)::
+
+    TASKS = {"default": {"BACKEND": "jobstate.tasks.JobstateBackend"}}
+
+See docs/howto/django-tasks.md. Importing this package does not import the
+tasks framework; its names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "JobstateBackend",
+    "JobstateTask",
+    "JobstateTaskContext",
+    "current",
+    "enqueue_on_commit",
+    "install",
+]
+
+_LAZY = {"JobstateBackend", "JobstateTask", "JobstateTaskContext", "current", "enqueue_on_commit"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from jobstate.tasks import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module 'jobstate.tasks' has no attribute {name!r}")
+
+
+def configured_aliases() -> list[str]:
+    """Aliases in ``settings.TASKS`` whose backend is jobstate's."""
+    from django.conf import settings
+
+    tasks = getattr(settings, "TASKS", None) or {}
+    return [
+        alias
+        for alias, config in tasks.items()
+        if isinstance(config, dict) and str(config.get("BACKEND", "")).startswith("jobstate.tasks")
+    ]
+
+
+def install() -> None:
+    """Called from ``JobstateConfig.ready()``: when a ``TASKS`` backend is
+    jobstate's, import every installed app's ``tasks`` module and the backends'
+    ``OPTIONS["MODULES"]``, so that each process (workers included) has every
+    task's kind registered before it claims or reads jobs."""
+    from django.conf import settings
+    from django.utils.module_loading import autodiscover_modules
+
+    aliases = configured_aliases()
+    if not aliases:
+        return
+    import importlib
+
+    from jobstate import hooks
+    from jobstate.tasks.backend import on_transition
+
+    hooks.transitioned.register(on_transition)
+    autodiscover_modules("tasks")
+    for alias in aliases:
+        for module in settings.TASKS[alias].get("OPTIONS", {}).get("MODULES", []):
+            importlib.import_module(module)

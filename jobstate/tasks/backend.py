@@ -1,0 +1,371 @@
+"""``JobstateBackend``: Django's tasks framework on jobstate's jobs.
+
+Each ``@task`` function is a jobstate kind (its module path, or the ``kind`` it
+gives; tasks of a queue other than "default" get the queue as a prefix:
+``"emails:myapp.tasks.send"``). The kind is registered in jobstate's handler
+registry the first time the backend validates the task (at decoration), so the
+same workers, leases, retries, admin and API serve it. A job stores the call as
+``{"args": [...], "kwargs": {...}}``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, cast
+
+from django.apps import apps
+from django.core import checks
+from django.db import transaction
+from django.db.models import Model
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from jobstate import registry, services
+from jobstate.exceptions import UnknownKind
+from jobstate.models import Job
+from jobstate.states import TERMINAL
+from jobstate.tasks.compat import (
+    DEFAULT_TASK_QUEUE_NAME,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from jobstate.tasks.options import kind_of, option, validate_options
+from jobstate.tasks.results import build_result
+
+# The ``jobstate.worker.context.JobContext`` a worker passes to handlers. Not
+# imported: tasks and worker are sibling layers (issue 11), and the worker passes it in.
+JobContext = Any
+
+
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("jobstate_task", default=None)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobstateTask(Task):  # type: ignore[type-arg]  # generic in the stubs only
+    """A ``Task`` with jobstate's per-task options (``@task(max_attempts=5, ...)``).
+
+    ``kind``: the job kind (default: the function's module path). ``max_attempts``,
+    ``timeout`` (seconds per attempt), ``concurrency`` (running at once, across
+    every worker), ``retry_backoff`` (seconds, or a callable attempt -> seconds):
+    as for ``@jobstate.handler``. ``key``: an idempotency key, a string or a
+    callable receiving the task's arguments; while a job with that key is active,
+    enqueueing returns it instead of a new one. ``owner``: the user the job
+    belongs to (set per call with ``.using(owner=user)``).
+    """
+
+    kind: str | None = None
+    max_attempts: int | None = None
+    timeout: float | None = None
+    concurrency: int | None = None
+    retry_backoff: Any = None
+    key: Any = None
+    owner: Any = None
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        owner: Any = None,
+        key: Any = None,
+    ) -> JobstateTask:
+        changes: dict[str, Any] = {}
+        for name, value in (
+            ("priority", priority),
+            ("queue_name", queue_name),
+            ("run_after", run_after),
+            ("backend", backend),
+            ("owner", owner),
+            ("key", key),
+        ):
+            if value is not None:
+                changes[name] = value
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobstateTaskContext(TaskContext):  # type: ignore[type-arg, misc]  # generic, and not frozen, in the stubs only
+    """Django's ``TaskContext`` plus ``jobstate``: the running job's ``JobContext``
+    (``progress()``, ``heartbeat()``, ``add_asset()``, ``check_cancelled()``, ``job``)."""
+
+    jobstate: Any
+
+
+def current() -> JobContext:
+    """The ``JobContext`` of the task running in this worker (any task, with or
+    without ``takes_context``); ``RuntimeError`` outside one."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("jobstate.tasks.current() is only available while a task runs in a worker")
+    return ctx
+
+
+def _spec(kind: str) -> Any:
+    try:
+        return registry.get_handler(kind)
+    except UnknownKind:
+        return None
+
+
+def register(task: Task[..., Any], queue: str | None = None) -> str:
+    """Register ``task``'s kind (in ``queue``, default: its own) in jobstate's
+    handler registry, once per kind and options; return the kind. ``InvalidTask``
+    if the kind belongs to something else."""
+    kind = kind_of(task, queue)
+    wanted = (
+        task.func,
+        option(task, "max_attempts"),
+        option(task, "timeout"),
+        option(task, "concurrency"),
+        option(task, "retry_backoff"),
+    )
+    existing = _spec(kind)
+    if existing is not None:
+        held = getattr(existing.func, "jobstate_task", None)
+        if held is None or held.func is not task.func:
+            raise InvalidTask(
+                f"The job kind {kind!r} is already registered for "
+                f"{getattr(held, 'module_path', None) or existing.func!r}; give this task its own kind=."
+            )
+        if getattr(existing.func, "jobstate_options", None) == wanted:
+            return kind
+    options: dict[str, Any] = {"api": False}  # task kinds are enqueued from code, not through the API
+    registry.unregister(kind)
+    registry.handler(
+        kind,
+        max_attempts=option(task, "max_attempts"),
+        timeout=option(task, "timeout"),
+        concurrency=option(task, "concurrency"),
+        retry_backoff=option(task, "retry_backoff"),
+        **options,
+    )(_handler(task, wanted))
+    return kind
+
+
+def _handler(task: Task[..., Any], wanted: tuple[Any, ...]) -> Callable[[JobContext], Any]:
+    def run(ctx: JobContext) -> Any:
+        return execute(task, ctx)
+
+    run.__module__ = task.func.__module__
+    run.__qualname__ = task.func.__qualname__
+    run.__name__ = task.func.__name__
+    run.__doc__ = task.func.__doc__ or f"Task {task.module_path}"
+    run.jobstate_task = task  # type: ignore[attr-defined]
+    run.jobstate_options = wanted  # type: ignore[attr-defined]
+    return run
+
+
+def execute(task: Task[..., Any], ctx: JobContext) -> Any:
+    """Run one attempt of a task job in a worker: what the registered handler does."""
+    parameters = ctx.job.parameters or {}
+    args = list(parameters.get("args") or [])
+    kwargs = dict(parameters.get("kwargs") or {})
+    rebuilt = rebuild_task(task, ctx.job)
+    result = build_result(ctx.job, rebuilt)
+    if len(_running) >= RUNNING_LIMIT:  # attempts that lost their lease are never seen to end here
+        _running.pop(next(iter(_running)))
+    _running[ctx.job.pk] = Attempt(rebuilt, result)
+    task_started.send(JobstateBackend, task_result=result)
+    token = _current.set(ctx)
+    value: Any
+    try:
+        if task.takes_context:
+            value = task.call(JobstateTaskContext(task_result=result, jobstate=ctx), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+    finally:
+        _current.reset(token)
+    value = normalize_json(value)
+    attempt = _running.get(ctx.job.pk)
+    if attempt is not None:
+        attempt.returned, attempt.value = True, value
+    return value
+
+
+class Attempt:
+    """A task attempt running in this process: what ``task_finished`` needs."""
+
+    __slots__ = ("result", "returned", "task", "value")
+
+    def __init__(self, task: Task[..., Any], result: Any) -> None:
+        self.task, self.result = task, result
+        self.returned, self.value = False, None
+
+
+# Task jobs whose attempt runs in this process (for task_finished).
+_running: dict[Any, Attempt] = {}
+RUNNING_LIMIT = 10_000
+
+
+def on_transition(change: Any) -> None:
+    """``hooks.transitioned`` (inside the transaction): once a task job whose attempt
+    ran in this process reaches a final state, send ``task_finished`` after the commit."""
+    attempt = _running.pop(change.job_id, None) if _running else None
+    if attempt is None:
+        return
+    if change.to_status not in TERMINAL:
+        if change.to_status == "processing":  # still running (a relabel, a cancel request)
+            _running[change.job_id] = attempt
+        return
+    if change.to_status == "completed" and attempt.returned:
+        # The common case needs no query: the attempt's start plus what it returned.
+        result = dataclasses.replace(
+            attempt.result,
+            status=TaskResultStatus.SUCCESSFUL,
+            finished_at=change.at or timezone.now(),
+            errors=list(attempt.result.errors),
+            worker_ids=list(attempt.result.worker_ids),
+        )
+        object.__setattr__(result, "_return_value", attempt.value)
+        transaction.on_commit(lambda: task_finished.send(JobstateBackend, task_result=result))
+        return
+
+    def send() -> None:
+        job = Job.objects.filter(pk=change.job_id).first()
+        if job is not None:
+            task_finished.send(JobstateBackend, task_result=build_result(job, attempt.task))
+
+    transaction.on_commit(send)
+
+
+def rebuild_task(base: Task[..., Any], job: Job) -> Task[..., Any]:
+    """The Task a job was enqueued with, from the registered one and the job's row."""
+    parameters = job.parameters or {}
+    run_after = parameters.get("run_after")
+    queue = job.kind.split(":", 1)[0] if ":" in job.kind else DEFAULT_TASK_QUEUE_NAME
+    changes = {
+        "priority": job.priority,
+        "queue_name": queue,
+        "backend": parameters.get("backend", "default"),
+        "run_after": datetime.fromisoformat(run_after) if run_after else None,
+    }
+    if all(getattr(base, name) == value for name, value in changes.items()):
+        return base
+    # A copy, not dataclasses.replace(): the task was validated when it was enqueued,
+    # and validating it again (Task.__post_init__) would only cost time here.
+    task = object.__new__(type(base))
+    for field in dataclasses.fields(base):
+        object.__setattr__(task, field.name, changes.get(field.name, getattr(base, field.name)))
+    return task
+
+
+def task_for_kind(kind: str) -> Task[..., Any] | None:
+    """The registered Task of a job kind; a kind not registered in this process is
+    imported from its module path, if (and only if) that names a Task."""
+    spec = _spec(kind)
+    if spec is not None:
+        return getattr(spec.func, "jobstate_task", None)
+    path = kind.split(":", 1)[1] if ":" in kind else kind
+    if "." not in path:
+        return None
+    try:
+        found = import_string(path)
+    except ImportError:
+        return None
+    if not isinstance(found, Task):
+        return None
+    spec = _spec(kind)
+    return getattr(spec.func, "jobstate_task", None) if spec is not None else None
+
+
+class JobstateBackend(BaseTaskBackend):
+    """``TASKS = {"default": {"BACKEND": "jobstate.tasks.JobstateBackend"}}``.
+
+    ``OPTIONS``: ``MAX_ATTEMPTS`` (attempts for tasks that do not set
+    ``max_attempts``; default: ``JOBSTATE["DEFAULT_MAX_ATTEMPTS"]``),
+    ``MODULES`` (modules to import at startup so workers know their tasks,
+    besides every installed app's ``tasks`` module).
+    """
+
+    task_class = JobstateTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        super().validate_task(task)
+        validate_options(task)
+        register(task)
+        # Workers must know the task's kind in every queue it may be sent to,
+        # though only the enqueuing process ever calls .using(queue_name=...).
+        for queue in sorted(self.queues - {task.queue_name}):
+            register(task, queue)
+
+    def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
+        self.validate_task(task)
+        args, kwargs = list(args), dict(kwargs)
+        parameters = cast("dict[str, Any]", normalize_json({"args": args, "kwargs": kwargs}))
+        if task.backend != "default":
+            parameters["backend"] = task.backend
+        if task.run_after is not None:
+            parameters["run_after"] = task.run_after.isoformat()
+        key = option(task, "key")
+        if callable(key):
+            key = key(*args, **kwargs)
+            if not isinstance(key, str) or not 1 <= len(key) <= 255:
+                raise InvalidTask(
+                    f"The key callable of {task.module_path} returned {key!r}; it must return a "
+                    f"non-empty string of at most 255 characters."
+                )
+        owner = option(task, "owner")
+        max_attempts = option(task, "max_attempts") or self.options.get("MAX_ATTEMPTS")
+        job, created = services.get_or_enqueue(
+            kind_of(task),
+            parameters,
+            owner=owner,
+            key=key,
+            priority=task.priority,
+            run_after=task.run_after,
+            max_attempts=max_attempts,
+            actor=owner if isinstance(owner, Model) else services.Actor.system(f"tasks:{self.alias}"),
+        )
+        if created:
+            result = build_result(job, task, events=[])
+            task_enqueued.send(type(self), task_result=result)
+            return result
+        return build_result(job, rebuild_task(task, job))
+
+    def get_result(self, result_id: str) -> Any:
+        try:
+            pk = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.filter(pk=pk).first()
+        task = task_for_kind(job.kind) if job is not None else None
+        if job is None or task is None:
+            raise TaskResultDoesNotExist(result_id)
+        return build_result(job, rebuild_task(task, job))
+
+    # A generator: Django's checks take any iterable (the stub says list).
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:  # type: ignore[override]
+        yield from super().check(**kwargs)
+        if not apps.is_installed("jobstate"):
+            yield checks.Error(
+                f"{type(self).__name__} is configured in TASKS[{self.alias!r}] but jobstate is not installed",
+                hint="Add 'jobstate' (and 'django_q') to INSTALLED_APPS.",
+                id="jobstate.E901",
+            )
+
+
+def enqueue_on_commit(task: Task[..., Any], *args: Any, using: str | None = None, **kwargs: Any) -> None:
+    """Enqueue ``task`` once the current transaction on ``using`` commits (at once
+    outside one); nothing is enqueued if it rolls back. ``jobstate``'s own
+    ``enqueue`` is already part of the transaction it runs in: use this when the
+    job must not exist before the caller's work is committed elsewhere (another
+    database), or to keep enqueueing out of a long transaction."""
+    transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using)

@@ -1,0 +1,20 @@
+"""Exception classes that name, in a ``TaskResult``'s ``errors``, the ways an
+attempt can end that are not an exception raised by the task itself."""
+
+from __future__ import annotations
+
+
+class TaskTimeout(TimeoutError):
+    """The attempt ran past the task's ``timeout`` (or the worker's hard limit)."""
+
+
+class WorkerLost(Exception):
+    """The worker running the attempt stopped heartbeating; the reaper took the job back."""
+
+
+class OperatorRequeued(Exception):
+    """An operator put the running job back in the queue (admin, API or command)."""
+
+
+class OperatorFailed(Exception):
+    """An operator ended the job ``failed``."""

@@ -1,0 +1,69 @@
+"""The jobstate options a ``@task`` may carry, and the job kind it runs as."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobstate.models import Job
+from jobstate.tasks.compat import DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
+
+KIND_MAX_LENGTH = Job._meta.get_field("kind").max_length or 200
+MAX_ATTEMPTS_LIMIT = 1000
+
+
+def option(task: Task[..., Any], name: str) -> Any:
+    """A jobstate option of ``task`` (None for a plain ``Task`` of another backend's class)."""
+    return getattr(task, name, None)
+
+
+def kind_of(task: Task[..., Any], queue: str | None = None) -> str:
+    """The job kind of ``task`` (in ``queue``, default: the task's own queue)."""
+    base = option(task, "kind") or task.module_path
+    queue = task.queue_name if queue is None else queue
+    if queue != DEFAULT_TASK_QUEUE_NAME:
+        return f"{queue}:{base}"
+    return base
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def validate_options(task: Task[..., Any]) -> None:
+    """Raise ``InvalidTask`` naming the first jobstate option that is wrong."""
+    max_attempts = option(task, "max_attempts")
+    if max_attempts is not None and (
+        not _number(max_attempts) or int(max_attempts) != max_attempts or not 1 <= max_attempts <= 1000
+    ):
+        raise InvalidTask(
+            f"max_attempts must be a whole number between 1 and {MAX_ATTEMPTS_LIMIT} (got {max_attempts!r})."
+        )
+    timeout = option(task, "timeout")
+    if timeout is not None and (not _number(timeout) or not timeout > 0):
+        raise InvalidTask(f"timeout must be a positive number of seconds (got {timeout!r}).")
+    concurrency = option(task, "concurrency")
+    if concurrency is not None and (
+        not _number(concurrency) or int(concurrency) != concurrency or concurrency < 1
+    ):
+        raise InvalidTask(f"concurrency must be a whole number of at least 1 (got {concurrency!r}).")
+    backoff = option(task, "retry_backoff")
+    if backoff is not None and not callable(backoff) and (not _number(backoff) or backoff < 0):
+        raise InvalidTask(
+            f"retry_backoff must be a number of seconds >= 0 or a callable attempt -> seconds "
+            f"(got {backoff!r})."
+        )
+    key = option(task, "key")
+    if key is not None and not callable(key) and (not isinstance(key, str) or not 1 <= len(key) <= 255):
+        raise InvalidTask(
+            f"key must be a non-empty string of at most 255 characters, or a callable that "
+            f"receives the task's arguments (got {key!r})."
+        )
+    kind = option(task, "kind")
+    if kind is not None and (not isinstance(kind, str) or not kind.strip()):
+        raise InvalidTask(f"kind must be a non-empty string (got {kind!r}).")
+    full = kind_of(task)
+    if len(full) > KIND_MAX_LENGTH:
+        raise InvalidTask(
+            f"The job kind {full!r} is longer than {KIND_MAX_LENGTH} characters; give the task a "
+            f"shorter kind=."
+        )

@@ -1,0 +1,171 @@
+"""A jobstate ``Job`` (and its history) read as a Django ``TaskResult``.
+
+Statuses: queued -> READY (new, or waiting for a retry), processing -> RUNNING,
+waiting -> RUNNING (started, and waiting for its children or a time), completed
+-> SUCCESSFUL, partial -> SUCCESSFUL with a ``jobstate.exceptions.Partial``
+entry last in ``errors`` (the partial result is the ``return_value``), failed
+and cancelled -> FAILED (a cancel adds a ``jobstate.exceptions.CancelRequested``
+entry with its reason).
+
+``errors`` holds one entry per attempt that did not succeed, in order, from the
+job's history: the exception the task raised (class path and traceback), or the
+way the attempt ended otherwise (timeout, worker lost, operator requeue or
+fail, cancel).
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from typing import Any
+
+from jobstate.models import Job, JobEvent
+from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+
+STATUSES: dict[str, Any] = {
+    "queued": TaskResultStatus.READY,
+    "processing": TaskResultStatus.RUNNING,
+    "waiting": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "partial": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+# error_type values jobstate itself writes (no exception raised by the task).
+SYNTHETIC = {
+    "Timeout": "jobstate.tasks.exceptions.TaskTimeout",
+    "HardTimeout": "jobstate.tasks.exceptions.TaskTimeout",
+    "WorkerLost": "jobstate.tasks.exceptions.WorkerLost",
+    "OperatorFailed": "jobstate.tasks.exceptions.OperatorFailed",
+    "UnknownKind": "jobstate.exceptions.UnknownKind",
+}
+CANCELLED = "jobstate.exceptions.CancelRequested"
+PARTIAL = "jobstate.exceptions.Partial"
+REQUEUED = "jobstate.tasks.exceptions.OperatorRequeued"
+ENDS_ATTEMPT = frozenset({"complete", "mark_partial", "fail", "requeue", "cancel"})
+
+Row = tuple[str, str, str, dict[str, Any], Any]
+
+
+def status_of(job_status: str) -> Any:
+    return STATUSES[job_status]
+
+
+def exception_path(error_type: str, traceback: str = "") -> str:
+    """The dotted path of the exception class a task raised.
+
+    jobstate stores the class's ``__name__``; the traceback's last header line
+    (``module.Class: message``) gives its module, which Python leaves out for
+    builtins."""
+    if not error_type:
+        return "builtins.Exception"
+    header = re.compile(rf"^((?:[A-Za-z_]\w*\.)*){re.escape(error_type)}(?::|$)")
+    for line in reversed(traceback.splitlines()):
+        match = header.match(line)
+        if match and match.group(1):
+            return match.group(1) + error_type
+        if match:
+            break
+    if isinstance(getattr(builtins, error_type, None), type):
+        return f"builtins.{error_type}"
+    return SYNTHETIC.get(error_type, error_type)
+
+
+def _error(path: str, traceback: str, message: str) -> Any:
+    return TaskError(exception_class_path=path, traceback=traceback or f"{path}: {message}\n")
+
+
+def errors_of(job: Job, rows: list[Row]) -> list[Any]:
+    errors: list[Any] = []
+    for transition, actor, reason, metadata, _at in rows:
+        metadata = metadata or {}
+        if transition in ("fail", "requeue") and "error_type" in metadata:
+            error_type = metadata.get("error_type") or ""
+            traceback = metadata.get("traceback") or ""
+            path = exception_path(error_type, traceback)
+            if not traceback and error_type in SYNTHETIC:
+                path = SYNTHETIC[error_type]
+            errors.append(_error(path, traceback, metadata.get("error") or reason))
+        elif transition == "fail":
+            errors.append(_error(SYNTHETIC.get(job.error_type, "builtins.Exception"), "", reason))
+        elif transition == "requeue" and not metadata.get("suspended"):
+            path = SYNTHETIC["WorkerLost"] if actor == "system:reaper" else REQUEUED
+            errors.append(_error(path, "", reason))
+        elif transition == "cancel":
+            errors.append(_error(CANCELLED, "", reason or "cancelled"))
+        elif transition == "mark_partial":
+            errors.append(_error(PARTIAL, "", reason or "partial"))
+    return errors
+
+
+def _worker(label: str) -> str:
+    return label.split(":", 1)[1] if label.startswith("worker:") else label
+
+
+def worker_ids_of(job: Job, rows: list[Row]) -> list[str]:
+    """One id per attempt: the worker process that ended it (else the one that claimed it)."""
+    ids: list[str] = []
+    ended = True
+    for transition, actor, _reason, _metadata, _at in rows:
+        if transition == "claim":
+            ids.append(_worker(actor))
+            ended = False
+        elif transition in ENDS_ATTEMPT and ids and not ended:
+            ended = True
+            if actor.startswith("worker:"):
+                ids[-1] = _worker(actor)
+    if ids and not ended and job.status == "processing" and job.worker_id:
+        ids[-1] = job.worker_id
+    return ids
+
+
+def history(job: Job) -> list[Row]:
+    return list(
+        JobEvent.objects.filter(job_id=job.pk)
+        .order_by("id")
+        .values_list("transition", "actor_label", "reason", "metadata", "created_at")
+    )
+
+
+def needs_history(job: Job) -> bool:
+    """False when the row alone says everything: a job never claimed and still
+    queued, or running its first attempt (no attempt has ended yet)."""
+    if job.status == "queued":
+        return job.attempts > 0
+    return not (job.status == "processing" and job.attempts == 1)
+
+
+def build_result(job: Job, task: Task[..., Any], events: list[Row] | None = None) -> Any:
+    """The ``TaskResult`` of ``job`` (its history is read unless ``events`` is given)."""
+    if events is None:
+        events = history(job) if needs_history(job) else []
+    claims = [row[4] for row in events if row[0] == "claim"]
+    worker_ids = worker_ids_of(job, events)
+    if not events and job.status == "processing":  # its first attempt, reserved or running
+        claims, worker_ids = [job.started_at], [job.worker_id]
+    # A job a cluster only reserved (no worker process began it yet) is not running.
+    reserved = job.status == "processing" and job.started_at is None
+    status = TaskResultStatus.READY if reserved else status_of(job.status)
+    # ``started_at`` is when the current attempt's handler began; claim events are
+    # reservations, earlier than that. A first attempt's start is the row's own.
+    first = job.started_at if job.attempts <= 1 and job.started_at else (claims[0] if claims else None)
+    last = job.started_at or (claims[-1] if claims else None)
+    parameters = job.parameters or {}
+    result = TaskResult(
+        task=task,
+        id=str(job.pk),
+        status=status,
+        enqueued_at=job.created_at,
+        started_at=first,
+        last_attempted_at=last,
+        finished_at=job.finished_at,
+        args=list(parameters.get("args") or []),
+        kwargs=dict(parameters.get("kwargs") or {}),
+        backend=parameters.get("backend", "default"),
+        errors=errors_of(job, events),
+        worker_ids=worker_ids,
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", job.result)
+    return result

@@ -1,0 +1,34 @@
+"""This process's cached answer to "which events does any endpoint want?".
+
+Kept apart from ``outbox`` (which reads endpoints) so that the endpoint model can
+drop the answer when it changes without the two modules importing each other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+_lock = threading.Lock()
+_wanted: tuple[float, frozenset[str]] | None = None
+
+
+def get() -> frozenset[str] | None:
+    """The cached answer while it is fresh, else None."""
+    cached = _wanted
+    if cached is not None and cached[0] > time.monotonic():
+        return cached[1]
+    return None
+
+
+def put(answer: frozenset[str], ttl: float) -> None:
+    global _wanted
+    with _lock:
+        _wanted = (time.monotonic() + ttl, answer)
+
+
+def forget() -> None:
+    """Drop the cached answer (an endpoint changed)."""
+    global _wanted
+    with _lock:
+        _wanted = None

@@ -1,0 +1,139 @@
+"""The ``jobstate.webhook`` handler: one delivery, one attempt at a time.
+
+Each attempt signs the payload afresh (a new ``webhook-timestamp``) under the
+same ``webhook-id``, posts it, and stores a ``WebhookDelivery`` row with the
+status code, timing and the start of the response. A 2xx completes the job;
+anything else raises, and the job is retried with backoff and jitter until
+WEBHOOK_MAX_ATTEMPTS. A worker killed mid-delivery leaves the job's lease to
+expire; the reaper requeues it and the next attempt sends the same webhook-id
+again (at least once; receivers deduplicate by webhook-id).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import F
+from django.utils import timezone
+
+from jobstate import conf, registry
+from jobstate.exceptions import NonRetryable
+from jobstate.webhooks import signing, transport
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from jobstate.webhooks.outbox import KIND
+
+
+class DeliveryFailed(Exception):
+    """The receiver did not accept the delivery (retried)."""
+
+
+def backoff(attempt: int) -> float:
+    base = float(conf.get("WEBHOOK_BACKOFF_BASE"))
+    delay: float = min(base * 2 ** max(attempt - 1, 0), float(conf.get("WEBHOOK_BACKOFF_MAX")))
+    return delay + random.uniform(0, delay * 0.25)
+
+
+# How a job looks in a payload: the REST API's detail view as the endpoint's owner
+# sees it. The API sits above this layer, so ``JobstateConfig.ready()`` hands its
+# serializer down (``install(serializer=...)``) instead of this module importing it.
+_serializer: Any = None
+
+
+def payload(endpoint: WebhookEndpoint, job: Any, event: str, at: str) -> bytes:
+    """``{"type", "timestamp", "data"}``: ``data`` is the job as the REST API's
+    detail view shows it to the endpoint's owner."""
+    if _serializer is None:
+        raise RuntimeError("jobstate.webhooks is not installed (JobstateConfig.ready() installs it)")
+    request = SimpleNamespace(user=endpoint.owner or AnonymousUser())
+    data = _serializer(job, context={"request": request}).data
+    body = {"type": event, "timestamp": at, "data": data}
+    return json.dumps(body, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
+
+
+def deliver(ctx: Any) -> dict[str, Any]:
+    """Deliver a webhook event (internal)."""
+    from jobstate.models import Job
+
+    params = ctx.job.parameters
+    if ctx.job.owner_id is not None:
+        # Only the outbox queues deliveries (as system jobs); refuse one a user queued.
+        raise NonRetryable("webhook deliveries are queued by jobstate only")
+    endpoint = WebhookEndpoint.objects.select_related("owner").filter(pk=params["endpoint"]).first()
+    if endpoint is None:
+        return {"skipped": "endpoint deleted"}
+    if not endpoint.enabled:
+        return {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
+    job = Job.objects.select_related("owner").prefetch_related("steps").filter(pk=params["job"]).first()
+    if job is None:
+        return {"skipped": "job deleted"}
+    if endpoint.owner_id is not None and job.owner_id != endpoint.owner_id:
+        raise NonRetryable("the endpoint's owner does not own this job")
+    body = payload(endpoint, job, params["event"], params["at"])
+    webhook_id = params["webhook_id"]
+    record = WebhookDelivery(
+        endpoint=endpoint,
+        webhook_id=webhook_id,
+        event=params["event"],
+        job_id=job.pk,
+        delivery_job_id=ctx.job.pk,
+        attempt=ctx.job.attempts,
+    )
+    started = time.monotonic()
+    try:
+        headers = signing.headers(endpoint.signing_secrets(), webhook_id, int(time.time()), body)
+        response = transport.post(endpoint.url, body, headers)
+    except transport.Blocked as exc:
+        _failed(record, endpoint, str(exc), started)
+        raise NonRetryable(str(exc)) from exc
+    except Exception as exc:
+        _failed(record, endpoint, f"{type(exc).__name__}: {exc}", started)
+        raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
+    record.status_code = response.status
+    record.response_body = response.body[:1024].decode("utf-8", "replace")
+    if 200 <= response.status < 300:
+        record.ok = True
+        _save(record, started)
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).exclude(consecutive_failures=0).update(
+            consecutive_failures=0
+        )
+        return {"webhook_id": webhook_id, "status_code": response.status, "attempt": record.attempt}
+    _failed(record, endpoint, f"HTTP {response.status}", started)
+    raise DeliveryFailed(f"the receiver answered HTTP {response.status}")
+
+
+def _save(record: WebhookDelivery, started: float) -> None:
+    record.duration_ms = int((time.monotonic() - started) * 1000)
+    record.save()
+
+
+def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, started: float) -> None:
+    record.error = error[:2000]
+    _save(record, started)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
+    limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
+    reason = f"disabled after {limit} failed attempts in a row; the last: {error}"[:2000]
+    if WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit).update(
+        enabled=False, disabled_at=timezone.now(), disabled_reason=reason
+    ):
+        from jobstate.webhooks import outbox
+
+        outbox.forget()
+
+
+def install(serializer: Any) -> None:
+    """Register the delivery kind; ``serializer`` (a DRF serializer class) shapes payloads."""
+    global _serializer
+    _serializer = serializer
+    registry.handler(
+        KIND,
+        max_attempts=int(conf.DEFAULTS["WEBHOOK_MAX_ATTEMPTS"]),
+        timeout=60,
+        retry_backoff=backoff,
+        api=False,
+    )(deliver)

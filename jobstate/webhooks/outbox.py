@@ -1,0 +1,95 @@
+"""Queueing deliveries in the transaction of the transition they announce.
+
+``on_transition`` runs on ``jobstate.hooks.transitioned`` inside the
+transaction that records the change, and enqueues one ``jobstate.webhook`` job
+per interested endpoint there: the deliveries commit with the change or not at
+all (an outbox), and a worker delivers them, with retries, leases and rescue.
+
+The common case, no endpoint wanting this event, costs no query: a process
+keeps the set of event types any enabled endpoint wants for a second or two.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from jobstate import conf, hooks
+from jobstate.states import TERMINAL, Status
+from jobstate.webhooks import cache
+from jobstate.webhooks.models import WebhookEndpoint
+
+KIND = "jobstate.webhook"
+
+
+def event_type(change: hooks.Transition) -> str | None:
+    """The webhook event a transition is, if any."""
+    if change.to_status in TERMINAL:
+        return f"job.{change.to_status}"
+    if change.transition == "claim":
+        return "job.started"
+    if change.transition in ("step_completed", "step_failed"):
+        return "job.step"
+    if change.from_status == Status.PROCESSING and change.to_status == Status.QUEUED:
+        return "job.requeued"
+    return None
+
+
+forget = cache.forget
+
+
+def wanted_events() -> frozenset[str]:
+    """The event types some enabled endpoint subscribes to (cached per process)."""
+    cached = cache.get()
+    if cached is not None:
+        return cached
+    events: set[str] = set()
+    for row in WebhookEndpoint.objects.filter(enabled=True).values_list("events", flat=True).distinct():
+        events.update(row or [])
+    answer = frozenset(events)
+    cache.put(answer, float(conf.get("WEBHOOK_CACHE_SECONDS")))
+    return answer
+
+
+def on_transition(change: hooks.Transition) -> None:
+    event = event_type(change)
+    if event is None or event not in wanted_events():
+        return
+    from jobstate.models import Job
+
+    row = Job.objects.filter(pk=change.job_id).values_list("kind", "owner_id").first()
+    if row is None:
+        return
+    kind, owner_id = row
+    if kind == KIND:
+        return  # a delivery's own outcome is never announced (no recursion)
+    endpoints = WebhookEndpoint.objects.filter(enabled=True).filter(
+        Q(owner__isnull=True) | Q(owner_id=owner_id) if owner_id is not None else Q(owner__isnull=True)
+    )
+    for endpoint_id, events, kinds in endpoints.values_list("pk", "events", "kinds"):
+        if event in (events or []) and (not kinds or kind in kinds):
+            queue_delivery(endpoint_id, change.job_id, event, change.at)
+
+
+def queue_delivery(endpoint_id: int, job_id: Any, event: str, at: Any = None) -> Any:
+    from jobstate import services
+
+    return services.enqueue(
+        KIND,
+        {
+            "endpoint": endpoint_id,
+            "job": str(job_id),
+            "event": event,
+            "webhook_id": f"msg_{uuid.uuid4().hex}",
+            "at": (at or timezone.now()).isoformat(),
+        },
+        max_attempts=int(conf.get("WEBHOOK_MAX_ATTEMPTS")),
+        actor="system:webhooks",
+    )
+
+
+def install() -> None:
+    hooks.transitioned.register(on_transition)

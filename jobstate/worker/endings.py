@@ -1,0 +1,244 @@
+"""Recording how an attempt ended: the outcome writes of the worker runner.
+
+Every exit of an attempt (listed in ``jobstate.worker.runner``) ends here in a
+final, recorded state with the real error, or, when even that write fails, in
+a lease left to run out into the reaper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import traceback as tb
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+
+from jobstate import services
+from jobstate.exceptions import (
+    CancelRequested,
+    InvalidTransition,
+    LeaseLost,
+    NonRetryable,
+    Partial,
+    Suspend,
+)
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.worker.context import JobContext, lease_token
+from jobstate.worker.supervisor import timeout_for
+
+logger = logging.getLogger("jobstate")
+
+
+def usable_connection(handler_seconds: float) -> None:
+    """Make sure the outcome can be stored: replace this thread's connection if
+    the handler broke it (or, after a long run, if the server dropped it).
+    Not unconditionally: with CONN_MAX_AGE=0 that would reconnect for every job."""
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if connection.errors_occurred or handler_seconds > 30:
+        if not connection.is_usable():
+            connection.close()
+        connection.errors_occurred = False
+
+
+def end_attempt(
+    job: Job,
+    token: Any,
+    error: str,
+    *,
+    error_type: str,
+    traceback: str = "",
+    retry: bool = True,
+    retry_delay: float | None = None,
+    progress: dict[str, Any] | None = None,
+) -> str:
+    """End an attempt that failed or was interrupted: ``cancelled`` if a cancel
+    was requested (a retry would be cancelled anyway, and the last attempt must
+    not end ``failed``), else ``services.fail``. Returns the outcome."""
+    with transaction.atomic():
+        # The row lock keeps a cancel request from landing between the two.
+        requested = (
+            Job.objects.select_for_update()
+            .filter(pk=job.pk)
+            .values_list("cancel_requested_at", flat=True)
+            .first()
+        )
+        if requested is not None:
+            logger.info("Job %s: cancel requested; attempt ended with %s: %s", job.pk, error_type, error)
+            reason = f"cancel requested; the attempt ended with {error_type}: {error}"
+            services.cancel_now(job, token, reason=reason[:1000])
+            return "cancelled"
+        moved = services.fail(
+            job,
+            token,
+            error,
+            error_type=error_type,
+            traceback=traceback,
+            retry=retry,
+            retry_delay=retry_delay,
+            progress=progress,
+        )
+    # No re-read: fail() moved this Job object to its new status.
+    return "retrying" if moved is not None and moved.status == Status.QUEUED else "failed"
+
+
+def release(job: Job, exc: BaseException, why: str) -> str:
+    """Hand back a job whose handler never started (say, the database failed):
+    requeued or failed through the service layer, or cancelled if that was
+    requested. If even that fails, the lease runs out into the reaper."""
+    usable_connection(math.inf)
+    try:
+        return end_attempt(
+            job,
+            job.lease_token,
+            f"{why}: {exc}"[:1000],
+            error_type=type(exc).__name__,
+            traceback="".join(tb.format_exception(exc)),
+        )
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    except Exception:
+        logger.exception("Job %s could not be released; the reaper will take it", job.pk)
+        return "lost"
+
+
+def unknown_kind(job: Job) -> str:
+    """No handler for this kind in this process: fail it, no retry (no attempt charged)."""
+    try:
+        services.fail(
+            job,
+            job.lease_token,
+            f"No handler registered for kind '{job.kind}'",
+            error_type="UnknownKind",
+            retry=False,
+        )
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    return "failed"
+
+
+def cancel_unstarted(job: Job) -> str:
+    """A cancel was requested before the handler started: it never ran."""
+    try:
+        services.cancel_now(job, lease_token(job), reason="cancelled before it started")
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    return "cancelled"
+
+
+def finish(ctx: JobContext, kind: str, value: Any) -> str:
+    """Store the attempt's outcome. Whatever goes wrong here, the attempt ends
+    in a recorded state (or, if nothing can be written, with the reaper)."""
+    try:
+        return _store(ctx, kind, value)
+    except (LeaseLost, InvalidTransition):
+        logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
+        return "lost"
+    except Exception as exc:
+        return _store_failed(ctx, kind, exc)
+
+
+def _store(ctx: JobContext, kind: str, value: Any) -> str:
+    job, token = ctx.job, ctx.token
+    if kind == "ok":
+        try:
+            services.complete(job, token, value, progress=ctx.take_progress())
+        except ValidationError as invalid:
+            return _unstorable(ctx, invalid)
+        return "completed"
+    if kind == "interrupted":
+        if value == "lease":
+            return "lost"
+        if value == "cancel":
+            services.cancel_now(job, token, reason="stopped after the cancel grace period")
+            return "cancelled"
+        return end_attempt(
+            job,
+            token,
+            f"Timed out after {timeout_for(ctx.spec):g} s",
+            error_type="Timeout",
+            retry_delay=_delay(ctx),
+            progress=ctx.take_progress(),
+        )
+    exc: Exception = value
+    if isinstance(exc, CancelRequested):
+        services.cancel_now(job, token)
+        return "cancelled"
+    if isinstance(exc, LeaseLost):
+        logger.warning("Job %s: lease lost, result discarded", job.pk)
+        return "lost"
+    if isinstance(exc, Suspend):
+        _flush_before(ctx)
+        services.suspend(job, token, until=exc.until, reason=exc.reason)
+        return "suspended"
+    if isinstance(exc, Partial):
+        try:
+            services.mark_partial(job, token, exc.result, str(exc), progress=ctx.take_progress())
+        except ValidationError as error:
+            return _unstorable(ctx, error)
+        return "partial"
+    return end_attempt(
+        job,
+        token,
+        str(exc) or type(exc).__name__,
+        error_type=type(exc).__name__,
+        traceback="".join(tb.format_exception(exc)),
+        retry=not isinstance(exc, NonRetryable),
+        retry_delay=_delay(ctx),
+        progress=ctx.take_progress(),
+    )
+
+
+def _flush_before(ctx: JobContext) -> None:
+    """Write pending progress before an outcome that does not store it."""
+    if ctx.progress_due(0) is not None:
+        with contextlib.suppress(CancelRequested):
+            ctx.flush_progress()
+
+
+def _unstorable(ctx: JobContext, exc: ValidationError) -> str:
+    """The handler's result cannot be stored (not JSON): a property of the
+    handler, not of the attempt, so the job fails for good (no re-run of its
+    side effects) with that error."""
+    detail = "; ".join(exc.messages) or str(exc)
+    logger.error("Job %s: the handler's result cannot be stored: %s", ctx.job.pk, detail)
+    return end_attempt(
+        ctx.job,
+        ctx.token,
+        f"The handler's result could not be stored: {detail}"[:1000],
+        error_type="UnstorableResult",
+        traceback="".join(tb.format_exception(exc)),
+        retry=False,
+    )
+
+
+def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
+    """Writing the outcome raised (a database error, a hook that raised inside
+    its transaction...): replace the connection if it broke, then record the
+    attempt as failed with that error (retried while attempts remain)."""
+    logger.exception("Job %s: its outcome (%s) could not be stored", ctx.job.pk, kind)
+    usable_connection(math.inf)
+    try:
+        return end_attempt(
+            ctx.job,
+            ctx.token,
+            f"The outcome ({kind}) could not be stored: {type(exc).__name__}: {exc}"[:1000],
+            error_type=type(exc).__name__,
+            traceback="".join(tb.format_exception(exc)),
+            retry_delay=_delay(ctx),
+        )
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    except Exception:
+        logger.exception("Job %s: not even its failure could be stored; the reaper will take it", ctx.job.pk)
+        return "lost"
+
+
+def _delay(ctx: JobContext) -> float:
+    from jobstate.retry import backoff_seconds
+
+    return backoff_seconds(ctx.attempt, ctx.spec)

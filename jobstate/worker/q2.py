@@ -1,0 +1,145 @@
+"""The django-q2 adapter: the one module that reaches into django-q2's internals.
+
+Tested with django-q2 1.11 (``TESTED``; requirements.txt and pyproject.toml pin
+the same range). A django-q2 upgrade should touch only this file. What jobstate
+takes from django-q2, and why:
+
+- ``OrmBroker``: django-q2's ORM broker, the base class of
+  ``jobstate.worker.broker.JobBroker``. Plain django-q2 tasks (schedules,
+  ``async_task``) keep travelling through its ``OrmQ`` table.
+- ``take_plain``: django-q2's ``ORM.dequeue`` re-implemented without its
+  sleep (the jobstate pusher decides when to wait), and ``plain_locked``, the
+  plain tasks a worker took and has not acknowledged yet.
+- ``workers``, ``queue_limit``, ``poll``, ``task_timeout``, ``bulk``: the
+  cluster's settings as django-q2 resolved them (``Conf``). The pusher never
+  hands out more than ``queue_limit`` packages: a full ``multiprocessing``
+  queue would block it, and with it the renewal of waiting jobs' leases.
+- ``Counter``: a counter in shared memory, created in the sentinel before it
+  forks the pusher and the workers (django-q2 forks them; without ``fork``
+  the counter is off and the broker falls back to its database checks).
+- ``on_task_start``: django-q2's ``pre_execute`` signal, sent in a worker
+  process as it takes a task off the queue; jobstate counts plain tasks with it.
+- ``sign`` / ``SignedPackage``, ``TimeoutException``: the signed package a
+  worker process unpacks, and the exception django-q2 raises at its hard limit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from typing import Any, cast
+
+from django.utils import timezone
+from django_q.brokers.orm import ORM as OrmBroker
+from django_q.conf import Conf
+from django_q.exceptions import TimeoutException
+from django_q.models import OrmQ
+from django_q.signals import pre_execute
+from django_q.signing import SignedPackage
+
+__all__ = [
+    "TESTED",
+    "Counter",
+    "OrmBroker",
+    "OrmQ",
+    "SignedPackage",
+    "TimeoutException",
+    "bulk",
+    "on_task_start",
+    "orm_alias",
+    "plain_locked",
+    "poll",
+    "queue_limit",
+    "sign",
+    "take_plain",
+    "task_timeout",
+    "workers",
+]
+
+# The django-q2 versions this adapter is tested with (keep in step with requirements.txt).
+TESTED = ">=1.11,<1.12"
+
+
+def workers() -> int:
+    return int(Conf.WORKERS or 1)
+
+
+def queue_limit() -> int:
+    """django-q2's bound on its in-memory task queue (0: unbounded)."""
+    return int(Conf.QUEUE_LIMIT or 0)
+
+
+def poll() -> float:
+    return float(Conf.POLL)
+
+
+def task_timeout() -> int:
+    return int(Conf.TIMEOUT or 0)
+
+
+def bulk() -> int:
+    return int(Conf.BULK or 1)
+
+
+def orm_alias() -> str:
+    return Conf.ORM or "default"
+
+
+def sign(package: dict[str, Any]) -> str:
+    return cast(str, SignedPackage.dumps(package))
+
+
+class Counter:
+    """An integer in shared memory, never below zero (see the module docstring)."""
+
+    def __init__(self) -> None:
+        shared = "fork" in multiprocessing.get_all_start_methods()
+        self.value = multiprocessing.get_context("fork").Value("i", 0) if shared else None
+
+    @property
+    def shared(self) -> bool:
+        return self.value is not None
+
+    def add(self, n: int) -> None:
+        if self.value is not None:
+            with self.value.get_lock():
+                # Never below zero: after a correction (lower_to) the packages
+                # still queued are picked up without having been counted.
+                self.value.value = max(0, self.value.value + n)
+
+    def get(self) -> int:
+        return self.value.value if self.value is not None else 0
+
+    def lower_to(self, n: int) -> None:
+        if self.value is not None:
+            with self.value.get_lock():
+                self.value.value = min(self.value.value, n)
+
+
+def take_plain(broker: OrmBroker, limit: int) -> list[tuple[Any, str]]:
+    """Lock up to ``limit`` plain tasks from django-q2's queue: ``ORM.dequeue``
+    without its sleep. Returns ``(ack id, signed payload)`` pairs."""
+    queue = OrmQ.objects.using(orm_alias())
+    rows = list(queue.filter(key=broker.list_key, lock__lt=timezone.now())[:limit])
+    taken = []
+    for row in rows:
+        if queue.filter(id=row.id, lock=row.lock).update(lock=broker.timeout(row)):
+            taken.append((row.pk, row.payload))
+    return taken
+
+
+def plain_locked(broker: OrmBroker) -> int:
+    """Plain tasks taken and not yet acknowledged (they stay locked until then)."""
+    locked: int = OrmQ.objects.using(orm_alias()).filter(key=broker.list_key, lock__gt=timezone.now()).count()
+    return locked
+
+
+def on_task_start(callback: Callable[[dict[str, Any]], None], uid: str) -> None:
+    """Call ``callback(task)`` in a worker process as it takes any task (job or
+    plain) off django-q2's queue."""
+
+    def receiver(sender: Any, task: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if task is not None:
+            callback(task)
+
+    pre_execute.connect(receiver, dispatch_uid=uid, weak=False)

@@ -1,0 +1,315 @@
+"""The heartbeat and watchdog of a worker process, and where interrupts land.
+
+Each worker process has one **heartbeat** thread and one **watchdog** thread,
+started once (not per job): the heartbeat does the database work (lease
+renewal, cancel/stop/lease-loss detection, coalesced progress, the process's
+``WorkerProcess`` row); the watchdog makes no database call, so nothing can
+block it, and interrupts the handler (``Interrupted``, raised through
+``INTERRUPT_SIGNAL`` in the handler's own frames only) on timeout, cancel grace
+or lease loss. ``jobstate.worker.runner`` explains how an attempt ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from django.db import connection
+
+from jobstate import conf, services
+from jobstate.exceptions import (
+    CancelRequested,
+    Interrupted,
+    LeaseLost,
+)
+from jobstate.registry import HandlerSpec
+from jobstate.worker.context import JobContext
+
+logger = logging.getLogger("jobstate")
+
+INTERRUPT_SIGNAL = signal.SIGUSR1
+# Longest the watchdog sleeps while a job runs (it also wakes at the deadline).
+WATCH_SECONDS = 0.25
+
+
+def timeout_for(spec: HandlerSpec | None) -> float:
+    return float(spec.timeout if spec is not None and spec.timeout else conf.get("DEFAULT_TIMEOUT"))
+
+
+def hard_limit_for(spec: HandlerSpec | None) -> int:
+    """Seconds after which django-q2 kills the worker process outright."""
+    margin = float(conf.get("HARD_KILL_MARGIN_SECONDS"))
+    return math.ceil(timeout_for(spec) + float(conf.get("CANCEL_GRACE_SECONDS")) + margin)
+
+
+class Slot:
+    """The job a worker process runs now, as its heartbeat and watchdog see it."""
+
+    def __init__(self, ctx: JobContext, timeout: float, interruptible: bool) -> None:
+        now = time.monotonic()
+        self.ctx = ctx
+        self.deadline = now + timeout
+        self.interruptible = interruptible
+        self.main_ident = threading.get_ident()
+        self.next_beat = now + float(conf.get("HEARTBEAT_SECONDS"))
+        self.done = threading.Event()  # the handler has returned (or raised)
+        self.interrupted: str | None = None  # why the watchdog interrupts it
+        self.delivered = False  # an Interrupted was raised inside the handler
+        self.cancel_since: float | None = None
+        self.call: HandlerCall | None = None
+
+
+class Supervisor:
+    """The heartbeat and watchdog threads of one worker process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.slot: Slot | None = None
+        self.beat_wake = threading.Event()
+        self.watch_wake = threading.Event()
+        # (process name, cluster) once this process runs cluster jobs: it is then
+        # recorded in WorkerProcess, busy or idle.
+        self.identity: tuple[str, str] | None = None
+        self.finished = 0
+        self._next_process_beat = 0.0
+        self.heart = threading.Thread(target=self._heartbeat_loop, name="jobstate-heartbeat", daemon=True)
+        self.watch = threading.Thread(target=self._watchdog_loop, name="jobstate-watchdog", daemon=True)
+        self.heart.start()
+        self.watch.start()
+
+    # -- what run_job calls ------------------------------------------------------
+
+    def serve_as(self, name: str, cluster: str) -> None:
+        if self.identity != (name, cluster):
+            self.identity = (name, cluster)
+            self.finished = 0
+            self._next_process_beat = 0.0
+            self.beat_wake.set()
+
+    def begin(self, slot: Slot) -> None:
+        slot.ctx.on_pending = self.beat_wake.set
+        self.slot = slot
+        self.watch_wake.set()
+        if self.identity is None:
+            # Idle, it waits for this. A cluster worker's heartbeat wakes for its
+            # next process beat, sooner than this job's first beat is due.
+            self.beat_wake.set()
+
+    def end(self, slot: Slot) -> None:
+        slot.done.set()
+        if self.slot is slot:
+            self.slot = None
+            if self.identity is not None:
+                self.finished += 1
+        # The watchdog sees ``done`` at its next look; the heartbeat of an inline
+        # run (no identity) closes its idle connection.
+        if self.identity is None:
+            self.beat_wake.set()
+
+    # -- the watchdog: no database call ------------------------------------------
+
+    def _watchdog_loop(self) -> None:
+        while True:
+            self.watch_wake.clear()
+            slot = self.slot
+            if slot is None or slot.done.is_set():
+                self.watch_wake.wait()
+                continue
+            try:
+                wait = self._watch(slot)
+            except Exception:  # never let the watchdog die
+                logger.exception("jobstate watchdog")
+                wait = WATCH_SECONDS
+            self.watch_wake.wait(wait)
+
+    def _watch(self, slot: Slot) -> float:
+        now = time.monotonic()
+        grace = float(conf.get("CANCEL_GRACE_SECONDS"))
+        if slot.ctx.cancel_seen.is_set() and slot.cancel_since is None:
+            slot.cancel_since = now
+        if slot.ctx.lease_lost.is_set():
+            self.interrupt(slot, "lease")
+        elif now >= slot.deadline:
+            self.interrupt(slot, "timeout")
+        elif slot.cancel_since is not None and now - slot.cancel_since >= grace:
+            self.interrupt(slot, "cancel")
+        if slot.interrupted is not None:
+            return WATCH_SECONDS * 4
+        until = slot.deadline - now
+        if slot.cancel_since is not None:
+            until = min(until, slot.cancel_since + grace - now)
+        return max(0.0, min(WATCH_SECONDS, until))
+
+    def interrupt(self, slot: Slot, why: str) -> None:
+        if slot.interrupted is not None or slot.done.is_set():
+            return
+        slot.interrupted = why
+        logger.warning("Interrupting job %s: %s", slot.ctx.job.pk, why)
+        if slot.interruptible:
+            signal.pthread_kill(slot.main_ident, INTERRUPT_SIGNAL)
+
+    # -- the heartbeat: database work -------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while True:
+            self.beat_wake.clear()
+            try:
+                wait = self._heartbeat()
+            except Exception:
+                logger.exception("jobstate heartbeat")
+                close_quietly()
+                wait = 1.0
+            self.beat_wake.wait(wait)
+
+    def _heartbeat(self) -> float | None:
+        interval = float(conf.get("HEARTBEAT_SECONDS"))
+        now = time.monotonic()
+        slot = self.slot
+        wakes: list[float] = []
+        if slot is not None and not slot.done.is_set():
+            if now >= slot.next_beat:
+                slot.next_beat = now + interval
+                self._beat_job(slot)
+            due = slot.ctx.progress_due(now)
+            if due is not None and now >= due:
+                self._flush(slot)
+                due = slot.ctx.progress_due(time.monotonic())
+            wakes.append(slot.next_beat)
+            if due is not None:
+                wakes.append(due)
+        if self.identity is not None:
+            if now >= self._next_process_beat:
+                self._next_process_beat = now + interval
+                self._beat_process(slot)
+            wakes.append(self._next_process_beat)
+        elif slot is None and connection.connection is not None:
+            close_quietly()  # inline runs (tests, scripts): hold no idle connection
+        if not wakes:
+            return None
+        return max(0.0, min(wakes) - time.monotonic())
+
+    def _beat_job(self, slot: Slot) -> None:
+        ctx = slot.ctx
+        try:
+            beat = services.heartbeat(ctx.job, ctx.token)
+        except LeaseLost:
+            ctx.lease_lost.set()
+            self.watch_wake.set()
+            return
+        except Exception:  # a database hiccup: try again at the next beat
+            logger.exception("Heartbeat failed for job %s", ctx.job.pk)
+            close_quietly()
+            return
+        if beat.cancel_requested:
+            ctx.cancel_seen.set()
+            self.watch_wake.set()
+        if beat.stop_requested:
+            ctx.stop_seen.set()
+
+    def _flush(self, slot: Slot) -> None:
+        try:
+            slot.ctx.flush_progress()
+        except CancelRequested:
+            self.watch_wake.set()
+        except LeaseLost:
+            self.watch_wake.set()
+        except Exception:
+            logger.exception("Progress of job %s could not be written", slot.ctx.job.pk)
+            close_quietly()
+
+    def _beat_process(self, slot: Slot | None) -> None:
+        from jobstate.services import workers
+
+        assert self.identity is not None
+        name, cluster = self.identity
+        finished, self.finished = self.finished, 0
+        try:
+            workers.beat(
+                name,
+                cluster=cluster,
+                role="worker",
+                job_id=slot.ctx.job.pk if slot is not None and not slot.done.is_set() else None,
+                finished=finished,
+            )
+        except Exception:
+            self.finished += finished
+            logger.exception("Worker heartbeat failed for %s", name)
+            close_quietly()
+
+
+_supervisor: Supervisor | None = None
+_supervisor_lock = threading.Lock()
+
+
+def supervisor() -> Supervisor:
+    """This process's heartbeat and watchdog (started on first use, again after a fork)."""
+    global _supervisor
+    current = _supervisor
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _supervisor_lock:
+        if _supervisor is None or _supervisor.pid != os.getpid():
+            _supervisor = Supervisor()
+        return _supervisor
+
+
+def close_quietly() -> None:
+    with contextlib.suppress(Exception):
+        connection.close()
+
+
+class HandlerCall:
+    """Calls the handler. Its frame marks where interrupts may land: only in
+    frames it called (the handler and what the handler calls). Once the handler
+    has returned, control is back in this frame or above, and a late interrupt
+    is ignored instead of discarding the handler's result."""
+
+    def __init__(self, func: Any, slot: Slot) -> None:
+        self.func = func
+        self.slot = slot
+        self.entered = False
+
+    def __call__(self, ctx: JobContext) -> Any:
+        self.entered = True
+        # An interrupt that came before this frame was ignored: honour it now.
+        if self.slot.interrupted is not None:
+            self.slot.delivered = True
+            raise Interrupted(self.slot.interrupted)
+        return self.func(ctx)
+
+    def in_handler(self, frame: FrameType | None) -> bool:
+        """Is ``frame`` (where a signal landed) inside the handler?"""
+        depth = 0
+        while frame is not None:
+            if frame.f_code is _CALL_CODE:
+                # In this frame itself the handler has either not been called
+                # yet (interrupting is fine) or has returned (too late).
+                return depth > 0 or not self.entered
+            frame, depth = frame.f_back, depth + 1
+        return False
+
+
+_CALL_CODE = HandlerCall.__call__.__code__
+
+
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """The INTERRUPT_SIGNAL handler, installed once per process (main thread)."""
+    current = _supervisor
+    slot = current.slot if current is not None and current.pid == os.getpid() else None
+    if slot is None or slot.interrupted is None or slot.done.is_set() or slot.call is None:
+        return
+    if slot.call.in_handler(frame):
+        slot.delivered = True
+        raise Interrupted(slot.interrupted)
+
+
+def install_signal() -> None:
+    if signal.getsignal(INTERRUPT_SIGNAL) is not _on_interrupt:
+        signal.signal(INTERRUPT_SIGNAL, _on_interrupt)

@@ -1,0 +1,107 @@
+"""Tasks that use jobstate's options and context (``backend="single"`` ones
+validate against the second jobstate backend)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jobstate.exceptions import NonRetryable, Partial
+from jobstate.tasks import current
+from jobstate.tasks.compat import TaskContext
+
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task  # type: ignore[no-redef]
+
+
+@task(max_attempts=2, retry_backoff=0)
+def flaky(marker: str) -> str:
+    """Fails its first attempt."""
+    from jobstate.models import Job
+
+    job = current().job
+    if job.attempts == 1:
+        raise RuntimeError(f"first attempt of {marker} fails")
+    return Job.objects.get(pk=job.pk).kind
+
+
+@task(max_attempts=3, retry_backoff=0)
+def always_fails() -> None:
+    raise KeyError("missing")
+
+
+@task(max_attempts=3)
+def non_retryable() -> None:
+    raise NonRetryable("give up at once")
+
+
+@task()
+def partial_result() -> None:
+    raise Partial("2 of 3 rows", result={"rows": 2})
+
+
+@task(takes_context=True, kind="reports.progress")
+def with_progress(context: TaskContext, steps: int) -> int:
+    for i in range(steps):
+        context.jobstate.progress(100 * (i + 1) // steps, f"step {i + 1}")
+    context.jobstate.add_asset("report", b"done", name="report.txt", content_type="text/plain")
+    return steps
+
+
+@task(takes_context=True, max_attempts=5, retry_backoff=0)
+def context_attempts(context: TaskContext) -> int:
+    if context.attempt < 2:
+        raise RuntimeError("again")
+    return context.attempt
+
+
+@task(key=lambda account: f"account-{account}")
+def sync_account(account: int) -> int:
+    return account
+
+
+@task(key="singleton")
+def singleton() -> str:
+    return "one"
+
+
+@task(timeout=0.5, max_attempts=1)
+def too_slow() -> None:
+    time.sleep(5)
+
+
+@task(concurrency=1)
+def limited() -> None:
+    return None
+
+
+@task(takes_context=True)
+def cancellable(context: TaskContext, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        context.jobstate.check_cancelled()
+        time.sleep(0.05)
+    return "not cancelled"
+
+
+@task(backend="single")
+def single_fails() -> None:
+    raise ValueError("no retries on this backend")
+
+
+@task(backend="single", queue_name="anything")
+def single_queue() -> str:
+    return "ok"
+
+
+def blocking(seconds: float) -> Any:
+    time.sleep(seconds)
+    return seconds
+
+
+@task(max_attempts=2, retry_backoff=0)
+def sleeper(seconds: float) -> float:
+    """Sleeps (the e2e tests stop its worker to see the reaper rescue it)."""
+    return blocking(seconds)

@@ -1,0 +1,56 @@
+"""The job page's layout: the summary, then the history; sections only when they hold something."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from jobstate import services
+from tests.test_admin_fixtures import completed, failed, processing, queued
+
+pytestmark = pytest.mark.django_db
+
+
+def sections(admin_client: Any, job: Any) -> list[str]:
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    form = html[html.index('id="job_form"') :]
+    return [
+        t.strip()
+        for t in re.findall(
+            r'<h2[^>]*class="[^"]*(?:fieldset-heading|inline-heading)[^"]*"[^>]*>([^<]+)', form
+        )
+    ]
+
+
+def test_queued_job_has_no_error_result_or_lease(admin_client: Any) -> None:
+    assert sections(admin_client, queued()) == ["Transition history", "Parameters"]
+
+
+def test_running_job_shows_its_lease_and_an_earlier_error(admin_client: Any) -> None:
+    job = processing()
+    assert sections(admin_client, job) == ["Transition history", "Parameters", "Lease"]
+    services.fail(job, job.lease_token, "flaky", retry_delay=0)
+    job = services.start(job, "w-2")
+    assert sections(admin_client, job) == ["Transition history", "Last error", "Parameters", "Lease"]
+
+
+def test_assets_only_when_there_are_some(admin_client: Any, settings: Any, tmp_path: Any) -> None:
+    settings.MEDIA_ROOT = tmp_path
+    job = processing()
+    services.add_asset(job, asset_type="report", name="a.csv", content=b"a\n", token=job.lease_token)
+    assert sections(admin_client, job) == ["Transition history", "Assets", "Parameters", "Lease"]
+
+
+def test_finished_jobs(admin_client: Any) -> None:
+    assert sections(admin_client, completed()) == ["Transition history", "Result", "Parameters"]
+    assert sections(admin_client, failed()) == ["Transition history", "Error", "Parameters"]
+
+
+def test_cancel_requested_shows_the_lease_with_the_request(admin_client: Any) -> None:
+    job = processing()
+    services.request_cancel(job, None, "stop")
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert "field-cancel_requested_at" in html and "Lease" in html

@@ -1,0 +1,199 @@
+"""REST API: who may start which kind (the per-kind ``api=`` policy, GET /api/kinds/)
+and who sees whom (one visibility rule; operators as a role in the history)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from jobstate import registry, services
+from jobstate.models import Job, JobEvent
+from tests.api_support import JOBS, assert_error, client_for, failed, fresh_cache, grant, job_url, make_job
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+
+KINDS = "/api/kinds/"
+
+
+# Registration -------------------------------------------------------------------
+
+
+def test_the_default_policy_is_not_startable_through_the_api(temp_handler):
+    temp_handler("test.plain")
+    assert registry.get_handler("test.plain").api is False
+
+
+@pytest.mark.parametrize("policy", [1, None, "", "run_reports", "app.", ".perm", "a b.c", ["x.y"]])
+def test_a_bad_policy_is_refused_at_registration(temp_handler, policy):
+    with pytest.raises(ValueError, match="api must be False, True or a permission name"):
+        temp_handler("test.bad_policy", api=policy)
+
+
+# Enqueue ------------------------------------------------------------------------
+
+
+def test_a_kind_without_a_policy_is_a_403_naming_the_kind(user, temp_handler):
+    temp_handler("test.internal")
+    response = client_for(user).post(JOBS, {"kind": "test.internal"}, format="json")
+    error = assert_error(response, 403, "kind_not_allowed")
+    assert error["message"] == "Jobs of kind 'test.internal' cannot be started through the API."
+    assert error["fields"] == {"kind": [error["message"]]}
+    assert not Job.objects.exists()
+
+
+def test_a_fan_out_child_cannot_be_started_through_the_api(user):
+    assert_error(client_for(user).post(JOBS, {"kind": "wf.child"}, format="json"), 403, "kind_not_allowed")
+    assert not Job.objects.exists()
+
+
+def test_an_unknown_kind_is_still_a_400(user):
+    assert_error(client_for(user).post(JOBS, {"kind": "test.nope"}, format="json"), 400, "unknown_kind")
+
+
+def test_a_permission_policy_needs_that_permission(user, temp_handler):
+    temp_handler("test.reports", api="auth.view_group")
+    client = client_for(user)
+    error = assert_error(client.post(JOBS, {"kind": "test.reports"}, format="json"), 403, "kind_not_allowed")
+    assert "'auth.view_group'" in error["message"]
+    user.user_permissions.add(Permission.objects.get(codename="view_group"))
+    response = client_for(type(user).objects.get(pk=user.pk)).post(
+        JOBS, {"kind": "test.reports"}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert Job.objects.get().kind == "test.reports"
+
+
+def test_the_policy_is_checked_before_a_key_names_an_existing_job(user, temp_handler):
+    temp_handler("test.keyed")
+    services.enqueue("test.keyed", {}, owner=user, key="k")
+    body = {"kind": "test.keyed", "key": "k"}
+    assert_error(client_for(user).post(JOBS, body, format="json"), 403, "kind_not_allowed")
+
+
+def test_owners_may_retry_only_kinds_they_may_start(user, temp_handler):
+    temp_handler("test.closed", max_attempts=1)
+    job = failed(user, kind="test.closed")
+    client = client_for(user)
+    assert "retry" not in client.get(job_url(job)).json()["allowed_actions"]
+    assert_error(client.post(job_url(job, "retry/")), 403, "permission_denied")
+    assert Job.objects.count() == 1
+    opened = failed(user)  # test.echo: api=True
+    assert "retry" in client.get(job_url(opened)).json()["allowed_actions"]
+    assert client.post(job_url(opened, "retry/")).status_code == 201
+
+
+# GET /api/kinds/ -----------------------------------------------------------------
+
+
+def test_kinds_lists_what_the_caller_may_start_with_parameter_schemas(user, temp_handler):
+    temp_handler("test.hidden")
+    temp_handler("test.reports", api="auth.view_group")
+    kinds = {k["kind"]: k for k in client_for(user).get(KINDS).json()}
+    assert {"test.echo", "test.schema", "test.limited"} <= set(kinds)
+    assert not {"test.hidden", "test.reports", "wf.child", "e2e.slow"} & set(kinds)
+    schema = kinds["test.schema"]
+    assert schema["description"].startswith("A handler whose parameters are validated")
+    assert schema["workflow"] is False
+    params = schema["parameters"]
+    assert params["type"] == "object" and params["required"] == ["width"]
+    assert params["properties"]["width"] == {"type": "integer", "maximum": 1000, "minimum": 1}
+    assert params["properties"]["label"]["maxLength"] == 50
+    assert kinds["test.echo"]["parameters"] == {"type": "object", "additionalProperties": True}
+    assert kinds["test.echo"]["max_attempts"] == 3
+    # With the permission, the permission-guarded kind is listed too.
+    granted = client_for(_with_perm(user, "view_group")).get(KINDS).json()
+    assert "test.reports" in {k["kind"] for k in granted}
+
+
+def _with_perm(user, codename):  # type: ignore[no-untyped-def]
+    user.user_permissions.add(Permission.objects.get(codename=codename))
+    return type(user).objects.get(pk=user.pk)
+
+
+def test_kinds_inline_nested_serializers_under_defs(user, temp_handler):
+    from rest_framework import serializers
+
+    class Line(serializers.Serializer):
+        sku = serializers.CharField()
+
+    class Order(serializers.Serializer):
+        lines = Line(many=True)
+        mode = serializers.ChoiceField(choices=["fast", "slow"])
+
+    temp_handler("test.order", schema=Order, api=True)
+    kind = next(k for k in client_for(user).get(KINDS).json() if k["kind"] == "test.order")
+    params = kind["parameters"]
+    assert params["properties"]["lines"]["items"] == {"$ref": "#/$defs/Line"}
+    assert params["$defs"]["Line"]["properties"]["sku"]["type"] == "string"
+    assert params["properties"]["mode"]["enum"] == ["fast", "slow"]
+    assert not any(key.startswith("x-spec") for key in params["properties"]["mode"])
+
+
+def test_a_callable_schema_is_an_open_object(user, temp_handler):
+    temp_handler("test.callable", schema=lambda p: p, api=True)
+    kind = next(k for k in client_for(user).get(KINDS).json() if k["kind"] == "test.callable")
+    assert kind["parameters"]["type"] == "object" and kind["parameters"]["additionalProperties"] is True
+
+
+def test_kinds_needs_authentication():
+    assert_error(client_for(None).get(KINDS), 401, "not_authenticated")
+
+
+def test_every_demo_kind_is_startable_and_workflows_say_so(user):
+    from project import etl, jobs  # noqa: F401  (the demo project's handlers)
+
+    for name in ("demo.chart", "demo.countdown", "demo.flaky", "demo.import", "demo.etl"):
+        assert registry.get_handler(name).api is True, name
+    kinds = {k["kind"]: k for k in client_for(user).get(KINDS).json()}
+    assert kinds["demo.etl"]["workflow"] is True
+    assert kinds["demo.etl"]["parameters"]["properties"]["rows"]["maximum"] == 1_000_000
+
+
+# Who sees whom --------------------------------------------------------------------
+
+
+def test_owners_see_other_people_as_operator_in_the_history(user, staff_user):
+    job = make_job(user)
+    operator = grant(staff_user, "view_job", "cancel_job")
+    response = client_for(operator).post(job_url(job, "cancel/"), {"reason": "cleanup"}, format="json")
+    assert response.status_code == 200
+    owner_view = client_for(user).get(job_url(job, "events/")).json()["results"]
+    assert [(e["transition"], e["actor"], e["user"]) for e in owner_view] == [
+        ("enqueue", "user:alice", "alice"),  # their own name
+        ("cancel", "api", "operator"),
+    ]
+    assert "carol" not in str(owner_view)
+    operator_view = client_for(operator).get(job_url(job, "events/")).json()["results"]
+    assert operator_view[-1]["user"] == "carol"
+
+
+def test_owners_see_their_own_name_and_a_user_label_is_hidden_too(user, staff_user):
+    job = make_job(user)
+    services.request_cancel(job, services.Actor.of(staff_user), "from a script")
+    events = client_for(user).get(job_url(job, "events/")).json()["results"]
+    assert (events[-1]["actor"], events[-1]["user"]) == ("user:operator", "operator")
+    mine = make_job(user)
+    client_for(user).post(job_url(mine, "cancel/"), format="json")
+    assert client_for(user).get(job_url(mine, "events/")).json()["results"][-1]["user"] == "alice"
+    viewer = grant(staff_user, "view_job")
+    events = client_for(viewer).get(job_url(job, "events/")).json()["results"]
+    assert (events[-1]["actor"], events[-1]["user"]) == ("user:carol", "carol")
+
+
+def test_events_are_in_id_order_even_when_clocks_disagree(user):
+    job = failed(user)
+    ids = list(JobEvent.objects.filter(job=job).order_by("id").values_list("id", flat=True))
+    # The last event carries the earliest time (a worker with a slow clock).
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, pk in enumerate(ids):
+        JobEvent.objects.filter(pk=pk).update(created_at=base - dt.timedelta(seconds=i))
+    client = client_for(user)
+    assert [e["id"] for e in client.get(job_url(job, "events/")).json()["results"]] == ids
+    assert [
+        e["id"] for e in client.get(job_url(job, "events/"), {"ordering": "-id"}).json()["results"]
+    ] == ids[::-1]
+    page = client.get(job_url(job, "events/"), {"page_size": 2}).json()
+    rest = client.get(page["next"]).json()["results"]
+    assert [e["id"] for e in page["results"] + rest] == ids

@@ -1,0 +1,80 @@
+"""The import structure of jobstate (issue 11): layers, and no import cycle."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _graph() -> grimp.ImportGraph:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return grimp.build_graph("jobstate", cache_dir=None, exclude_type_checking_imports=True)
+
+
+def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan), every import
+    counted (module level and inside functions) but those under TYPE_CHECKING."""
+    modules = sorted(m for m in graph.modules if not m.startswith("jobstate.migrations"))
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m) & set(modules) - {m}) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in modules:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_among_jobstate_modules():
+    assert cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = grimp.ImportGraph()
+    for name in ("jobstate", "jobstate.a", "jobstate.b", "jobstate.c"):
+        graph.add_module(name)
+    graph.add_import(importer="jobstate.a", imported="jobstate.b")
+    graph.add_import(importer="jobstate.b", imported="jobstate.c")
+    graph.add_import(importer="jobstate.c", imported="jobstate.a")
+    assert cycles(graph) == [["jobstate.a", "jobstate.b", "jobstate.c"]]
+
+
+def test_import_contracts_hold(monkeypatch: pytest.MonkeyPatch):
+    """The layers and "core imports no workflows/worker/api/admin" (.importlinter)."""
+    from importlinter import cli
+
+    monkeypatch.chdir(ROOT)
+    assert (
+        cli.lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True)
+        == cli.EXIT_STATUS_SUCCESS
+    )

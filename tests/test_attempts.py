@@ -1,0 +1,407 @@
+"""Every way an attempt ends is recorded; claimed is not running; interrupts,
+the per-process heartbeat and watchdog, and coalesced progress.
+
+The table of exits is in jobstate/worker/runner.py and docs/explanation/attempts.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from jobstate import Partial, hooks, services
+from jobstate.exceptions import CancelRequested, LeaseLost
+from jobstate.models import Job, WorkerProcess
+from jobstate.states import Status
+from jobstate.worker.runner import drain, run_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def transitions(job: Job) -> list[str]:
+    return list(job.events.order_by("id").values_list("transition", flat=True))
+
+
+def run_one(kind: str, parameters: dict | None = None, **options) -> tuple[str, Job]:  # type: ignore[type-arg]
+    job = services.enqueue(kind, parameters or {}, **options)
+    (claimed,) = services.claim("w1")
+    outcome = run_job(claimed, "w1:1")
+    job.refresh_from_db()
+    return outcome, job
+
+
+# -- results that cannot be stored ---------------------------------------------
+
+
+def test_an_unstorable_result_fails_the_job_with_that_error_and_never_reruns_it(temp_handler):
+    calls: list[int] = []
+
+    def returns_a_socket(ctx):
+        calls.append(ctx.attempt)
+        return {"handle": object()}  # not JSON
+
+    temp_handler("t.unstorable", returns_a_socket, max_attempts=3, retry_backoff=0)
+    outcome, job = run_one("t.unstorable")
+    assert outcome == "failed" and calls == [1]
+    assert job.status == Status.FAILED and job.error_type == "UnstorableResult"
+    assert "could not be stored" in job.error_message and "JSON" in job.error_message
+    assert transitions(job) == ["enqueue", "claim", "fail"]
+    assert drain() == 0 and calls == [1]  # no re-run of its side effects
+
+
+def test_a_partial_with_an_unstorable_result_fails_the_job(temp_handler):
+    def half(ctx):
+        raise Partial("2 of 3", result={"when": {1, 2}})  # a set: not JSON
+
+    temp_handler("t.half_unstorable", half, max_attempts=3)
+    outcome, job = run_one("t.half_unstorable")
+    assert outcome == "failed" and job.status == Status.FAILED and job.error_type == "UnstorableResult"
+    assert transitions(job) == ["enqueue", "claim", "fail"]
+
+
+def test_an_error_inside_the_outcome_write_is_recorded_with_that_error(temp_handler):
+    def refuse_once(change: hooks.Transition) -> None:
+        if change.transition == "complete" and not refused:
+            refused.append(change.job_id)
+            raise RuntimeError("the audit log is full")
+
+    refused: list[object] = []
+    temp_handler("t.fine", lambda ctx: {"ok": True}, max_attempts=2, retry_backoff=0)
+    hooks.transitioned.register(refuse_once)
+    try:
+        outcome, job = run_one("t.fine")
+        assert outcome == "retrying" and job.status == Status.QUEUED
+        assert job.error_type == "RuntimeError" and "the audit log is full" in job.error_message
+        assert "could not be stored" in job.error_message and "RuntimeError" in job.traceback
+        assert transitions(job) == ["enqueue", "claim", "requeue"]
+        assert drain() == 1
+    finally:
+        hooks.transitioned.unregister(refuse_once)
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 2 and job.result == {"ok": True}
+
+
+# -- claimed is not running -------------------------------------------------------
+
+
+def test_a_reserved_job_is_begun_by_the_worker_that_runs_it(temp_handler):
+    seen = {}
+
+    def look(ctx):
+        row = Job.objects.get(pk=ctx.job.pk)
+        seen.update(attempt=ctx.attempt, attempts=row.attempts, started=row.started_at, worker=row.worker_id)
+        return None
+
+    temp_handler("t.look", look)
+    services.enqueue("t.look", {})
+    (claimed,) = services.claim("host:1")
+    assert claimed.attempts == 0 and claimed.started_at is None
+    assert list(Job.objects.reserved()) == [claimed] and not Job.objects.running().exists()
+    assert run_job(claimed, "host:1:2") == "completed"
+    assert seen["attempt"] == seen["attempts"] == 1 and seen["started"] is not None
+    assert seen["worker"] == "host:1:2"
+
+
+def test_an_unknown_kind_fails_without_charging_an_attempt():
+    job = services.enqueue("test.echo", {})
+    Job.objects.filter(pk=job.pk).update(kind="gone.away")
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_type == "UnknownKind" and job.attempts == 0
+
+
+def test_a_cancel_before_the_handler_started_ends_it_cancelled_unrun(temp_handler):
+    ran: list[int] = []
+    temp_handler("t.never", lambda ctx: ran.append(1))
+    job = services.enqueue("t.never", {})
+    (claimed,) = services.claim("w1")
+    services.request_cancel(job, "api", "not needed")
+    assert run_job(claimed, "w1:1") == "cancelled"
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 0 and ran == [] and job.started_at is None
+
+
+def test_the_reaper_requeues_a_reserved_job_without_charging_an_attempt():
+    job = services.enqueue("test.echo", {}, max_attempts=1)
+    services.claim("dead-cluster:1")
+    Job.objects.update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    report = services.requeue_expired()
+    assert report.requeued == [job.pk] and not report.failed
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.attempts == 0
+    requeue = job.events.get(transition="requeue")
+    assert requeue.actor_label == "system:reaper" and "reserved by a cluster" in requeue.reason
+    # Its only attempt is still there: it runs once.
+    assert drain() == 1
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 1
+
+
+def test_the_reaper_cancels_a_reserved_job_whose_cancel_was_requested():
+    job = services.enqueue("test.echo", {})
+    services.claim("dead-cluster:1", lease_seconds=1)
+    services.request_cancel(job, "api")
+    report = services.requeue_expired(timezone.now() + timedelta(seconds=5))
+    assert report.cancelled == [job.pk]
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 0
+
+
+# -- interrupts never corrupt a connection ----------------------------------------
+
+
+def _slow_query() -> None:
+    """A database call that takes seconds."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_sleep(5)")
+        else:
+            # SQLite runs a Python function inside the query: the interrupt
+            # lands there, in the middle of the statement.
+            connection.connection.create_function("slow", 0, _sleep_5)
+            cursor.execute("SELECT slow()")
+
+
+def _sleep_5() -> int:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return 1
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
+def test_an_interrupt_in_the_middle_of_a_database_call_leaves_the_next_job_a_clean_connection(
+    temp_handler,
+):
+    temp_handler("t.query", lambda ctx: _slow_query(), timeout=0.5, max_attempts=1)
+    temp_handler("t.next", lambda ctx: {"jobs": Job.objects.count()}, max_attempts=1)
+    started = time.monotonic()
+    outcome, slow = run_one("t.query")
+    assert time.monotonic() - started < 4  # interrupted, not waited out
+    assert outcome == "failed" and slow.status == Status.FAILED and slow.error_type == "Timeout"
+    # The next job on this worker (same thread, same connection alias) runs normally.
+    outcome, following = run_one("t.next")
+    assert outcome == "completed" and following.result == {"jobs": 2}
+    assert following.attempts == 1 and transitions(following) == ["enqueue", "claim", "complete"]
+
+
+# -- the watchdog does not depend on the heartbeat ---------------------------------
+
+
+@pytest.fixture
+def hung_heartbeat(monkeypatch):  # type: ignore[no-untyped-def]
+    """services.heartbeat blocks (a row lock, a dead connection) until the test ends."""
+    release = threading.Event()
+    entered = threading.Event()
+    real = services.heartbeat
+
+    def hang(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "heartbeat", hang)
+    yield entered
+    release.set()
+
+
+def _loop(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.1})
+def test_a_hanging_heartbeat_does_not_stop_the_timeout(temp_handler, hung_heartbeat):
+    temp_handler("t.long", lambda ctx: _loop(20), timeout=1, max_attempts=1)
+    started = time.monotonic()
+    outcome, job = run_one("t.long")
+    assert hung_heartbeat.is_set()  # the heartbeat was stuck meanwhile
+    assert time.monotonic() - started < 8
+    assert outcome == "failed" and job.error_type == "Timeout"
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.1, "CANCEL_GRACE_SECONDS": 0.5})
+def test_a_hanging_heartbeat_does_not_stop_the_cancel_grace(temp_handler, hung_heartbeat):
+    def deaf(ctx):
+        services.request_cancel(ctx.job.pk, "api", "stop")
+        assert ctx.cancel_requested  # seen; then ignored
+        _loop(20)
+
+    temp_handler("t.deaf_hb", deaf, max_attempts=1)
+    started = time.monotonic()
+    outcome, job = run_one("t.deaf_hb")
+    assert hung_heartbeat.is_set() and time.monotonic() - started < 8
+    assert outcome == "cancelled" and job.status == Status.CANCELLED
+
+
+def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
+    temp_handler("t.quick", lambda ctx: None)
+    for _ in range(3):
+        services.enqueue("t.quick", {})
+    assert drain() == 3
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("jobstate-"))
+    assert names == ["jobstate-heartbeat", "jobstate-watchdog"]
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.1})
+def test_the_process_heartbeat_records_the_worker_busy_and_idle(temp_handler):
+    busy: list[object] = []
+
+    def watch(ctx):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not busy:
+            row = WorkerProcess.objects.filter(name="host:1:2").values_list("job_id", flat=True).first()
+            if row is not None and str(row) == str(ctx.job.pk):
+                busy.append(row)
+            time.sleep(0.05)
+
+    temp_handler("t.watch", watch)
+    from jobstate.worker.supervisor import supervisor
+
+    sup = supervisor()
+    sup.serve_as("host:1:2", "host:1")
+    try:
+
+        def idle_row() -> WorkerProcess | None:
+            return WorkerProcess.objects.filter(name="host:1:2", job_id__isnull=True).first()
+
+        _wait(idle_row)
+        row = idle_row()
+        assert row is not None and row.role == "worker" and row.cluster == "host:1"
+        outcome, _job = run_one("t.watch")
+        assert outcome == "completed" and busy
+        done = WorkerProcess.objects.filter(name="host:1:2", job_id__isnull=True, jobs_done=1)
+        _wait(done.exists)
+    finally:
+        sup.identity = None
+        time.sleep(0.3)  # a beat under way ends before the tables are flushed
+
+
+def _wait(predicate, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return result
+
+
+# -- progress coalescing ---------------------------------------------------------------
+
+
+@pytest.fixture
+def progress_writes(monkeypatch):  # type: ignore[no-untyped-def]
+    writes: list[tuple[object, ...]] = []
+    real = services.report_progress
+
+    def counted(job, token, percent, message=None, **kwargs):  # type: ignore[no-untyped-def]
+        writes.append((percent, message))
+        return real(job, token, percent, message, **kwargs)
+
+    monkeypatch.setattr(services, "report_progress", counted)
+    return writes
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10})
+def test_progress_is_coalesced_and_the_last_value_is_stored_with_the_outcome(temp_handler, progress_writes):
+    def chatty(ctx):
+        for i in range(1, 101):
+            ctx.progress(i * 0.9, f"item {i}", step="items")
+        return {"items": 100}
+
+    temp_handler("t.chatty", chatty)
+    outcome, job = run_one("t.chatty")
+    assert outcome == "completed" and progress_writes == [(0.9, "item 1")]  # the first call only
+    assert job.progress == 100 and job.progress_message == "item 100" and job.current_step == "items"
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10})
+def test_the_last_progress_is_stored_with_a_failure_too(temp_handler, progress_writes):
+    def fails(ctx):
+        ctx.progress(10, "starting")
+        ctx.progress(60, "loading rows")
+        raise ValueError("bad row")
+
+    temp_handler("t.fails_late", fails, max_attempts=1)
+    outcome, job = run_one("t.fails_late")
+    assert outcome == "failed" and len(progress_writes) == 1
+    assert (job.progress, job.progress_message) == (60, "loading rows")
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 0.2, "HEARTBEAT_SECONDS": 10})
+def test_pending_progress_is_written_by_the_heartbeat_when_due(temp_handler, progress_writes):
+    seen: list[int] = []
+
+    def quiet_after(ctx):
+        ctx.progress(10, "a")
+        ctx.progress(20, "b")  # too soon: kept for later
+        seen.append(Job.objects.get(pk=ctx.job.pk).progress)
+        _wait(lambda: Job.objects.filter(pk=ctx.job.pk, progress=20).exists(), 3)
+        seen.append(20)
+
+    temp_handler("t.quiet", quiet_after)
+    outcome, _job = run_one("t.quiet")
+    assert outcome == "completed" and seen == [10, 20]
+    assert progress_writes == [(10, "a"), (20, "b")]
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 0})
+def test_a_zero_flush_interval_writes_every_call(temp_handler, progress_writes):
+    def five(ctx):
+        for i in range(5):
+            ctx.progress(i * 10)
+
+    temp_handler("t.five", five)
+    assert run_one("t.five")[0] == "completed" and len(progress_writes) == 5
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10, "HEARTBEAT_SECONDS": 0.1})
+def test_coalesced_progress_still_notices_a_cancel_and_refuses_a_lost_lease(temp_handler, progress_writes):
+    raised: list[str] = []
+
+    def until_refused(ctx):
+        ctx.progress(1)
+        if ctx.parameters["then"] == "cancel":
+            services.request_cancel(ctx.job.pk, "api", "stop")
+        else:
+            services.requeue(ctx.job.pk, "admin", "taken back")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                ctx.progress(2)
+            except (CancelRequested, LeaseLost) as exc:
+                raised.append(type(exc).__name__)
+                raise
+            time.sleep(0.01)
+
+    temp_handler("t.refused", until_refused, max_attempts=1)
+    outcome, job = run_one("t.refused", {"then": "cancel"})
+    assert outcome == "cancelled" and job.status == Status.CANCELLED
+    outcome, job = run_one("t.refused", {"then": "requeue"})
+    # Refused by progress() or interrupted by the watchdog, whichever comes first:
+    # either way nothing more is written with the lost lease.
+    assert outcome == "lost" and job.status == Status.QUEUED and job.progress == 1
+    assert raised[0] == "CancelRequested" and raised[1:] in ([], ["LeaseLost"])
+    assert len(progress_writes) == 2
+
+
+def test_the_admin_counts_only_begun_jobs_as_running():
+    from jobstate.admin import job_columns
+
+    for _ in range(3):
+        services.enqueue("test.echo", {})
+    reserved, begun, _also_reserved = services.claim("host:1", limit=3)
+    services.begin(begun, begun.lease_token, "host:1:2")
+    now = timezone.now()
+    assert list(Job.objects.running().values_list("pk", flat=True)) == [begun.pk]  # not 3 "running"
+    assert Job.objects.reserved().count() == 2
+    reserved.refresh_from_db()
+    begun.refresh_from_db()
+    assert "reserved" in job_columns.age_or_duration(reserved, now)
+    assert "running" in job_columns.age_or_duration(begun, now)

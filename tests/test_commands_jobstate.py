@@ -1,0 +1,149 @@
+"""``manage.py jobstate`` (enqueue, cancel, retry, kinds, show) and the
+``jobstate_workflow`` errors: every change through the services, every error one line."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from jobstate import services
+from jobstate.models import Job, JobEvent
+from jobstate.states import Status
+from tests.test_admin_fixtures import failed, processing, queued
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def refused(*args: str) -> str:
+    with pytest.raises(CommandError) as info:
+        run(*args)
+    message = str(info.value)
+    assert "\n" not in message and "[" not in message and "Traceback" not in message, message
+    return message
+
+
+def test_enqueue_with_every_option(user: Any) -> None:
+    later = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    out, _ = run(
+        "jobstate",
+        "enqueue",
+        "test.echo",
+        "--params",
+        '{"n": 5}',
+        "--owner",
+        user.username,
+        "--key",
+        "k-1",
+        "--priority",
+        "7",
+        "--run-after",
+        later.isoformat(),
+    )
+    job = Job.objects.get(pk=out.strip())
+    assert (job.kind, job.parameters, job.owner, job.key, job.priority) == (
+        "test.echo",
+        {"n": 5},
+        user,
+        "k-1",
+        7,
+    )
+    assert job.run_after == later and job.status == Status.QUEUED
+    event = JobEvent.objects.get(job=job)
+    assert event.actor_label.startswith("cli:") and event.reason == "enqueued from the command line"
+    again, err = run("jobstate", "enqueue", "test.echo", "--owner", user.username, "--key", "k-1")
+    assert again.strip() == str(job.pk) and "exists" in err and Job.objects.count() == 1
+
+
+def test_enqueue_errors_are_one_line(user: Any) -> None:
+    assert "Unknown job kind 'nope'" in refused("jobstate", "enqueue", "nope")
+    assert "--params is not JSON" in refused("jobstate", "enqueue", "test.echo", "--params", "{n: 1}")
+    assert "JSON object" in refused("jobstate", "enqueue", "test.echo", "--params", "[1]")
+    assert "no user 'zed'" in refused("jobstate", "enqueue", "test.echo", "--owner", "zed")
+    assert "ISO 8601" in refused("jobstate", "enqueue", "test.echo", "--run-after", "tomorrow")
+    assert "ISO 8601" in refused("jobstate", "enqueue", "test.echo", "--run-after", "2026-13-45T00:00")
+    message = refused("jobstate", "enqueue", "test.schema", "--params", '{"rows": "many"}')
+    assert message == "enqueue: parameters: width: This field is required."
+    assert not Job.objects.exists()
+
+
+def test_cancel_queued_and_running_jobs() -> None:
+    waiting, running = queued(), processing()
+    out, _ = run("jobstate", "cancel", str(waiting.pk), "--reason", "not needed")
+    assert out.strip() == f"cancelled {waiting.pk}"
+    event = JobEvent.objects.filter(job=waiting).latest("id")
+    assert (event.to_status, event.reason) == (Status.CANCELLED, "not needed")
+    assert event.actor_label.startswith("cli:")
+    out, _ = run("jobstate", "cancel", str(running.pk))
+    assert "cancel requested" in out
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    message = refused("jobstate", "cancel", str(waiting.pk))
+    assert message == "cancel refused: the job is cancelled; only a queued or running job can be cancelled"
+
+
+def test_retry_prints_the_new_job() -> None:
+    old = failed()
+    out, _ = run("jobstate", "retry", str(old.pk), "--reason", "disk cleaned")
+    new = Job.objects.get(pk=out.strip())
+    assert new.retry_of_id == old.pk and new.status == Status.QUEUED
+    message = refused("jobstate", "retry", str(new.pk))
+    assert message == "retry refused: the job is queued; only a finished job can be retried"
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry", "show"])
+def test_bad_and_unknown_ids(action: str) -> None:
+    assert refused("jobstate", action, "12ab").startswith("'12ab' is not a job id")
+    missing = "3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
+    assert refused("jobstate", action, missing) == f"No job {missing}"
+
+
+def test_kinds_lists_options() -> None:
+    out, _ = run("jobstate", "kinds")
+    lines = out.splitlines()
+    echo = lines.index("test.echo")
+    assert lines[echo + 1].split(", ")[:3] == ["  max_attempts=3", "timeout=600s", "concurrency=unlimited"]
+    limited = lines.index("test.limited")
+    assert "concurrency=2" in lines[limited + 1]
+    schema = next(i for i, line in enumerate(lines) if line.startswith("test.schema"))
+    assert "DRF serializer" in lines[schema] and "schema=SchemaParameters" in lines[schema + 1]
+
+
+def test_show_prints_status_progress_attempts_and_history(user: Any) -> None:
+    job = processing(user)
+    services.report_progress(job, job.lease_token, 42, "page 4 of 10", step="pages")
+    services.request_cancel(job, services.Actor("ops"), "wrong month")
+    out, _ = run("jobstate", "show", str(job.pk))
+    assert f"job        {job.pk}" in out
+    assert "status     Processing (cancel requested)" in out
+    assert "progress   42%  page 4 of 10  [step pages]" in out
+    assert "attempts   1 of 3" in out and "owner      alice" in out
+    history = out[out.index("history") :].splitlines()
+    assert history[0] == "history    (3 transitions)"
+    assert "-> queued" in history[1] and "queued -> processing" in history[2]
+    assert "request_cancel" in history[3] and "ops  wrong month" in history[3]
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert (data["status"], data["progress"], data["attempts"]) == ("processing", 42, 1)
+    assert [h["transition"] for h in data["history"]][-1] == "request_cancel"
+
+
+def test_workflow_state_of_a_plain_job_and_bad_ids() -> None:
+    job = queued()
+    message = refused("jobstate_workflow", "state", str(job.pk))
+    assert (
+        message == f"Job {job.pk} (test.echo) is not a workflow; `manage.py jobstate show {job.pk}` shows it"
+    )
+    assert refused("jobstate_workflow", "state", "nope").startswith("'nope' is not a job id")
+    assert refused("jobstate_workflow", "skip", "nope", "x").startswith("'nope' is not a job id")
+    missing = "3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
+    assert refused("jobstate_workflow", "retry", missing) == f"No job {missing}"

@@ -1,0 +1,58 @@
+"""The core's extension points: called inside the transaction that changed the job."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobstate import hooks, services
+from jobstate.models import Job, JobEvent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def seen():
+    calls: list[hooks.Transition] = []
+    hooks.transitioned.register(calls.append)
+    yield calls
+    hooks.transitioned.unregister(calls.append)
+
+
+def test_transitioned_sees_enqueue_claim_and_outcome(seen):
+    job = services.enqueue("test.echo", {"a": 1})
+    (claimed,) = services.claim("w1", limit=1)
+    services.complete(claimed, claimed.lease_token, {"ok": True})
+    assert [(c.job_id, c.from_status, c.to_status, c.transition) for c in seen] == [
+        (job.pk, "", "queued", "enqueue"),
+        (job.pk, "queued", "processing", "claim"),
+        (job.pk, "processing", "completed", "complete"),
+    ]
+    assert seen[1].actor_label.startswith("worker") and seen[1].at is not None
+
+
+def test_a_failing_hook_rolls_the_transition_back():
+    job = services.enqueue("test.echo", {})
+
+    def refuse(change: hooks.Transition) -> None:
+        raise RuntimeError("no")
+
+    hooks.transitioned.register(refuse)
+    try:
+        with pytest.raises(RuntimeError):
+            services.request_cancel(job, reason="x")
+    finally:
+        hooks.transitioned.unregister(refuse)
+    job.refresh_from_db()
+    assert job.status == "queued" and job.cancel_requested_at is None
+    assert JobEvent.objects.filter(job=job).count() == 1
+
+
+def test_register_is_idempotent_and_empty_hook_is_falsy():
+    hook: hooks.Hook[[int]] = hooks.Hook("demo")
+    calls: list[int] = []
+    assert not hook
+    hook.register(calls.append)
+    hook.register(calls.append)
+    hook(3)
+    assert calls == [3] and bool(hook)
+    assert Job.objects.count() == 0

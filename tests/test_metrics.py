@@ -1,0 +1,226 @@
+"""The Prometheus endpoint: counts after a drain, counters folded from the
+history (stable across scrapes and processes), gauges, access control."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.test.utils import override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobstate import services
+from jobstate.metrics import gauges, totals
+from jobstate.metrics.models import MetricTotal
+from jobstate.services import workers
+from jobstate.worker.runner import drain
+
+pytestmark = pytest.mark.django_db
+
+OPEN = {"METRICS_ACCESS": "open", "METRICS_CACHE_SECONDS": 0, "METRICS_SETTLE_SECONDS": 0}
+
+
+@pytest.fixture(autouse=True)
+def fresh_snapshot():
+    gauges.reset()
+    yield
+    gauges.reset()
+
+
+def scrape(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics/")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    samples = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            if sample.name != "jobstate_metrics_snapshot_age_seconds":  # changes every time
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture
+def boom(temp_handler):
+    def fail(ctx: Any) -> None:
+        raise ValueError("boom")
+
+    temp_handler("test.boom", fail, max_attempts=1)
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_a_scrape_after_a_drain_finds_the_expected_counts(client, boom):
+    for n in range(3):
+        services.enqueue("test.echo", {"n": n})
+    services.enqueue("test.boom", {})
+    services.enqueue("test.echo", {"later": True}, run_after=None)
+    assert drain() == 5
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="completed") == 4
+    assert value(s, "jobstate_jobs", kind="test.boom", status="failed") == 1
+    echo = {"kind": "test.echo"}
+    assert (
+        value(
+            s,
+            "jobstate_transitions_total",
+            **echo,
+            from_status="none",
+            to_status="queued",
+            transition="enqueue",
+        )
+        == 4
+    )
+    assert (
+        value(
+            s,
+            "jobstate_transitions_total",
+            **echo,
+            from_status="queued",
+            to_status="processing",
+            transition="claim",
+        )
+        == 4
+    )
+    assert (
+        value(
+            s,
+            "jobstate_transitions_total",
+            **echo,
+            from_status="processing",
+            to_status="completed",
+            transition="complete",
+        )
+        == 4
+    )
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") == 4
+    assert value(s, "jobstate_outcomes_total", kind="test.boom", outcome="failed") == 1
+    assert value(s, "jobstate_queue_wait_seconds_count", **echo) == 4
+    assert value(s, "jobstate_queue_wait_seconds_bucket", **echo, le="+Inf") == 4
+    assert value(s, "jobstate_run_seconds_count", **echo, outcome="completed") == 4
+    assert value(s, "jobstate_run_seconds_count", kind="test.boom", outcome="failed") == 1
+    assert 0 <= value(s, "jobstate_run_seconds_sum", **echo, outcome="completed") < 5
+    # Scraping again counts nothing twice; new work adds up.
+    assert scrape(client) == s
+    services.enqueue("test.echo", {})
+    drain()
+    s2 = scrape(client)
+    assert value(s2, "jobstate_outcomes_total", **echo, outcome="completed") == 5
+    assert value(s2, "jobstate_jobs", kind="test.echo", status="completed") == 5
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_SETTLE_SECONDS": 3600})
+def test_young_rows_wait_until_they_settle(client):
+    services.enqueue("test.echo", {})
+    drain()
+    s = scrape(client)
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") is None
+    assert set(MetricTotal.objects.values_list("key", flat=True)) == {totals.CURSOR}
+    with override_settings(JOBSTATE=OPEN):
+        s = scrape(client)
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") == 1
+    assert MetricTotal.objects.get(key=totals.key("outcomes", "test.echo", "completed")).value == 1
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_FOLD_BATCH": 3})
+def test_folding_is_incremental_and_bounded(client):
+    for _ in range(2):
+        services.enqueue("test.echo", {})  # 2 rows: under the batch, counted from the start
+    s = scrape(client)
+    assert (
+        value(
+            s,
+            "jobstate_transitions_total",
+            kind="test.echo",
+            from_status="none",
+            to_status="queued",
+            transition="enqueue",
+        )
+        == 2
+    )
+    drain()  # 4 more rows: claim, complete, claim, complete
+    s = scrape(client)  # 3 folded
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") == 1
+    s = scrape(client)  # and the last one
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") == 2
+    assert value(s, "jobstate_queue_wait_seconds_count", kind="test.echo") == 2
+    assert scrape(client) == s
+
+
+@override_settings(JOBSTATE={**OPEN, "LEASE_SECONDS": 0.05})
+def test_reaper_actions_stuck_jobs_and_oldest_ready_age(client):
+    services.enqueue("test.echo", {})
+    services.claim("gone-worker", limit=1)
+    time.sleep(0.1)
+    s = scrape(client)
+    assert value(s, "jobstate_stuck_jobs", reason="lease_expired") == 1
+    services.requeue_expired()
+    s = scrape(client)
+    assert value(s, "jobstate_reaper_actions_total", kind="test.echo", action="requeue") == 1
+    assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="rescued") == 1
+    assert value(s, "jobstate_stuck_jobs", reason="lease_expired") == 0
+    assert 0 <= value(s, "jobstate_oldest_ready_job_age_seconds", kind="test.echo") < 5
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_live_workers_and_clusters(client):
+    workers.beat("h:1:2", cluster="h:1", role="pusher")
+    workers.beat("h:1:3", cluster="h:1", role="worker")
+    workers.beat("h:1:4", cluster="h:1", role="worker")
+    s = scrape(client)
+    assert value(s, "jobstate_workers_alive", cluster="h:1", role="worker") == 2
+    assert value(s, "jobstate_workers_alive", cluster="h:1", role="pusher") == 1
+    assert (
+        abs(value(s, "jobstate_cluster_last_heartbeat_timestamp_seconds", cluster="h:1") - time.time()) < 30
+    )
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 60})
+def test_gauges_are_served_from_the_cache(client):
+    services.enqueue("test.echo", {})
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 1
+    services.enqueue("test.echo", {})
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 1  # cached
+    enqueued = {"from_status": "none", "to_status": "queued", "transition": "enqueue"}
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **enqueued) == 1
+    gauges.reset()
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 2
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **enqueued) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stale_snapshot_is_served_while_a_thread_refreshes_it(client):
+    with override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 60}):
+        scrape(client)
+        old = gauges.current()
+    with override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 0.001}):
+        time.sleep(0.01)
+        assert gauges.current() is old  # served stale; a refresh started
+        for _ in range(100):
+            if gauges.current() is not old:
+                break
+            time.sleep(0.05)
+        assert gauges.current() is not old
+
+
+def test_access_staff_by_default(client, user, staff_user):
+    assert client.get("/metrics/").status_code == 401
+    client.force_login(user)
+    assert client.get("/metrics/").status_code == 403
+    client.force_login(staff_user)
+    assert client.get("/metrics/").status_code == 200
+
+
+@override_settings(JOBSTATE={"METRICS_ACCESS": "token", "METRICS_TOKEN": "s3cret-token"})
+def test_access_by_token(client, staff_user):
+    assert client.get("/metrics/").status_code == 401
+    assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    client.force_login(staff_user)
+    assert client.get("/metrics/").status_code == 403  # token mode: staff is not enough
+    assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from jobstate.models import WorkerProcess
+from jobstate.services import workers
+
+pytestmark = pytest.mark.django_db
+
+
+def test_first_beat_inserts_later_beats_update():
+    t0 = timezone.now()
+    workers.beat("h:10:11", cluster="h:10", role="worker", now=t0)
+    job = uuid.uuid4()
+    workers.beat(
+        "h:10:11", cluster="h:10", role="worker", job_id=job, finished=2, now=t0 + timedelta(seconds=5)
+    )
+    row = WorkerProcess.objects.get()
+    assert (row.host, row.pid, row.cluster, row.role) == ("h", 11, "h:10", "worker")
+    assert row.job_id == job and row.jobs_done == 2 and row.started_at == t0
+    assert row.seen_at == t0 + timedelta(seconds=5)
+
+
+@override_settings(JOBSTATE={"WORKER_ALIVE_SECONDS": 30})
+def test_alive_and_forget_dead():
+    now = timezone.now()
+    workers.beat("h:1:2", cluster="h:1", role="pusher", now=now)
+    workers.beat("h:1:3", cluster="h:1", role="worker", now=now - timedelta(seconds=60))
+    assert [w.name for w in workers.alive(now)] == ["h:1:2"]
+    assert workers.forget_dead(older_than_seconds=45, now=now) == 1
+    workers.gone("h:1:2")
+    assert WorkerProcess.objects.count() == 0

@@ -1,0 +1,55 @@
+"""JOBSTATE settings are validated by a system check (issue 10)."""
+
+from __future__ import annotations
+
+from django.core import checks
+from django.test import override_settings
+
+from jobstate import conf
+
+
+def errors() -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks(tags=["jobstate"]) if m.id.startswith("jobstate.E")]
+
+
+def test_defaults_and_valid_values_pass():
+    with override_settings(JOBSTATE={}):
+        assert errors() == []
+    with override_settings(
+        JOBSTATE={"RETENTION_DAYS": None, "LEASE_SECONDS": 30.5, "RETRY_JITTER": 0, "PREFETCH": 20}
+    ):
+        assert errors() == []
+
+
+def test_a_wrong_type_is_an_error_naming_the_expected_type():
+    with override_settings(JOBSTATE={"RETENTION_DAYS": "thirty"}):
+        (error,) = errors()
+    assert error.id == "jobstate.E003" and error.level == checks.ERROR
+    assert "'RETENTION_DAYS'" in error.msg and "expected int or float or None" in error.msg
+    assert "LEASE_SECONDS (int or float)" in error.hint
+
+
+def test_booleans_are_not_numbers_and_counts_are_not_floats():
+    with override_settings(JOBSTATE={"CLAIM_BATCH": True, "PRUNE_BATCH": 10.5, "PREFETCH": "x"}):
+        assert sorted(e.obj for e in errors()) == ["CLAIM_BATCH", "PREFETCH", "PRUNE_BATCH"]
+
+
+def test_an_unknown_key_is_an_error_listing_the_allowed_keys():
+    with override_settings(JOBSTATE={"LEASE_SECOND": 60}):
+        (error,) = errors()
+    assert error.id == "jobstate.E002" and "'LEASE_SECOND'" in error.msg
+    for key in conf.DEFAULTS:
+        assert key in error.hint
+
+
+def test_not_a_dict():
+    with override_settings(JOBSTATE=[("LEASE_SECONDS", 60)]):
+        (error,) = errors()
+    assert error.id == "jobstate.E001"
+
+
+def test_every_key_has_a_declared_type():
+    """A key added with a None default must say which types it takes (conf.NULLABLE)."""
+    for key in conf.DEFAULTS:
+        assert object not in conf.allowed_types(key), key
+        assert conf._accepts(conf.allowed_types(key), conf.DEFAULTS[key]), key

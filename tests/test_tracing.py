@@ -1,0 +1,162 @@
+"""OpenTelemetry: one trace from the enqueueing request to the job's claim,
+attempt, steps and outcome; nothing done or imported without a provider or the extra."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from jobstate import hooks, services
+from jobstate.tracing import spans
+from jobstate.tracing.models import JobTrace
+from jobstate.worker.runner import drain
+from tests.api_support import client_for, fresh_cache  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def exporter(monkeypatch):
+    """An SDK provider exporting to memory, for this test only (the global provider
+    can be set once per process; patching it keeps other tests untraced)."""
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    yield memory
+    provider.shutdown()
+
+
+def by_name(finished):
+    return {s.name: s for s in finished}
+
+
+@pytest.mark.usefixtures("fresh_cache")
+def test_one_trace_holds_the_request_the_attempt_and_the_steps(exporter, user):
+    tracer = trace.get_tracer_provider().get_tracer("test-web")
+    with tracer.start_as_current_span("POST /api/jobs/") as request_span:
+        response = client_for(user).post("/api/jobs/", {"kind": "wf.five", "parameters": {}}, format="json")
+    assert response.status_code == 201
+    job_id = response.data["id"]
+    stored = JobTrace.objects.get(job_id=job_id)
+    trace_id = request_span.get_span_context().trace_id
+    assert stored.traceparent.split("-")[1] == format(trace_id, "032x")
+    assert drain() == 1
+    finished = exporter.get_finished_spans()
+    assert {s.context.trace_id for s in finished} == {trace_id}
+    spans_ = by_name(finished)
+    assert {
+        "POST /api/jobs/",
+        "jobstate.enqueue",
+        "jobstate.claim",
+        "jobstate.attempt",
+        "jobstate.complete",
+        *(f"jobstate.step s{i}" for i in range(1, 6)),
+    } <= set(spans_)
+    enqueue, attempt = spans_["jobstate.enqueue"], spans_["jobstate.attempt"]
+    assert enqueue.parent.span_id == request_span.get_span_context().span_id
+    assert spans_["jobstate.claim"].parent.span_id == enqueue.context.span_id
+    assert attempt.parent.span_id == enqueue.context.span_id
+    assert (
+        attempt.attributes["jobstate.kind"] == "wf.five"
+        and attempt.attributes["jobstate.outcome"] == "completed"
+    )
+    for i in range(1, 6):
+        step = spans_[f"jobstate.step s{i}"]
+        assert step.parent.span_id == attempt.context.span_id
+        assert attempt.start_time <= step.start_time <= step.end_time <= attempt.end_time
+    assert spans_["jobstate.complete"].parent.span_id == attempt.context.span_id
+
+
+def test_a_job_queued_outside_a_trace_gets_a_trace_per_attempt(exporter, temp_handler):
+    def boom(ctx):
+        raise ValueError("boom")
+
+    temp_handler("test.trace_boom", boom, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("test.trace_boom", {})
+    assert not JobTrace.objects.filter(job_id=job.pk).exists()
+    drain()
+    finished = exporter.get_finished_spans()
+    attempts = [s for s in finished if s.name == "jobstate.attempt"]
+    assert [a.attributes["jobstate.outcome"] for a in attempts] == ["retrying", "failed"]
+    assert all(a.parent is None and a.status.status_code == StatusCode.ERROR for a in attempts)
+    outcomes = [s for s in finished if s.name in ("jobstate.requeue", "jobstate.fail")]
+    assert [o.name for o in outcomes] == ["jobstate.requeue", "jobstate.fail"]
+    assert outcomes[1].status.status_code == StatusCode.ERROR
+    assert [o.parent.span_id for o in outcomes] == [a.context.span_id for a in attempts]
+    assert outcomes[0].context.trace_id != outcomes[1].context.trace_id
+    assert "jobstate.enqueue" not in by_name(finished)
+
+
+def test_without_a_provider_nothing_is_traced_or_queried(user):
+    assert not spans.configured()
+    job = services.enqueue("test.echo", {})
+    with CaptureQueriesContext(connection) as queries:
+        drain()
+    assert not [q for q in queries.captured_queries if "jobtrace" in q["sql"].lower()]
+    assert not JobTrace.objects.filter(job_id=job.pk).exists()
+
+
+IMPORT_CHECK = """
+import json, sys
+{block}
+import django
+django.setup()
+from jobstate import hooks
+print(json.dumps({{
+    "imported": sorted(m for m, mod in sys.modules.items() if m.startswith("opentelemetry") and mod),
+    "spans": "jobstate.tracing.spans" in sys.modules,
+    "hooks": [bool(hooks.attempt_started), bool(hooks.attempt_ended)],
+}}))
+"""
+
+
+def _import_check(block: str, env_extra: dict[str, str] | None = None) -> dict:
+    import os
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.test_settings", **(env_extra or {})}
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_CHECK.format(block=block)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_without_the_extra_nothing_is_imported():
+    # As if opentelemetry were not installed: any import of it fails.
+    result = _import_check('sys.modules["opentelemetry"] = None')
+    assert result == {"imported": [], "spans": False, "hooks": [False, False]}
+
+
+@pytest.mark.slow
+def test_with_the_extra_the_hooks_are_installed():
+    result = _import_check("")
+    assert result["spans"] and result["hooks"] == [True, True]
+    assert "opentelemetry.trace" in result["imported"]
+
+
+@pytest.mark.slow
+def test_tracing_false_turns_it_off():
+    result = _import_check("", {"JOBSTATE_OVERRIDES": json.dumps({"TRACING": False})})
+    assert result == {"imported": [], "spans": False, "hooks": [False, False]}
+
+
+def test_hooks_are_declared_for_the_runner():
+    assert isinstance(hooks.attempt_started, hooks.Hook) and isinstance(hooks.attempt_ended, hooks.Hook)

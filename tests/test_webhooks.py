@@ -1,0 +1,297 @@
+"""Signed webhooks: the outbox hook, the delivery handler against a real local
+receiver, retries, the address guard, rotation, auto-disable and rescue."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils import timezone
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from jobstate import services
+from jobstate.models import Job
+from jobstate.webhooks import delivery, outbox, transport
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from jobstate.worker.runner import drain
+from tests.webhook_support import receiver  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.django_db
+
+ALLOW = {"WEBHOOK_ALLOW_PRIVATE": True, "WEBHOOK_BACKOFF_BASE": 0}
+
+
+@pytest.fixture(autouse=True)
+def fresh_answers():
+    outbox.forget()
+    yield
+    outbox.forget()
+
+
+def deliveries() -> list[Job]:
+    return list(Job.objects.filter(kind=outbox.KIND).order_by("created_at"))
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_completed_job_is_delivered_signed_and_verifies(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    job = services.enqueue("test.echo", {"n": 7}, owner=user)
+    drain()
+    assert len(receiver.requests) == 1
+    request = receiver.requests[0]
+    assert request.path == "/hooks/jobs"
+    assert request.headers["webhook-id"].startswith("msg_")
+    assert request.headers["webhook-signature"].startswith("v1,")
+    body = Webhook(endpoint.secret).verify(request.body, request.headers)
+    assert body["type"] == "job.completed"
+    assert body["data"]["id"] == str(job.pk)
+    assert body["data"]["status"] == "completed"
+    assert body["data"]["result"] == {"echo": {"n": 7}}
+    assert body["data"]["owner"] == "alice"
+    with pytest.raises(WebhookVerificationError):
+        Webhook(WebhookEndpoint(owner=user).secret).verify(request.body, request.headers)
+    (row,) = WebhookDelivery.objects.all()
+    assert (row.ok, row.status_code, row.attempt, row.job_id) == (True, 200, 1, job.pk)
+    assert row.webhook_id == request.headers["webhook-id"] and row.response_body == "thanks"
+    (sent,) = deliveries()
+    assert sent.status == "completed" and sent.result["status_code"] == 200
+    assert sent.owner_id is None
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_500_is_retried_with_the_same_webhook_id(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    receiver.statuses = [500]
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert len(receiver.requests) == 2
+    first, second = receiver.requests
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    Webhook(endpoint.secret).verify(second.body, second.headers)
+    rows = list(WebhookDelivery.objects.order_by("id").values_list("attempt", "ok", "status_code", "error"))
+    assert rows == [(1, False, 500, "HTTP 500"), (2, True, 200, "")]
+    (sent,) = deliveries()
+    assert sent.status == "completed" and sent.attempts == 2
+    endpoint.refresh_from_db()
+    assert endpoint.consecutive_failures == 0 and endpoint.enabled
+
+
+def test_backoff_grows_with_jitter():
+    for attempt, base in [(1, 10), (3, 40)]:
+        delays = {delivery.backoff(attempt) for _ in range(20)}
+        assert all(base <= d <= base * 1.25 for d in delays) and len(delays) > 1
+
+
+def test_no_delivery_to_loopback_unless_allowed(user, receiver):  # noqa: F811
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert receiver.requests == []
+    (sent,) = deliveries()
+    assert sent.status == "failed" and sent.attempts == 1  # not retried
+    assert "non-public address (127.0.0.1)" in sent.error_message
+    (row,) = WebhookDelivery.objects.all()
+    assert not row.ok and row.status_code is None and "WEBHOOK_ALLOW_PRIVATE" in row.error
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "10.1.2.3", "192.168.0.5", "169.254.169.254", "::1", "fe80::1", "::ffff:10.0.0.1"],
+)
+def test_private_addresses_are_forbidden(address):
+    assert transport.forbidden(address)
+
+
+def test_public_addresses_are_allowed():
+    assert not transport.forbidden("93.184.216.34") and not transport.forbidden("2606:4700::1111")
+
+
+def test_a_name_that_resolves_to_loopback_is_refused(monkeypatch):
+    monkeypatch.setattr(transport.socket, "getaddrinfo", lambda *a, **k: [(2, 1, 6, "", ("127.0.0.1", 80))])
+    with pytest.raises(transport.Blocked):
+        transport.post("http://innocent.example/hook", b"{}", {})
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_redirects_are_not_followed(user, receiver):  # noqa: F811
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    receiver.statuses = [302]
+    with override_settings(JOBSTATE={**ALLOW, "WEBHOOK_MAX_ATTEMPTS": 1}):
+        services.enqueue("test.echo", {}, owner=user)
+        drain()
+    assert len(receiver.requests) == 1
+    (sent,) = deliveries()
+    assert sent.status == "failed" and "HTTP 302" in sent.error_message
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_rotated_secret_signs_twice_during_the_overlap(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    old = endpoint.secret
+    endpoint.previous_secret, endpoint.secret = old, WebhookEndpoint().secret
+    endpoint.previous_secret_expires_at = timezone.now() + timedelta(hours=1)
+    endpoint.save()
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (request,) = receiver.requests
+    assert len(request.headers["webhook-signature"].split(" ")) == 2
+    Webhook(old).verify(request.body, request.headers)
+    Webhook(endpoint.secret).verify(request.body, request.headers)
+    endpoint.previous_secret_expires_at = timezone.now() - timedelta(seconds=1)
+    assert endpoint.signing_secrets() == [endpoint.secret]
+
+
+@override_settings(JOBSTATE={**ALLOW, "WEBHOOK_DISABLE_AFTER": 3, "WEBHOOK_MAX_ATTEMPTS": 2})
+def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    receiver.statuses = [503] * 10
+    services.enqueue("test.echo", {}, owner=user)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled
+    assert endpoint.consecutive_failures == 3 and endpoint.disabled_at is not None
+    assert endpoint.disabled_reason.startswith(
+        "disabled after 3 failed attempts in a row; the last: HTTP 503"
+    )
+    assert len(receiver.requests) == 3  # the fourth attempt was skipped, not sent
+    assert Job.objects.filter(kind=outbox.KIND, result__skipped__startswith="endpoint disabled").count() == 1
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert len(deliveries()) == 2  # no new delivery for a disabled endpoint
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_only_the_owners_and_global_endpoints_hear_of_a_job(user, other_user, receiver):  # noqa: F811
+    WebhookEndpoint.objects.create(owner=other_user, url=receiver.url + "/bob")
+    WebhookEndpoint.objects.create(owner=None, url=receiver.url + "/global")
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/alice-etl", kinds=["etl.import"])
+    services.enqueue("test.echo", {}, owner=user)
+    services.enqueue("test.echo", {})  # a system job
+    drain()
+    assert sorted(r.path for r in receiver.requests) == ["/hooks/jobs/global", "/hooks/jobs/global"]
+
+
+def test_a_delivery_commits_with_its_transition_or_not_at_all(user):
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/x")
+    job = services.enqueue("test.echo", {}, owner=user)
+    (claimed,) = services.claim("w", limit=1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.complete(claimed, claimed.lease_token, {})
+        assert len(deliveries()) == 1
+        raise RuntimeError("rolled back")
+    assert deliveries() == []
+    services.complete(claimed, claimed.lease_token, {})
+    (queued,) = deliveries()
+    assert queued.parameters["job"] == str(job.pk) and queued.parameters["event"] == "job.completed"
+    assert queued.status == "queued" and queued.max_attempts == 8
+
+
+def test_own_deliveries_are_never_announced(user):
+    WebhookEndpoint.objects.create(
+        owner=None, url="https://hooks.example.com/x", events=sorted(outbox_events())
+    )
+    services.enqueue("test.echo", {}, owner=user)
+    (claimed,) = services.claim("w", kinds=["test.echo"], limit=1)
+    services.complete(claimed, claimed.lease_token, {})
+    assert len(deliveries()) == 2  # job.started, job.completed
+    for _sent in deliveries():
+        (d,) = services.claim("w", kinds=[outbox.KIND], limit=1)
+        services.complete(d, d.lease_token, {})
+    assert len(deliveries()) == 2  # the deliveries' own claims and ends queue nothing
+
+
+def outbox_events() -> set[str]:
+    from jobstate.webhooks.models import EVENTS
+
+    return set(EVENTS)
+
+
+def test_no_subscription_costs_no_query(user):
+    job = services.enqueue("test.echo", {}, owner=user)
+    (claimed,) = services.claim("w", limit=1)
+    with CaptureQueriesContext(connection) as queries:
+        services.complete(claimed, claimed.lease_token, {})
+    assert not [q for q in queries.captured_queries if "webhook" in q["sql"]]
+    assert Job.objects.get(pk=job.pk).status == "completed"
+    # Saving an endpoint refreshes this process's answer at once.
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/x")
+    job2 = services.enqueue("test.echo", {}, owner=user)
+    services.request_cancel(job2, reason="x")
+    assert [d.parameters["event"] for d in deliveries()] == ["job.cancelled"]
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_worker_killed_mid_delivery_is_rescued_with_the_same_webhook_id(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])
+    (claimed,) = services.claim("doomed-worker", kinds=[outbox.KIND], limit=1, lease_seconds=0.2)
+    claimed = services.begin(claimed, claimed.lease_token, "doomed-worker", lease_seconds=0.2).job
+    # The worker sends the request, then is SIGKILLed before it stores the outcome.
+    delivery.deliver(SimpleNamespace(job=claimed))
+    assert len(receiver.requests) == 1
+    assert Job.objects.get(pk=claimed.pk).status == "processing"
+    time.sleep(0.3)  # the dead worker's lease runs out
+    report = services.requeue_expired()
+    assert report.requeued == [claimed.pk]
+    drain()
+    assert len(receiver.requests) == 2
+    first, second = receiver.requests
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]
+    assert json.loads(first.body)["data"]["id"] == json.loads(second.body)["data"]["id"]
+    Webhook(endpoint.secret).verify(second.body, second.headers)
+    sent = Job.objects.get(pk=claimed.pk)
+    assert sent.status == "completed" and sent.attempts == 2
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_delivery_queued_by_a_user_is_refused(user, receiver):  # noqa: F811
+    endpoint = WebhookEndpoint.objects.create(owner=None, url=receiver.url)
+    job = services.enqueue("test.echo", {})
+    forged = services.enqueue(
+        outbox.KIND,
+        {
+            "endpoint": endpoint.pk,
+            "job": str(job.pk),
+            "event": "job.completed",
+            "webhook_id": "msg_x",
+            "at": "x",
+        },
+        owner=user,
+    )
+    drain(kinds=[outbox.KIND])
+    forged.refresh_from_db()
+    assert forged.status == "failed" and "queued by jobstate only" in forged.error_message
+    assert receiver.requests == []
+
+
+def test_event_types_of_transitions():
+    from jobstate.hooks import Transition
+
+    def change(frm: str, to: str, name: str) -> Transition:
+        return Transition("j", frm, to, name, "x", "", None)
+
+    assert outbox.event_type(change("", "queued", "enqueue")) is None
+    assert outbox.event_type(change("queued", "processing", "claim")) == "job.started"
+    assert outbox.event_type(change("processing", "queued", "requeue")) == "job.requeued"
+    assert outbox.event_type(change("processing", "completed", "complete")) == "job.completed"
+    assert outbox.event_type(change("queued", "cancelled", "cancel")) == "job.cancelled"
+    assert outbox.event_type(change("processing", "processing", "step_completed")) == "job.step"
+    assert outbox.event_type(change("processing", "processing", "step_failed")) == "job.step"
+    assert outbox.event_type(change("processing", "processing", "note")) is None
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_step_events_of_a_workflow(user, receiver):  # noqa: F811
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url, events=["job.step", "job.completed"])
+    job = services.enqueue("wf.five", {}, owner=user)
+    drain()
+    types = [json.loads(r.body)["type"] for r in receiver.requests]
+    assert types.count("job.step") == 5 and types.count("job.completed") == 1
+    assert {json.loads(r.body)["data"]["id"] for r in receiver.requests} == {str(job.pk)}

@@ -1,0 +1,142 @@
+"""/api/webhooks/: owner-scoped endpoints, global ones for staff, rotation,
+deliveries and re-enabling; and the admin pages."""
+
+from __future__ import annotations
+
+import pytest
+from django.test.utils import override_settings
+
+from jobstate.webhooks import outbox
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from tests.api_support import client_for, fresh_cache  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
+
+URL = "/api/webhooks/"
+
+
+@pytest.fixture(autouse=True)
+def fresh_answers():
+    outbox.forget()
+    yield
+    outbox.forget()
+
+
+def test_an_owner_creates_lists_and_sees_only_their_endpoints(user, other_user):
+    alice, bob = client_for(user), client_for(other_user)
+    response = alice.post(URL, {"url": "https://hooks.example.com/a"}, format="json")
+    assert response.status_code == 201, response.data
+    data = response.data
+    assert data["owner"] == "alice" and data["is_global"] is False and data["enabled"] is True
+    assert data["secret"].startswith("whsec_") and data["events"] == [
+        "job.completed",
+        "job.failed",
+        "job.cancelled",
+        "job.partial",
+    ]
+    assert WebhookEndpoint.objects.get().owner == user
+    assert [e["id"] for e in alice.get(URL).data["results"]] == [data["id"]]
+    assert bob.get(URL).data["results"] == []
+    assert bob.get(f"{URL}{data['id']}/").status_code == 404
+    assert bob.delete(f"{URL}{data['id']}/").status_code == 404
+    assert client_for(None).get(URL).status_code == 401
+
+
+def test_events_are_checked(user):
+    response = client_for(user).post(
+        URL, {"url": "https://hooks.example.com/a", "events": ["job.exploded"]}, format="json"
+    )
+    assert response.status_code == 400 and "events" in response.data["error"]["fields"]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8000/x", "http://[::1]/x", "http://10.0.0.8/", "ftp://a.b/"]
+)
+def test_private_and_odd_urls_are_refused(user, url):
+    response = client_for(user).post(URL, {"url": url}, format="json")
+    assert response.status_code == 400 and "url" in response.data["error"]["fields"]
+
+
+@override_settings(JOBSTATE={"WEBHOOK_ALLOW_PRIVATE": True})
+def test_private_urls_pass_when_allowed(user):
+    assert client_for(user).post(URL, {"url": "http://127.0.0.1:8000/x"}, format="json").status_code == 201
+
+
+def test_only_staff_create_global_endpoints(user, staff_user):
+    body = {"url": "https://hooks.example.com/all", "is_global": True}
+    assert client_for(user).post(URL, body, format="json").status_code == 403
+    response = client_for(staff_user).post(URL, body, format="json")
+    assert response.status_code == 201 and response.data["is_global"] is True
+    assert WebhookEndpoint.objects.get().owner is None
+    # Staff see everyone's endpoints, as with jobs.
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    assert len(client_for(staff_user).get(URL).data["results"]) == 2
+    assert len(client_for(user).get(URL).data["results"]) == 1
+
+
+def test_rotating_the_secret_keeps_the_old_one_for_the_overlap(user):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    old = endpoint.secret
+    response = client_for(user).post(
+        f"{URL}{endpoint.pk}/rotate-secret/", {"overlap_seconds": 600}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.data["secret"] != old and response.data["previous_secret_expires_at"]
+    endpoint.refresh_from_db()
+    assert endpoint.signing_secrets() == [response.data["secret"], old]
+    assert "previous_secret" not in response.data
+
+
+def test_a_disabled_endpoint_shows_why_and_re_enabling_resets_it(user):
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user,
+        url="https://hooks.example.com/a",
+        enabled=False,
+        consecutive_failures=20,
+        disabled_reason="disabled after 20 failed attempts in a row; the last: HTTP 500",
+    )
+    client = client_for(user)
+    shown = client.get(f"{URL}{endpoint.pk}/").data
+    assert shown["enabled"] is False and shown["disabled_reason"].startswith("disabled after 20")
+    assert shown["consecutive_failures"] == 20
+    response = client.patch(f"{URL}{endpoint.pk}/", {"enabled": True}, format="json")
+    assert response.status_code == 200
+    assert response.data["enabled"] and response.data["disabled_reason"] == ""
+    assert response.data["consecutive_failures"] == 0
+
+
+def test_deliveries_are_listed_newest_first(user, other_user):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    for attempt, code in [(1, 500), (2, 200)]:
+        WebhookDelivery.objects.create(
+            endpoint=endpoint,
+            webhook_id="msg_1",
+            event="job.completed",
+            job_id="8d6f3c52-4f0c-4b8e-9d0a-0c3f1f0a1b2c",
+            attempt=attempt,
+            ok=code == 200,
+            status_code=code,
+            duration_ms=12,
+        )
+    data = client_for(user).get(f"{URL}{endpoint.pk}/deliveries/").data
+    assert [(d["attempt"], d["status_code"], d["ok"]) for d in data["results"]] == [
+        (2, 200, True),
+        (1, 500, False),
+    ]
+    assert client_for(other_user).get(f"{URL}{endpoint.pk}/deliveries/").status_code == 404
+
+
+def test_the_admin_lists_endpoints_and_deliveries(admin_client, user):
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user, url="https://hooks.example.com/a", disabled_reason="x"
+    )
+    WebhookDelivery.objects.create(
+        endpoint=endpoint,
+        webhook_id="msg_9",
+        event="job.failed",
+        job_id="8d6f3c52-4f0c-4b8e-9d0a-0c3f1f0a1b2c",
+    )
+    assert b"hooks.example.com" in admin_client.get("/admin/jobstate/webhookendpoint/").content
+    page = admin_client.get(f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/")
+    assert page.status_code == 200 and b"msg_9" in page.content
+    assert b"msg_9" in admin_client.get("/admin/jobstate/webhookdelivery/").content
