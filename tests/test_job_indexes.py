@@ -64,4 +64,9 @@ def test_progress_heartbeat_and_lease_updates_are_hot():
         services.heartbeat(job.pk, claimed.lease_token)
     services.extend_leases("host:1:2", [(job.pk, claimed.lease_token)])
     updated, hot = (a - b for a, b in zip(_table_update_counts(), before, strict=True))
-    assert updated >= 39 and hot == updated
+    # Not "all of them": a HOT update also needs room on the row's page, and pruning
+    # the page's dead versions to make room waits for every snapshot that might see
+    # them (an autovacuum ANALYZE of the table holds one), so now and then one update
+    # of the 39 is not HOT (seen in CI: 38 of 39). That no index covers these columns
+    # is the deterministic test above; this one measures issue 9's bar, >= 90% HOT.
+    assert updated >= 39 and hot >= 0.9 * updated, (updated, hot)
