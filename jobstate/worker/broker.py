@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import multiprocessing
 import os
 import socket
 import time
@@ -39,6 +40,7 @@ from jobstate.worker import q2
 from jobstate.worker.listen import Listener
 from jobstate.worker.packages import EXECUTE, package
 from jobstate.worker.runner import hard_limit_for
+from jobstate.worker.supervisor import supervisor
 
 __all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait", "picked_up"]
 
@@ -82,6 +84,21 @@ def _plain_picked_up(task: dict[str, Any]) -> None:
 
 
 q2.on_task_start(_plain_picked_up, uid="jobstate.worker.broker.plain")
+
+
+def _worker_spawned() -> None:
+    """In a new worker process: record it in WorkerProcess at once, idle, so an
+    operator sees an idle cluster's workers before they run their first job."""
+    if multiprocessing.parent_process() is None:
+        return
+    cluster = cluster_id()
+    try:
+        supervisor().serve_as(f"{cluster}:{os.getpid()}", cluster)
+    except Exception:  # never keep a worker process from starting
+        logger.exception("jobstate: could not start the worker process's heartbeat")
+
+
+q2.on_worker_spawn(_worker_spawned, uid="jobstate.worker.broker.spawned")
 
 
 class _Handed(NamedTuple):

@@ -19,6 +19,8 @@ takes from django-q2, and why:
   the counter is off and the broker falls back to its database checks).
 - ``on_task_start``: django-q2's ``pre_execute`` signal, sent in a worker
   process as it takes a task off the queue; jobstate counts plain tasks with it.
+- ``on_worker_spawn``: django-q2's ``post_spawn`` signal, sent in a worker
+  process as it starts; jobstate records the process (idle) in WorkerProcess.
 - ``sign`` / ``SignedPackage``, ``TimeoutException``: the signed package a
   worker process unpacks, and the exception django-q2 raises at its hard limit.
 """
@@ -34,7 +36,7 @@ from django_q.brokers.orm import ORM as OrmBroker
 from django_q.conf import Conf
 from django_q.exceptions import TimeoutException
 from django_q.models import OrmQ
-from django_q.signals import pre_execute
+from django_q.signals import post_spawn, pre_execute
 from django_q.signing import SignedPackage
 
 __all__ = [
@@ -143,3 +145,12 @@ def on_task_start(callback: Callable[[dict[str, Any]], None], uid: str) -> None:
             callback(task)
 
     pre_execute.connect(receiver, dispatch_uid=uid, weak=False)
+
+
+def on_worker_spawn(callback: Callable[[], None], uid: str) -> None:
+    """Call ``callback()`` in each worker process as it starts, before its first task."""
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        callback()
+
+    post_spawn.connect(receiver, dispatch_uid=uid, weak=False)

@@ -217,3 +217,25 @@ def test_stale_worker_writes_are_refused(qcluster):
 def _gave_up(log: str, job: Job) -> bool:
     """django-q2 logs each finished package; the stale one is the second for this job."""
     return log.count(f"Processed 'jobstate.worker.tasks.execute' (e2e.slow {job.pk})") >= 2
+
+
+def test_an_idle_cluster_shows_its_pusher_and_every_worker_process(qcluster):
+    """Before any job: operators must tell an idle cluster from a dead one."""
+    from jobstate.models import WorkerProcess
+    from jobstate.services import workers as worker_processes
+
+    cluster = qcluster(workers=2)
+    prefix = f":{cluster.pid}"
+
+    def recorded() -> list[WorkerProcess] | None:
+        rows = [row for row in WorkerProcess.objects.all() if row.cluster.endswith(prefix)]
+        roles = sorted(row.role for row in rows)
+        return rows if roles == ["pusher", "worker", "worker"] else None
+
+    rows = wait_for(recorded, 15, message=cluster.log()[-3000:])
+    assert Job.objects.count() == 0
+    workers = [row for row in rows if row.role == "worker"]
+    assert {row.pid for row in workers} <= set(cluster.pids())
+    assert all(row.job_id is None and row.jobs_done == 0 for row in workers)
+    alive = [row.name for row in worker_processes.alive()]
+    assert {row.name for row in rows} <= set(alive)
