@@ -54,3 +54,21 @@ def test_cancel_requested_shows_the_lease_with_the_request(admin_client: Any) ->
     services.request_cancel(job, None, "stop")
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
     assert "field-cancel_requested_at" in html and "Lease" in html
+
+
+def test_history_is_in_id_order_even_when_clocks_disagree(admin_client: Any) -> None:
+    import datetime as dt
+
+    from jobstate.models import JobEvent
+
+    job = failed()
+    ids = list(JobEvent.objects.filter(job=job).order_by("id").values_list("id", flat=True))
+    assert len(ids) >= 3
+    # The last event carries the earliest time (a worker with a slow clock).
+    base = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for i, pk in enumerate(ids):
+        JobEvent.objects.filter(pk=pk).update(created_at=base - dt.timedelta(seconds=i))
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    history = html[html.index("Transition history") :]
+    shown = [int(pk) for pk in re.findall(r'name="events-\d+-id" value="(\d+)"', history)]
+    assert shown == ids

@@ -78,3 +78,25 @@ def test_import_contracts_hold(monkeypatch: pytest.MonkeyPatch):
         cli.lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True)
         == cli.EXIT_STATUS_SUCCESS
     )
+
+
+def test_the_contracts_fail_when_the_core_imports_workflows(tmp_path: Path):
+    """The contracts can fail: a copy of jobstate whose services import workflows is refused."""
+    import shutil
+    import subprocess
+
+    shutil.copytree(ROOT / "jobstate", tmp_path / "jobstate", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+    control = tmp_path / "jobstate" / "services" / "control.py"
+    control.write_text(control.read_text() + "\nimport jobstate.workflows  # noqa: E402\n")
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0, run.stdout
+    assert "jobstate.services.control -> jobstate.workflows" in run.stdout, run.stdout
+    assert "BROKEN" in run.stdout

@@ -155,7 +155,8 @@ class JobEventInline(EventColumns, CappedInline):
     full_list = "admin:jobstate_jobevent_changelist"
 
     def get_queryset(self, request: Any) -> Any:
-        return super().get_queryset(request).select_related("actor").order_by("created_at", "id")
+        # Insertion order is the truth (JobEvent.Meta), whatever the clocks said.
+        return super().get_queryset(request).select_related("actor").order_by("id")
 
 
 class AssetInline(CappedInline):

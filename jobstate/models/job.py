@@ -48,13 +48,6 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Processing jobs whose lease has run out (their worker is presumed dead)."""
         return self.processing().filter(lease_expires_at__lt=now or timezone.now())
 
-    def owned_by(self, user: Any) -> JobQuerySet:
-        if getattr(user, "is_staff", False):
-            return self
-        if not getattr(user, "is_authenticated", False):
-            return self.none()
-        return self.filter(owner=user)
-
 
 CLAIM_ORDER = ("-priority", "run_after", "created_at")
 # Columns written while a job runs (progress, heartbeats, lease renewal, begin):
