@@ -92,3 +92,15 @@ def chaos(ctx: Any) -> dict[str, Any]:
         ctx.progress(min(99, int(100 * elapsed / seconds)))
         time.sleep(tick)
     return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+@jobstate.handler("e2e.asset_then_hang", max_attempts=2)
+def asset_then_hang(ctx: Any) -> dict[str, Any]:
+    """Store an asset named after the attempt; on the first attempt then hang
+    (reporting progress) until the test kills this worker process."""
+    ctx.add_asset("report", f"attempt,{ctx.attempt}\n", name=f"attempt-{ctx.attempt}.csv")
+    if ctx.attempt == 1:
+        for i in range(600):
+            ctx.progress(min(99, i + 1), "asset stored; waiting to be killed")
+            time.sleep(0.1)
+    return {"attempt": ctx.attempt, "pid": os.getpid()}

@@ -239,3 +239,28 @@ def test_an_idle_cluster_shows_its_pusher_and_every_worker_process(qcluster):
     assert all(row.job_id is None and row.jobs_done == 0 for row in workers)
     alive = [row.name for row in worker_processes.alive()]
     assert {row.name for row in rows} <= set(alive)
+
+
+def test_assets_of_an_attempt_killed_by_sigkill_are_hidden_from_the_results(qcluster):
+    from jobstate.models import Asset
+    from jobstate.services import result_assets
+
+    cluster = qcluster(workers=2)
+    job = services.enqueue("e2e.asset_then_hang", {})
+    running = wait_for(
+        lambda: (
+            (j := running_in_worker(job)) is not None and Asset.objects.filter(job_id=job.pk).exists() and j
+        ),
+        15,
+        message="first attempt stored its asset",
+    )
+    cluster.kill(worker_pid(running.worker_id), signal.SIGKILL)
+
+    wait_for(lambda: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    done = fresh(job)
+    assert done.status == Status.COMPLETED and done.attempts == 2, (done.status, done.error_message)
+    lost, kept = Asset.objects.filter(job_id=job.pk).order_by("attempt")
+    assert (lost.attempt, lost.attempt_lost, lost.name) == (1, True, "attempt-1.csv")
+    assert (kept.attempt, kept.attempt_lost, kept.name) == (2, False, "attempt-2.csv")
+    assert [a.pk for a in result_assets(done)] == [kept.pk]
+    assert lost.file.storage.exists(lost.file.name)  # kept for operators until pruned
