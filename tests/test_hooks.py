@@ -56,3 +56,24 @@ def test_register_is_idempotent_and_empty_hook_is_falsy():
     hook(3)
     assert calls == [3] and bool(hook)
     assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("hook_name", ["attempt_started", "attempt_ended"])
+def test_a_raising_attempt_observer_changes_nothing(hook_name, caplog):
+    from jobstate.worker.runner import drain
+    from jobstate.worker.supervisor import supervisor
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("exporter down")
+
+    hook = getattr(hooks, hook_name)
+    hook.register(broken)
+    try:
+        job = services.enqueue("test.echo", {"value": 1})
+        assert drain("host:1:2", kinds=["test.echo"]) == 1
+    finally:
+        hook.unregister(broken)
+    done = Job.objects.get(pk=job.pk)
+    assert done.status == "completed" and done.attempts == 1
+    assert supervisor().slot is None  # the attempt's slot was closed: no heartbeat for it
+    assert f"the {hook_name} hook raised" in caplog.text

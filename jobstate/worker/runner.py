@@ -49,6 +49,7 @@ django-q2 hard time limit                  retry or ``failed`` HardTimeout
 worker process killed or frozen            the reaper: retry or ``failed`` WorkerLost
 cluster killed before a process began it   the reaper: ``queued``, no attempt charged
 even recording the failure fails           the lease runs out; the reaper, as above
+an attempt observer hook raises            logged and ignored; the outcome stands
 =========================================  ==========================================
 """
 
@@ -138,7 +139,7 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str) -> str:
         release(job, exc, "the handler could not be started")
         raise
     started = time.monotonic()
-    hooks.attempt_started(ctx)
+    _observe(hooks.attempt_started, ctx)
     outcome: tuple[str, Any]
     try:
         try:
@@ -163,8 +164,17 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str) -> str:
     else:
         usable_connection(time.monotonic() - started)
     ended = finish(ctx, *outcome)
-    hooks.attempt_ended(ctx, ended)
+    _observe(hooks.attempt_ended, ctx, ended)
     return ended
+
+
+def _observe(hook: hooks.Hook[...], *args: Any) -> None:
+    """Call an observer hook (tracing, metrics): one that raises is logged, and
+    the attempt goes on as if it had not been there."""
+    try:
+        hook(*args)
+    except Exception:
+        logger.exception("jobstate: a function of the %s hook raised; ignored", hook.name)
 
 
 def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
