@@ -5,7 +5,9 @@
   ``<!-- generated: settings -->`` (``jobstate.conf.DEFAULTS`` with their comments),
   ``<!-- generated: commands -->`` (every ``jobstate`` management command's ``--help``),
   ``<!-- generated: openapi -->`` (the operations of the OpenAPI schema), and the
-  schema itself as ``reference/openapi.json``.
+  schema itself as ``reference/openapi.json``;
+  ``<!-- generated: services -->`` (one mkdocstrings block per name in
+  ``jobstate.services.__all__``: the service API from its docstrings).
 """
 
 from __future__ import annotations
@@ -65,10 +67,13 @@ def _django() -> None:
 # --- settings ----------------------------------------------------------------------------
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "int \\| None"  # every None default in DEFAULTS is a count or a number of seconds
-    return type(value).__name__
+def _type_name(key: str) -> str:
+    """The types ``manage.py check`` accepts for ``JOBSTATE[key]`` (``jobstate.conf.allowed_types``),
+    e.g. ``int | float`` for a number of seconds, ``bool | None`` for ``TRACING``."""
+    from jobstate import conf
+
+    names = ("None" if t is type(None) else t.__name__ for t in conf.allowed_types(key))
+    return " \\| ".join(names)  # "|" escaped: the cell is in a Markdown table
 
 
 def settings_reference() -> str:
@@ -107,7 +112,7 @@ def settings_reference() -> str:
         out.write("| key | type | default |\n|---|---|---|\n")
         for key in keys:
             value = conf.DEFAULTS[key]
-            out.write(f"| `{key}` | {_type_name(value)} | `{value!r}` |\n")
+            out.write(f"| `{key}` | {_type_name(key)} | `{value!r}` |\n")
         out.write("\n")
     return out.getvalue()
 
@@ -182,10 +187,35 @@ def openapi_reference() -> str:
     return out.getvalue()
 
 
+# --- service API -------------------------------------------------------------------------------
+
+
+def service_paths() -> list[str]:
+    """Where each name of ``jobstate.services.__all__`` is defined, in ``__all__`` order.
+
+    mkdocstrings is given these paths rather than ``jobstate.services`` whole: griffe
+    reads ``jobstate.services.enqueue`` as the submodule of that name, which the
+    package's ``from jobstate.services.enqueue import enqueue`` shadows at run time.
+    """
+    _django()
+    from jobstate import services
+
+    paths = []
+    for name in services.__all__:
+        obj = getattr(services, name)
+        paths.append(f"{obj.__module__}.{obj.__qualname__}")
+    return paths
+
+
+def services_reference() -> str:
+    return "".join(f"::: {path}\n\n" for path in service_paths())
+
+
 GENERATORS = {
     "settings": settings_reference,
     "commands": commands_reference,
     "openapi": openapi_reference,
+    "services": services_reference,
 }
 
 

@@ -159,6 +159,10 @@ def allowed_types(name: str) -> tuple[type, ...]:
     return (type(default),)
 
 
+# Every system check's hint ends with this (the page lists each check id).
+CHECKS_DOCS = "See docs/reference/checks.md in the jobstate documentation."
+
+
 def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join("None" if t is type(None) else t.__name__ for t in types)
 
@@ -177,7 +181,7 @@ def problems(user: Any) -> list[Error]:
         return [
             Error(
                 f"settings.JOBSTATE is a {type(user).__name__}; it must be a dict.",
-                hint="JOBSTATE = {'LEASE_SECONDS': 60, ...}; see jobstate.conf.DEFAULTS.",
+                hint="JOBSTATE = {'LEASE_SECONDS': 60, ...}; see jobstate.conf.DEFAULTS. " + CHECKS_DOCS,
                 id="jobstate.E001",
             )
         ]
@@ -188,7 +192,7 @@ def problems(user: Any) -> list[Error]:
             found.append(
                 Error(
                     f"Unknown key {key!r} in settings.JOBSTATE.",
-                    hint=f"Allowed keys and types: {table}.",
+                    hint=f"Allowed keys and types: {table}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E002",
                 )
@@ -198,7 +202,7 @@ def problems(user: Any) -> list[Error]:
                 Error(
                     f"settings.JOBSTATE[{key!r}] is {value!r} ({type(value).__name__}); "
                     f"expected {_type_names(allowed_types(key))}.",
-                    hint=f"Default: {DEFAULTS[key]!r}. Allowed keys and types: {table}.",
+                    hint=f"Default: {DEFAULTS[key]!r}. Allowed keys and types: {table}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E003",
                 )

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import re
 import tomllib
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+from unittest import mock
+
+import pytest
+from django.core.checks import CheckMessage, run_checks
+from django.test import override_settings
 
 import jobstate
+from jobstate import conf, services
+from jobstate.worker.checks import BROKER, sqlite_warnings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -25,6 +37,26 @@ def test_readme_opens_with_the_two_commands_and_stays_a_landing_page():
     assert len(README.splitlines()) < 250
 
 
+def quick_start() -> str:
+    return README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_quick_start_configures_the_worker_and_says_how_to_install():
+    """A reader of the README alone gets a qcluster that runs jobs (no "No module named
+    'redis'"), and can install jobstate while it is not on PyPI."""
+    section = quick_start()
+    (block,) = [b for b in code_blocks(section, "python") if "Q_CLUSTER = {" in b]
+    q_cluster = ast.literal_eval(block.split("Q_CLUSTER = ", 1)[1])
+    assert q_cluster["broker_class"] == BROKER
+    with override_settings(Q_CLUSTER=q_cluster):
+        assert not [m.id for m in run_checks(tags=["jobstate"]) if m.id.startswith("jobstate.W")]
+    assert section.index("Q_CLUSTER = {") < section.index("manage.py qcluster")
+    install = code_blocks(section, "sh")[0]
+    assert "python -m pip install ./jobstate " in install
+    assert "dist/django_jobstate-*.whl" in install
+    assert "django-jobstate" not in install, "not on PyPI yet"
+
+
 def test_readme_python_is_the_text_the_new_project_test_runs():
     blocks = code_blocks(README, "python")
     assert blocks
@@ -32,13 +64,64 @@ def test_readme_python_is_the_text_the_new_project_test_runs():
         assert any(block in text for text in SNIPPETS.values()), f"not in docs/snippets/:\n{block}"
 
 
-def test_every_system_check_id_is_documented():
+CHECKS_PAGE = "docs/reference/checks.md"
+
+
+def check_ids_in_code() -> set[str]:
     ids = set()
     for path in (ROOT / "jobstate").rglob("*.py"):
         ids |= set(re.findall(r"""id=["'](jobstate\.[A-Z]\d{3})["']""", path.read_text()))
-    assert ids
-    page = (ROOT / "docs" / "reference" / "checks.md").read_text()
-    assert not [i for i in sorted(ids) if i not in page]
+    return ids
+
+
+def test_every_system_check_id_is_documented():
+    ids = check_ids_in_code()
+    assert {"jobstate.E001", "jobstate.E901", "jobstate.W001", "jobstate.W009"} <= ids
+    page = (ROOT / CHECKS_PAGE).read_text()
+    # Each id has its own row in one of the page's tables.
+    assert not [i for i in sorted(ids) if not re.search(rf"^\| {re.escape(i)} \|", page, flags=re.M)]
+
+
+def every_check_message(temp_handler: Any) -> list[CheckMessage]:
+    """Settings that set off every system check the code defines."""
+    temp_handler("docs.long", timeout=900)  # a hard limit above the cluster timeout below (W005)
+    found: list[CheckMessage] = []
+    # No broker_class (W001, W005), timeout not below retry (W002), no max_attempts (W003)
+    # or ack_failures (W004), cached (W006), sync (W007), a heartbeat over half the lease (W008).
+    with override_settings(
+        Q_CLUSTER={"timeout": 60, "retry": 60, "cached": 60, "sync": True},
+        JOBSTATE={"LEASE_SECONDS": 20, "HEARTBEAT_SECONDS": 15},
+    ):
+        found += run_checks(tags=["jobstate"])
+    found += sqlite_warnings({"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {}})  # W009
+    found += conf.problems([])  # E001
+    found += conf.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
+    from jobstate.tasks.compat import task_backends
+
+    with mock.patch("jobstate.tasks.backend.apps.is_installed", return_value=False):
+        found += task_backends["default"].check()  # E901
+    return found
+
+
+def test_every_check_hint_names_the_checks_page(temp_handler):
+    messages = [m for m in every_check_message(temp_handler) if str(m.id).startswith("jobstate.")]
+    # Every id the code defines is set off above, so none goes unchecked.
+    assert {m.id for m in messages} == check_ids_in_code()
+    assert (ROOT / CHECKS_PAGE).is_file()
+    assert not [m.id for m in messages if f"See {CHECKS_PAGE}" not in (m.hint or "")]
+
+
+def test_w008_hint_agrees_with_the_check_and_the_docs():
+    # The check warns above half the lease; so must the hint and the page.
+    with override_settings(JOBSTATE={"LEASE_SECONDS": 20, "HEARTBEAT_SECONDS": 10}):
+        assert not [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.W008"]
+    with override_settings(JOBSTATE={"LEASE_SECONDS": 20, "HEARTBEAT_SECONDS": 10.5}):
+        (warning,) = [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.W008"]
+    assert "at most half of LEASE_SECONDS" in warning.hint
+    assert (
+        "| jobstate.W008 | `HEARTBEAT_SECONDS` > half of `LEASE_SECONDS` |"
+        in (ROOT / CHECKS_PAGE).read_text()
+    )
 
 
 def test_check_hints_point_to_a_docs_page_that_exists():
@@ -77,3 +160,46 @@ def test_requirements_txt_pins_the_same_ranges_as_pyproject():
     for spec in declared:
         name = re.match(r"[A-Za-z0-9_.\[\]-]+", spec).group(0).lower()
         assert requirements.get(name) == spec.replace(" ", ""), f"requirements.txt: {spec}"
+
+
+# --- the generated references (docs/hooks.py) ----------------------------------------------
+
+
+@pytest.fixture
+def hooks(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("jobstate_docs_hooks", ROOT / "docs" / "hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # pytest-django has set Django up already, with the test settings and environment.
+    monkeypatch.setattr(module, "_django_ready", True)
+    return module
+
+
+def test_settings_reference_gives_each_key_the_types_the_check_accepts(hooks):
+    reference = hooks.settings_reference()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (.+?) \| `.*` \|$", reference, flags=re.M))
+    assert rows.keys() == conf.DEFAULTS.keys()
+    assert rows["TRACING"] == "bool \\| None"
+    assert rows["PREFETCH"] == "int \\| None"
+    assert rows["RETENTION_DAYS"] == "int \\| float \\| None"
+    assert rows["LEASE_SECONDS"] == "int \\| float"
+    assert rows["WEBHOOK_ALLOW_PRIVATE"] == "bool"
+    assert rows["STORAGE"] == "str"
+    for key, cell in rows.items():
+        expected = ["None" if t is type(None) else t.__name__ for t in conf.allowed_types(key)]
+        assert [name.strip() for name in cell.split("\\|")] == expected, key
+
+
+def test_service_reference_documents_every_public_name_where_it_is_defined(hooks):
+    """reference/services.md gets one mkdocstrings block per name in __all__, each at the
+    path that really holds it (griffe reads jobstate.services.enqueue as the submodule)."""
+    paths = hooks.service_paths()
+    assert [path.rsplit(".", 1)[1] for path in paths] == services.__all__
+    for name, path in zip(services.__all__, paths, strict=True):
+        module, attribute = path.rsplit(".", 1)
+        assert getattr(importlib.import_module(module), attribute) is getattr(services, name), path
+    assert "jobstate.services.enqueue.enqueue" in paths
+    page = (ROOT / "docs" / "reference" / "services.md").read_text()
+    assert "<!-- generated: services -->" in page
+    assert hooks.services_reference().count("\n::: ") + 1 == len(services.__all__)

@@ -357,7 +357,8 @@ class JobstateBackend(BaseTaskBackend):
         if not apps.is_installed("jobstate"):
             yield checks.Error(
                 f"{type(self).__name__} is configured in TASKS[{self.alias!r}] but jobstate is not installed",
-                hint="Add 'jobstate' (and 'django_q') to INSTALLED_APPS.",
+                hint="Add 'jobstate' (and 'django_q') to INSTALLED_APPS. "
+                "See docs/reference/checks.md in the jobstate documentation.",
                 id="jobstate.E901",
             )
 

@@ -14,7 +14,7 @@ from jobstate import conf, registry
 from jobstate.worker.runner import hard_limit_for
 
 BROKER = "jobstate.worker.broker.JobBroker"
-DOCS = "See docs/reference/checks.md in the jobstate documentation."
+DOCS = conf.CHECKS_DOCS
 
 
 def _q() -> dict[str, Any]:
@@ -88,7 +88,7 @@ def check_q_cluster(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
         found.append(
             Warning(
                 "Q_CLUSTER['sync'] runs tasks inside the caller, with no worker, lease or timeout.",
-                hint="Use sync only in debugging sessions.",
+                hint=f"Use sync only in debugging sessions. {DOCS}",
                 id="jobstate.W007",
             )
         )
@@ -103,7 +103,7 @@ def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
             Warning(
                 f"JOBSTATE HEARTBEAT_SECONDS ({beat:g}) is more than half of LEASE_SECONDS ({lease:g}): "
                 "one late heartbeat lets the reaper rescue a job that is still running.",
-                hint="Keep HEARTBEAT_SECONDS at most a third of LEASE_SECONDS.",
+                hint=f"Keep HEARTBEAT_SECONDS at most half of LEASE_SECONDS. {DOCS}",
                 id="jobstate.W008",
             )
         ]
@@ -133,7 +133,7 @@ def sqlite_warnings(db: Mapping[str, Any]) -> list[Warning]:
             f"SQLite shared by the web server and workers: {'; '.join(problems)}; expect "
             "'database is locked' errors.",
             hint="OPTIONS = {'transaction_mode': 'IMMEDIATE', 'timeout': 30, "
-            "'init_command': 'PRAGMA journal_mode=WAL;'}",
+            f"'init_command': 'PRAGMA journal_mode=WAL;'}}. {DOCS}",
             id="jobstate.W009",
         )
     ]
