@@ -8,7 +8,7 @@ from django.test.utils import override_settings
 
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tests.api_support import client_for, fresh_cache  # noqa: F401  (fixture)
+from tests.api_support import client_for, fresh_cache, grant  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -62,16 +62,43 @@ def test_private_urls_pass_when_allowed(user):
     assert client_for(user).post(URL, {"url": "http://127.0.0.1:8000/x"}, format="json").status_code == 201
 
 
-def test_only_staff_create_global_endpoints(user, staff_user):
+def test_only_staff_with_view_job_create_global_endpoints(user, staff_user):
     body = {"url": "https://hooks.example.com/all", "is_global": True}
     assert client_for(user).post(URL, body, format="json").status_code == 403
-    response = client_for(staff_user).post(URL, body, format="json")
+    viewer = grant(staff_user, "view_job")
+    response = client_for(viewer).post(URL, body, format="json")
     assert response.status_code == 201 and response.data["is_global"] is True
     assert WebhookEndpoint.objects.get().owner is None
-    # Staff see everyone's endpoints, as with jobs.
+    # Staff with jobstate.view_job see everyone's endpoints, as with jobs.
     WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
-    assert len(client_for(staff_user).get(URL).data["results"]) == 2
+    assert len(client_for(viewer).get(URL).data["results"]) == 2
     assert len(client_for(user).get(URL).data["results"]) == 1
+
+
+def test_staff_without_view_job_are_ordinary_owners(user, staff_user):
+    """is_staff alone neither lists other people's endpoints nor makes global ones
+    (a global endpoint hears about every job: that is seeing every job)."""
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    staff = client_for(staff_user)
+    body = {"url": "https://hooks.example.com/carol", "is_global": True}
+    assert staff.post(URL, body, format="json").status_code == 403
+    mine = staff.post(URL, {"url": "https://hooks.example.com/carol"}, format="json")
+    assert mine.status_code == 201 and mine.data["owner"] == "carol" and mine.data["is_global"] is False
+    assert [e["id"] for e in staff.get(URL).data["results"]] == [mine.data["id"]]
+    for other in (theirs, everyone):
+        assert staff.get(f"{URL}{other.pk}/").status_code == 404
+        assert staff.get(f"{URL}{other.pk}/deliveries/").status_code == 404
+        assert staff.patch(f"{URL}{other.pk}/", {"enabled": False}, format="json").status_code == 404
+        assert staff.delete(f"{URL}{other.pk}/").status_code == 404
+    turned = staff.patch(f"{URL}{mine.data['id']}/", {"is_global": True}, format="json")
+    assert turned.status_code == 403
+    assert WebhookEndpoint.objects.get(pk=mine.data["id"]).owner == staff_user
+    assert WebhookEndpoint.objects.filter(owner=None).count() == 1
+    # With the permission, the same user may make it global.
+    viewer = client_for(grant(staff_user, "view_job"))
+    turned = viewer.patch(f"{URL}{mine.data['id']}/", {"is_global": True}, format="json")
+    assert turned.status_code == 200 and turned.data["is_global"] is True
 
 
 def test_rotating_the_secret_keeps_the_old_one_for_the_overlap(user):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = field(default_factory=time.monotonic)  # when it arrived (time.monotonic)
 
 
 @dataclass
@@ -26,6 +29,29 @@ class Receiver:
     # How many of the first requests to leave unanswered until ``release`` is set.
     holds: int = 0
     release: threading.Event = field(default_factory=threading.Event)
+    # Seconds between the bytes of a dripped answer (0: answer at once): every read
+    # of the sender gets a byte quickly, the whole answer takes seconds.
+    drip: float = 0.0
+    # Drip only the body (the status line and headers come at once).
+    drip_body_only: bool = False
+
+
+DRIPPED_BODY = b"x" * 200
+
+
+def drip_answer(wfile: Any, delay: float, body_only: bool) -> None:
+    """A 200 with a 200-byte body, written a byte at a time (all of it, or the body)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(DRIPPED_BODY)
+    answer = head + DRIPPED_BODY
+    start = len(head) if body_only else 0
+    try:
+        wfile.write(answer[:start])
+        for i in range(start, len(answer)):
+            wfile.write(answer[i : i + 1])
+            wfile.flush()
+            time.sleep(delay)
+    except OSError:
+        pass  # the sender hung up
 
 
 @pytest.fixture
@@ -38,6 +64,10 @@ def receiver() -> Iterator[Receiver]:
             state.requests.append(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
             if len(state.requests) <= state.holds:
                 state.release.wait(60)
+            if state.drip:
+                self.close_connection = True
+                drip_answer(self.wfile, state.drip, state.drip_body_only)
+                return
             code = state.statuses.pop(0) if state.statuses else 200
             reply = b"thanks" if code < 300 else b"nope"
             self.send_response(code)

@@ -1,8 +1,12 @@
-"""``/api/webhooks/``: an owner's webhook endpoints (staff: everyone's, and global
-ones), their secret rotation and their deliveries.
+"""``/api/webhooks/``: an owner's webhook endpoints (staff holding
+``jobstate.view_job``: everyone's, and global ones), their secret rotation and
+their deliveries.
 
-Scoped like jobs: another user's endpoint is a 404. This module sits at the API
-layer (it builds on ``jobstate.api``); the rest of the package sits below it.
+Scoped like jobs (``permissions.may_view_all``): another user's endpoint is a
+404. A global endpoint hears about every job, so making one is seeing every
+job: only those who may view all jobs may. Staff without the permission are
+ordinary owners here. This module sits at the API layer (it builds on
+``jobstate.api``); the rest of the package sits below it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from rest_framework.response import Response
 from jobstate import conf
 from jobstate.api.base import JobstateAPIView
 from jobstate.api.pagination import KeysetPagination
+from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
 from jobstate.webhooks import transport
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, new_secret
@@ -31,7 +36,9 @@ from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, n
 class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
     owner = serializers.SerializerMethodField()
     is_global = serializers.BooleanField(
-        required=False, default=False, help_text="Staff only: hear about every job, not only your own."
+        required=False,
+        default=False,
+        help_text="Staff with jobstate.view_job only: hear about every job, not only your own.",
     )
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
@@ -92,8 +99,10 @@ class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         user = self.context["request"].user
-        if attrs.get("is_global") and not user.is_staff:
-            raise PermissionDenied("Only staff can create global endpoints.")
+        if attrs.get("is_global") and not may_view_all(user):
+            raise PermissionDenied(
+                "Only staff who may view all jobs (jobstate.view_job) make global endpoints."
+            )
         return attrs
 
 
@@ -142,7 +151,7 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
     def get_queryset(self) -> QuerySet[WebhookEndpoint]:
         user = self.request.user
         qs = WebhookEndpoint.objects.select_related("owner")
-        if getattr(user, "is_staff", False):
+        if may_view_all(user):
             return qs
         if not getattr(user, "is_authenticated", False):
             return qs.none()
@@ -158,8 +167,11 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         if "is_global" in data:
             is_global = data.pop("is_global")
             if is_global != (endpoint.owner_id is None):
-                if not self.request.user.is_staff:
-                    raise PermissionDenied("Only staff can change whether an endpoint is global.")
+                if not may_view_all(self.request.user):
+                    raise PermissionDenied(
+                        "Only staff who may view all jobs (jobstate.view_job) change whether an "
+                        "endpoint is global."
+                    )
                 data["owner"] = None if is_global else self.request.user
         extra: dict[str, Any] = {}
         if data.get("enabled") and not endpoint.enabled:

@@ -1,14 +1,23 @@
 """One HTTP POST to a receiver, safely: the address is checked after DNS
 resolution and the connection goes to that checked address (no second lookup a
-rebinding DNS server could answer differently), redirects are not followed, a
-short timeout bounds each step and the response is read up to a cap."""
+rebinding DNS server could answer differently), redirects are not followed,
+WEBHOOK_TIMEOUT bounds the whole request and the response is read up to a cap.
+
+The deadline is for the request as a whole, not per connect or per read: a
+receiver that drips its answer a byte at a time would satisfy every socket
+timeout while holding the delivery for as long as it likes. Socket timeouts
+are set to the time left, and a timer shuts the socket down when the deadline
+passes, whichever step (sending, the status line and headers, the body) is
+under way; the request then fails with ``DeadlineExceeded``."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -20,6 +29,10 @@ USER_AGENT = "jobstate-webhooks/1"
 
 class Blocked(Exception):
     """The URL may not be delivered to (a private address, a bad scheme)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The receiver did not take and answer the request within WEBHOOK_TIMEOUT (retried)."""
 
 
 @dataclass
@@ -70,45 +83,128 @@ def check_url(url: str) -> tuple[str, str, int, str]:
     return parts.scheme, parts.hostname, port, target
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to a given address, verifying the certificate for the URL's host name."""
+class _Deadline:
+    """Shuts the watched socket down at ``deadline`` (time.monotonic) unless
+    ``finish`` came first: a blocked send or read then ends at once. (Connecting
+    is bounded by the socket timeout, set to the time left.)"""
 
-    def __init__(self, address: str, host: str, port: int, timeout: float) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self._sock: socket.socket | None = None
+        self._finished = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(deadline - time.monotonic(), 0.0), self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock`` down at the deadline (at once if it has passed)."""
+        with self._lock:
+            self._sock = sock
+            if self.expired:
+                self._shutdown()
+
+    def _cut(self) -> None:
+        with self._lock:
+            if not self._finished:
+                self.expired = True
+                self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._sock is not None:
+            # The plain socket's shutdown: an SSLSocket's would drop its SSL object.
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
+
+    def finish(self) -> bool:
+        """Stop the timer; whether the deadline passed (then the answer, perhaps cut
+        short, is not to be trusted)."""
+        with self._lock:
+            self._finished = True
+            self._timer.cancel()
+            return self.expired or time.monotonic() >= self.deadline
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to a given address, verifying the certificate for the URL's host name;
+    ``guard`` watches the socket from before the TLS handshake on."""
+
+    def __init__(self, address: str, host: str, port: int, timeout: float, guard: _Deadline) -> None:
         super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
         self._address = address
+        self._guard = guard
 
     def connect(self) -> None:
         sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
+        context: ssl.SSLContext = self._context  # type: ignore[attr-defined]
+        tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
+        self.sock = tls
+        self._guard.watch(tls)
+        tls.do_handshake()
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> Response:
     """POST ``body``; return the status and the first WEBHOOK_MAX_RESPONSE_BYTES of the
-    response. Raises ``Blocked`` or an ``OSError``/``http.client`` error."""
+    response. Raises ``Blocked``, ``DeadlineExceeded`` (WEBHOOK_TIMEOUT passed, counted
+    from the start of the request) or an ``OSError``/``http.client`` error."""
     scheme, host, port, target = check_url(url)
     timeout = float(conf.get("WEBHOOK_TIMEOUT"))
     cap = int(conf.get("WEBHOOK_MAX_RESPONSE_BYTES"))
     started = time.monotonic()
+    deadline = started + timeout
+    late = f"the receiver did not answer within {timeout} s in all (WEBHOOK_TIMEOUT)"
     address = resolve(host, port)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlineExceeded(late)
+    guard = _Deadline(deadline)
     conn: http.client.HTTPConnection
     if scheme == "https":
-        conn = _PinnedHTTPSConnection(address, host, port, timeout)
+        conn = _PinnedHTTPSConnection(address, host, port, left, guard)
     else:
-        conn = http.client.HTTPConnection(address, port, timeout=timeout)
+        conn = http.client.HTTPConnection(address, port, timeout=left)
     try:
-        conn.putrequest("POST", target, skip_host=True, skip_accept_encoding=True)
-        conn.putheader("Host", host if port in (80, 443) else f"{host}:{port}")
-        all_headers = {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "Content-Length": str(len(body)),
-            **headers,
-        }
-        for name, value in all_headers.items():
-            conn.putheader(name, value)
-        conn.endheaders(body)
-        response = conn.getresponse()
-        data = response.read(cap)
-        return Response(response.status, data, time.monotonic() - started)
+        try:
+            response = _exchange(conn, guard, host, port, target, body, headers, cap)
+        except Exception as exc:
+            if guard.finish():
+                raise DeadlineExceeded(late) from exc
+            raise
+        if guard.finish():  # a cut can look like a short answer that ended early
+            raise DeadlineExceeded(late)
+        status, data = response
+        return Response(status, data, time.monotonic() - started)
     finally:
+        guard.finish()
         conn.close()
+
+
+def _exchange(
+    conn: http.client.HTTPConnection,
+    guard: _Deadline,
+    host: str,
+    port: int,
+    target: str,
+    body: bytes,
+    headers: dict[str, str],
+    cap: int,
+) -> tuple[int, bytes]:
+    conn.connect()
+    guard.watch(conn.sock)  # kept: a ``Connection: close`` answer takes it from ``conn``
+    conn.putrequest("POST", target, skip_host=True, skip_accept_encoding=True)
+    conn.putheader("Host", host if port in (80, 443) else f"{host}:{port}")
+    all_headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "Content-Length": str(len(body)),
+        **headers,
+    }
+    for name, value in all_headers.items():
+        conn.putheader(name, value)
+    conn.endheaders(body)
+    response = conn.getresponse()
+    try:
+        return response.status, response.read(cap)
+    finally:
+        response.close()

@@ -1,10 +1,16 @@
-"""Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``, and
-stored asset files no Asset row names (``services.remove_orphan_files``).
+"""Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``, the
+webhook delivery records as old, and stored asset files no Asset row names
+(``services.remove_orphan_files``).
 
 Each batch is one transaction. Deleting a job deletes its history, steps,
 assets and, once the transaction commits, the assets' stored files (the
 Asset post_delete hook in ``jobstate.apps``). Jobs tied to unfinished work (an
 active parent or an active child) are kept until that work ends.
+
+Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
+their own age: they point at jobs by id, not by foreign key, so deleting a job
+leaves them. The records of a delivery still under way (its ``jobstate.webhook``
+job queued for a retry) are kept until it ends, like the job.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.apps import apps
+from django.db import models, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
@@ -29,9 +36,16 @@ class PruneReport:
     cutoff: datetime | None = None
     dry_run: bool = False
     orphan_files: list[str] = field(default_factory=list)  # stored files with no Asset row
+    deliveries: int = 0  # webhook delivery records
 
     def as_dict(self) -> dict[str, int]:
-        return {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
+        """The counts; ``webhook_deliveries`` only when there were some (the
+        scheduled task's result keeps its shape otherwise)."""
+        found = {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
+        deliveries = found.pop("deliveries")
+        if deliveries:
+            found["webhook_deliveries"] = deliveries
+        return found
 
 
 def prunable(days: float, now: datetime | None = None) -> QuerySet[Job]:
@@ -45,6 +59,30 @@ def prunable(days: float, now: datetime | None = None) -> QuerySet[Job]:
         .exclude(Exists(active_parent))
         .order_by("finished_at")
     )
+
+
+def prunable_deliveries(days: float, now: datetime | None = None) -> QuerySet[models.Model]:
+    """Webhook delivery records older than ``days``, but for deliveries still under way.
+
+    Looked up in the app registry: the webhooks package is a sibling of this
+    layer (.importlinter), not something it imports."""
+    delivery = apps.get_model("jobstate", "WebhookDelivery")
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    unfinished = Job.objects.filter(pk=OuterRef("delivery_job_id"), status__in=ACTIVE)
+    return delivery.objects.filter(created_at__lt=cutoff).exclude(Exists(unfinished)).order_by("pk")
+
+
+def prune_deliveries(days: float, now: datetime, size: int) -> int:
+    """Delete ``prunable_deliveries`` in batches of ``size``, a transaction each."""
+    delivery = apps.get_model("jobstate", "WebhookDelivery")
+    deleted = 0
+    while True:
+        with transaction.atomic():
+            pks = list(prunable_deliveries(days, now).values_list("pk", flat=True)[:size])
+            if pks:
+                deleted += delivery.objects.filter(pk__in=pks).delete()[0]
+        if len(pks) < size:
+            return deleted
 
 
 def prune(
@@ -67,6 +105,7 @@ def prune(
         report.jobs = qs.count()
         report.events = JobEvent.objects.filter(job__in=qs.values("pk")).count()
         report.assets = Asset.objects.filter(job__in=qs.values("pk")).count()
+        report.deliveries = prunable_deliveries(days, now).count()
         report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
     size = int(batch or conf.get("PRUNE_BATCH"))
@@ -81,5 +120,6 @@ def prune(
         report.assets += counts.get("jobstate.Asset", 0)
         if len(pks) < size:
             break
+    report.deliveries = prune_deliveries(days, now, size)
     report.orphan_files = services.remove_orphan_files()
     return report
