@@ -31,14 +31,15 @@ DEFAULTS: dict[str, Any] = {
     # How many jobs a worker claims at once.
     "CLAIM_BATCH": 10,
     # django-q2 workers (jobstate.worker.broker.JobBroker): jobs claimed but not yet
-    # started per cluster (None: about PREFETCH_SECONDS of work at the observed pick-up
-    # rate, from one per worker process up to two claim batches); seconds between the
+    # started per cluster (None: one per idle worker process; a busy one claims its
+    # next job itself as it ends one, for up to WORKER_CHAIN_SECONDS before it returns
+    # to django-q2; 0 turns that off); seconds between the
     # broker's own reaper passes (0 turns them off; the scheduled reaper still runs);
     # slack past timeout + cancel grace before django-q2 kills a worker that ignores
     # every stop. An idle broker waits Q_CLUSTER["poll"] seconds (PostgreSQL: LISTEN/NOTIFY
     # wakes it).
     "PREFETCH": None,
-    "PREFETCH_SECONDS": 0.5,
+    "WORKER_CHAIN_SECONDS": 2.0,
     "REAP_INTERVAL_SECONDS": 15,
     "HARD_KILL_MARGIN_SECONDS": 30,
     # Seconds a worker process keeps its database connection between jobs, even

@@ -6,8 +6,12 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django_q.conf import Conf
 
 from jobstate import registry
+from jobstate.worker import broker as broker_module
+from jobstate.worker import counters
+from jobstate.worker.broker import JobBroker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,3 +82,18 @@ def temp_handler():  # type: ignore[no-untyped-def]
     yield register
     for name in names:
         registry.unregister(name)
+
+
+@pytest.fixture
+def broker(monkeypatch):  # type: ignore[no-untyped-def]
+    """A fresh broker as the sentinel would build it, with a fast poll."""
+    monkeypatch.setattr(counters, "pending", None)
+    monkeypatch.setattr(counters, "busy", None)
+    monkeypatch.setattr(broker_module, "_cluster_id", None)
+    monkeypatch.setattr(Conf, "POLL", 0.01)
+    monkeypatch.setattr(Conf, "WORKERS", 2)
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)  # tests of the queue limit set their own
+    monkeypatch.setattr(counters, "plain", None)
+    broker = JobBroker(list_key="jobstate-test")
+    yield broker
+    broker.close()

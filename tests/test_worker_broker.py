@@ -23,25 +23,11 @@ from jobstate import registry, services
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import broker as broker_module
-from jobstate.worker import tasks
-from jobstate.worker.broker import EXECUTE, JobBroker, cluster_id
+from jobstate.worker import counters, tasks
+from jobstate.worker.broker import EXECUTE, cluster_id
 from jobstate.worker.runner import hard_limit_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def broker(monkeypatch):  # type: ignore[no-untyped-def]
-    """A fresh broker as the sentinel would build it, with a fast poll."""
-    monkeypatch.setattr(broker_module, "_pending", None)
-    monkeypatch.setattr(broker_module, "_cluster_id", None)
-    monkeypatch.setattr(Conf, "POLL", 0.01)
-    monkeypatch.setattr(Conf, "WORKERS", 2)
-    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)  # tests of the queue limit set their own
-    monkeypatch.setattr(broker_module, "_plain", None)
-    broker = JobBroker(list_key="jobstate-test")
-    yield broker
-    broker.close()
 
 
 def unpack(tasks_: list) -> list[dict]:  # type: ignore[type-arg]
@@ -70,7 +56,8 @@ def test_dequeue_claims_a_batch_as_signed_packages(broker):
         job_id, token, kind = package["args"]
         assert package["func"] == EXECUTE and package["kwargs"] == {}
         assert package["save"] is False and package["ack_failure"] is True
-        assert package["timeout"] == hard_limit_for(registry.get_handler("test.echo"))
+        # Its own hard limit, plus room for the jobs the worker may chain after it.
+        assert package["timeout"] == hard_limit_for(registry.get_handler("test.echo")) + 3
         claimed = Job.objects.get(pk=job_id)
         assert (job_id, token, kind) == (str(job.pk), str(claimed.lease_token), "test.echo")
         assert claimed.status == Status.PROCESSING and claimed.started_at is None and claimed.attempts == 0
@@ -85,21 +72,33 @@ def test_claims_only_what_fits_under_the_prefetch_limit(broker):
     assert len(broker.dequeue()) == 2
     assert broker.dequeue() is None  # full: nothing more until a worker picks one up
     assert Job.objects.processing().count() == 2
-    broker_module.picked_up()
+    counters.picked_up()
     assert len(broker.dequeue()) == 1
     assert Job.objects.queued().count() == 2
 
 
-@override_settings(JOBSTATE={"CLAIM_BATCH": 10, "PREFETCH_SECONDS": 0.5})
-def test_prefetch_follows_the_pick_up_rate(broker):
-    assert broker.prefetch(now=100.0) == 2  # nothing seen yet: one per worker process
-    broker._handed = 100  # workers picked up 100 jobs in the next second
-    assert broker.prefetch(now=101.0) == 20  # 50/s * 0.5 s = 25, capped at two batches
-    assert broker.prefetch(now=101.2) == 20  # measured twice a second, not more
-    assert broker.prefetch(now=102.0) == 13  # nothing picked up: the rate halves
-    assert [broker.prefetch(now=t) for t in (103.0, 104.0, 105.0, 106.0)] == [7, 4, 2, 2]
+def test_prefetch_is_one_job_per_idle_worker_process(broker):
+    broker._next_reconcile = float("inf")  # counting only (the correction is tested below)
+    assert broker.prefetch(now=100.0) == 2  # both worker processes idle
+    counters.picked_up()  # one takes a package: busy until it returns
+    assert broker.prefetch(now=100.0) == 1
+    counters.picked_up()
+    assert broker.prefetch(now=100.0) == 0  # both busy: they claim their next jobs themselves
+    counters.done()
+    assert broker.prefetch(now=100.0) == 1
     with override_settings(JOBSTATE={"PREFETCH": 3}):
-        assert broker.prefetch(now=107.0) == 3
+        assert broker.prefetch(now=100.0) == 3
+
+
+def test_a_busy_count_left_by_a_killed_worker_is_corrected_from_the_database(broker):
+    counters.picked_up()
+    counters.picked_up()  # two processes took packages and were killed in execute
+    assert broker.prefetch(now=100.0) == 2  # no job of theirs is running: both counted off
+    services.enqueue("test.echo", {})
+    services.claim(f"{cluster_id()}:4242", kinds=["test.echo"], start=True)
+    counters.picked_up()
+    broker._next_reconcile = 0
+    assert broker.prefetch(now=200.0) == 1  # one process really runs a job
 
 
 @override_settings(JOBSTATE={"PREFETCH": 2})
@@ -153,6 +152,7 @@ def test_execute_keeps_the_worker_connection_for_the_next_job(broker):
     assert connection.connection is used is not None
 
 
+@override_settings(JOBSTATE={"WORKER_CHAIN_SECONDS": 0})  # the package's own path; no chain after it
 def test_execute_skips_a_job_taken_away_while_it_waited(broker):
     job = services.enqueue("test.echo", {})
     (package,) = unpack(broker.dequeue())
@@ -251,6 +251,7 @@ def test_claims_follow_priority_and_never_start_early(broker):
     assert later.status == Status.QUEUED and later.attempts == 0
 
 
+@override_settings(JOBSTATE={"WORKER_CHAIN_SECONDS": 0})  # the re-run goes through the pusher here
 def test_keyed_job_raised_watermark_while_running_queues_a_rerun(broker):
     first = services.enqueue("test.echo", {"v": 1}, key="report:7", watermark=1)
     (package,) = unpack(broker.dequeue())
@@ -261,7 +262,7 @@ def test_keyed_job_raised_watermark_while_running_queues_a_rerun(broker):
     assert first.status == Status.COMPLETED and first.last_success_watermark == 1
     rerun = Job.objects.get(key="report:7", status=Status.QUEUED)
     assert rerun.input_watermark == 2
-    broker_module.picked_up()
+    counters.picked_up()
     (package,) = unpack(broker.dequeue())
     assert run(package) == "completed"
     # Input unchanged since: enqueue returns the finished job and nothing runs.
@@ -297,7 +298,7 @@ def test_a_job_a_worker_took_then_died_with_is_left_to_the_reaper(broker):
     for _ in range(2):
         services.enqueue("test.echo", {})
     taken, waiting = (UUID(ack.removeprefix("job:")) for ack, _ in broker.dequeue())
-    broker_module.picked_up()  # a worker took the first package and died before relabelling it
+    counters.picked_up()  # a worker took the first package and died before relabelling it
     soon = timezone.now() + timedelta(seconds=1)
     Job.objects.update(lease_expires_at=soon)
     broker._next_renew = 0
@@ -323,7 +324,7 @@ def test_renewal_stops_once_no_worker_took_anything_for_longer_than_any_task_run
     broker._renew(start + limit - 10)  # a long wait behind long jobs: still renewed
     assert leases()[first] > soon and leases()[second] > soon
 
-    broker_module.picked_up()  # a worker took the first: the queue moves
+    counters.picked_up()  # a worker took the first: the queue moves
     broker._renew(start + limit - 5)
     Job.objects.update(lease_expires_at=soon)
     broker._renew(start + limit + 5)  # handed out long ago, but a pick-up was recent
@@ -346,16 +347,14 @@ def test_never_hands_out_more_than_the_queue_limit(broker, monkeypatch):
     assert broker.prefetch(now=100.0) == 3
     assert len(broker.dequeue()) == 3
     assert broker.dequeue() is None  # the queue is full: a put would block the pusher
-    broker_module.picked_up()
+    counters.picked_up()
     assert len(broker.dequeue()) == 1
 
 
-@override_settings(JOBSTATE={"CLAIM_BATCH": 10, "PREFETCH_SECONDS": 0.5})
-def test_adaptive_prefetch_respects_the_queue_limit(broker, monkeypatch):
-    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 4)  # django-q2's default: workers ** 2
-    broker.prefetch(now=100.0)
-    broker._handed = 100
-    assert broker.prefetch(now=101.0) == 4
+def test_prefetch_respects_the_queue_limit(broker, monkeypatch):
+    monkeypatch.setattr(Conf, "WORKERS", 8)
+    monkeypatch.setattr(Conf, "QUEUE_LIMIT", 4)
+    assert broker.prefetch(now=100.0) == 4
 
 
 def test_plain_tasks_and_jobs_share_the_queue_limit(broker, monkeypatch):
@@ -372,7 +371,7 @@ def test_plain_tasks_and_jobs_share_the_queue_limit(broker, monkeypatch):
     broker._next_plain = 0
     (second,) = broker.dequeue()
     assert not broker_module._is_job(second[0])  # the freed place went to the next plain task
-    broker_module.picked_up()
+    counters.picked_up()
     (third,) = broker.dequeue()
     assert broker_module._is_job(third[0])
 
@@ -469,7 +468,7 @@ def test_a_last_attempt_whose_start_fails_is_requeued_and_still_runs_once(broker
     assert failed and ran == []
     assert job.status == Status.QUEUED and job.attempts == 0 and job.error_type == "OperationalError"
     Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
-    broker_module.picked_up()
+    counters.picked_up()
     (package,) = unpack(broker.dequeue())
     assert run(package) == "completed"
     job.refresh_from_db()

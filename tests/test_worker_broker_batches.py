@@ -8,6 +8,7 @@ from django_q.conf import Conf
 
 from jobstate import services
 from jobstate.worker import broker as broker_module
+from jobstate.worker import counters
 from jobstate.worker.broker import JobBroker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,8 +16,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def broker(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(broker_module, "_pending", None)
-    monkeypatch.setattr(broker_module, "_plain", None)
+    monkeypatch.setattr(counters, "pending", None)
+    monkeypatch.setattr(counters, "busy", None)
+    monkeypatch.setattr(counters, "plain", None)
     monkeypatch.setattr(broker_module, "_cluster_id", None)
     monkeypatch.setattr(Conf, "POLL", 0.01)
     monkeypatch.setattr(Conf, "WORKERS", 2)
@@ -48,13 +50,13 @@ def test_no_claim_while_the_batch_would_be_small(broker):
     services.enqueue_many([("test.echo", {"i": i}) for i in range(20)])
     assert len(broker.dequeue()) == 8
     for _ in range(3):  # three packages picked up: 5 still waiting, room for 3 < half
-        broker_module.picked_up()
+        counters.picked_up()
     assert broker.dequeue() is None
     assert broker.calls == [8]
-    broker_module.picked_up()  # room for 4: half the prefetch, worth one claim
+    counters.picked_up()  # room for 4: half the prefetch, worth one claim
     assert len(broker.dequeue()) == 4
     assert broker.calls == [8, 4]
     for _ in range(6):  # only 2 waiting, as many as worker processes: claim now
-        broker_module.picked_up()
+        counters.picked_up()
     assert len(broker.dequeue()) == 6
     assert broker.calls == [8, 4, 6]

@@ -32,6 +32,7 @@ def claim(
     *,
     lease_seconds: float | None = None,
     now: datetime | None = None,
+    start: bool = False,
 ) -> list[Job]:
     """Atomically take up to ``limit`` ready jobs, each under a fresh lease token.
 
@@ -43,6 +44,8 @@ def claim(
     processing jobs under a per-kind lock first, so they hold across every
     worker and machine. A claimed job is reserved, not running: ``begin``
     charges the attempt and sets ``started_at`` when a worker starts it.
+    With ``start=True`` (a worker process taking its own next job) the same
+    statement also begins them: ``started_at`` set and the attempt charged.
     Returned in claim order (priority, then ``run_after``, then age).
     """
     now = now or timezone.now()
@@ -60,9 +63,9 @@ def claim(
             if not ids:
                 return []
             picked, params = _ids(ids)
-        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres)
+        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres, start)
         if not postgres and jobs:
-            JobEvent.objects.bulk_create([_claim_event(job, actor, now) for job in jobs])
+            JobEvent.objects.bulk_create([_claim_event(job, actor, now, start) for job in jobs])
         for job in jobs:
             announce(job.pk, Status.QUEUED, Status.PROCESSING, "claim", actor, now=now)
     return jobs
@@ -138,20 +141,23 @@ def _reserve(
     now: datetime,
     expires: datetime,
     postgres: bool,
+    start: bool = False,
 ) -> list[Job]:
-    """Reserve the picked queued jobs under fresh lease tokens; on PostgreSQL the
-    same statement writes their claim events."""
+    """Reserve (or, with ``start``, begin) the picked queued jobs under fresh lease
+    tokens; on PostgreSQL the same statement writes their claim events."""
     table = Job._meta.db_table
     token = "gen_random_uuid()" if postgres else "lower(hex(randomblob(16)))"
     # Reserved, not running: begin() sets started_at and charges the attempt.
     # claimed_watermark: what this attempt runs on; complete() compares it with
     # the input watermark, so an enqueue raising it meanwhile queues a re-run.
+    begun = "started_at = %s, attempts = attempts + 1" if start else "started_at = NULL"
     assignments = (
         f"status = %s, worker_id = %s, lease_token = {token}, lease_expires_at = %s, heartbeat_at = %s, "
-        "started_at = NULL, claimed_watermark = input_watermark, updated_at = %s"
+        f"{begun}, claimed_watermark = input_watermark, updated_at = %s"
     )
     stamp = _prep("updated_at", now)
-    values = [str(Status.PROCESSING), worker_id[:200], _prep("lease_expires_at", expires), stamp, stamp]
+    values = [str(Status.PROCESSING), worker_id[:200], _prep("lease_expires_at", expires), stamp]
+    values += [stamp, stamp] if start else [stamp]
     if not postgres:
         update = f"UPDATE {table} SET {assignments} WHERE status = %s AND id IN ({picked}) RETURNING *"
         values += [str(Status.QUEUED), *params]
@@ -164,7 +170,8 @@ def _reserve(
             f"WHERE id = ANY(ARRAY({picked})) AND status = %s RETURNING *), "
             f"events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, transition, "
             "actor_label, reason, metadata, created_at) SELECT id, %s, %s, 'claim', %s, '', "
-            "jsonb_build_object('attempt', attempts + 1), %s FROM claimed) SELECT * FROM claimed"
+            f"jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), %s FROM claimed) "
+            "SELECT * FROM claimed"
         )
         values = [
             *values,
@@ -180,14 +187,14 @@ def _reserve(
     return jobs
 
 
-def _claim_event(job: Job, actor: Actor, now: datetime) -> JobEvent:
+def _claim_event(job: Job, actor: Actor, now: datetime, start: bool = False) -> JobEvent:
     return JobEvent(
         job_id=job.pk,
         from_status=Status.QUEUED,
         to_status=Status.PROCESSING,
         transition="claim",
         actor_label=actor.label,
-        metadata={"attempt": job.attempts + 1},
+        metadata={"attempt": job.attempts if start else job.attempts + 1},
         created_at=now,
     )
 

@@ -22,7 +22,6 @@ SQLite.
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import os
 import socket
@@ -36,17 +35,16 @@ from jobstate import conf, registry, services
 from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
-from jobstate.worker import q2
+from jobstate.worker import counters, q2
+from jobstate.worker.counters import JOB_ACK_PREFIX
 from jobstate.worker.listen import Listener
-from jobstate.worker.packages import EXECUTE, package
-from jobstate.worker.runner import hard_limit_for
+from jobstate.worker.packages import EXECUTE, package, task_timeout
 from jobstate.worker.supervisor import supervisor
 
-__all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait", "picked_up"]
+__all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait"]
 
 logger = logging.getLogger("jobstate.worker")
 
-JOB_ACK_PREFIX = "job:"
 # How often a busy pusher also looks at django-q2's own queue (seconds).
 PLAIN_TASK_INTERVAL = 1.0
 # How often a pusher with no worthwhile room looks at the shared counter again,
@@ -55,35 +53,11 @@ FULL_WAIT = 0.005
 FULL_WAIT_MAX = 0.1
 # An idle pusher on SQLite looks for ready jobs this often (a read, no lock).
 SQLITE_POLL = 0.05
-# How often the pusher measures the rate at which workers pick jobs up (seconds).
-RATE_WINDOW = 0.5
 # Lease periods, past the longest hard limit, that a job may wait in django-q2's
 # queue while no worker process takes anything before its lease is left to expire.
 STALL_LEASES = 3
 
-# Packages handed to django-q2 and not yet picked up by a worker process: jobs,
-# and plain django-q2 tasks (they share django-q2's bounded queue). The pusher
-# adds what it hands out, a worker subtracts what it picks up; the pusher claims
-# only what fits under the prefetch limit (a busy cluster does not sit on jobs
-# other clusters could run) and django-q2's queue limit.
-_pending: q2.Counter | None = None
-_plain: q2.Counter | None = None
 _cluster_id: str | None = None
-
-
-def picked_up() -> None:
-    """Called by a worker process as it takes a job package off the queue."""
-    if _pending is not None:
-        _pending.add(-1)
-
-
-def _plain_picked_up(task: dict[str, Any]) -> None:
-    """In a worker process: count a plain task off (jobs count themselves off in ``execute``)."""
-    if _plain is not None and not _is_job(task.get("ack_id")):
-        _plain.add(-1)
-
-
-q2.on_task_start(_plain_picked_up, uid="jobstate.worker.broker.plain")
 
 
 def _worker_spawned() -> None:
@@ -114,12 +88,9 @@ def cluster_id() -> str:
 
 class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (Any)
     def __init__(self, list_key: str | None = None) -> None:
-        global _pending, _plain, _cluster_id
+        global _cluster_id
         super().__init__(list_key=list_key)
-        if _pending is None:
-            _pending = q2.Counter()
-        if _plain is None:
-            _plain = q2.Counter()
+        counters.create()
         if _cluster_id is None:
             # Built in the sentinel, whose parent is the qcluster process.
             _cluster_id = f"{socket.gethostname()}:{os.getppid()}"
@@ -128,9 +99,9 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
 
     def _reset(self) -> None:
         self._next_reap = self._next_renew = self._next_plain = self._next_reconcile = 0.0
-        self._handed = self._picked = self._plain_handed = self._taken = 0
-        self._rate = self._rate_at = self._last_pickup = 0.0
-        # Jobs handed to django-q2, oldest first; the last ``_pending`` of them
+        self._handed = self._plain_handed = self._taken = 0
+        self._last_pickup = 0.0
+        # Jobs handed to django-q2, oldest first; the last ``counters.pending`` of them
         # are still waiting for a worker process.
         self._waiting: deque[_Handed] = deque()
 
@@ -173,8 +144,8 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         if now >= self._next_plain and free > 0:
             self._next_plain = now + PLAIN_TASK_INTERVAL
             plain = q2.take_plain(self, min(q2.bulk(), free))
-            if plain and _plain is not None:
-                _plain.add(len(plain))
+            if plain and counters.plain is not None:
+                counters.plain.add(len(plain))
             self._plain_handed += len(plain)
             free -= len(plain)
             tasks.extend(plain)
@@ -189,8 +160,8 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
             if listener is not None:
                 listener.drain()
             jobs = self._claim(kinds, room)
-            if jobs and _pending is not None:
-                _pending.add(len(jobs))
+            if jobs and counters.pending is not None:
+                counters.pending.add(len(jobs))
             self._handed += len(jobs)
             self._waiting.extend(_Handed(job.pk, job.lease_token, now) for job in jobs)
             tasks.extend((f"{JOB_ACK_PREFIX}{job.pk}", package(job)) for job in jobs)
@@ -213,9 +184,9 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         """Claim now only if a worker may soon run dry (no more waiting packages
         than worker processes) or at least half the prefetch fits: one batch of
         several jobs instead of a claim each time a slot frees up."""
-        if _pending is None or not _pending.shared:
+        if counters.pending is None or not counters.pending.shared:
             return True
-        return _pending.get() <= q2.workers() or 2 * room >= limit
+        return counters.pending.get() <= q2.workers() or 2 * room >= limit
 
     def _wait_for_room(self, limit: int) -> None:
         """Wait, without touching the database, until a claim is worthwhile (or
@@ -223,64 +194,71 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         deadline = time.monotonic() + FULL_WAIT_MAX
         while True:
             time.sleep(FULL_WAIT)
-            if time.monotonic() >= deadline or _pending is None or not _pending.shared:
+            if time.monotonic() >= deadline or counters.pending is None or not counters.pending.shared:
                 return
-            room = limit - _pending.get()
+            room = limit - counters.pending.get()
             if room > 0 and self._worthwhile(room, limit):
                 return
 
     def prefetch(self, now: float) -> int:
-        """How many claimed jobs may wait for a worker: ``PREFETCH`` if set, else
-        about ``PREFETCH_SECONDS`` of work at the rate workers pick jobs up, at
-        least one per worker process and at most two claim batches. Short jobs
-        get big claim batches; long ones are not hoarded by one busy cluster.
-        Never more than django-q2's ``queue_limit``: a full queue would block
-        the pusher, and with it the renewal of the leases of waiting jobs."""
+        """How many claimed jobs may wait for a worker process: ``PREFETCH`` if set,
+        else one per idle worker process. A busy worker process claims its next
+        job itself as it ends one (``jobstate.worker.tasks.execute``), so the
+        pusher reserves nothing for it: jobs stay claimable by any cluster until
+        a process is free to begin them. Never more than django-q2's
+        ``queue_limit``: a full queue would block the pusher, and with it the
+        renewal of the leases of waiting jobs."""
         fixed = conf.get("PREFETCH")
-        wanted = int(fixed) if fixed else self._adaptive_prefetch(now)
+        wanted = int(fixed) if fixed else self._idle_workers(now)
         limit = q2.queue_limit()
         return min(wanted, limit) if limit > 0 else wanted
 
-    def _adaptive_prefetch(self, now: float) -> int:
-        if now - self._rate_at >= RATE_WINDOW:
-            picked = self._handed - (_pending.get() if _pending is not None else 0)
-            if self._rate_at:
-                seen = (picked - self._picked) / (now - self._rate_at)
-                self._rate = (self._rate + seen) / 2
-            self._picked, self._rate_at = picked, now
-        wanted = math.ceil(self._rate * float(conf.get("PREFETCH_SECONDS")))
-        return max(q2.workers(), min(wanted, 2 * int(conf.get("CLAIM_BATCH"))))
+    def _idle_workers(self, now: float) -> int:
+        workers = q2.workers()
+        if counters.busy is None or not counters.busy.shared:
+            return workers
+        idle = workers - counters.busy.get()
+        if idle <= 0:
+            self._reconcile(now)
+            idle = workers - counters.busy.get()
+        return max(0, idle)
 
     def _room(self, now: float, limit: int) -> int:
-        if _pending is None or not _pending.shared:
+        if counters.pending is None or not counters.pending.shared:
             return limit
-        room = limit - _pending.get()
+        room = limit - counters.pending.get()
         if room <= 0:
             self._reconcile(now)
-            room = limit - _pending.get()
+            room = limit - counters.pending.get()
         return room
 
     def _free(self, now: float) -> int:
         """Places left in django-q2's bounded in-memory queue (jobs and plain tasks)."""
         limit = q2.queue_limit()
-        if limit <= 0 or _pending is None or not _pending.shared or _plain is None:
+        if limit <= 0 or counters.pending is None or not counters.pending.shared or counters.plain is None:
             return limit if limit > 0 else 1 << 30
-        free = limit - _pending.get() - _plain.get()
+        free = limit - counters.pending.get() - counters.plain.get()
         if free <= 0:
             self._reconcile(now)
-            free = limit - _pending.get() - _plain.get()
+            free = limit - counters.pending.get() - counters.plain.get()
         return free
 
     def _reconcile(self, now: float) -> None:
         """A pusher that died between taking work and handing it over, or a worker
         process that died right after taking a package, leaves a counter too high;
         the database bounds the real numbers."""
-        if now < self._next_reconcile or _pending is None or _plain is None:
+        if now < self._next_reconcile or counters.pending is None or counters.plain is None:
             return
         self._next_reconcile = now + max(q2.poll(), 1.0)
         waiting = Job.objects.filter(status=Status.PROCESSING, worker_id=cluster_id()).count()
-        _pending.lower_to(waiting)
-        _plain.lower_to(q2.plain_locked(self))
+        counters.pending.lower_to(waiting)
+        counters.plain.lower_to(q2.plain_locked(self))
+        if counters.busy is not None:
+            # A worker process killed inside ``execute`` never counted itself off.
+            # Busy: running a job of this cluster, or holding a reserved one it
+            # took off the queue and has not begun yet.
+            running = Job.objects.running().filter(worker_id__startswith=f"{cluster_id()}:").count()
+            counters.busy.lower_to(running + max(0, waiting - counters.pending.get()))
 
     def _reap(self, now: float) -> None:
         interval = float(conf.get("REAP_INTERVAL_SECONDS") or 0)
@@ -315,17 +293,17 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         """The jobs handed out that no worker process has taken yet.
 
         django-q2's queue is FIFO and a worker counts a job off as soon as it
-        takes it, so the jobs still waiting are the last ``_pending`` handed
+        takes it, so the jobs still waiting are the last ``counters.pending`` handed
         out. Should a worker die between taking a package and counting it off,
         the count stays one too high and that job looks waiting: it stops being
         renewed at the next pick-up, or once no worker process has taken
         anything for longer than any task may run (``max_wait``).
         """
-        if _pending is not None and _pending.shared and _plain is not None:
-            waiting = _pending.get()
+        if counters.pending is not None and counters.pending.shared and counters.plain is not None:
+            waiting = counters.pending.get()
             while len(self._waiting) > waiting:
                 self._waiting.popleft()
-            taken = self._handed - waiting + self._plain_handed - _plain.get()
+            taken = self._handed - waiting + self._plain_handed - counters.plain.get()
             if taken != self._taken:
                 self._taken, self._last_pickup = taken, now
         limit = max_wait()
@@ -394,14 +372,13 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         self._reset()
 
 
-def _is_job(task_id: Any) -> bool:
-    return isinstance(task_id, str) and task_id.startswith(JOB_ACK_PREFIX)
+_is_job = counters.is_job
 
 
 def max_wait() -> float:
     """Seconds a job may wait in django-q2's queue while no worker process takes
-    anything: every busy worker frees up within the longest hard limit (or
+    anything: every busy worker frees up within the longest package timeout (or
     django-q2's ``timeout`` for plain tasks), plus a few lease periods of slack."""
-    limits = [hard_limit_for(spec) for spec in registry.all_handlers().values()]
-    longest = max([hard_limit_for(None), q2.task_timeout(), *limits])
+    limits = [task_timeout(spec) for spec in registry.all_handlers().values()]
+    longest = max([task_timeout(None), q2.task_timeout(), *limits])
     return longest + STALL_LEASES * float(conf.get("LEASE_SECONDS"))

@@ -17,14 +17,16 @@ import os
 import time
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
+from jobstate.worker import counters
 from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
+from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
-from jobstate.worker.runner import run_job
+from jobstate.worker.runner import hard_limit_for, run_job
 from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
@@ -73,7 +75,8 @@ def _held(job_id: Any, token: Any, kind: str, me: str) -> Job:
 
 
 def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
-    """Run a job the broker claimed for this cluster; return its outcome.
+    """Run a job the broker claimed for this cluster, then keep going: claim and
+    run this process's next jobs itself (``chain``). Returns the first outcome.
 
     The job may have waited in django-q2's in-memory queue, reserved: one
     UPDATE (``services.begin``) checks that the lease is still ours (the reaper
@@ -85,14 +88,25 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
     """
     from jobstate.worker import broker
 
-    broker.picked_up()
-    if isinstance(job_id, Job):  # a package from before the slim format
-        job_id, token, kind = job_id.pk, job_id.lease_token, job_id.kind
-    cluster = broker.cluster_id()
-    me = worker_id(cluster)
-    _serve(me, cluster)
-    if registry.all_handlers().get(kind or "") is None:
-        return unknown_kind(_held(job_id, token, kind or "", me))
+    started = time.monotonic()
+    counters.picked_up()
+    try:
+        if isinstance(job_id, Job):  # a package from before the slim format
+            job_id, token, kind = job_id.pk, job_id.lease_token, job_id.kind
+        cluster = broker.cluster_id()
+        me = worker_id(cluster)
+        _serve(me, cluster)
+        spec = registry.all_handlers().get(kind or "")
+        if spec is None:
+            return unknown_kind(_held(job_id, token, kind or "", me))
+        outcome = _execute(job_id, token, kind or "", me)
+        chain(me, started + task_timeout(spec), started)
+        return outcome
+    finally:
+        counters.done()
+
+
+def _execute(job_id: Any, token: Any, kind: str, me: str) -> str:
     try:
         begun = services.begin(job_id, token, me)
     except LeaseLost:
@@ -100,7 +114,7 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
         keep_connection()
         return "skipped"
     except Exception as exc:
-        release(_held(job_id, token, kind or "", me), exc, "the worker could not start the job")
+        release(_held(job_id, token, kind, me), exc, "the worker could not start the job")
         raise  # django-q2 records the failed package too
     job = begun.job
     if begun.cancel_requested:
@@ -108,6 +122,10 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
         outcome = cancel_unstarted(job)
         keep_connection()
         return outcome
+    return _run_begun(job, me)
+
+
+def _run_begun(job: Job, me: str) -> str:
     try:
         outcome = run_job(job, me)
     except TimeoutException:
@@ -122,6 +140,39 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
         raise
     keep_connection()
     return outcome
+
+
+def chain(me: str, hard_deadline: float, started: float) -> int:
+    """Claim and run this worker process's next ready jobs itself, one at a time,
+    each claimed and begun in one statement (``services.claim(start=True)``):
+    no hand-over through the pusher and django-q2's queues between two jobs.
+
+    It stops, returning to django-q2, when no job is ready, when a package
+    waits in this cluster's queue (reserved jobs and plain tasks go first),
+    after ``WORKER_CHAIN_SECONDS`` (django-q2 then gets its turn: shutdown,
+    recycling), and it only takes kinds whose hard limit fits in what is left
+    of the django-q2 hard limit armed for this task (``hard_deadline``), so
+    django-q2 never kills a job that jobstate's own timeout would have
+    stopped. Returns how many jobs it ran.
+    """
+    seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
+    ran = 0
+    while seconds > 0 and time.monotonic() - started < seconds and counters.nothing_waiting():
+        left = hard_deadline - time.monotonic() - CHAIN_MARGIN
+        kinds = sorted(k for k, s in registry.all_handlers().items() if hard_limit_for(s) <= left)
+        if not kinds:
+            break
+        try:
+            claimed = services.claim(me, kinds=kinds, limit=1, start=True)
+        except DatabaseError:
+            logger.warning("jobstate worker: could not claim a next job; back to django-q2", exc_info=True)
+            close_old_connections()
+            break
+        if not claimed:
+            break
+        _run_begun(claimed[0], me)
+        ran += 1
+    return ran
 
 
 def run_by_id(job_id: Any) -> str:

@@ -1,0 +1,85 @@
+"""A worker process that ends a job claims and begins its next one itself (``tasks.chain``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from django.test import override_settings
+
+from jobstate import registry, services
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.worker import counters, tasks
+from jobstate.worker.broker import cluster_id
+from jobstate.worker.packages import CHAIN_MARGIN
+from jobstate.worker.runner import hard_limit_for
+from tests.test_worker_broker import run, unpack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def me() -> str:
+    return f"{cluster_id()}:{os.getpid()}"
+
+
+def test_after_its_job_a_worker_runs_the_ready_ones_itself_each_claimed_and_begun_at_once(broker):
+    first = services.enqueue("test.echo", {"n": 0})
+    (package,) = unpack(broker.dequeue())
+    rest = [services.enqueue("test.echo", {"n": i}) for i in (1, 2, 3)]
+    assert run(package) == "completed"
+    for job in rest:
+        done = Job.objects.get(pk=job.pk)
+        assert done.status == Status.COMPLETED and done.attempts == 1 and done.worker_id == me()
+        assert list(done.events.order_by("id").values_list("transition", flat=True)) == [
+            "enqueue",
+            "claim",
+            "complete",
+        ]
+        claim = done.events.get(transition="claim")
+        # Claimed by the worker process itself, begun in the same statement: attempt 1.
+        assert claim.actor_label == f"worker:{me()}" and claim.metadata == {"attempt": 1}
+    assert Job.objects.get(pk=first.pk).events.get(transition="claim").actor_label == f"worker:{cluster_id()}"
+    assert counters.busy is not None and counters.busy.get() == 0  # counted off on return
+
+
+def test_the_chain_stops_while_a_package_waits_in_the_queue(broker):
+    services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    behind = services.enqueue("test.echo", {})
+    assert counters.pending is not None
+    counters.pending.add(1)  # another package waits: reserved work goes first
+    run(package)
+    assert Job.objects.get(pk=behind.pk).status == Status.QUEUED
+
+
+@override_settings(JOBSTATE={"WORKER_CHAIN_SECONDS": 0})
+def test_a_chain_of_zero_seconds_returns_to_django_q2_after_each_job(broker):
+    services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    behind = services.enqueue("test.echo", {})
+    run(package)
+    assert Job.objects.get(pk=behind.pk).status == Status.QUEUED
+
+
+def test_only_kinds_whose_hard_limit_fits_what_is_left_of_django_q2s_are_taken(broker):
+    job = services.enqueue("test.echo", {})
+    limit = hard_limit_for(registry.get_handler("test.echo"))
+    now = time.monotonic()
+    # django-q2 would kill this process before an echo job's own hard limit: not taken.
+    assert tasks.chain(me(), hard_deadline=now + limit, started=now) == 0
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    assert tasks.chain(me(), hard_deadline=now + limit + 2 * CHAIN_MARGIN, started=now) == 1
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+
+
+def test_chained_claims_respect_concurrency_limits(broker, temp_handler):
+    temp_handler("test.one_at_a_time", lambda ctx: "ok", concurrency=1)
+    held = services.enqueue("test.one_at_a_time", {})
+    (running,) = services.claim("other:1:2", kinds=["test.one_at_a_time"], start=True)
+    waiting = services.enqueue("test.one_at_a_time", {})
+    now = time.monotonic()
+    assert tasks.chain(me(), hard_deadline=now + 10_000, started=now) == 0
+    assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
+    assert running.pk == held.pk
