@@ -134,6 +134,12 @@ elif [ "$pg_ok" = 1 ]; then
   side_by_side "SQLite ($DJ5), end-to-end and browser tests" e2e_sqlite \
     "PostgreSQL ($DJ6), end-to-end and browser tests" e2e_pg \
     "SQLite ($DJ6), in-process tests" in_sqlite
+  if [ -n "$PY312" ]; then
+    # The django.tasks conformance suite on Django 6.x and PostgreSQL too (the table above
+    # runs Django 6.x in-process on SQLite only).
+    part "PostgreSQL ($DJ6), django.tasks conformance" "${PG6[@]}" "$BIN6/pytest" \
+      tests/test_tasks_backend.py tests/test_tasks_switch.py tests/test_tasks_backend_checks.py
+  fi
 else
   part "SQLite ($DJ5), in-process tests" "${SQLITE5[@]}" "$BIN/pytest" -n "$JOBS" "${IN_PROCESS[@]}"
   e2e_sqlite=("${SQLITE5[@]}" "$BIN/pytest" "${END_TO_END[@]}")

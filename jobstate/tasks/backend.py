@@ -29,7 +29,6 @@ from jobstate.exceptions import UnknownKind
 from jobstate.models import Job
 from jobstate.states import TERMINAL
 from jobstate.tasks.compat import (
-    DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -41,7 +40,7 @@ from jobstate.tasks.compat import (
     task_finished,
     task_started,
 )
-from jobstate.tasks.options import kind_of, option, validate_options
+from jobstate.tasks.options import kind_of, option, split_kind, validate_options
 from jobstate.tasks.results import build_result
 
 # The ``jobstate.worker.context.JobContext`` a worker passes to handlers. Not
@@ -246,7 +245,7 @@ def rebuild_task(base: Task[..., Any], job: Job) -> Task[..., Any]:
     """The Task a job was enqueued with, from the registered one and the job's row."""
     parameters = job.parameters or {}
     run_after = parameters.get("run_after")
-    queue = job.kind.split(":", 1)[0] if ":" in job.kind else DEFAULT_TASK_QUEUE_NAME
+    queue, _kind = split_kind(job.kind)
     changes = {
         "priority": job.priority,
         "queue_name": queue,
@@ -269,7 +268,7 @@ def task_for_kind(kind: str) -> Task[..., Any] | None:
     spec = _spec(kind)
     if spec is not None:
         return getattr(spec.func, "jobstate_task", None)
-    path = kind.split(":", 1)[1] if ":" in kind else kind
+    _queue, path = split_kind(kind)
     if "." not in path:
         return None
     try:

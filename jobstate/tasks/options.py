@@ -9,6 +9,10 @@ from jobstate.tasks.compat import DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
 
 KIND_MAX_LENGTH = Job._meta.get_field("kind").max_length or 200
 MAX_ATTEMPTS_LIMIT = 1000
+# Between a queue name and the task's own kind in a job kind ("emails:myapp.tasks.send").
+# A task's own kind never contains it (module paths cannot; ``kind=`` is refused), so
+# everything before the last one is the queue name, which may contain it.
+QUEUE_SEPARATOR = ":"
 
 
 def option(task: Task[..., Any], name: str) -> Any:
@@ -21,8 +25,14 @@ def kind_of(task: Task[..., Any], queue: str | None = None) -> str:
     base = option(task, "kind") or task.module_path
     queue = task.queue_name if queue is None else queue
     if queue != DEFAULT_TASK_QUEUE_NAME:
-        return f"{queue}:{base}"
+        return f"{queue}{QUEUE_SEPARATOR}{base}"
     return base
+
+
+def split_kind(kind: str) -> tuple[str, str]:
+    """A job kind read back as (queue name, the task's own kind)."""
+    queue, separator, base = kind.rpartition(QUEUE_SEPARATOR)
+    return (queue, base) if separator else (DEFAULT_TASK_QUEUE_NAME, kind)
 
 
 def _number(value: Any) -> bool:
@@ -61,6 +71,12 @@ def validate_options(task: Task[..., Any]) -> None:
     kind = option(task, "kind")
     if kind is not None and (not isinstance(kind, str) or not kind.strip()):
         raise InvalidTask(f"kind must be a non-empty string (got {kind!r}).")
+    if kind is not None and QUEUE_SEPARATOR in kind:
+        raise InvalidTask(
+            f"kind must not contain {QUEUE_SEPARATOR!r} (got {kind!r}): a job kind's "
+            f"{QUEUE_SEPARATOR!r} separates the task's queue name from its kind "
+            f"(\"emails:myapp.tasks.send\"); use another character, such as '.'."
+        )
     full = kind_of(task)
     if len(full) > KIND_MAX_LENGTH:
         raise InvalidTask(

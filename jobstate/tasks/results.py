@@ -130,10 +130,10 @@ def history(job: Job) -> list[Row]:
 
 def needs_history(job: Job) -> bool:
     """False when the row alone says everything: a job never claimed and still
-    queued, or running its first attempt (no attempt has ended yet)."""
+    queued, or running its first attempt (begun; no attempt has ended yet)."""
     if job.status == "queued":
         return job.attempts > 0
-    return not (job.status == "processing" and job.attempts == 1)
+    return not (job.status == "processing" and job.attempts == 1 and job.started_at is not None)
 
 
 def build_result(job: Job, task: Task[..., Any], events: list[Row] | None = None) -> Any:
@@ -142,13 +142,19 @@ def build_result(job: Job, task: Task[..., Any], events: list[Row] | None = None
         events = history(job) if needs_history(job) else []
     claims = [row[4] for row in events if row[0] == "claim"]
     worker_ids = worker_ids_of(job, events)
-    if not events and job.status == "processing":  # its first attempt, reserved or running
+    if not events and job.status == "processing":  # its first attempt, running
         claims, worker_ids = [job.started_at], [job.worker_id]
-    # A job a cluster only reserved (no worker process began it yet) is not running.
+    # A job a cluster only reserved (no worker process began it yet) is not running,
+    # and its latest claim began no attempt: no start, attempt or worker id of its own.
     reserved = job.status == "processing" and job.started_at is None
+    if reserved:
+        claims, worker_ids = claims[:-1], worker_ids[:-1]
     status = TaskResultStatus.READY if reserved else status_of(job.status)
-    # ``started_at`` is when the current attempt's handler began; claim events are
-    # reservations, earlier than that. A first attempt's start is the row's own.
+    # The row's ``started_at`` is when the current attempt began (``begin``); a claim
+    # is the reservation, a moment earlier. jobstate keeps the current attempt's start
+    # only, so once a later attempt is claimed the first claim stands in for the first
+    # attempt's start, and while a retry is only reserved the latest earlier claim
+    # for the latest attempt's (docs/howto/django-tasks.md).
     first = job.started_at if job.attempts <= 1 and job.started_at else (claims[0] if claims else None)
     last = job.started_at or (claims[-1] if claims else None)
     parameters = job.parameters or {}

@@ -1,0 +1,146 @@
+"""``JobstateBackend``: what a task may be called (kinds and queue names around the
+``:`` of a job kind), the ``jobstate.E901`` system check, and the times a
+``TaskResult`` reports (``started_at``, ``last_attempted_at``) as
+docs/howto/django-tasks.md states them. The rest of the conformance suite is
+tests/test_tasks_backend.py."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.core import checks
+from django.utils import timezone
+
+from jobstate import registry, services
+from jobstate.models import Job, JobEvent
+from jobstate.tasks.backend import rebuild_task
+from jobstate.tasks.compat import BACKPORT, InvalidTask, TaskResultStatus, task_backends
+from jobstate.worker.runner import drain, run_job
+from tests.tasks_app import jobstate_tasks as jt
+
+try:
+    from django.tasks import default_task_backend, task
+except ImportError:
+    from django_tasks import default_task_backend, task  # type: ignore[no-redef]
+
+
+def plain_function() -> None:
+    """A module-level function the tests decorate with a kind that is refused."""
+
+
+# -- kinds and queue names -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["reports:daily", "emails:myapp.tasks.send", ":x", "x:"])
+def test_a_kind_with_a_colon_is_refused(kind):
+    with pytest.raises(InvalidTask) as info:
+        task(kind=kind)(plain_function)
+    assert str(info.value) == (
+        f"kind must not contain ':' (got {kind!r}): a job kind's ':' separates the task's "
+        f"queue name from its kind (\"emails:myapp.tasks.send\"); use another character, such as '.'."
+    )
+    assert not [k for k in registry.all_handlers() if kind in k or "plain_function" in k]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_name_with_a_colon_is_read_back_whole():
+    routed = jt.single_queue.using(queue_name="eu:emails")
+    kind = "eu:emails:tests.tasks_app.jobstate_tasks.single_queue"
+    try:
+        result = routed.enqueue()
+        job = Job.objects.get(pk=result.id)
+        assert job.kind == kind
+        assert rebuild_task(jt.single_queue, job).queue_name == "eu:emails"
+        read = default_task_backend.get_result(result.id)
+        assert read.task.queue_name == "eu:emails"
+        assert read == result
+        assert drain("inline", kinds=[kind]) == 1
+        result.refresh()
+        assert result.return_value == "ok" and result.task.queue_name == "eu:emails"
+    finally:
+        registry.unregister(kind)
+
+
+# -- the system check ----------------------------------------------------------------
+
+
+def test_e901_when_tasks_names_jobstate_but_jobstate_is_not_installed(monkeypatch):
+    assert list(task_backends["default"].check()) == []
+    installed = apps.is_installed
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "jobstate" and installed(name))
+
+    (error,) = task_backends["default"].check()
+    assert error.id == "jobstate.E901" and error.level == checks.ERROR
+    assert error.msg == "JobstateBackend is configured in TASKS['default'] but jobstate is not installed"
+    assert error.hint.startswith("Add 'jobstate' (and 'django_q') to INSTALLED_APPS.")
+    assert list(task_backends["dummy"].check()) == []
+    if not BACKPORT:
+        # `manage.py check` runs every backend's check() through this registered check
+        # (the backport registers it only when "django_tasks" is an installed app).
+        from django.tasks.checks import check_tasks
+
+        assert check_tasks in checks.registry.registry.get_checks()
+        found = [m for m in check_tasks() if m.id == "jobstate.E901"]
+        assert sorted(m.msg for m in found) == [
+            "JobstateBackend is configured in TASKS['default'] but jobstate is not installed",
+            "JobstateBackend is configured in TASKS['single'] but jobstate is not installed",
+        ]
+
+
+# -- started_at and last_attempted_at ------------------------------------------------
+
+
+def claim_at(worker: str, seconds_ago: float) -> Job:
+    """A cluster reserves the next due job; its claim is dated ``seconds_ago``, so that
+    the claim and the start of the attempt (``begin``, later) are told apart."""
+    (job,) = services.claim(worker, limit=1)
+    event = JobEvent.objects.filter(job_id=job.pk, transition="claim").order_by("-id")[0]
+    JobEvent.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(seconds=seconds_ago))
+    return job
+
+
+def claim_times(result: Any) -> list[datetime]:
+    events = JobEvent.objects.filter(job_id=result.id, transition="claim").order_by("id")
+    return list(events.values_list("created_at", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_started_at_is_when_the_first_attempt_began():
+    result = jt.flaky.enqueue("times")  # fails its first attempt, then succeeds
+
+    job = claim_at("w1", 60)
+    result.refresh()
+    # Only reserved: not running, no attempt yet.
+    assert result.status == TaskResultStatus.READY
+    assert (result.started_at, result.last_attempted_at) == (None, None)
+    assert result.worker_ids == [] and result.attempts == 0
+
+    assert run_job(job, "w1") == "retrying"
+    first_start = Job.objects.get(pk=result.id).started_at
+    (first_claim,) = claim_times(result)
+    assert first_start > first_claim + timedelta(seconds=30)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert result.started_at == first_start and result.last_attempted_at == first_start
+    assert result.worker_ids == ["w1"] and len(result.errors) == 1
+
+    job = claim_at("w2", 30)
+    result.refresh()
+    # The retry is only reserved; jobstate no longer holds the first attempt's start:
+    # the first claim stands in, for the first and for the latest attempt.
+    assert Job.objects.get(pk=result.id).started_at is None
+    assert result.status == TaskResultStatus.READY
+    assert result.started_at == first_claim and result.last_attempted_at == first_claim
+    assert result.worker_ids == ["w1"] and result.attempts == 1
+    assert [e.exception_class for e in result.errors] == [RuntimeError]
+
+    assert run_job(job, "w2") == "completed"
+    second_start = Job.objects.get(pk=result.id).started_at
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.started_at == first_claim and result.last_attempted_at == second_start
+    assert result.worker_ids == ["w1", "w2"]
+    assert result.finished_at >= second_start
