@@ -54,9 +54,12 @@ def test_jobs_complete_with_progress_result_and_asset(qcluster, media_root):
         assert done.progress == 100 and done.attempts == 1 and done.finished_at is not None
         assert transitions(done) == ["enqueue", "claim", "complete"]
         claim, complete = JobEvent.objects.filter(job=done).exclude(transition="enqueue").order_by("id")
-        # The cluster claims; a worker process (named in the history) runs it.
+        # The cluster's pusher claims it for an idle worker process, or the worker
+        # process that ran it claimed it itself as it ended its previous job (chain);
+        # either way the history names who did.
         host, cluster_pid, pid = complete.actor_label.removeprefix("worker:").split(":")
-        assert claim.actor_label == f"worker:{host}:{cluster_pid}" and int(cluster_pid) == cluster.pid
+        assert claim.actor_label in (f"worker:{host}:{cluster_pid}", complete.actor_label)
+        assert int(cluster_pid) == cluster.pid
         assert done.result["pid"] == int(pid) and int(pid) in cluster.pids()
     done = fresh(watched)
     assert done.result["steps"] == 4
@@ -82,7 +85,9 @@ def test_worker_sigkilled_mid_job_is_rescued_and_completed_by_another(qcluster):
 
 
 def test_a_job_waiting_in_memory_behind_a_long_one_keeps_its_lease(qcluster):
-    cluster = qcluster(workers=1)  # one worker: the second job waits, claimed, in memory
+    # One worker and a prefetch: the second job waits, claimed, in memory (by
+    # default nothing is reserved for a busy worker; it claims its next job itself).
+    cluster = qcluster(workers=1, jobstate={"PREFETCH": 2})
     long = services.enqueue("e2e.slow", {"seconds": 3.5, "tick": 0.2})  # > LEASE_SECONDS (2)
     wait_for(lambda: running_in_worker(long), 10)
     behind = services.enqueue("e2e.steps", {"steps": 1})
@@ -264,3 +269,25 @@ def test_assets_of_an_attempt_killed_by_sigkill_are_hidden_from_the_results(qclu
     assert (kept.attempt, kept.attempt_lost, kept.name) == (2, False, "attempt-2.csv")
     assert [a.pk for a in result_assets(done)] == [kept.pk]
     assert lost.file.storage.exists(lost.file.name)  # kept for operators until pruned
+
+
+def test_a_busy_worker_claims_its_next_jobs_itself(qcluster):
+    """One worker process, ten short jobs: the pusher hands the idle worker one (or
+    two, if it was quick); the worker then claims the others as it ends each job."""
+    cluster = qcluster(workers=1)
+    jobs = services.enqueue_many([("e2e.steps", {"steps": 1, "delay": 0.02})] * 10)
+    for job in jobs:
+        wait_for(lambda job=job: fresh(job).status in TERMINAL, 20, message=cluster.log()[-3000:])
+    by_pusher = by_worker = 0
+    for job in jobs:
+        done = fresh(job)
+        assert done.status == Status.COMPLETED and done.attempts == 1
+        claim = done.events.get(transition="claim")
+        complete = done.events.get(transition="complete")
+        if claim.actor_label == complete.actor_label:  # claimed and run by one worker process
+            by_worker += 1
+            assert claim.metadata == {"attempt": 1}
+        else:
+            by_pusher += 1
+            assert claim.actor_label == f"worker:{complete.actor_label.split(':')[1]}:{cluster.pid}"
+    assert by_pusher <= 2 and by_worker >= 8, (by_pusher, by_worker)
