@@ -14,7 +14,6 @@ that end an attempt (complete, mark_partial, fail) are in ``outcomes``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
 from collections.abc import Iterable
@@ -31,7 +30,7 @@ from django.utils import timezone
 from jobstate import conf
 from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job
-from jobstate.services._rows import column, concrete_field
+from jobstate.services._rows import column, concrete_field, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.transitions import move
@@ -54,33 +53,8 @@ def update_held(
     pk: Any, token: UUID | str, values: dict[str, Any], *, untroubled: tuple[str, ...] = ()
 ) -> int:
     """Write ``values`` to the job held under ``token`` (``processing``, and for
-    each of ``untroubled`` ("cancel", "stop") none requested); returns the rows
-    written (0 or 1).
-
-    The hot writes of a running job (progress, heartbeat): one plain statement,
-    built once per shape, instead of the ORM building the same query on every
-    call (measured: 0.18 instead of 0.43 ms of CPU per progress write).
-    """
-    fields = tuple(values)
-    sql = _held_sql(connection.vendor, fields, untroubled)
-    params = [concrete_field(Job, name).get_db_prep_save(values[name], connection) for name in fields]
-    params += [_ID.get_db_prep_value(pk, connection), _TOKEN.get_db_prep_value(token, connection)]
-    params.append(str(Status.PROCESSING))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
-
-
-_ID, _TOKEN = concrete_field(Job, "id"), concrete_field(Job, "lease_token")
-
-
-@functools.lru_cache(maxsize=64)
-def _held_sql(vendor: str, fields: tuple[str, ...], untroubled: tuple[str, ...]) -> str:
-    qn = connection.ops.quote_name
-    sets = ", ".join(f"{qn(column(concrete_field(Job, name)))} = %s" for name in fields)
-    where = f"{qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s"
-    where += "".join(f" AND {qn(f'{what}_requested_at')} IS NULL" for what in untroubled)
-    return f"UPDATE {qn(Job._meta.db_table)} SET {sets} WHERE {where}"
+    each of ``untroubled`` ("cancel", "stop") none requested); 0 or 1 row."""
+    return update_job(pk, values, status=Status.PROCESSING, token=token, untroubled=untroubled)
 
 
 @dataclass(frozen=True)

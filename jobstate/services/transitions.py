@@ -20,7 +20,7 @@ from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.services import cascade
-from jobstate.services._rows import announce, record_event
+from jobstate.services._rows import announce, record_event, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.assets import lose_attempt_assets
 from jobstate.states import ACTIVE, TERMINAL, Status
@@ -129,7 +129,12 @@ def move(
             # Children first (a child's final transaction locks the child, then its
             # parent): rolled back with the rest if the UPDATE below is refused.
             cascade.end_children(job_id, why=target, actor=actor, now=now)
-        if not qs.filter(status=from_status).update(**values):
+        plain = condition is None and not any(hasattr(v, "resolve_expression") for v in values.values())
+        if plain:
+            written = update_job(job_id, values, status=from_status, token=token)
+        else:
+            written = qs.filter(status=from_status).update(**values)
+        if not written:
             _refuse(job_id, name, target, token)
         record_event(job_id, from_status, target, name, actor, reason, metadata, now)
         if target in TERMINAL:
