@@ -162,6 +162,7 @@ class Saga(jobstate.Workflow):
 def child(ctx: Any) -> dict[str, int]:
     i = int(ctx.parameters["i"])
     ctx.progress(50, f"child {i}")
+    time.sleep(float(ctx.parameters.get("delay", 0)))
     if i in ctx.parameters.get("fail", []):
         raise NonRetryable(f"child {i} failed")
     return {"i": i, "square": i * i}
@@ -173,7 +174,10 @@ class _Fan(jobstate.Workflow):
         effect(ctx, "split")
         n = int(ctx.parameters.get("n", 10))
         for i in range(n):
-            ctx.spawn("wf.child", {"i": i, "fail": ctx.parameters.get("fail", [])})
+            ctx.spawn(
+                "wf.child",
+                {"i": i, "fail": ctx.parameters.get("fail", []), "delay": ctx.parameters.get("delay", 0)},
+            )
         return {"spawned": n}
 
     @jobstate.step()

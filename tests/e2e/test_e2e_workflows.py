@@ -96,7 +96,10 @@ def test_sigkill_in_a_batched_step_resumes_from_the_cursor(qcluster, tmp_path, a
 
 def test_fan_out_of_50_children_across_worker_processes(qcluster):
     cluster = qcluster(workers=4)
-    parent = services.enqueue("wf.fan", {"n": 50})
+    # Each child takes 20 ms: a worker that ends a job claims its next one itself, so
+    # without work to share one worker can run 50 instant children before the pusher
+    # has handed the idle ones anything (seen on SQLite); a second of work is shared.
+    parent = services.enqueue("wf.fan", {"n": 50, "delay": 0.02})
     done = finished(cluster, parent)
     assert done.status == Status.COMPLETED and done.attempts == 1
     assert done.result == {"total": 50, "sum": sum(i * i for i in range(50)), "value": {"spawned": 50}}
