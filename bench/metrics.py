@@ -11,7 +11,8 @@ script times, in-process, with Django's test client and METRICS_ACCESS "open":
 - the first scrape of a process (it takes the snapshot itself);
 - warm scrapes with no new history, p50/p95;
 - warm scrapes after ``--batch`` jobs were enqueued, claimed and completed
-  (3 history rows each) since the previous one, p50/p95.
+  (3 history rows each) since the previous one, p50/p95 (answered from memory),
+  and the fold of those rows into the counters that a background refresh does.
 
 The goal: a warm scrape under 50 ms.
 """
@@ -23,6 +24,7 @@ import platform
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +55,7 @@ def main() -> None:
     from django.conf import settings
     from django.test import Client
     from django.test.utils import override_settings, setup_test_environment
+    from django.utils import timezone
 
     from jobstate import registry, services
     from jobstate.metrics import gauges, totals
@@ -88,10 +91,15 @@ def main() -> None:
         gauges.reset()
         first_ms = scrape()
         warm = [scrape() for _ in range(args.reps)]
-        busy = []
+        busy, folds = [], []
         for _ in range(args.reps):
             run_batch()
             busy.append(scrape())
+            # What the background refresh then does with the batch's history rows
+            # (the scrape above answered from memory): fold them into the counters.
+            started = time.perf_counter()
+            totals.fold(now=timezone.now() + timedelta(minutes=5))  # past the settle window
+            folds.append((time.perf_counter() - started) * 1000)
         Job.objects.filter(kind=kind, worker_id="bench-metrics").delete()
 
     print(f"# /metrics/ scrape, {time.strftime('%Y-%m-%d')}, {platform.node()}, {platform.processor() or ''}")
@@ -103,6 +111,10 @@ def main() -> None:
     print(
         f"warm scrape, +{args.batch * 3} history rows  p50/p95   "
         f"{statistics.median(busy):8.1f} / {p95(busy):.1f} ms"
+    )
+    print(
+        f"fold of +{args.batch * 3} history rows (background) p50/p95   "
+        f"{statistics.median(folds):8.1f} / {p95(folds):.1f} ms"
     )
     worst = max(p95(warm), p95(busy))
     print(f"goal: warm p95 < {TARGET_MS:.0f} ms: {'met' if worst < TARGET_MS else 'NOT met'}")
