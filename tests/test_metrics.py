@@ -178,6 +178,17 @@ def test_live_workers_and_clusters(client):
     )
 
 
+@override_settings(JOBSTATE=OPEN)
+def test_lease_renewals_per_process(client):
+    workers.beat("h:1:2", cluster="h:1", role="pusher", renewed=4)
+    workers.beat("h:1:3", cluster="h:1", role="worker", renewed=3)
+    workers.beat("h:1:3", cluster="h:1", role="worker", renewed=2)
+    workers.beat("h:1:3", cluster="h:1", role="worker")
+    s = scrape(client)
+    assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:3") == 5
+    assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:2") == 4
+
+
 @override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 60})
 def test_gauges_are_served_from_the_cache(client):
     services.enqueue("test.echo", {})

@@ -20,6 +20,7 @@ METRICS = (
     "jobstate_stuck_jobs",
     "jobstate_workers_alive",
     "jobstate_cluster_last_heartbeat_timestamp_seconds",
+    "jobstate_lease_renewals_total",
     "jobstate_metrics_snapshot_age_seconds",
     "jobstate_transitions_total",
     "jobstate_outcomes_total",
@@ -64,6 +65,15 @@ class JobstateCollector(Collector):
             ["cluster"],
             snap.clusters,
         )
+        renewals = CounterMetricFamily(
+            "jobstate_lease_renewals",
+            "Leases renewed per process: a worker's heartbeats of its running job, a pusher's "
+            "extensions of jobs waiting in its queue.",
+            labels=["cluster", "process"],
+        )
+        for (cluster, process), n in sorted(snap.renewals.items()):
+            renewals.add_metric([cluster, process], n)
+        yield renewals
         yield GaugeMetricFamily(
             "jobstate_metrics_snapshot_age_seconds", "Age of the gauges above.", value=gauges.age(snap)
         )

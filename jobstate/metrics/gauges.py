@@ -38,6 +38,7 @@ class Snapshot:
     stuck: dict[str, int] = field(default_factory=dict)
     workers: dict[tuple[str, str], int] = field(default_factory=dict)
     clusters: dict[str, float] = field(default_factory=dict)
+    renewals: dict[tuple[str, str], int] = field(default_factory=dict)
     totals: totals.Totals = field(default_factory=lambda: totals.Totals())
     seconds: float = 0.0
 
@@ -68,6 +69,9 @@ def take(now: datetime | None = None) -> Snapshot:
         snap.workers[(cluster, role)] = n
     for cluster, seen in alive.values_list("cluster").annotate(seen=Max("seen_at")):
         snap.clusters[cluster] = seen.timestamp()
+    # Every process still recorded (dead ones until pruned): each series only grows.
+    for cluster, name, n in workers.recorded().values_list("cluster", "name", "leases_renewed"):
+        snap.renewals[(cluster, name)] = n
     snap.totals = totals.fold(now)
     snap.seconds = time.monotonic() - started
     return snap

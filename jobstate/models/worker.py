@@ -30,6 +30,9 @@ class WorkerProcess(models.Model):
     # written on a hot path and must never wait on, or block, the job's row.
     job_id = models.UUIDField(null=True, blank=True)
     jobs_done = models.PositiveIntegerField(default=0)
+    # Leases this process renewed: a worker's heartbeats of its running job, a
+    # pusher's extensions of jobs waiting in its queue (a counter per process).
+    leases_renewed = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ("cluster", "role", "name")

@@ -22,17 +22,21 @@ def beat(
     role: str,
     job_id: Any = None,
     finished: int = 0,
+    renewed: int = 0,
     now: datetime | None = None,
 ) -> None:
     """Record that process ``name`` is alive (running ``job_id``, or idle when None).
 
     One UPDATE in the common case; the first beat of a process inserts its row.
-    ``finished`` adds to the process's count of jobs done.
+    ``finished`` adds to the process's count of jobs done, ``renewed`` to its
+    count of lease renewals.
     """
     now = now or timezone.now()
     values: dict[str, Any] = {"seen_at": now, "job_id": job_id}
     if finished:
         values["jobs_done"] = F("jobs_done") + finished
+    if renewed:
+        values["leases_renewed"] = F("leases_renewed") + renewed
     if WorkerProcess.objects.filter(name=name).update(**values):
         return
     host, _, pid = name.rpartition(":")
@@ -48,6 +52,7 @@ def beat(
                 seen_at=now,
                 job_id=job_id,
                 jobs_done=finished,
+                leases_renewed=renewed,
             )
     except IntegrityError:  # a concurrent first beat of the same name
         WorkerProcess.objects.filter(name=name).update(**values)
@@ -64,6 +69,11 @@ def alive(now: datetime | None = None) -> QuerySet[WorkerProcess]:
     return WorkerProcess.objects.filter(
         seen_at__gte=now - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
     )
+
+
+def recorded() -> QuerySet[WorkerProcess]:
+    """Every process row, alive or dead (until ``forget_dead`` prunes it)."""
+    return WorkerProcess.objects.order_by()
 
 
 def forget_dead(older_than_seconds: float = 24 * 3600, now: datetime | None = None) -> int:

@@ -99,7 +99,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
 
     def _reset(self) -> None:
         self._next_reap = self._next_renew = self._next_plain = self._next_reconcile = 0.0
-        self._handed = self._plain_handed = self._taken = 0
+        self._handed = self._plain_handed = self._taken = self._renewed = 0
         self._last_pickup = 0.0
         # Jobs handed to django-q2, oldest first; the last ``counters.pending`` of them
         # are still waiting for a worker process.
@@ -282,12 +282,15 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         WorkerProcess heartbeat."""
         self._next_renew = now + float(conf.get("HEARTBEAT_SECONDS"))
         try:
-            worker_processes.beat(f"{cluster_id()}:{os.getpid()}", cluster=cluster_id(), role="pusher")
+            worker_processes.beat(
+                f"{cluster_id()}:{os.getpid()}", cluster=cluster_id(), role="pusher", renewed=self._renewed
+            )
+            self._renewed = 0
         except DatabaseError:
             logger.warning("jobstate broker: could not record the pusher's heartbeat", exc_info=True)
         waiting = self._still_waiting(now)
         if waiting:
-            services.extend_leases(cluster_id(), [(w.pk, w.token) for w in waiting])
+            self._renewed += services.extend_leases(cluster_id(), [(w.pk, w.token) for w in waiting])
 
     def _still_waiting(self, now: float) -> list[_Handed]:
         """The jobs handed out that no worker process has taken yet.

@@ -78,6 +78,7 @@ class Supervisor:
         # recorded in WorkerProcess, busy or idle.
         self.identity: tuple[str, str] | None = None
         self.finished = 0
+        self.renewed = 0  # job heartbeats since the last process beat
         self._next_process_beat = 0.0
         self.heart = threading.Thread(target=self._heartbeat_loop, name="jobstate-heartbeat", daemon=True)
         self.watch = threading.Thread(target=self._watchdog_loop, name="jobstate-watchdog", daemon=True)
@@ -207,6 +208,7 @@ class Supervisor:
             logger.exception("Heartbeat failed for job %s", ctx.job.pk)
             close_quietly()
             return
+        self.renewed += 1
         if beat.cancel_requested:
             ctx.cancel_seen.set()
             self.watch_wake.set()
@@ -230,6 +232,7 @@ class Supervisor:
         assert self.identity is not None
         name, cluster = self.identity
         finished, self.finished = self.finished, 0
+        renewed, self.renewed = self.renewed, 0
         try:
             workers.beat(
                 name,
@@ -237,9 +240,11 @@ class Supervisor:
                 role="worker",
                 job_id=slot.ctx.job.pk if slot is not None and not slot.done.is_set() else None,
                 finished=finished,
+                renewed=renewed,
             )
         except Exception:
             self.finished += finished
+            self.renewed += renewed
             logger.exception("Worker heartbeat failed for %s", name)
             close_quietly()
 

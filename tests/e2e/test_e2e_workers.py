@@ -99,6 +99,12 @@ def test_a_job_waiting_in_memory_behind_a_long_one_keeps_its_lease(qcluster):
     assert fresh(behind).attempts == 1 and transitions(behind) == ["enqueue", "claim", "complete"]
     claimed = behind.events.get(transition="claim").created_at
     assert claimed < long.events.get(transition="complete").created_at
+    # Both renewals were counted: the worker's heartbeats of the long job, the pusher's
+    # extensions of the job waiting in memory (jobstate_lease_renewals_total).
+    from jobstate.models import WorkerProcess
+
+    mine = WorkerProcess.objects.filter(cluster__endswith=f":{cluster.pid}", leases_renewed__gt=0)
+    wait_for(lambda: set(mine.values_list("role", flat=True)) == {"pusher", "worker"}, 10)
 
 
 def test_prefetch_never_fills_django_q_queue_so_waiting_leases_are_kept(qcluster):
