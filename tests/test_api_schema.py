@@ -25,6 +25,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode, checks
 from schemathesis.core.failures import FailureGroup
 
+import jobstate
 from jobstate import services
 from jobstate.api.serializers import JobDetailSerializer
 from jobstate.models import JobStep
@@ -283,3 +284,31 @@ def test_a_response_that_breaks_the_schema_is_caught(user, token, seeded, monkey
     monkeypatch.setattr(JobDetailSerializer, "to_representation", broken)
     with pytest.raises(FailureGroup):
         call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": seeded["jobs"][0]})
+
+
+def test_in_a_project_without_spectacular_settings_the_schema_and_docs_are_jobstates(
+    user, capsys, monkeypatch
+):
+    """A host project that configures nothing (drf-spectacular's defaults: a CDN, no
+    enum names, no title): jobstate's title, version and enum names (no collision
+    warning), and Swagger UI from the sidecar."""
+    from drf_spectacular.settings import spectacular_settings
+
+    monkeypatch.setattr(
+        spectacular_settings, "SWAGGER_UI_DIST", "https://cdn.jsdelivr.net/npm/swagger-ui-dist@latest"
+    )
+    monkeypatch.setattr(
+        spectacular_settings, "SWAGGER_UI_FAVICON_HREF", "https://cdn.jsdelivr.net/favicon.png"
+    )
+    monkeypatch.setattr(spectacular_settings, "ENUM_NAME_OVERRIDES", {})
+    monkeypatch.setattr(spectacular_settings, "TITLE", "")
+    monkeypatch.setattr(spectacular_settings, "VERSION", "0.0.0")
+    response = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    schema = response.json()
+    assert (schema["info"]["title"], schema["info"]["version"]) == ("jobstate API", jobstate.__version__)
+    assert {"JobStatusEnum", "StepStatusEnum"} <= set(schema["components"]["schemas"])
+    assert "Warning" not in capsys.readouterr().err
+    html = client_for(None).get("/api/docs/").content.decode()
+    assert not re.search(r"(src|href)=\"https?://", html), "no external assets"
+    assert "drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in html

@@ -120,8 +120,8 @@ class ApiRoot(JobstateAPIView):
         return Response(links)
 
 
-# Each link: the first URL name that resolves (the project's own schema views
-# first, as the demo project mounts them, then jobstate's).
+# Each link: the first URL name that resolves (a project's own schema views, if it
+# mounts some under these names, then jobstate's).
 LINKS = {
     "jobs": ("jobstate-api:job-list",),
     "kinds": ("jobstate-api:kind-list",),

@@ -8,14 +8,18 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+from django.apps import apps
+from django.templatetags.static import static
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.metadata import SimpleMetadata
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.views import APIView
 
+import jobstate
 from jobstate.api.serializers import ErrorSerializer
 from jobstate.api.throttling import JobstateThrottle
 
@@ -110,6 +114,10 @@ class JobstateSchemaGenerator(SchemaGenerator):
             self.endpoints = [e for e in endpoints if _is_jobstate_view(e[3])]
 
 
+# The two ``status`` choice sets of the API, by name (see JobstateSchemaView).
+ENUM_NAMES = {"JobStatusEnum": "jobstate.states.Status", "StepStatusEnum": "jobstate.models.step.StepStatus"}
+
+
 class _OwnViews(APIView):
     """The schema and docs views (not documented themselves): drf-spectacular's,
     with jobstate's own throttle, content negotiation and no versioning."""
@@ -123,9 +131,23 @@ class _OwnViews(APIView):
 
 
 class JobstateSchemaView(_OwnViews, SpectacularAPIView):
-    """OpenAPI 3 schema of the jobstate API (YAML, or JSON by content negotiation)."""
+    """OpenAPI 3 schema of the jobstate API (YAML, or JSON by content negotiation).
+
+    Its title, version and enum names are jobstate's whatever the project's
+    SPECTACULAR_SETTINGS say (they describe the project's own API): the two
+    ``status`` choice sets get names of their own instead of drf-spectacular's
+    collision warning on every request."""
 
     generator_class = JobstateSchemaGenerator
+
+    @property
+    def custom_settings(self) -> dict[str, Any]:  # type: ignore[override]  # an attribute upstream
+        return {
+            "TITLE": "jobstate API",
+            "DESCRIPTION": "Durable background jobs with a validated lifecycle.",
+            "VERSION": jobstate.__version__,
+            "ENUM_NAME_OVERRIDES": {**spectacular_settings.ENUM_NAME_OVERRIDES, **ENUM_NAMES},
+        }
 
     @extend_schema(exclude=True)
     def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,10 +155,23 @@ class JobstateSchemaView(_OwnViews, SpectacularAPIView):
 
 
 class JobstateDocsView(_OwnViews, SpectacularSwaggerView):
-    """Swagger UI for the jobstate API (assets from drf-spectacular-sidecar when
-    the project's SPECTACULAR_SETTINGS say so)."""
+    """Swagger UI for the jobstate API, served from drf-spectacular-sidecar's
+    static files when that app is installed (no CDN, whatever the project's
+    SPECTACULAR_SETTINGS say), else as drf-spectacular is configured."""
 
     url_name = "jobstate-api:schema"
+
+    @staticmethod
+    def _swagger_ui_resource(filename: str) -> str:
+        if apps.is_installed("drf_spectacular_sidecar"):
+            return static(f"drf_spectacular_sidecar/swagger-ui-dist/{filename}")
+        return cast(str, SpectacularSwaggerView._swagger_ui_resource(filename))
+
+    @staticmethod
+    def _swagger_ui_favicon() -> str:
+        if apps.is_installed("drf_spectacular_sidecar"):
+            return static("drf_spectacular_sidecar/swagger-ui-dist/favicon-32x32.png")
+        return cast(str, SpectacularSwaggerView._swagger_ui_favicon())
 
     @extend_schema(exclude=True)
     def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
