@@ -83,3 +83,41 @@ def test_chained_claims_respect_concurrency_limits(broker, temp_handler):
     assert tasks.chain(me(), hard_deadline=now + 10_000, started=now) == 0
     assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
     assert running.pk == held.pk
+
+
+def test_a_queued_job_with_a_cancel_request_is_left_to_begin(broker):
+    from django.utils import timezone
+
+    job = services.enqueue("test.echo", {})
+    # A job that suspended after a cancel request came back queued, still asked to cancel.
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+    assert services.claim(me(), kinds=["test.echo"], start=True) == []
+    (reserved,) = services.claim(cluster_id(), kinds=["test.echo"])  # the pusher's claim
+    assert reserved.pk == job.pk and reserved.started_at is None
+
+
+def test_each_chained_job_gets_its_own_django_q2_hard_limit(broker, temp_handler, monkeypatch):
+    temp_handler("test.quick", lambda ctx: "ok", timeout=5)
+    armed: list[float] = []
+    monkeypatch.setattr(tasks.q2, "rearm_hard_limit", armed.append)
+    services.enqueue("test.quick", {})
+    now = time.monotonic()
+    assert tasks.chain(me(), hard_deadline=now + 10_000, started=now) == 1
+    assert armed == [hard_limit_for(registry.get_handler("test.quick"))]
+
+
+def test_rearming_the_hard_limit_needs_django_q2s_alarm_handler():
+    import signal
+
+    from jobstate.worker import q2
+
+    previous = signal.getsignal(signal.SIGALRM)
+    try:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        assert q2.rearm_hard_limit(5) is False and signal.alarm(0) == 0
+        signal.signal(signal.SIGALRM, lambda *_: None)  # as django-q2's TimeoutHandler installs
+        assert q2.rearm_hard_limit(5) is True
+        assert 4 <= signal.alarm(0) <= 5
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -57,7 +57,9 @@ def claim(
     postgres = connection.vendor == "postgresql"
     actor = Actor.worker(worker_id)
     with transaction.atomic():
-        picked, params = _ready(kinds, limit, now, postgres)
+        # A queued job with a cancel request (one that suspended after it) is left
+        # to begin(), which cancels it unstarted: never run by a start=True claim.
+        picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
         if limits:
             ids = _within_limits(limits, picked, params, limit)
             if not ids:
@@ -75,12 +77,14 @@ def _prep(field: str, value: Any, model: Any = Job) -> Any:
     return model._meta.get_field(field).get_db_prep_value(value, connection)
 
 
-def _ready(kinds: list[str] | None, limit: int, now: datetime, postgres: bool) -> tuple[str, list[Any]]:
+def _ready(
+    kinds: list[str] | None, limit: int, now: datetime, postgres: bool, cancel_free: bool = False
+) -> tuple[str, list[Any]]:
     """SELECT of the ids of the next ready jobs, in claim order (locked on PostgreSQL)."""
     params: list[Any] = [str(Status.QUEUED), _prep("run_after", now)]
-    where = ""
+    where = " AND cancel_requested_at IS NULL" if cancel_free else ""
     if kinds is not None:
-        where = f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
+        where += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
         params.extend(kinds)
     lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
     sql = (

@@ -45,10 +45,11 @@ def is_job(task_id: Any) -> bool:
 
 def picked_up() -> None:
     """Called by a worker process as it takes a job package off the queue."""
-    if pending is not None:
-        pending.add(-1)
+    # Busy first: in between, the pusher would see one free place too many.
     if busy is not None:
         busy.add(1)
+    if pending is not None:
+        pending.add(-1)
 
 
 def done() -> None:

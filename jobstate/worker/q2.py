@@ -21,6 +21,9 @@ takes from django-q2, and why:
   process as it takes a task off the queue; jobstate counts plain tasks with it.
 - ``on_worker_spawn``: django-q2's ``post_spawn`` signal, sent in a worker
   process as it starts; jobstate records the process (idle) in WorkerProcess.
+- ``rearm_hard_limit``: django-q2 enforces a task's ``timeout`` in the worker
+  with ``SIGALRM`` (``TimeoutHandler``), armed once per task; a worker that
+  chains jobs re-arms it for each job it starts.
 - ``sign`` / ``SignedPackage``, ``TimeoutException``: the signed package a
   worker process unpacks, and the exception django-q2 raises at its hard limit.
 """
@@ -28,6 +31,8 @@ takes from django-q2, and why:
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -154,3 +159,15 @@ def on_worker_spawn(callback: Callable[[], None], uid: str) -> None:
         callback()
 
     post_spawn.connect(receiver, dispatch_uid=uid, weak=False)
+
+
+def rearm_hard_limit(seconds: float) -> bool:
+    """In a worker process running a django-q2 task: make django-q2's hard limit
+    (its ``SIGALRM``, raising ``TimeoutException``) fire ``seconds`` from now.
+    False (nothing done) outside such a task or off the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    signal.alarm(max(1, int(seconds)))
+    return True

@@ -22,7 +22,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
-from jobstate.worker import counters
+from jobstate.worker import counters, q2
 from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
@@ -170,7 +170,11 @@ def chain(me: str, hard_deadline: float, started: float) -> int:
             break
         if not claimed:
             break
-        _run_begun(claimed[0], me)
+        job = claimed[0]
+        # django-q2 armed its hard limit for the package's job; this one gets its own.
+        limit = hard_limit_for(registry.all_handlers().get(job.kind))
+        q2.rearm_hard_limit(min(limit, hard_deadline - time.monotonic()))
+        _run_begun(job, me)
         ran += 1
     return ran
 
