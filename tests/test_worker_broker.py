@@ -78,7 +78,6 @@ def test_claims_only_what_fits_under_the_prefetch_limit(broker):
 
 
 def test_prefetch_is_one_job_per_idle_worker_process(broker):
-    broker._next_reconcile = float("inf")  # counting only (the correction is tested below)
     assert broker.prefetch(now=100.0) == 2  # both worker processes idle
     counters.picked_up()  # one takes a package: busy until it returns
     assert broker.prefetch(now=100.0) == 1
@@ -90,15 +89,22 @@ def test_prefetch_is_one_job_per_idle_worker_process(broker):
         assert broker.prefetch(now=100.0) == 3
 
 
-def test_a_busy_count_left_by_a_killed_worker_is_corrected_from_the_database(broker):
-    counters.picked_up()
-    counters.picked_up()  # two processes took packages and were killed in execute
-    assert broker.prefetch(now=100.0) == 2  # no job of theirs is running: both counted off
-    services.enqueue("test.echo", {})
-    services.claim(f"{cluster_id()}:4242", kinds=["test.echo"], start=True)
-    counters.picked_up()
-    broker._next_reconcile = 0
-    assert broker.prefetch(now=200.0) == 1  # one process really runs a job
+def test_the_slot_of_a_worker_killed_inside_execute_is_freed(broker):
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a worker process that took a package and was killed: its pid is free
+    assert counters.busy is not None
+    counters.busy.enter(gone.pid)
+    counters.picked_up()  # this process: alive, inside execute
+    broker._next_forget = float("inf")
+    assert broker.prefetch(now=100.0) == 0  # both slots look busy until the next look
+    broker._next_forget = 0
+    assert broker.prefetch(now=100.0) == 1  # the dead one's slot is freed, not the live one's
+    assert counters.busy.count() == 1
+    counters.done()
+    assert counters.busy.count() == 0
 
 
 @override_settings(JOBSTATE={"PREFETCH": 2})

@@ -41,7 +41,7 @@ def test_after_its_job_a_worker_runs_the_ready_ones_itself_each_claimed_and_begu
         # Claimed by the worker process itself, begun in the same statement: attempt 1.
         assert claim.actor_label == f"worker:{me()}" and claim.metadata == {"attempt": 1}
     assert Job.objects.get(pk=first.pk).events.get(transition="claim").actor_label == f"worker:{cluster_id()}"
-    assert counters.busy is not None and counters.busy.get() == 0  # counted off on return
+    assert counters.busy is not None and counters.busy.count() == 0  # left its slot on return
 
 
 def test_the_chain_stops_while_a_package_waits_in_the_queue(broker):

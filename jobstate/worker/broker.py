@@ -99,6 +99,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
 
     def _reset(self) -> None:
         self._next_reap = self._next_renew = self._next_plain = self._next_reconcile = 0.0
+        self._next_forget = 0.0
         self._handed = self._plain_handed = self._taken = self._renewed = 0
         self._last_pickup = 0.0
         # Jobs handed to django-q2, oldest first; the last ``counters.pending`` of them
@@ -215,12 +216,15 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
 
     def _idle_workers(self, now: float) -> int:
         workers = q2.workers()
-        if counters.busy is None or not counters.busy.shared:
+        busy = counters.busy
+        if busy is None or not busy.shared:
             return workers
-        idle = workers - counters.busy.get()
-        if idle <= 0:
-            self._reconcile(now)
-            idle = workers - counters.busy.get()
+        idle = workers - busy.count()
+        if idle <= 0 and now >= self._next_forget:
+            # A worker process killed inside ``execute`` never left its slot.
+            self._next_forget = now + 1.0
+            busy.forget_dead()
+            idle = workers - busy.count()
         return max(0, idle)
 
     def _room(self, now: float, limit: int) -> int:
@@ -253,12 +257,6 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         waiting = Job.objects.filter(status=Status.PROCESSING, worker_id=cluster_id()).count()
         counters.pending.lower_to(waiting)
         counters.plain.lower_to(q2.plain_locked(self))
-        if counters.busy is not None:
-            # A worker process killed inside ``execute`` never counted itself off.
-            # Busy: running a job of this cluster, or holding a reserved one it
-            # took off the queue and has not begun yet.
-            running = Job.objects.running().filter(worker_id__startswith=f"{cluster_id()}:").count()
-            counters.busy.lower_to(running + max(0, waiting - counters.pending.get()))
 
     def _reap(self, now: float) -> None:
         interval = float(conf.get("REAP_INTERVAL_SECONDS") or 0)

@@ -9,13 +9,15 @@ falls back to its database checks):
   django-q2's bounded queue). The pusher adds what it hands out, a worker
   subtracts what it picks up; the pusher claims only what fits under the
   prefetch limit and django-q2's queue limit.
-- ``busy``: worker processes inside ``execute`` (running a job, or chaining to
-  their next one): unless ``PREFETCH`` is set the pusher claims only for the
-  others, the idle ones.
+- ``busy``: the worker processes inside ``execute`` (running a job, or chaining
+  to their next one), by pid: unless ``PREFETCH`` is set the pusher claims only
+  for the others, the idle ones. A process killed inside ``execute`` never
+  leaves its slot; the pusher clears the slots of processes that are gone.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from jobstate.worker import q2
@@ -25,7 +27,7 @@ JOB_ACK_PREFIX = "job:"
 
 pending: q2.Counter | None = None
 plain: q2.Counter | None = None
-busy: q2.Counter | None = None
+busy: q2.Slots | None = None
 
 
 def create() -> None:
@@ -36,7 +38,8 @@ def create() -> None:
     if plain is None:
         plain = q2.Counter()
     if busy is None:
-        busy = q2.Counter()
+        # Room for every worker process and the replacements of killed ones.
+        busy = q2.Slots(max(8, 4 * q2.workers()))
 
 
 def is_job(task_id: Any) -> bool:
@@ -47,7 +50,7 @@ def picked_up() -> None:
     """Called by a worker process as it takes a job package off the queue."""
     # Busy first: in between, the pusher would see one free place too many.
     if busy is not None:
-        busy.add(1)
+        busy.enter(os.getpid())
     if pending is not None:
         pending.add(-1)
 
@@ -55,7 +58,7 @@ def picked_up() -> None:
 def done() -> None:
     """Called by a worker process as it returns from ``execute`` to django-q2."""
     if busy is not None:
-        busy.add(-1)
+        busy.leave(os.getpid())
 
 
 def nothing_waiting() -> bool:

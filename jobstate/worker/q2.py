@@ -31,6 +31,7 @@ takes from django-q2, and why:
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -121,6 +122,72 @@ class Counter:
         if self.value is not None:
             with self.value.get_lock():
                 self.value.value = min(self.value.value, n)
+
+
+class Slots:
+    """Process ids in shared memory, one slot each (created in the sentinel before
+    it forks; without ``fork`` it is off and counts nothing): who is inside
+    ``execute`` right now. A slot whose process is gone (killed, or recycled
+    without leaving) is cleared by ``forget_dead``."""
+
+    def __init__(self, size: int) -> None:
+        shared = "fork" in multiprocessing.get_all_start_methods()
+        self.pids: Any = multiprocessing.get_context("fork").Array("i", size) if shared else None
+
+    @property
+    def shared(self) -> bool:
+        return self.pids is not None
+
+    def enter(self, pid: int) -> None:
+        if self.pids is None:
+            return
+        with self.pids.get_lock():
+            for i, held in enumerate(self.pids):
+                if held == 0:
+                    self.pids[i] = pid
+                    return
+
+    def leave(self, pid: int) -> None:
+        if self.pids is None:
+            return
+        with self.pids.get_lock():
+            for i, held in enumerate(self.pids):
+                if held == pid:
+                    self.pids[i] = 0
+                    return
+
+    def count(self) -> int:
+        if self.pids is None:
+            return 0
+        return sum(1 for held in self.pids if held)
+
+    def forget_dead(self) -> int:
+        """Clear the slots of processes that no longer run; returns how many."""
+        if self.pids is None:
+            return 0
+        cleared = 0
+        with self.pids.get_lock():
+            for i, held in enumerate(self.pids):
+                if held and not _running(held):
+                    self.pids[i] = 0
+                    cleared += 1
+        return cleared
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed worker its
+    sentinel has not reaped yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return True
 
 
 def take_plain(broker: OrmBroker, limit: int) -> list[tuple[Any, str]]:
