@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
@@ -174,7 +174,14 @@ def _accepts(types: tuple[type, ...], value: Any) -> bool:
     return isinstance(value, types)
 
 
-def problems(user: Any) -> list[Error]:
+# Keys of earlier versions: a warning (the project still starts), not E002.
+REMOVED = {
+    "PREFETCH_SECONDS": "a busy worker process claims its next job itself and the pusher "
+    "claims only for idle ones (WORKER_CHAIN_SECONDS; PREFETCH still sets a fixed prefetch).",
+}
+
+
+def problems(user: Any) -> list[CheckMessage]:
     """What is wrong with a ``JOBSTATE`` value (empty when nothing)."""
     if user is None:
         return []
@@ -187,9 +194,18 @@ def problems(user: Any) -> list[Error]:
             )
         ]
     table = ", ".join(f"{k} ({_type_names(allowed_types(k))})" for k in sorted(DEFAULTS))
-    found: list[Error] = []
+    found: list[CheckMessage] = []
     for key, value in user.items():
-        if key not in DEFAULTS:
+        if key in REMOVED:
+            found.append(
+                Warning(
+                    f"settings.JOBSTATE[{key!r}] is no longer used: {REMOVED[key]}",
+                    hint=f"Remove it from settings.JOBSTATE. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.W010",
+                )
+            )
+        elif key not in DEFAULTS:
             found.append(
                 Error(
                     f"Unknown key {key!r} in settings.JOBSTATE.",
@@ -212,6 +228,6 @@ def problems(user: Any) -> list[Error]:
 
 
 @register("jobstate")
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """Unknown keys and wrong types in ``settings.JOBSTATE`` are errors."""
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Unknown keys and wrong types in ``settings.JOBSTATE`` are errors; removed keys warn."""
     return problems(getattr(settings, "JOBSTATE", None))

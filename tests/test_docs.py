@@ -96,6 +96,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += sqlite_warnings({"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {}})  # W009
     found += conf.problems([])  # E001
     found += conf.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
+    found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
     from jobstate.tasks.compat import task_backends
 
     with mock.patch("jobstate.tasks.backend.apps.is_installed", return_value=False):

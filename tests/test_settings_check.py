@@ -53,3 +53,11 @@ def test_every_key_has_a_declared_type():
     for key in conf.DEFAULTS:
         assert object not in conf.allowed_types(key), key
         assert conf._accepts(conf.allowed_types(key), conf.DEFAULTS[key]), key
+
+
+def test_a_key_of_an_earlier_version_warns_and_the_project_still_starts():
+    with override_settings(JOBSTATE={"PREFETCH_SECONDS": 0.5}):
+        assert errors() == []
+        (warning,) = [m for m in checks.run_checks(tags=["jobstate"]) if m.id == "jobstate.W010"]
+    assert warning.level == checks.WARNING and "'PREFETCH_SECONDS'" in warning.msg
+    assert "WORKER_CHAIN_SECONDS" in warning.msg
