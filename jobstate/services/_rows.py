@@ -95,17 +95,9 @@ def record_event(
     """One history row of a job, and its ``transitioned`` hooks. One plain INSERT:
     every transition of every job writes one, so no model instance is built."""
     now = now or timezone.now()
-    event = JobEvent._meta
     params = [
         Job._meta.pk.get_db_prep_value(job_id, connection),
-        from_status,
-        str(to_status),
-        name,
-        event.get_field("actor").get_db_prep_save(actor.user_id, connection),
-        actor.label[:200],
-        reason or "",
-        event.get_field("metadata").get_db_prep_save(metadata or {}, connection),
-        event.get_field("created_at").get_db_prep_save(now, connection),
+        *_event_values(from_status, to_status, name, actor, reason, metadata, now),
     ]
     with connection.cursor() as cursor:
         cursor.execute(_event_sql(connection.vendor), params)
@@ -123,6 +115,29 @@ _EVENT_COLUMNS = (
     "metadata",
     "created_at",
 )
+
+
+def _event_values(
+    from_status: str,
+    to_status: str,
+    name: str,
+    actor: Actor,
+    reason: str,
+    metadata: dict[str, Any] | None,
+    now: datetime,
+) -> list[Any]:
+    """A history row's values for ``_EVENT_COLUMNS`` after ``job``, prepared for the database."""
+    event = JobEvent._meta
+    return [
+        from_status,
+        str(to_status),
+        name,
+        event.get_field("actor").get_db_prep_save(actor.user_id, connection),
+        actor.label[:200],
+        reason or "",
+        event.get_field("metadata").get_db_prep_save(metadata or {}, connection),
+        event.get_field("created_at").get_db_prep_save(now, connection),
+    ]
 
 
 @functools.lru_cache(maxsize=4)
@@ -165,18 +180,8 @@ def insert_events(
     Calls no hook: see ``record_events``."""
     event, job = JobEvent._meta, Job._meta
     q = connection.ops.quote_name
-    columns = ["job", "from_status", "to_status", "transition", "actor", "actor_label", "reason", "metadata"]
-    insert = ", ".join(q(column(concrete_field(JobEvent, c))) for c in [*columns, "created_at"])
-    fixed = [
-        from_status,
-        str(to_status),
-        name,
-        event.get_field("actor").get_db_prep_save(actor.user_id, connection),
-        actor.label,
-        reason or "",
-        event.get_field("metadata").get_db_prep_save(metadata or {}, connection),
-        event.get_field("created_at").get_db_prep_save(now, connection),
-    ]
+    insert = ", ".join(q(column(concrete_field(JobEvent, c))) for c in _EVENT_COLUMNS)
+    fixed = _event_values(from_status, to_status, name, actor, reason, metadata, now)
     pk = job.pk
     with connection.cursor() as cursor:
         for start in range(0, len(job_ids), batch_size):
