@@ -56,24 +56,9 @@ class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
             "enabled",
             "is_global",
             "owner",
-            "secret",
-            "previous_secret_expires_at",
-            "consecutive_failures",
-            "disabled_at",
-            "disabled_reason",
-            "created_at",
-            "updated_at",
+            *WebhookEndpoint.SERVER_FIELDS,
         ]
-        read_only_fields = [
-            "owner",
-            "secret",
-            "previous_secret_expires_at",
-            "consecutive_failures",
-            "disabled_at",
-            "disabled_reason",
-            "created_at",
-            "updated_at",
-        ]
+        read_only_fields = ["owner", *WebhookEndpoint.SERVER_FIELDS]
 
     def get_owner(self, endpoint: WebhookEndpoint) -> str | None:
         return endpoint.owner.get_username() if endpoint.owner_id is not None and endpoint.owner else None

@@ -32,15 +32,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     search_fields = ("url", "description", "owner__username")
     raw_id_fields = ("owner",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
-    readonly_fields = (
-        "secret",
-        "previous_secret_expires_at",
-        "consecutive_failures",
-        "disabled_at",
-        "disabled_reason",
-        "created_at",
-        "updated_at",
-    )
+    readonly_fields = WebhookEndpoint.SERVER_FIELDS
     inlines = [DeliveryInline]
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:

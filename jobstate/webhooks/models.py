@@ -43,6 +43,17 @@ class WebhookEndpoint(models.Model):
     staff only) about every job.
     """
 
+    # Written by jobstate, never by the endpoint's owner (read-only in the API and admin).
+    SERVER_FIELDS = (
+        "secret",
+        "previous_secret_expires_at",
+        "consecutive_failures",
+        "disabled_at",
+        "disabled_reason",
+        "created_at",
+        "updated_at",
+    )
+
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
