@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from jobstate import hooks, services
@@ -68,11 +70,15 @@ def test_a_raising_attempt_observer_changes_nothing(hook_name, caplog):
 
     hook = getattr(hooks, hook_name)
     hook.register(broken)
+    # Listen on jobstate's logger itself: whether its records reach the root logger
+    # (where caplog listens) depends on the logging set-up earlier tests left behind.
+    logging.getLogger("jobstate").addHandler(caplog.handler)
     try:
         job = services.enqueue("test.echo", {"value": 1})
         assert drain("host:1:2", kinds=["test.echo"]) == 1
     finally:
         hook.unregister(broken)
+        logging.getLogger("jobstate").removeHandler(caplog.handler)
     done = Job.objects.get(pk=job.pk)
     assert done.status == "completed" and done.attempts == 1
     assert supervisor().slot is None  # the attempt's slot was closed: no heartbeat for it
