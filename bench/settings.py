@@ -45,3 +45,5 @@ else:
 JOBSTATE = {**JOBSTATE, **json.loads(os.environ.get("BENCH_JOBSTATE") or "{}")}
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 SILENCED_SYSTEM_CHECKS = ["jobstate.W001", "jobstate.W002", "jobstate.W003", "jobstate.W004"]
+if os.environ.get("BENCH_SSB"):
+    DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)

@@ -14,6 +14,7 @@ Integrators who only want to be told after the fact use
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,21 +25,43 @@ R = TypeVar("R")
 
 
 class Hook(Generic[P]):
-    """An ordered list of functions with one signature, called in turn."""
+    """An ordered list of functions with one signature, called in turn.
+
+    A function registered with ``writes`` (a predicate taking the same
+    arguments) says for which calls it writes to the database. The core asks
+    ``hook.writes(...)`` before a change: when no function writes for it, the
+    change may be one autocommitted statement and the functions are called
+    right after it (as observers: one that raises is logged, the change stands).
+    A function registered without ``writes`` always gets the transaction.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._functions: list[Callable[P, Any]] = []
+        self._writes: dict[Callable[P, Any], Callable[P, bool] | None] = {}
 
-    def register(self, function: Callable[P, Any]) -> Callable[P, Any]:
-        """Add ``function`` (once; registering it again is a no-op). Usable as a decorator."""
+    def register(
+        self, function: Callable[P, Any], *, writes: Callable[P, bool] | None = None
+    ) -> Callable[P, Any]:
+        """Add ``function`` (once; registering it again only updates ``writes``).
+        Usable as a decorator."""
         if function not in self._functions:
             self._functions.append(function)
+        self._writes[function] = writes
         return function
 
     def unregister(self, function: Callable[P, Any]) -> None:
         if function in self._functions:
             self._functions.remove(function)
+            self._writes.pop(function, None)
+
+    def writes(self, *args: P.args, **kwargs: P.kwargs) -> bool:
+        """Whether some function would write to the database for these arguments."""
+        for function in self._functions:
+            predicate = self._writes.get(function)
+            if predicate is None or predicate(*args, **kwargs):
+                return True
+        return False
 
     def __bool__(self) -> bool:
         return bool(self._functions)
@@ -46,6 +69,18 @@ class Hook(Generic[P]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
         for function in list(self._functions):
             function(*args, **kwargs)
+
+    def observe(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Call every function after the change committed: one that raises is
+        logged and the others still run."""
+        for function in list(self._functions):
+            try:
+                function(*args, **kwargs)
+            except Exception:
+                logging.getLogger("jobstate").exception(
+                    "jobstate: a function of the %s hook raised after the change committed; ignored",
+                    self.name,
+                )
 
     def __repr__(self) -> str:
         return f"<Hook {self.name}: {len(self._functions)} function(s)>"
@@ -77,7 +112,9 @@ class Transition:
 
 
 # Called inside the transaction that wrote a job's transition and its history
-# row, once per transition (a batched claim calls it once per claimed job).
+# row, once per transition (a batched claim calls it once per claimed job); when
+# no function ``writes`` for it, right after that row's statement instead. Asked
+# before a claim, the Transition's ``job_id`` is None (the job is not known yet).
 transitioned: Hook[[Transition]] = Hook("transitioned")
 
 

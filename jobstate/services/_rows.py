@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -40,6 +40,34 @@ def get_job(job: JobRef) -> Job:
     return Job.objects.get(pk=job.pk if isinstance(job, Job) else job)
 
 
+class Col:
+    """A value of ``update_job``: copy another column of the same row
+    (``last_success_watermark = claimed_watermark``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Col) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("Col", self.name))
+
+
+class Event(NamedTuple):
+    """The history row written with a job update (``update_job(event=...)``)."""
+
+    from_status: str
+    to_status: str
+    name: str
+    actor: Actor
+    reason: str = ""
+    metadata: dict[str, Any] | None = None
+    now: datetime | None = None
+
+
 def update_job(
     pk: Any,
     values: dict[str, Any],
@@ -47,39 +75,77 @@ def update_job(
     status: str,
     token: UUID | str | None = None,
     untroubled: tuple[str, ...] = (),
+    event: Event | None = None,
 ) -> int:
-    """Write ``values`` (plain values, no expressions) to the job if it is in
-    ``status`` (and held under ``token``, and for each of ``untroubled``
-    ("cancel", "stop") none requested); returns the rows written, 0 or 1.
+    """Write ``values`` (plain values or ``Col``, no expressions) to the job if it
+    is in ``status`` (and held under ``token``, and for each of ``untroubled``
+    ("cancel", "stop") none requested); returns the rows written, 0 or 1. With
+    ``event``, its history row is inserted when the row was written: on
+    PostgreSQL in the same statement (``WITH moved AS (UPDATE ...) INSERT``), so
+    the two are atomic even in autocommit. Calls no hook (see ``announce``).
 
     The guarded writes every job makes while it runs and ends (progress,
     heartbeat, its outcome): one plain statement built once per shape, instead
     of the ORM building the same query on every call (measured: 0.18 instead
     of 0.43 ms of CPU for a progress write).
     """
-    fields = tuple(values)
-    sql = _update_sql(connection.vendor, fields, token is not None, untroubled)
-    params = [concrete_field(Job, name).get_db_prep_save(values[name], connection) for name in fields]
+    shape = tuple((name, v.name if isinstance(v, Col) else None) for name, v in values.items())
+    sql = _update_sql(connection.vendor, shape, token is not None, untroubled, event is not None)
+    params = [_prep(name, v) for name, v in values.items() if not isinstance(v, Col)]
     params += [_ID.get_db_prep_value(pk, connection), str(status)]
     if token is not None:
         params.append(_TOKEN.get_db_prep_value(token, connection))
     with connection.cursor() as cursor:
+        if event is None:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
+        values_of_event = _event_values(*event[:6], event.now or timezone.now())
+        if connection.vendor == "postgresql":
+            cursor.execute(sql, [*params, *values_of_event])
+            return int(cursor.rowcount)
         cursor.execute(sql, params)
-        return int(cursor.rowcount)
+        written = int(cursor.rowcount)
+        if written:
+            cursor.execute(
+                _event_sql(connection.vendor), [_ID.get_db_prep_value(pk, connection), *values_of_event]
+            )
+        return written
+
+
+def _prep(name: str, value: Any) -> Any:
+    return concrete_field(Job, name).get_db_prep_save(value, connection)
 
 
 _ID, _TOKEN = concrete_field(Job, "id"), concrete_field(Job, "lease_token")
 
 
-@functools.lru_cache(maxsize=128)
-def _update_sql(vendor: str, fields: tuple[str, ...], token: bool, untroubled: tuple[str, ...]) -> str:
+@functools.lru_cache(maxsize=256)
+def _update_sql(
+    vendor: str,
+    shape: tuple[tuple[str, str | None], ...],
+    token: bool,
+    untroubled: tuple[str, ...],
+    event: bool,
+) -> str:
     qn = connection.ops.quote_name
-    sets = ", ".join(f"{qn(column(concrete_field(Job, name)))} = %s" for name in fields)
+
+    def col(name: str) -> str:
+        return qn(column(concrete_field(Job, name)))
+
+    sets = ", ".join(f"{col(name)} = {col(source) if source else '%s'}" for name, source in shape)
     where = f"{qn('id')} = %s AND {qn('status')} = %s"
     if token:
         where += f" AND {qn('lease_token')} = %s"
     where += "".join(f" AND {qn(f'{what}_requested_at')} IS NULL" for what in untroubled)
-    return f"UPDATE {qn(Job._meta.db_table)} SET {sets} WHERE {where}"
+    update = f"UPDATE {qn(Job._meta.db_table)} SET {sets} WHERE {where}"
+    if not event or vendor != "postgresql":
+        return update
+    columns = ", ".join(qn(column(concrete_field(JobEvent, c))) for c in _EVENT_COLUMNS)
+    placeholders = ", ".join(["%s"] * (len(_EVENT_COLUMNS) - 1))
+    return (
+        f"WITH moved AS ({update} RETURNING {qn('id')}) "
+        f"INSERT INTO {qn(JobEvent._meta.db_table)} ({columns}) SELECT {qn('id')}, {placeholders} FROM moved"
+    )
 
 
 def record_event(
@@ -91,9 +157,11 @@ def record_event(
     reason: str = "",
     metadata: dict[str, Any] | None = None,
     now: datetime | None = None,
+    *,
+    announced: bool = True,
 ) -> None:
-    """One history row of a job, and its ``transitioned`` hooks. One plain INSERT:
-    every transition of every job writes one, so no model instance is built."""
+    """One history row of a job, and (unless not ``announced``) its
+    ``transitioned`` hooks. One plain INSERT: no model instance is built."""
     now = now or timezone.now()
     params = [
         Job._meta.pk.get_db_prep_value(job_id, connection),
@@ -101,7 +169,8 @@ def record_event(
     ]
     with connection.cursor() as cursor:
         cursor.execute(_event_sql(connection.vendor), params)
-    announce(job_id, from_status, to_status, name, actor, reason, now)
+    if announced:
+        announce(job_id, from_status, to_status, name, actor, reason, now)
 
 
 _EVENT_COLUMNS = (
@@ -202,13 +271,19 @@ def announce(
     actor: Actor,
     reason: str = "",
     now: datetime | None = None,
+    *,
+    committed: bool = False,
 ) -> None:
     """Call the ``transitioned`` hooks now (inside the transaction), and send
-    ``job_transitioned`` once the surrounding transaction commits."""
+    ``job_transitioned`` once the surrounding transaction commits. ``committed``:
+    the change was one autocommitted statement, which no hook function writes
+    for (``hooks.transitioned.writes``): they observe it."""
     if hooks.transitioned:
-        hooks.transitioned(
-            hooks.Transition(job_id, from_status, to_status, name, actor.label, reason or "", now)
-        )
+        change = hooks.Transition(job_id, from_status, to_status, name, actor.label, reason or "", now)
+        if committed:
+            hooks.transitioned.observe(change)
+        else:
+            hooks.transitioned(change)
     if not job_transitioned.has_listeners(Job):
         return
 

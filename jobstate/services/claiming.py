@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from jobstate import conf, registry
+from jobstate import conf, hooks, registry
 from jobstate.models import Job, JobEvent
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
@@ -56,6 +56,21 @@ def claim(
         return []
     postgres = connection.vendor == "postgresql"
     actor = Actor.worker(worker_id)
+    if postgres and not limits and not _claim_writes(actor, now):
+        # One statement, autocommitted: nothing else belongs in its transaction.
+        picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
+        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres, start)
+        for job in jobs:
+            announce(
+                job.pk,
+                Status.QUEUED,
+                Status.PROCESSING,
+                "claim",
+                actor,
+                now=now,
+                committed=not connection.in_atomic_block,
+            )
+        return jobs
     with transaction.atomic():
         # A queued job with a cancel request (one that suspended after it) is left
         # to begin(), which cancels it unstarted: never run by a start=True claim.
@@ -71,6 +86,15 @@ def claim(
         for job in jobs:
             announce(job.pk, Status.QUEUED, Status.PROCESSING, "claim", actor, now=now)
     return jobs
+
+
+def _claim_writes(actor: Actor, now: datetime) -> bool:
+    """Whether a ``transitioned`` hook function writes for a claim (asked before
+    the jobs are known: no job id)."""
+    if not hooks.transitioned:
+        return False
+    change = hooks.Transition(None, Status.QUEUED, Status.PROCESSING, "claim", actor.label, "", now)
+    return hooks.transitioned.writes(change)
 
 
 def _prep(field: str, value: Any, model: Any = Job) -> Any:

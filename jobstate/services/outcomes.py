@@ -15,13 +15,13 @@ from uuid import UUID
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.retry import backoff_seconds
+from jobstate.services._rows import Col
 from jobstate.services._rows import create_job as _create
 from jobstate.services.actors import Actor
 from jobstate.services.lease import JobRef, _pk
@@ -67,7 +67,7 @@ def complete(
         "error_message": "",
         "error_type": "",
         "traceback": "",
-        "last_success_watermark": F("claimed_watermark"),
+        "last_success_watermark": Col("claimed_watermark"),
     }
     who = actor or _worker_actor(job)
     if isinstance(job, Job) and job.key is None:

@@ -20,7 +20,7 @@ from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.services import cascade
-from jobstate.services._rows import announce, record_event, update_job
+from jobstate.services._rows import Col, Event, announce, record_event, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.assets import lose_attempt_assets
 from jobstate.states import ACTIVE, TERMINAL, Status
@@ -104,6 +104,19 @@ def move(
         values.setdefault("lease_token", None)
         values.setdefault("lease_expires_at", None)
 
+    plain = condition is None and not any(hasattr(v, "resolve_expression") for v in values.values())
+    event = Event("", target, name, actor, reason, metadata, now)
+    if plain and len(sources) == 1 and _one_statement(job, sources[0], target, actor, event):
+        # Nothing else to do in the transaction (no cascade, no lost assets, no
+        # parent, no hook that writes): the row and its history in one
+        # autocommitted statement (PostgreSQL), the hooks told right after.
+        event = event._replace(from_status=sources[0])
+        if not update_job(job_id, values, status=sources[0], token=token, event=event):
+            _refuse(job_id, name, target, token)
+        announce(
+            job_id, sources[0], target, name, actor, reason, now, committed=not connection.in_atomic_block
+        )
+        return _updated(job, values, target)
     with transaction.atomic():
         qs = Job.objects.filter(pk=job_id)
         if token is not None:
@@ -117,11 +130,7 @@ def move(
             if row is None or row not in sources:
                 _refuse(job_id, name, target, token)
             from_status = str(row)
-        if (
-            from_status == Status.PROCESSING
-            and target != from_status
-            and not actor.label.startswith("worker:")
-        ):
+        if _loses_assets(from_status, target, actor):
             # The attempt did not end by its own worker (reaped, or taken by an
             # operator): what it stored is not part of the job's results.
             lose_attempt_assets(job_id)
@@ -129,14 +138,16 @@ def move(
             # Children first (a child's final transaction locks the child, then its
             # parent): rolled back with the rest if the UPDATE below is refused.
             cascade.end_children(job_id, why=target, actor=actor, now=now)
-        plain = condition is None and not any(hasattr(v, "resolve_expression") for v in values.values())
         if plain:
-            written = update_job(job_id, values, status=from_status, token=token)
+            event = event._replace(from_status=from_status)
+            written = update_job(job_id, values, status=from_status, token=token, event=event)
         else:
             written = qs.filter(status=from_status).update(**values)
+            if written:
+                record_event(job_id, from_status, target, name, actor, reason, metadata, now, announced=False)
         if not written:
             _refuse(job_id, name, target, token)
-        record_event(job_id, from_status, target, name, actor, reason, metadata, now)
+        announce(job_id, from_status, target, name, actor, reason, now)
         if target in TERMINAL:
             parent_id = (
                 job.parent_id
@@ -145,10 +156,34 @@ def move(
             )
             if parent_id is not None:
                 wake_parent_if_done(parent_id, now)
+    return _updated(job, values, target)
 
+
+def _loses_assets(from_status: str, target: str, actor: Actor) -> bool:
+    return (
+        from_status == Status.PROCESSING and target != from_status and not actor.label.startswith("worker:")
+    )
+
+
+def _one_statement(job: Job | UUID | str, source: str, target: str, actor: Actor, event: Event) -> bool:
+    """Whether a plain single-source move can be one autocommitted statement."""
+    if connection.vendor != "postgresql":
+        return False
+    if _loses_assets(source, target, actor) or target in (Status.FAILED, Status.CANCELLED):
+        return False
+    if target in TERMINAL and not (isinstance(job, Job) and job.parent_id is None):
+        return False
+    if connection.in_atomic_block:
+        return True  # the caller's transaction holds the hooks' writes too
+    pk = job.pk if isinstance(job, Job) else job
+    change = hooks.Transition(pk, source, target, event.name, actor.label, event.reason or "", event.now)
+    return not hooks.transitioned.writes(change)
+
+
+def _updated(job: Job | UUID | str, values: dict[str, Any], target: str) -> Job | None:
     if isinstance(job, Job):
         for attr, value in values.items():
-            if attr != "status" and not hasattr(value, "resolve_expression"):
+            if attr != "status" and not hasattr(value, "resolve_expression") and not isinstance(value, Col):
                 setattr(job, attr, value)
         Job._meta.get_field("status").set_state(job, target)
         return job

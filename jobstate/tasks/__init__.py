@@ -59,7 +59,8 @@ def install() -> None:
     from jobstate import hooks
     from jobstate.tasks.backend import on_transition
 
-    hooks.transitioned.register(on_transition)
+    # It only reads, after the commit (task_finished): no transaction needed.
+    hooks.transitioned.register(on_transition, writes=lambda change: False)
     autodiscover_modules("tasks")
     for alias in aliases:
         for module in settings.TASKS[alias].get("OPTIONS", {}).get("MODULES", []):

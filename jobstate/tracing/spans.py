@@ -190,6 +190,7 @@ def _end(attempt: _Attempt, outcome: str) -> None:
 
 
 def install() -> None:
-    hooks.transitioned.register(on_transition)
+    # Only an enqueue inside a trace stores something (its JobTrace row).
+    hooks.transitioned.register(on_transition, writes=lambda change: change.transition == "enqueue")
     hooks.attempt_started.register(attempt_started)
     hooks.attempt_ended.register(attempt_ended)

@@ -91,5 +91,12 @@ def queue_delivery(endpoint_id: int, job_id: Any, event: str, at: Any = None) ->
     )
 
 
+def writes(change: hooks.Transition) -> bool:
+    """Whether ``on_transition`` may queue a delivery for this change (from the
+    cached wanted events: no query while the cache is fresh)."""
+    event = event_type(change)
+    return event is not None and event in wanted_events()
+
+
 def install() -> None:
-    hooks.transitioned.register(on_transition)
+    hooks.transitioned.register(on_transition, writes=writes)
