@@ -16,6 +16,9 @@ from project.settings import *  # noqa: F403
 from project.settings import DATABASES, INSTALLED_APPS, JOBSTATE, Q_CLUSTER
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench"]
+# As in production, and as bench/settings_tasksdb.py: with DEBUG on, Django logs
+# every query of every Django-based system (jobstate, django-q2) in memory.
+DEBUG = False
 _age = os.environ.get("BENCH_CONN_MAX_AGE", "none").lower()
 DATABASES["default"]["CONN_MAX_AGE"] = None if _age in ("", "none") else int(_age)
 WORKERS = int(os.environ.get("BENCH_WORKERS", "2"))
@@ -45,5 +48,6 @@ else:
 JOBSTATE = {**JOBSTATE, **json.loads(os.environ.get("BENCH_JOBSTATE") or "{}")}
 LOGGING = {"version": 1, "disable_existing_loggers": False}
 SILENCED_SYSTEM_CHECKS = ["jobstate.W001", "jobstate.W002", "jobstate.W003", "jobstate.W004"]
-if os.environ.get("BENCH_SSB"):
-    DATABASES["default"].setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
+if os.environ.get("BENCH_NO_PREPARE"):
+    # jobstate's statements unprepared (bench/drain.py's jobstate-noprep), as Django's default.
+    DATABASES["default"].get("OPTIONS", {}).pop("prepare_threshold", None)

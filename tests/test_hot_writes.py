@@ -1,4 +1,4 @@
-"""The plain-SQL hot writes (``services._rows.update_job``) keep the ORM path's guards."""
+"""The plain-SQL hot writes (``services._writes.update_job``) keep the ORM path's guards."""
 
 from __future__ import annotations
 

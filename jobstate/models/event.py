@@ -16,7 +16,8 @@ class JobEvent(models.Model):
     they record, and never updated.
     """
 
-    job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="events")
+    # Indexed by jobstate_event_job_idx (job, id), which serves every lookup by job.
+    job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="events", db_index=False)
     from_status = models.CharField(max_length=20, choices=Status.choices, blank=True, default="")
     to_status = models.CharField(max_length=20, choices=Status.choices)
     transition = models.CharField(max_length=50)
@@ -26,6 +27,9 @@ class JobEvent(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        # Workers and the system act without a user: jobstate_event_actor_idx
+        # holds only the rows that name one.
+        db_index=False,
     )
     actor_label = models.CharField(max_length=200, blank=True, default="")
     reason = models.TextField(blank=True, default="")
@@ -38,7 +42,9 @@ class JobEvent(models.Model):
         ordering = ("id",)
         indexes = [
             models.Index(fields=["job", "id"], name="jobstate_event_job_idx"),
-            models.Index(fields=["to_status", "created_at"], name="jobstate_event_to_idx"),
+            models.Index(
+                fields=["actor"], condition=models.Q(actor__isnull=False), name="jobstate_event_actor_idx"
+            ),
         ]
 
     def __str__(self) -> str:

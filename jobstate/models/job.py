@@ -129,11 +129,13 @@ class Job(FSMModelMixin, models.Model):
         null=True, blank=True, help_text="Graceful stop asked of a service-style job."
     )
 
+    # No index of their own: a partial one each (``Meta.indexes``), holding only
+    # the jobs that have one.
     retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries", db_index=False
     )
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children", db_index=False
     )
 
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -202,14 +204,37 @@ class Job(FSMModelMixin, models.Model):
                 condition=Q(status=Status.PROCESSING),
                 name="jobstate_job_processing_idx",
             ),
-            models.Index(fields=["owner", "status", "-created_at"], name="jobstate_job_owner_idx"),
+            # Every claim and every outcome writes a new row version and so an
+            # entry into each index that holds the row: the indexes of columns most
+            # jobs leave empty (owner, key, parent, retry_of, finished_at) hold only
+            # the rows that have one (a lookup by value, ``= x`` or ``> x``, implies
+            # it), so a system job pays for none of them.
+            models.Index(
+                fields=["owner", "status", "-created_at"],
+                condition=Q(owner__isnull=False),
+                name="jobstate_job_owner_idx",
+            ),
             # An owner's jobs newest first (the API's default list and its keyset pages):
             # one range scan whatever the owner's share of the table or the page's depth.
-            models.Index(fields=["owner", "-created_at", "-id"], name="jobstate_job_owner_new_idx"),
+            models.Index(
+                fields=["owner", "-created_at", "-id"],
+                condition=Q(owner__isnull=False),
+                name="jobstate_job_owner_new_idx",
+            ),
             models.Index(fields=["status", "-created_at"], name="jobstate_job_status_idx"),
             models.Index(fields=["kind", "status"], name="jobstate_job_kind_idx"),
-            models.Index(fields=["kind", "key"], name="jobstate_job_key_idx"),
-            models.Index(fields=["status", "finished_at"], name="jobstate_job_finished_idx"),
+            models.Index(fields=["kind", "key"], condition=Q(key__isnull=False), name="jobstate_job_key_idx"),
+            models.Index(
+                fields=["status", "finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="jobstate_job_finished_idx",
+            ),
+            models.Index(
+                fields=["parent"], condition=Q(parent__isnull=False), name="jobstate_job_parent_idx"
+            ),
+            models.Index(
+                fields=["retry_of"], condition=Q(retry_of__isnull=False), name="jobstate_job_retry_of_idx"
+            ),
             models.Index(
                 fields=["cancel_requested_at"],
                 condition=Q(status=Status.PROCESSING, cancel_requested_at__isnull=False),

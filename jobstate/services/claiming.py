@@ -16,6 +16,8 @@ from django.utils import timezone
 
 from jobstate import conf, hooks, registry
 from jobstate.models import Job, JobEvent
+from jobstate.services import _statements
+from jobstate.services._writes import job_columns, jobs_from_rows
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
 from jobstate.states import Status
@@ -74,12 +76,13 @@ def claim(
     with transaction.atomic():
         # A queued job with a cancel request (one that suspended after it) is left
         # to begin(), which cancels it unstarted: never run by a start=True claim.
-        picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
         if limits:
-            ids = _within_limits(limits, picked, params, limit)
+            ids = _within_limits(limits, kinds, limit, now, postgres, cancel_free=start)
             if not ids:
                 return []
             picked, params = _ids(ids)
+        else:
+            picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
         jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres, start)
         if not postgres and jobs:
             JobEvent.objects.bulk_create([_claim_event(job, actor, now, start) for job in jobs])
@@ -102,20 +105,39 @@ def _prep(field: str, value: Any, model: Any = Job) -> Any:
 
 
 def _ready(
-    kinds: list[str] | None, limit: int, now: datetime, postgres: bool, cancel_free: bool = False
+    kinds: list[str] | None,
+    limit: int,
+    now: datetime,
+    postgres: bool,
+    cancel_free: bool = False,
+    skip_kinds: list[str] | None = None,
+    columns: str = "id",
 ) -> tuple[str, list[Any]]:
-    """SELECT of the ids of the next ready jobs, in claim order (locked on PostgreSQL)."""
-    params: list[Any] = [str(Status.QUEUED), _prep("run_after", now)]
-    where = " AND cancel_requested_at IS NULL" if cancel_free else ""
-    if kinds is not None:
-        where += f" AND kind IN ({', '.join(['%s'] * len(kinds))})"
-        params.extend(kinds)
+    """SELECT of the ids of the next ready jobs, in claim order (locked on PostgreSQL).
+
+    The status and the limit are written into the statement, not passed as
+    parameters: a prepared claim's generic plan can then use the partial
+    index of queued jobs and knows how few rows it needs.
+    """
+    params: list[Any] = [_prep("run_after", now)]
+    where = f"status = '{Status.QUEUED.value}' AND run_after <= %s"
+    if cancel_free:
+        where += " AND cancel_requested_at IS NULL"
+    for values, negated in ((kinds, False), (skip_kinds, True)):
+        if values is None or (negated and not values):
+            continue
+        if postgres:
+            where += f" AND {'NOT ' if negated else ''}kind = ANY(%s)"
+            params.append(list(values))
+        else:
+            where += f" AND kind {'NOT ' if negated else ''}IN ({', '.join(['%s'] * len(values))})"
+            params.extend(values)
     lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
     sql = (
-        f"SELECT id FROM {Job._meta.db_table} WHERE status = %s AND run_after <= %s{where} "
-        f"ORDER BY priority DESC, run_after, created_at LIMIT %s{lock}"
+        f"SELECT {columns} FROM {Job._meta.db_table} WHERE {where} "
+        f"ORDER BY priority DESC, run_after, created_at LIMIT {int(limit)}{lock}"
     )
-    return sql, [*params, limit]
+    return sql, params
 
 
 def _ids(ids: list[Any]) -> tuple[str, list[Any]]:
@@ -125,7 +147,14 @@ def _ids(ids: list[Any]) -> tuple[str, list[Any]]:
     ]
 
 
-def _within_limits(limits: dict[str, int], picked: str, params: list[Any], limit: int) -> list[Any]:
+def _within_limits(
+    limits: dict[str, int],
+    kinds: list[str] | None,
+    limit: int,
+    now: datetime,
+    postgres: bool,
+    cancel_free: bool,
+) -> list[Any]:
     """Ids of candidates that fit their kind's concurrency limit, in claim order.
 
     Candidates of kinds that are full are skipped; up to four times ``limit``
@@ -140,16 +169,12 @@ def _within_limits(limits: dict[str, int], picked: str, params: list[Any], limit
         .values_list("kind", "n")
     )
     room = {k: limit_ - running.get(k, 0) for k, limit_ in limits.items()}
+    # Full kinds are never candidates: no lock taken on them.
     full = [k for k, r in room.items() if r <= 0]
-    if full:
-        # Never a candidate: no lock taken on them.
-        head, _, tail = picked.partition(" ORDER BY ")
-        picked = f"{head} AND kind NOT IN ({', '.join(['%s'] * len(full))}) ORDER BY {tail}"
-        params = [*params[:-1], *full, params[-1]]
-    params[-1] = limit * 4
+    picked, params = _ready(kinds, limit * 4, now, postgres, cancel_free, full, columns="id, kind")
     ids: list[Any] = []
     with connection.cursor() as cursor:
-        cursor.execute(picked.replace("SELECT id ", "SELECT id, kind ", 1), params)
+        cursor.execute(picked, params)
         for pk, kind in cursor.fetchall():
             if kind in room:
                 if room[kind] <= 0:
@@ -174,43 +199,45 @@ def _reserve(
     """Reserve (or, with ``start``, begin) the picked queued jobs under fresh lease
     tokens; on PostgreSQL the same statement writes their claim events."""
     table = Job._meta.db_table
+    queued, processing = Status.QUEUED.value, Status.PROCESSING.value
     token = "gen_random_uuid()" if postgres else "lower(hex(randomblob(16)))"
     # Reserved, not running: begin() sets started_at and charges the attempt.
     # claimed_watermark: what this attempt runs on; complete() compares it with
     # the input watermark, so an enqueue raising it meanwhile queues a re-run.
     begun = "started_at = %s, attempts = attempts + 1" if start else "started_at = NULL"
     assignments = (
-        f"status = %s, worker_id = %s, lease_token = {token}, lease_expires_at = %s, heartbeat_at = %s, "
-        f"{begun}, claimed_watermark = input_watermark, updated_at = %s"
+        f"status = '{processing}', worker_id = %s, lease_token = {token}, lease_expires_at = %s, "
+        f"heartbeat_at = %s, {begun}, claimed_watermark = input_watermark, updated_at = %s"
     )
     stamp = _prep("updated_at", now)
-    values = [str(Status.PROCESSING), worker_id[:200], _prep("lease_expires_at", expires), stamp]
+    values = [worker_id[:200], _prep("lease_expires_at", expires), stamp]
     values += [stamp, stamp] if start else [stamp]
+    returning = job_columns()
     if not postgres:
-        update = f"UPDATE {table} SET {assignments} WHERE status = %s AND id IN ({picked}) RETURNING *"
-        values += [str(Status.QUEUED), *params]
+        update = (
+            f"UPDATE {table} SET {assignments} WHERE status = '{queued}' AND id IN ({picked}) "
+            f"RETURNING {returning}"
+        )
+        rows = _statements.fetch(update, [*values, *params])
     else:
         # ``= ANY(ARRAY(...))``: the picked ids are computed once (an InitPlan)
         # and looked up by primary key; as ``IN (subquery)`` the planner may
-        # scan the whole table for the UPDATE.
+        # scan the whole table for the UPDATE. No status re-check: the picked
+        # rows are locked as queued (here, or by ``_within_limits`` in this
+        # transaction), and a re-check would let a plan scan the whole queue
+        # through the partial index of queued jobs to find them.
         update = (
             f"WITH claimed AS (UPDATE {table} SET {assignments} "
-            f"WHERE id = ANY(ARRAY({picked})) AND status = %s RETURNING *), "
+            f"WHERE id = ANY(ARRAY({picked})) RETURNING {returning}), "
             f"events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, transition, "
-            "actor_label, reason, metadata, created_at) SELECT id, %s, %s, 'claim', %s, '', "
-            f"jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), %s FROM claimed) "
+            f"actor_label, reason, metadata, created_at) SELECT id, '{queued}', '{processing}', 'claim', "
+            f"%s::varchar, '', jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), "
+            "%s::timestamptz FROM claimed) "
             "SELECT * FROM claimed"
         )
-        values = [
-            *values,
-            *params,
-            str(Status.QUEUED),
-            str(Status.QUEUED),
-            str(Status.PROCESSING),
-            actor.label[:200],
-            _prep("created_at", now, JobEvent),
-        ]
-    jobs = list(Job.objects.raw(update, values))
+        event = [actor.label[:200], _prep("created_at", now, JobEvent)]
+        rows = _statements.fetch(update, [*values, *params, *event])
+    jobs = jobs_from_rows(rows)
     jobs.sort(key=lambda j: (-j.priority, j.run_after, j.created_at))
     return jobs
 

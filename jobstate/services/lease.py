@@ -30,7 +30,9 @@ from django.utils import timezone
 from jobstate import conf
 from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job
-from jobstate.services._rows import column, concrete_field, update_job
+from jobstate.services import _statements
+from jobstate.services._rows import concrete_field
+from jobstate.services._writes import job_columns, jobs_from_rows, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.transitions import move
@@ -138,14 +140,13 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires
     def prep(name: str, value: Any) -> Any:
         return concrete_field(Job, name).get_db_prep_value(value, connection)
 
-    columns = ", ".join(qn(column(f)) for f in meta.concrete_fields)
     sql = (
         f"UPDATE {qn(meta.db_table)} SET {qn('started_at')} = %s, {qn('attempts')} = {qn('attempts')} + 1, "
         f"{qn('worker_id')} = %s, {qn('heartbeat_at')} = %s, {qn('lease_expires_at')} = %s, "
         f"{qn('updated_at')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s "
         f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL "
-        f"RETURNING {columns}"
+        f"RETURNING {job_columns()}"
     )
     params = [
         prep("started_at", now),
@@ -157,7 +158,7 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires
         prep("lease_token", token),
         str(Status.PROCESSING),
     ]
-    rows = list(Job.objects.raw(sql, params))
+    rows = jobs_from_rows(_statements.fetch(sql, params))
     return rows[0] if rows else None
 
 

@@ -21,8 +21,8 @@ from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.retry import backoff_seconds
-from jobstate.services._rows import Col
 from jobstate.services._rows import create_job as _create
+from jobstate.services._writes import Col
 from jobstate.services.actors import Actor
 from jobstate.services.lease import JobRef, _pk
 from jobstate.services.transitions import move

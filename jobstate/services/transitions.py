@@ -20,7 +20,8 @@ from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.services import cascade
-from jobstate.services._rows import Col, Event, announce, record_event, update_job
+from jobstate.services._rows import announce, record_event
+from jobstate.services._writes import Col, Event, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.assets import lose_attempt_assets
 from jobstate.states import ACTIVE, TERMINAL, Status

@@ -57,7 +57,7 @@ def distinct_values(model: type[Model], column: str, limit: int = 200, using: st
     table, col = qn(model._meta.db_table), qn(column)
     sql = (
         f"WITH RECURSIVE v(x) AS ("
-        f" SELECT MIN({col}) FROM {table}"
+        f" SELECT MIN({col}) FROM {table} WHERE {col} IS NOT NULL"  # a partial index's condition
         f" UNION ALL"
         f" SELECT (SELECT MIN({col}) FROM {table} WHERE {col} > v.x) FROM v WHERE v.x IS NOT NULL"
         f") SELECT x FROM v WHERE x IS NOT NULL LIMIT %s"
