@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from jobstate import services
 from jobstate.exceptions import LeaseLost
@@ -35,3 +36,46 @@ def test_progress_under_another_token_is_refused_and_under_its_own_stored(runnin
     services.report_progress(running.pk, running.lease_token, 40, "mine", step="s1")
     row = Job.objects.get(pk=running.pk)
     assert (row.progress, row.progress_message, row.current_step) == (40, "mine", "s1")
+
+
+def _prepared_here() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%jobstate_job%"]
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's")
+def test_hot_statements_are_prepared_when_the_connection_allows_it(running):
+    from jobstate.services import _statements
+
+    connection.ensure_connection()
+    assert connection.connection.prepare_threshold is not None  # project settings: OPTIONS
+    assert _statements.prepared()
+    before = _prepared_here()
+    services.report_progress(running.pk, running.lease_token, 10, "a")
+    services.report_progress(running.pk, running.lease_token, 20, "b")
+    assert _prepared_here() == before + 1  # once, then reused
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's")
+def test_and_not_when_it_does_not(running, monkeypatch):
+    from jobstate.services import _statements
+
+    connection.ensure_connection()
+    monkeypatch.setattr(connection.connection, "prepare_threshold", None)  # Django's default
+    assert not _statements.prepared()
+    before = _prepared_here()
+    services.report_progress(running.pk, running.lease_token, 10, "a")
+    assert _prepared_here() == before
+    assert Job.objects.get(pk=running.pk).progress == 10
+
+
+def test_recorded_queries_go_through_djangos_cursor(running):
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        services.report_progress(running.pk, running.lease_token, 30, "seen")
+    assert len(queries) == 1 and "progress" in queries[0]["sql"]
+    assert Job.objects.get(pk=running.pk).progress_message == "seen"

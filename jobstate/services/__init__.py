@@ -19,6 +19,7 @@ from jobstate.services.control import (
     suspend,
 )
 from jobstate.services.enqueue import enqueue, enqueue_many, get_or_enqueue
+from jobstate.services.handover import NextClaim
 from jobstate.services.lease import (
     Beat,
     Begun,
@@ -39,6 +40,7 @@ __all__ = [
     "Beat",
     "Begun",
     "DuplicateActiveKey",
+    "NextClaim",
     "ReapReport",
     "add_asset",
     "all_step_transitions",

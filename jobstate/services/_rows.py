@@ -88,17 +88,20 @@ def event_values(
     now: datetime,
 ) -> list[Any]:
     """A history row's values for ``_EVENT_COLUMNS`` after ``job``, prepared for the database."""
-    event = JobEvent._meta
+    conn = _statements.current()
     return [
         from_status,
         str(to_status),
         name,
-        event.get_field("actor").get_db_prep_save(actor.user_id, connection),
+        None if actor.user_id is None else _ACTOR.get_db_prep_save(actor.user_id, conn),
         actor.label[:200],
         reason or "",
-        event.get_field("metadata").get_db_prep_save(metadata or {}, connection),
-        event.get_field("created_at").get_db_prep_save(now, connection),
+        _METADATA.get_db_prep_save(metadata or {}, conn),
+        _CREATED.get_db_prep_save(now, conn),
     ]
+
+
+_ACTOR, _METADATA, _CREATED = (concrete_field(JobEvent, n) for n in ("actor", "metadata", "created_at"))
 
 
 # The types of a history row's values after ``job`` (PostgreSQL: a parameter in

@@ -21,60 +21,69 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 # The attribute of Django's connection wrapper (one per thread) that keeps the
 # raw connection the cached cursor belongs to, and the cursor.
 _CURSOR = "_jobstate_cursor"
 
 
-def _direct() -> tuple[Any, bool] | None:
+def current() -> Any:
+    """This thread's Django connection (the wrapper itself: ``django.db.connection``
+    is a proxy that looks it up again on every attribute access)."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def _direct(conn: Any) -> tuple[Any, bool] | None:
     """The server-binding cursor and whether to prepare, or None to use Django's cursor."""
-    if connection.vendor != "postgresql" or connection.queries_logged or connection.execute_wrappers:
+    if conn.vendor != "postgresql" or conn.queries_logged or conn.execute_wrappers:
         return None
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    raw = connection.connection
-    if not hasattr(raw, "prepare_threshold"):
-        return None  # psycopg 2
-    cached = getattr(connection, _CURSOR, None)
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    raw = conn.connection
+    cached = getattr(conn, _CURSOR, None)
     if cached is None or cached[0] is not raw:
+        if not hasattr(raw, "prepare_threshold"):
+            return None  # psycopg 2
         import psycopg
 
         cached = (raw, psycopg.Cursor(raw))
-        setattr(connection, _CURSOR, cached)
+        setattr(conn, _CURSOR, cached)
     return cached[1], raw.prepare_threshold is not None
 
 
 def prepared() -> bool:
     """Whether the hot statements are prepared on this thread's connection."""
-    direct = _direct()
+    direct = _direct(current())
     return direct is not None and direct[1]
 
 
-def execute(sql: str, params: Sequence[Any]) -> int:
+def execute(sql: str, params: Sequence[Any], conn: Any = None) -> int:
     """Run one statement; return the number of rows it changed."""
-    direct = _direct()
+    conn = conn or current()
+    direct = _direct(conn)
     if direct is None:
-        with connection.cursor() as cursor:
+        with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
     cursor, prepare = direct
-    connection.validate_no_broken_transaction()
-    with connection.wrap_database_errors:
+    conn.validate_no_broken_transaction()
+    with conn.wrap_database_errors:
         cursor.execute(sql, params, prepare=prepare)
         return int(cursor.rowcount)
 
 
-def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def fetch(sql: str, params: Sequence[Any], conn: Any = None) -> list[tuple[Any, ...]]:
     """Run one statement that returns rows; return them."""
-    direct = _direct()
+    conn = conn or current()
+    direct = _direct(conn)
     if direct is None:
-        with connection.cursor() as cursor:
+        with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return [tuple(row) for row in cursor.fetchall()]
     cursor, prepare = direct
-    connection.validate_no_broken_transaction()
-    with connection.wrap_database_errors:
+    conn.validate_no_broken_transaction()
+    with conn.wrap_database_errors:
         cursor.execute(sql, params, prepare=prepare)
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows

@@ -30,30 +30,48 @@ from jobstate.services._rows import (
 from jobstate.services.actors import Actor
 
 
-def job_columns() -> str:
+@functools.lru_cache(maxsize=4)
+def job_columns(vendor: str) -> str:
     """Every column of ``jobstate_job`` in model field order (for ``RETURNING``)."""
     qn = connection.ops.quote_name
     return ", ".join(qn(column(f)) for f in Job._meta.concrete_fields)
 
 
-def jobs_from_rows(rows: Iterable[Sequence[Any]]) -> list[Job]:
-    """Job instances from rows of ``job_columns()``, converted as the ORM would
-    (JSON decoded, and on SQLite dates and UUIDs parsed)."""
-    table = Job._meta.db_table
-    converters = []
-    for i, field in enumerate(Job._meta.concrete_fields):
-        expression = field.get_col(table)
-        # What the ORM's compiler applies: the backend's, then the field's own.
-        found = connection.ops.get_db_converters(expression) + expression.get_db_converters(connection)
-        if found:
-            converters.append((i, expression, found))
+_ATTNAMES = [f.attname for f in Job._meta.concrete_fields]
+
+# The attribute of Django's connection wrapper (one per thread) that keeps the
+# converters of ``jobstate_job`` rows for that connection.
+_CONVERTERS = "_jobstate_job_converters"
+
+
+def _converters(conn: Any) -> list[tuple[int, Any, list[Any]]]:
+    """What the ORM's compiler applies to each column of a job row read back: the
+    backend's converters, then the field's own (JSON decoded; on SQLite dates
+    and UUIDs parsed); only the columns that have some."""
+    found = getattr(conn, _CONVERTERS, None)
+    if found is None:
+        found = []
+        table = Job._meta.db_table
+        for i, field in enumerate(Job._meta.concrete_fields):
+            expression = field.get_col(table)
+            convert = conn.ops.get_db_converters(expression) + expression.get_db_converters(conn)
+            if convert:
+                found.append((i, expression, convert))
+        setattr(conn, _CONVERTERS, found)
+    return found
+
+
+def jobs_from_rows(rows: Iterable[Sequence[Any]], conn: Any = None) -> list[Job]:
+    """Job instances from rows of ``job_columns()``, converted as the ORM would."""
+    conn = conn or _statements.current()
+    converters = _converters(conn)
     jobs = []
     for row in rows:
         values = list(row)
-        for i, expression, found in converters:
-            for convert in found:
-                values[i] = convert(values[i], expression, connection)
-        jobs.append(Job.from_db(connection.alias, None, values))
+        for i, expression, convert in converters:
+            for function in convert:
+                values[i] = function(values[i], expression, conn)
+        jobs.append(Job.from_db(conn.alias, _ATTNAMES, values))
     return jobs
 
 
@@ -106,24 +124,42 @@ def update_job(
     PostgreSQL, prepared (``_statements``), instead of the ORM building the same
     query on every call.
     """
-    postgres = connection.vendor == "postgresql"
-    shape = tuple((name, v.name if isinstance(v, Col) else None) for name, v in values.items())
-    sql = _update_sql(connection.vendor, shape, token is not None, untroubled, event is not None)
-    params = [prep_job_value(name, v, postgres) for name, v in values.items() if not isinstance(v, Col)]
-    params += [_ID.get_db_prep_value(pk, connection), str(status)]
-    if token is not None:
-        params.append(_TOKEN.get_db_prep_value(token, connection))
-    if event is None:
-        return _statements.execute(sql, params)
-    values_of_event = event_values(*event[:6], event.now or timezone.now())
-    if postgres:
-        return _statements.execute(sql, [*params, *values_of_event])
-    written = _statements.execute(sql, params)
+    conn = _statements.current()
+    postgres = conn.vendor == "postgresql"
+    sql, params = update_statement(conn, pk, values, status, token, untroubled, event)
+    if event is None or postgres:
+        return _statements.execute(sql, params, conn)
+    written = _statements.execute(sql, params, conn)
     if written:
-        _statements.execute(
-            event_sql(connection.vendor), [_ID.get_db_prep_value(pk, connection), *values_of_event]
-        )
+        row = [_ID.get_db_prep_value(pk, conn), *event_values(*event[:6], event.now or timezone.now())]
+        _statements.execute(event_sql(conn.vendor), row, conn)
     return written
+
+
+def update_statement(
+    conn: Any,
+    pk: Any,
+    values: dict[str, Any],
+    status: str,
+    token: UUID | str | None = None,
+    untroubled: tuple[str, ...] = (),
+    event: Event | None = None,
+    cte: bool = False,
+) -> tuple[str, list[Any]]:
+    """``update_job``'s statement and its parameters (on PostgreSQL with the
+    history row; elsewhere without it). ``cte`` (PostgreSQL, with ``event``):
+    as two common table expressions, ``moved`` (the ids of the rows written)
+    and ``moved_event``, for a larger statement."""
+    postgres = conn.vendor == "postgresql"
+    shape = tuple((name, v.name if isinstance(v, Col) else None) for name, v in values.items())
+    sql = _update_sql(conn.vendor, shape, token is not None, untroubled, event is not None, cte)
+    params = [prep_job_value(name, v, conn) for name, v in values.items() if not isinstance(v, Col)]
+    params += [_ID.get_db_prep_value(pk, conn), str(status)]
+    if token is not None:
+        params.append(_TOKEN.get_db_prep_value(token, conn))
+    if event is not None and postgres:
+        params += event_values(*event[:6], event.now or timezone.now())
+    return sql, params
 
 
 # Values psycopg sends as they are (the field's own preparation would return
@@ -137,17 +173,17 @@ def _plain_column(name: str) -> bool:
     return concrete_field(Job, name).get_internal_type() != "JSONField"
 
 
-def prep_job_value(name: str, value: Any, postgres: bool) -> Any:
+def prep_job_value(name: str, value: Any, conn: Any) -> Any:
     """A value for a ``jobstate_job`` column, prepared for the database."""
     if (
-        postgres
-        and value is not None
+        value is not None
         and not isinstance(value, bool)
         and (isinstance(value, _AS_IS) or (isinstance(value, datetime) and value.tzinfo is not None))
+        and conn.vendor == "postgresql"
         and _plain_column(name)
     ):
         return value
-    return concrete_field(Job, name).get_db_prep_save(value, connection)
+    return concrete_field(Job, name).get_db_prep_save(value, conn)
 
 
 _ID, _TOKEN = concrete_field(Job, "id"), concrete_field(Job, "lease_token")
@@ -160,6 +196,7 @@ def _update_sql(
     token: bool,
     untroubled: tuple[str, ...],
     event: bool,
+    cte: bool = False,
 ) -> str:
     qn = connection.ops.quote_name
 
@@ -174,8 +211,10 @@ def _update_sql(
     update = f"UPDATE {qn(Job._meta.db_table)} SET {sets} WHERE {where}"
     if not event or vendor != "postgresql":
         return update
-    return (
-        f"WITH moved AS ({update} RETURNING {qn('id')}) "
+    insert = (
         f"INSERT INTO {qn(JobEvent._meta.db_table)} ({event_columns()}) "
         f"SELECT {qn('id')}, {EVENT_CASTS} FROM moved"
     )
+    if cte:
+        return f"moved AS ({update} RETURNING {qn('id')}), moved_event AS ({insert})"
+    return f"WITH moved AS ({update} RETURNING {qn('id')}) {insert}"

@@ -23,7 +23,7 @@ from jobstate.services.transitions import announce
 from jobstate.states import Status
 
 
-def _lease(now: datetime, lease_seconds: float | None) -> datetime:
+def lease_until(now: datetime, lease_seconds: float | None = None) -> datetime:
     return now + timedelta(seconds=lease_seconds or conf.get("LEASE_SECONDS"))
 
 
@@ -58,10 +58,11 @@ def claim(
         return []
     postgres = connection.vendor == "postgresql"
     actor = Actor.worker(worker_id)
-    if postgres and not limits and not _claim_writes(actor, now):
+    expires = lease_until(now, lease_seconds)
+    if postgres and not limits and not claim_writes(actor, now):
         # One statement, autocommitted: nothing else belongs in its transaction.
-        picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
-        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres, start)
+        picked, params = ready_sql(kinds, limit, now, postgres, cancel_free=start)
+        jobs = _reserve(picked, params, worker_id, actor, now, expires, postgres, start)
         for job in jobs:
             announce(
                 job.pk,
@@ -82,8 +83,8 @@ def claim(
                 return []
             picked, params = _ids(ids)
         else:
-            picked, params = _ready(kinds, limit, now, postgres, cancel_free=start)
-        jobs = _reserve(picked, params, worker_id, actor, now, _lease(now, lease_seconds), postgres, start)
+            picked, params = ready_sql(kinds, limit, now, postgres, cancel_free=start)
+        jobs = _reserve(picked, params, worker_id, actor, now, expires, postgres, start)
         if not postgres and jobs:
             JobEvent.objects.bulk_create([_claim_event(job, actor, now, start) for job in jobs])
         for job in jobs:
@@ -91,7 +92,7 @@ def claim(
     return jobs
 
 
-def _claim_writes(actor: Actor, now: datetime) -> bool:
+def claim_writes(actor: Actor, now: datetime) -> bool:
     """Whether a ``transitioned`` hook function writes for a claim (asked before
     the jobs are known: no job id)."""
     if not hooks.transitioned:
@@ -104,7 +105,7 @@ def _prep(field: str, value: Any, model: Any = Job) -> Any:
     return model._meta.get_field(field).get_db_prep_value(value, connection)
 
 
-def _ready(
+def ready_sql(
     kinds: list[str] | None,
     limit: int,
     now: datetime,
@@ -171,7 +172,7 @@ def _within_limits(
     room = {k: limit_ - running.get(k, 0) for k, limit_ in limits.items()}
     # Full kinds are never candidates: no lock taken on them.
     full = [k for k, r in room.items() if r <= 0]
-    picked, params = _ready(kinds, limit * 4, now, postgres, cancel_free, full, columns="id, kind")
+    picked, params = ready_sql(kinds, limit * 4, now, postgres, cancel_free, full, columns="id, kind")
     ids: list[Any] = []
     with connection.cursor() as cursor:
         cursor.execute(picked, params)
@@ -199,47 +200,74 @@ def _reserve(
     """Reserve (or, with ``start``, begin) the picked queued jobs under fresh lease
     tokens; on PostgreSQL the same statement writes their claim events."""
     table = Job._meta.db_table
-    queued, processing = Status.QUEUED.value, Status.PROCESSING.value
+    queued = Status.QUEUED.value
+    values = assignment_values(worker_id, now, expires, start)
+    if not postgres:
+        returning = job_columns(connection.vendor)
+        update = (
+            f"UPDATE {table} SET {_assignments(False, start)} WHERE status = '{queued}' AND id IN ({picked}) "
+            f"RETURNING {returning}"
+        )
+        rows = _statements.fetch(update, [*values, *params])
+    else:
+        ctes, params = claim_ctes(picked, params, values, actor, now, start)
+        rows = _statements.fetch(f"WITH {ctes} SELECT * FROM claimed", params)
+    jobs = jobs_from_rows(rows)
+    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.created_at))
+    return jobs
+
+
+def _assignments(postgres: bool, start: bool) -> str:
+    """The SET clause that reserves (or, with ``start``, begins) a job; its
+    parameters are ``assignment_values``."""
     token = "gen_random_uuid()" if postgres else "lower(hex(randomblob(16)))"
     # Reserved, not running: begin() sets started_at and charges the attempt.
     # claimed_watermark: what this attempt runs on; complete() compares it with
     # the input watermark, so an enqueue raising it meanwhile queues a re-run.
     begun = "started_at = %s, attempts = attempts + 1" if start else "started_at = NULL"
-    assignments = (
-        f"status = '{processing}', worker_id = %s, lease_token = {token}, lease_expires_at = %s, "
-        f"heartbeat_at = %s, {begun}, claimed_watermark = input_watermark, updated_at = %s"
+    return (
+        f"status = '{Status.PROCESSING.value}', worker_id = %s, lease_token = {token}, "
+        f"lease_expires_at = %s, heartbeat_at = %s, {begun}, claimed_watermark = input_watermark, "
+        "updated_at = %s"
     )
+
+
+def assignment_values(worker_id: str, now: datetime, expires: datetime, start: bool) -> list[Any]:
     stamp = _prep("updated_at", now)
     values = [worker_id[:200], _prep("lease_expires_at", expires), stamp]
-    values += [stamp, stamp] if start else [stamp]
-    returning = job_columns()
-    if not postgres:
-        update = (
-            f"UPDATE {table} SET {assignments} WHERE status = '{queued}' AND id IN ({picked}) "
-            f"RETURNING {returning}"
-        )
-        rows = _statements.fetch(update, [*values, *params])
-    else:
-        # ``= ANY(ARRAY(...))``: the picked ids are computed once (an InitPlan)
-        # and looked up by primary key; as ``IN (subquery)`` the planner may
-        # scan the whole table for the UPDATE. No status re-check: the picked
-        # rows are locked as queued (here, or by ``_within_limits`` in this
-        # transaction), and a re-check would let a plan scan the whole queue
-        # through the partial index of queued jobs to find them.
-        update = (
-            f"WITH claimed AS (UPDATE {table} SET {assignments} "
-            f"WHERE id = ANY(ARRAY({picked})) RETURNING {returning}), "
-            f"events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, transition, "
-            f"actor_label, reason, metadata, created_at) SELECT id, '{queued}', '{processing}', 'claim', "
-            f"%s::varchar, '', jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), "
-            "%s::timestamptz FROM claimed) "
-            "SELECT * FROM claimed"
-        )
-        event = [actor.label[:200], _prep("created_at", now, JobEvent)]
-        rows = _statements.fetch(update, [*values, *params, *event])
-    jobs = jobs_from_rows(rows)
-    jobs.sort(key=lambda j: (-j.priority, j.run_after, j.created_at))
-    return jobs
+    return values + ([stamp, stamp] if start else [stamp])
+
+
+def claim_ctes(
+    picked: str,
+    params: list[Any],
+    values: list[Any],
+    actor: Actor,
+    now: datetime,
+    start: bool,
+    guard: str = "",
+) -> tuple[str, list[Any]]:
+    """PostgreSQL: the claim as two common table expressions, ``claimed`` (the
+    reserved jobs' rows) and ``claim_events`` (their history rows), for ``WITH``;
+    ``values`` are ``assignment_values``, ``guard`` an extra condition.
+
+    ``= ANY(ARRAY(...))``: the picked ids are computed once (an InitPlan) and
+    looked up by primary key; as ``IN (subquery)`` the planner may scan the
+    whole table for the UPDATE. No status re-check: the picked rows are locked
+    as queued (here, or by ``_within_limits`` in this transaction), and a
+    re-check would let a plan scan the whole queue through the partial index of
+    queued jobs to find them.
+    """
+    queued, processing = Status.QUEUED.value, Status.PROCESSING.value
+    sql = (
+        f"claimed AS (UPDATE {Job._meta.db_table} SET {_assignments(True, start)} "
+        f"WHERE id = ANY(ARRAY({picked})){guard} RETURNING {job_columns('postgresql')}), "
+        f"claim_events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, "
+        f"transition, actor_label, reason, metadata, created_at) SELECT id, '{queued}', '{processing}', "
+        f"'claim', %s::varchar, '', jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), "
+        "%s::timestamptz FROM claimed)"
+    )
+    return sql, [*values, *params, actor.label[:200], _prep("created_at", now, JobEvent)]
 
 
 def _claim_event(job: Job, actor: Actor, now: datetime, start: bool = False) -> JobEvent:

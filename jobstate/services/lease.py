@@ -146,7 +146,7 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires
         f"{qn('updated_at')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s "
         f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL "
-        f"RETURNING {job_columns()}"
+        f"RETURNING {job_columns(connection.vendor)}"
     )
     params = [
         prep("started_at", now),

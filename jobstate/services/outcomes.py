@@ -21,9 +21,11 @@ from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.retry import backoff_seconds
+from jobstate.services import handover
 from jobstate.services._rows import create_job as _create
 from jobstate.services._writes import Col
 from jobstate.services.actors import Actor
+from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
 from jobstate.services.transitions import move
 from jobstate.states import Status
@@ -47,6 +49,7 @@ def complete(
     reason: str = "",
     progress: dict[str, Any] | None = None,
     now: datetime | None = None,
+    then: NextClaim | None = None,
 ) -> Job | None:
     """End the job ``completed`` with ``result``.
 
@@ -58,6 +61,10 @@ def complete(
     claim, whatever the caller's copy says) as its last successful one. With a
     key, if the watermark was raised while it ran, a follow-up job with the same
     key is queued in the same transaction (the input is dirty).
+
+    ``then``: a worker process going on to its next job; where the two can be one
+    statement (``handover``), that job is claimed with this outcome and put in
+    ``then.claimed``; elsewhere nothing is claimed.
     """
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
@@ -70,6 +77,14 @@ def complete(
         "last_success_watermark": Col("claimed_watermark"),
     }
     who = actor or _worker_actor(job)
+    if isinstance(job, Job) and job.key is None and then is not None:
+        now = now or timezone.now()
+        if handover.possible(job, "complete", who, then, now):
+            moved = handover.move_and_claim(
+                job, "complete", actor=who, token=token, fields=fields, reason=reason, now=now, then=then
+            )
+            job.last_success_watermark = job.claimed_watermark
+            return moved
     if isinstance(job, Job) and job.key is None:
         # No key, no re-run rule: move's own transaction is enough (no savepoint).
         moved = move(job, "complete", actor=who, token=token, reason=reason, fields=fields, now=now)

@@ -7,6 +7,7 @@ final judge, so two racing callers can never both win.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime
 from typing import Any
@@ -54,10 +55,13 @@ def _meta(name: str) -> Any:
     return meta
 
 
+# The declarations never change at run time: read once per transition name.
+@functools.cache
 def sources_of(name: str) -> tuple[str, ...]:
     return tuple(str(s) for s in _meta(name).transitions)
 
 
+@functools.cache
 def target_of(name: str) -> str:
     targets = {t.target for t in _meta(name).transitions.values()}
     (target,) = targets
@@ -95,29 +99,21 @@ def move(
     updated, when one was passed.
     """
     now = now or timezone.now()
-    target = target_of(name)
-    sources = sources_of(name)
+    target, sources, values = transition_values(name, fields, now)
     job_id = job.pk if isinstance(job, Job) else job
-    values: dict[str, Any] = {"status": target, "updated_at": now, **(fields or {})}
-    if target in TERMINAL:
-        values.setdefault("finished_at", now)
-    if target != Status.PROCESSING:
-        values.setdefault("lease_token", None)
-        values.setdefault("lease_expires_at", None)
-
     plain = condition is None and not any(hasattr(v, "resolve_expression") for v in values.values())
     event = Event("", target, name, actor, reason, metadata, now)
-    if plain and len(sources) == 1 and _one_statement(job, sources[0], target, actor, event):
+    if plain and len(sources) == 1 and one_statement(job, sources[0], target, actor, event):
         # Nothing else to do in the transaction (no cascade, no lost assets, no
         # parent, no hook that writes): the row and its history in one
         # autocommitted statement (PostgreSQL), the hooks told right after.
         event = event._replace(from_status=sources[0])
         if not update_job(job_id, values, status=sources[0], token=token, event=event):
-            _refuse(job_id, name, target, token)
+            refuse(job_id, name, target, token)
         announce(
             job_id, sources[0], target, name, actor, reason, now, committed=not connection.in_atomic_block
         )
-        return _updated(job, values, target)
+        return updated(job, values, target)
     with transaction.atomic():
         qs = Job.objects.filter(pk=job_id)
         if token is not None:
@@ -129,7 +125,7 @@ def move(
         else:
             row = qs.select_for_update().values_list("status", flat=True).first()
             if row is None or row not in sources:
-                _refuse(job_id, name, target, token)
+                refuse(job_id, name, target, token)
             from_status = str(row)
         if _loses_assets(from_status, target, actor):
             # The attempt did not end by its own worker (reaped, or taken by an
@@ -147,7 +143,7 @@ def move(
             if written:
                 record_event(job_id, from_status, target, name, actor, reason, metadata, now, announced=False)
         if not written:
-            _refuse(job_id, name, target, token)
+            refuse(job_id, name, target, token)
         announce(job_id, from_status, target, name, actor, reason, now)
         if target in TERMINAL:
             parent_id = (
@@ -157,7 +153,7 @@ def move(
             )
             if parent_id is not None:
                 wake_parent_if_done(parent_id, now)
-    return _updated(job, values, target)
+    return updated(job, values, target)
 
 
 def _loses_assets(from_status: str, target: str, actor: Actor) -> bool:
@@ -166,8 +162,24 @@ def _loses_assets(from_status: str, target: str, actor: Actor) -> bool:
     )
 
 
-def _one_statement(job: Job | UUID | str, source: str, target: str, actor: Actor, event: Event) -> bool:
-    """Whether a plain single-source move can be one autocommitted statement."""
+def transition_values(
+    name: str, fields: dict[str, Any] | None, now: datetime
+) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """The declared transition ``name``'s target and sources, and the values it
+    writes with ``fields`` (the lease dropped when it leaves ``processing``)."""
+    target = target_of(name)
+    values: dict[str, Any] = {"status": target, "updated_at": now, **(fields or {})}
+    if target in TERMINAL:
+        values.setdefault("finished_at", now)
+    if target != Status.PROCESSING:
+        values.setdefault("lease_token", None)
+        values.setdefault("lease_expires_at", None)
+    return target, sources_of(name), values
+
+
+def one_statement(job: Job | UUID | str, source: str, target: str, actor: Actor, event: Event) -> bool:
+    """Whether a plain single-source move can be one autocommitted statement (on
+    PostgreSQL: nothing else belongs in its transaction)."""
     if connection.vendor != "postgresql":
         return False
     if _loses_assets(source, target, actor) or target in (Status.FAILED, Status.CANCELLED):
@@ -181,7 +193,8 @@ def _one_statement(job: Job | UUID | str, source: str, target: str, actor: Actor
     return not hooks.transitioned.writes(change)
 
 
-def _updated(job: Job | UUID | str, values: dict[str, Any], target: str) -> Job | None:
+def updated(job: Job | UUID | str, values: dict[str, Any], target: str) -> Job | None:
+    """The caller's Job object, if one was passed, with the values a move wrote."""
     if isinstance(job, Job):
         for attr, value in values.items():
             if attr != "status" and not hasattr(value, "resolve_expression") and not isinstance(value, Col):
@@ -191,7 +204,7 @@ def _updated(job: Job | UUID | str, values: dict[str, Any], target: str) -> Job 
     return None
 
 
-def _refuse(job_id: Any, name: str, target: str, token: Any) -> None:
+def refuse(job_id: Any, name: str, target: str, token: Any) -> None:
     row = Job.objects.filter(pk=job_id).values_list("status", "lease_token").first()
     if row is None:
         raise Job.DoesNotExist(f"Job {job_id} does not exist")

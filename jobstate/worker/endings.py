@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import traceback as tb
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -130,11 +131,16 @@ def cancel_unstarted(job: Job) -> str:
     return "cancelled"
 
 
-def finish(ctx: JobContext, kind: str, value: Any) -> str:
+# Asked as a job completes: the next job its worker process would claim, if any.
+NextRequest = Callable[[], "services.NextClaim | None"]
+
+
+def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = None) -> str:
     """Store the attempt's outcome. Whatever goes wrong here, the attempt ends
-    in a recorded state (or, if nothing can be written, with the reaper)."""
+    in a recorded state (or, if nothing can be written, with the reaper).
+    ``then``: see ``runner.run_job``."""
     try:
-        return _store(ctx, kind, value)
+        return _store(ctx, kind, value, then)
     except (LeaseLost, InvalidTransition):
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"
@@ -142,11 +148,13 @@ def finish(ctx: JobContext, kind: str, value: Any) -> str:
         return _store_failed(ctx, kind, exc)
 
 
-def _store(ctx: JobContext, kind: str, value: Any) -> str:
+def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> str:
     job, token = ctx.job, ctx.token
     if kind == "ok":
         try:
-            services.complete(job, token, value, progress=ctx.take_progress())
+            services.complete(
+                job, token, value, progress=ctx.take_progress(), then=then() if then is not None else None
+            )
         except ValidationError as invalid:
             return _unstorable(ctx, invalid)
         return "completed"

@@ -70,7 +70,14 @@ from jobstate.exceptions import (
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.worker.context import JobContext, lease_token
-from jobstate.worker.endings import cancel_unstarted, finish, release, unknown_kind, usable_connection
+from jobstate.worker.endings import (
+    NextRequest,
+    cancel_unstarted,
+    finish,
+    release,
+    unknown_kind,
+    usable_connection,
+)
 from jobstate.worker.supervisor import (
     HandlerCall,
     Slot,
@@ -86,13 +93,15 @@ logger = logging.getLogger("jobstate")
 __all__ = ["drain", "hard_limit_for", "run_job", "run_next", "timeout_for"]
 
 
-def run_job(job: Job, worker_id: str) -> str:
+def run_job(job: Job, worker_id: str, then: NextRequest | None = None) -> str:
     """Run a job this worker holds; return its outcome (completed, partial,
     failed, retrying, cancelled, suspended, lost).
 
     A job only reserved (claimed, ``started_at`` unset) is begun here first
     (``services.begin``: the attempt is charged now); one already begun (by
-    ``services.start`` or ``tasks.execute``) runs as it is.
+    ``services.start`` or ``tasks.execute``) runs as it is. ``then``: asked,
+    as the job completes, which next job this worker process would claim; it
+    may be claimed with the outcome (``services.NextClaim``).
     """
     spec = registry.all_handlers().get(job.kind)
     if spec is None:
@@ -111,7 +120,7 @@ def run_job(job: Job, worker_id: str) -> str:
         if begun.cancel_requested:
             return cancel_unstarted(job)
         _copy_row(begun.job, job)
-    return _run(job, spec, worker_id)
+    return _run(job, spec, worker_id, then)
 
 
 def _copy_row(source: Job, target: Job) -> None:
@@ -122,7 +131,7 @@ def _copy_row(source: Job, target: Job) -> None:
             setattr(target, field.attname, getattr(source, field.attname))
 
 
-def _run(job: Job, spec: HandlerSpec, worker_id: str) -> str:
+def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) -> str:
     interruptible = threading.current_thread() is threading.main_thread()
     sup = supervisor()
     slot: Slot | None = None
@@ -163,7 +172,7 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str) -> str:
         close_quietly()  # the interrupt may have left it mid-command
     else:
         usable_connection(time.monotonic() - started)
-    ended = finish(ctx, *outcome)
+    ended = finish(ctx, outcome[0], outcome[1], then=then)
     _observe(hooks.attempt_ended, ctx, ended)
     return ended
 

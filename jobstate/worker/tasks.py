@@ -99,14 +99,15 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
         spec = registry.all_handlers().get(kind or "")
         if spec is None:
             return unknown_kind(_held(job_id, token, kind or "", me))
-        outcome = _execute(job_id, token, kind or "", me)
-        chain(me, started + task_timeout(spec), started)
+        links = Chain(me, started + task_timeout(spec), started)
+        outcome = _execute(job_id, token, kind or "", me, links)
+        chain(me, links.hard_deadline, started, links)
         return outcome
     finally:
         counters.done()
 
 
-def _execute(job_id: Any, token: Any, kind: str, me: str) -> str:
+def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
     try:
         begun = services.begin(job_id, token, me)
     except LeaseLost:
@@ -122,12 +123,12 @@ def _execute(job_id: Any, token: Any, kind: str, me: str) -> str:
         outcome = cancel_unstarted(job)
         keep_connection()
         return outcome
-    return _run_begun(job, me)
+    return _run_begun(job, me, links)
 
 
-def _run_begun(job: Job, me: str) -> str:
+def _run_begun(job: Job, me: str, links: Chain | None = None) -> str:
     try:
-        outcome = run_job(job, me)
+        outcome = run_job(job, me, then=links)
     except TimeoutException:
         # django-q2's hard limit fired: the handler ignored jobstate's own
         # timeout and cancel interrupts. Record the failed (or cancelled)
@@ -142,40 +143,78 @@ def _run_begun(job: Job, me: str) -> str:
     return outcome
 
 
-def chain(me: str, hard_deadline: float, started: float) -> int:
-    """Claim and run this worker process's next ready jobs itself, one at a time,
-    each claimed and begun in one statement (``services.claim(start=True)``):
-    no hand-over through the pusher and django-q2's queues between two jobs.
+class Chain:
+    """The jobs a worker process runs itself after a package's first one: which
+    kinds it may take next, and the next job when it was claimed together with
+    the outcome of the last one (``services.NextClaim``, asked for by the
+    runner as a job completes).
 
-    It stops, returning to django-q2, when no job is ready, when a package
-    waits in this cluster's queue (reserved jobs and plain tasks go first),
-    after ``WORKER_CHAIN_SECONDS`` (django-q2 then gets its turn: shutdown,
-    recycling), and it only takes kinds whose hard limit fits in what is left
-    of the django-q2 hard limit armed for this task (``hard_deadline``), so
-    django-q2 never kills a job that jobstate's own timeout would have
-    stopped. Returns how many jobs it ran.
+    The chain stops, returning to django-q2, when no job is ready, when a
+    package waits in this cluster's queue (reserved jobs and plain tasks go
+    first), after ``WORKER_CHAIN_SECONDS`` (django-q2 then gets its turn:
+    shutdown, recycling), and it only takes kinds whose hard limit fits in what
+    is left of the django-q2 hard limit armed for this task (``hard_deadline``),
+    so django-q2 never kills a job that jobstate's own timeout would have stopped.
     """
-    seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
+
+    def __init__(self, me: str, hard_deadline: float, started: float) -> None:
+        self.me, self.hard_deadline, self.started = me, hard_deadline, started
+        self.seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
+        self.request: services.NextClaim | None = None
+
+    def next_kinds(self) -> list[str]:
+        """The kinds this process may take next (none: the chain stops here)."""
+        now = time.monotonic()
+        if self.seconds <= 0 or now - self.started >= self.seconds or not counters.nothing_waiting():
+            return []
+        left = self.hard_deadline - now - CHAIN_MARGIN
+        return sorted(k for k, s in registry.all_handlers().items() if hard_limit_for(s) <= left)
+
+    def __call__(self) -> services.NextClaim | None:
+        kinds = self.next_kinds()
+        self.request = services.NextClaim(self.me, kinds) if kinds else None
+        return self.request
+
+    def handed_over(self) -> tuple[Job | None, bool]:
+        """The job claimed with the last outcome, if one was, and whether that
+        claim was made (made and empty: no job was ready)."""
+        request, self.request = self.request, None
+        if request is None or not request.tried:
+            return None, False
+        return (request.claimed[0] if request.claimed else None), True
+
+
+def chain(me: str, hard_deadline: float, started: float, links: Chain | None = None) -> int:
+    """Run this worker process's next ready jobs itself, one at a time: each one
+    claimed with the previous one's outcome where that can be one statement
+    (``services.handover``), else claimed and begun in one statement
+    (``services.claim(start=True)``); no hand-over through the pusher and
+    django-q2's queues between two jobs. Returns how many jobs it ran."""
+    links = links or Chain(me, hard_deadline, started)
     ran = 0
-    while seconds > 0 and time.monotonic() - started < seconds and counters.nothing_waiting():
-        left = hard_deadline - time.monotonic() - CHAIN_MARGIN
-        kinds = sorted(k for k, s in registry.all_handlers().items() if hard_limit_for(s) <= left)
-        if not kinds:
-            break
-        try:
-            claimed = services.claim(me, kinds=kinds, limit=1, start=True)
-        except DatabaseError:
-            logger.warning("jobstate worker: could not claim a next job; back to django-q2", exc_info=True)
-            close_old_connections()
-            break
-        if not claimed:
-            break
-        job = claimed[0]
+    job, tried = links.handed_over()
+    while not tried or job is not None:
+        if job is None:
+            kinds = links.next_kinds()
+            if not kinds:
+                break
+            try:
+                claimed = services.claim(links.me, kinds=kinds, limit=1, start=True)
+            except DatabaseError:
+                logger.warning(
+                    "jobstate worker: could not claim a next job; back to django-q2", exc_info=True
+                )
+                close_old_connections()
+                break
+            if not claimed:
+                break
+            job = claimed[0]
         # django-q2 armed its hard limit for the package's job; this one gets its own.
         limit = hard_limit_for(registry.all_handlers().get(job.kind))
-        q2.rearm_hard_limit(min(limit, hard_deadline - time.monotonic()))
-        _run_begun(job, me)
+        q2.rearm_hard_limit(min(limit, links.hard_deadline - time.monotonic()))
+        _run_begun(job, links.me, links)
         ran += 1
+        job, tried = links.handed_over()
     return ran
 
 

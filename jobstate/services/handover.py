@@ -1,0 +1,100 @@
+"""A worker's hand-over from one job to its next: the outcome of the job it ran
+and the claim of the next one in one statement.
+
+A worker process that ends a job and goes on to another (``jobstate.worker.tasks.chain``)
+would otherwise make two round trips and two commits: the outcome with its
+history row, then the claim with its own. On PostgreSQL, when nothing else
+belongs in either transaction (no cascade, no parent to wake, no hook that
+writes, no concurrency limit to count), the two are one statement of four
+data-modifying parts: the guarded outcome, its history row, the claim (which
+only takes a job if the outcome was written) and the claim's history row.
+The outcome is refused exactly as on its own (``LeaseLost``,
+``InvalidTransition``), and then nothing is claimed.
+
+Everywhere else the outcome is written as usual and nothing is claimed: the
+worker then claims its next job itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from jobstate import registry
+from jobstate.models import Job
+from jobstate.services import _statements
+from jobstate.services._rows import announce
+from jobstate.services._writes import Event, jobs_from_rows, update_statement
+from jobstate.services.actors import Actor
+from jobstate.services.claiming import assignment_values, claim_ctes, claim_writes, lease_until, ready_sql
+from jobstate.services.transitions import one_statement, refuse, transition_values, updated
+from jobstate.states import Status
+
+
+@dataclass
+class NextClaim:
+    """What to claim with an outcome: one ready job of ``kinds`` for the worker
+    process ``worker_id``, begun at once (as ``claim(start=True)``). ``claimed``
+    receives it; ``tried`` says whether the claim was made at all (False: the
+    outcome could not take it, and the worker claims on its own)."""
+
+    worker_id: str
+    kinds: list[str]
+    claimed: list[Job] = field(default_factory=list)
+    tried: bool = False
+
+
+def possible(job: Any, name: str, actor: Actor, then: NextClaim, now: datetime) -> bool:
+    """Whether moving ``job`` by ``name`` can take ``then``'s claim in the same statement."""
+    conn = _statements.current()
+    if conn.vendor != "postgresql" or not then.kinds or not isinstance(job, Job):
+        return False
+    target, sources, _values = transition_values(name, None, now)
+    if len(sources) != 1 or not one_statement(job, sources[0], target, actor, Event("", target, name, actor)):
+        return False
+    limits = registry.concurrency_limits()
+    if any(kind in limits for kind in then.kinds):
+        return False
+    return not claim_writes(Actor.worker(then.worker_id), now)
+
+
+def move_and_claim(
+    job: Job,
+    name: str,
+    *,
+    actor: Actor,
+    token: UUID | str,
+    fields: dict[str, Any],
+    reason: str,
+    now: datetime,
+    then: NextClaim,
+) -> Job | None:
+    """Apply the transition ``name`` to ``job`` (as ``transitions.move``) and claim
+    ``then``'s next job, in one statement; call ``possible`` first."""
+    conn = _statements.current()
+    target, (source,), values = transition_values(name, fields, now)
+    event = Event(source, target, name, actor, reason, None, now)
+    moved, moved_params = update_statement(conn, job.pk, values, source, token, event=event, cte=True)
+    claimer = Actor.worker(then.worker_id)
+    picked, picked_params = ready_sql(then.kinds, 1, now, True, cancel_free=True)
+    claim_values = assignment_values(then.worker_id, now, lease_until(now), True)
+    claimed, claim_params = claim_ctes(
+        picked, picked_params, claim_values, claimer, now, True, guard=" AND EXISTS (SELECT 1 FROM moved)"
+    )
+    rows = _statements.fetch(
+        f"WITH {moved}, {claimed} "
+        "SELECT m.n, c.* FROM (SELECT count(*) AS n FROM moved) m LEFT JOIN claimed c ON true",
+        [*moved_params, *claim_params],
+        conn,
+    )
+    if not rows[0][0]:
+        refuse(job.pk, name, target, token)
+    committed = not conn.in_atomic_block
+    announce(job.pk, source, target, name, actor, reason, now, committed=committed)
+    then.tried = True
+    then.claimed = jobs_from_rows([row[1:] for row in rows if row[1] is not None], conn)
+    for taken in then.claimed:
+        announce(taken.pk, Status.QUEUED, Status.PROCESSING, "claim", claimer, now=now, committed=committed)
+    return updated(job, values, target)

@@ -1,0 +1,143 @@
+"""A worker's hand-over (``services.handover``): the outcome of its job and the
+claim of its next one in one statement on PostgreSQL, refused together, and
+never where something else belongs in either transaction."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobstate import hooks, services
+from jobstate.exceptions import LeaseLost
+from jobstate.models import Job
+from jobstate.states import Status
+
+pytestmark = pytest.mark.django_db
+
+ME = "host:1:2"
+postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement on PostgreSQL")
+
+
+def _running(**options):  # type: ignore[no-untyped-def]
+    job = services.enqueue("test.echo", {"n": 0}, **options)
+    (claimed,) = services.claim(ME, kinds=["test.echo"], start=True)
+    assert claimed.pk == job.pk
+    return claimed
+
+
+def _transitions(job: Job) -> list[tuple[str, str]]:
+    return list(job.events.order_by("id").values_list("transition", "actor_label"))
+
+
+@postgres_only
+def test_the_outcome_and_the_next_claim_are_one_statement():
+    done = _running()
+    following = services.enqueue("test.echo", {"n": 1})
+    then = services.NextClaim(ME, ["test.echo"])
+    with CaptureQueriesContext(connection) as queries:
+        services.complete(done, done.lease_token, {"ok": 1}, then=then)
+    assert len(queries) == 1
+    assert then.tried and [j.pk for j in then.claimed] == [following.pk]
+    taken = then.claimed[0]
+    assert taken.status == Status.PROCESSING and taken.lease_token is not None
+    # Begun in the same statement: as claim(start=True).
+    assert taken.attempts == 1 and taken.started_at is not None and taken.worker_id == ME
+    row = Job.objects.get(pk=done.pk)
+    assert row.status == Status.COMPLETED and row.result == {"ok": 1} and row.lease_token is None
+    assert _transitions(row)[-1] == ("complete", f"worker:{ME}")
+    assert _transitions(Job.objects.get(pk=following.pk)) == [
+        ("enqueue", "system"),
+        ("claim", f"worker:{ME}"),
+    ]
+    assert Job.objects.get(pk=following.pk).events.get(transition="claim").metadata == {"attempt": 1}
+
+
+@postgres_only
+def test_nothing_ready_is_a_claim_tried_and_empty():
+    done = _running()
+    then = services.NextClaim(ME, ["test.echo"])
+    services.complete(done, done.lease_token, None, then=then)
+    assert then.tried and then.claimed == []
+    assert Job.objects.get(pk=done.pk).status == Status.COMPLETED
+
+
+@postgres_only
+def test_a_refused_outcome_claims_nothing():
+    import uuid
+
+    done = _running()
+    following = services.enqueue("test.echo", {"n": 1})
+    then = services.NextClaim(ME, ["test.echo"])
+    with pytest.raises(LeaseLost):
+        services.complete(done, uuid.uuid4(), None, then=then)
+    assert then.claimed == []
+    assert Job.objects.get(pk=done.pk).status == Status.PROCESSING
+    assert Job.objects.get(pk=following.pk).status == Status.QUEUED
+
+
+@postgres_only
+def test_only_the_kinds_asked_for_and_no_job_with_a_cancel_request():
+    from django.utils import timezone
+
+    done = _running()
+    services.enqueue("test.schema", {"width": 3})
+    asked = services.enqueue("test.echo", {"n": 1})
+    Job.objects.filter(pk=asked.pk).update(cancel_requested_at=timezone.now())
+    then = services.NextClaim(ME, ["test.echo"])
+    services.complete(done, done.lease_token, None, then=then)
+    assert then.tried and then.claimed == []  # left to begin(), which cancels it unstarted
+
+
+def _left_to_the_worker(done: Job, following: Job) -> None:
+    then = services.NextClaim(ME, ["test.echo", "test.limited"])
+    services.complete(done, done.lease_token, None, then=then)
+    assert not then.tried and then.claimed == []
+    assert Job.objects.get(pk=done.pk).status == Status.COMPLETED
+    assert Job.objects.get(pk=following.pk).status == Status.QUEUED
+
+
+def test_a_keyed_job_completes_on_its_own_for_its_rerun_check():
+    done = _running(key="k1")
+    _left_to_the_worker(done, services.enqueue("test.echo", {"n": 1}))
+
+
+def test_a_kind_with_a_concurrency_limit_is_counted_by_a_claim_of_its_own():
+    done = _running()
+    _left_to_the_worker(done, services.enqueue("test.limited", {}))
+
+
+def test_a_hook_that_writes_keeps_its_transaction():
+    seen: list[hooks.Transition] = []
+    hooks.transitioned.register(seen.append)  # no ``writes``: it may write
+    try:
+        done = _running()
+        _left_to_the_worker(done, services.enqueue("test.echo", {"n": 1}))
+    finally:
+        hooks.transitioned.unregister(seen.append)
+    assert [c.transition for c in seen][-1] == "complete"
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_hooks_that_only_read_observe_both_changes_after_the_commit():
+    seen: list[tuple[str, bool]] = []
+
+    def observe(change: hooks.Transition) -> None:
+        seen.append((change.transition, connection.in_atomic_block))
+
+    hooks.transitioned.register(observe, writes=lambda change: False)
+    try:
+        done = _running()
+        services.enqueue("test.echo", {"n": 1})
+        then = services.NextClaim(ME, ["test.echo"])
+        services.complete(done, done.lease_token, None, then=then)
+    finally:
+        hooks.transitioned.unregister(observe)
+    assert seen[-2:] == [("complete", False), ("claim", False)] and len(then.claimed) == 1
+
+
+@pytest.mark.skipif(connection.vendor == "postgresql", reason="SQLite: two statements")
+def test_sqlite_completes_and_claims_nothing():
+    done = _running()
+    _left_to_the_worker(done, services.enqueue("test.echo", {"n": 1}))
