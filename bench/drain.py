@@ -7,12 +7,17 @@
 
 One run, one workload for every system: N jobs enqueued first (each system's
 bulk API where it has one), each job writes 3 progress updates then ends, 2
-worker processes, the same connection settings (``CONN_MAX_AGE=None`` for
-every Django-based system, persistent psycopg connections for the others).
+worker processes, the same connection settings (``CONN_MAX_AGE=None``,
+``DEBUG=False`` and ``OPTIONS={"prepare_threshold": 5}`` for every Django-based
+system: Django's ORM binds parameters client-side and prepares nothing,
+jobstate prepares its own hot statements; persistent psycopg connections,
+which prepare repeated statements by default, for the others).
 Systems (``--systems``):
 
 - ``jobstate``: the Job table as django-q2's broker, every progress call written
   (``PROGRESS_FLUSH_SECONDS=0``); ``jobstate-flush``: the default coalescing;
+  ``jobstate-noprep``: every call written, without prepared statements
+  (``prepare_threshold`` unset, Django's default);
 - ``q2``, ``q2tuned``: plain django-q2 ``async_task`` on its ORM broker,
   defaults, and ``bulk`` 10, ``poll`` 0.05, ``save_limit`` 0;
 - ``procrastinate``: its Django contrib, best of 2 workers x concurrency 1 and
@@ -61,7 +66,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-ALL = "jobstate,jobstate-flush,sql10,sql1,celery,procrastinate,tasksdb,q2tuned,q2"
+ALL = "jobstate,jobstate-flush,jobstate-noprep,sql10,sql1,celery,procrastinate,tasksdb,q2tuned,q2"
 
 
 def parse() -> argparse.Namespace:
@@ -422,12 +427,17 @@ class System:
 class Jobstate(System):
     table = "jobstate_job"
 
-    def __init__(self, name: str, clusters: int = 1, flush: float | None = 0.0) -> None:
+    def __init__(
+        self, name: str, clusters: int = 1, flush: float | None = 0.0, prepare: bool = True
+    ) -> None:
         super().__init__(name)
         self.clusters = clusters
         self.flush = flush
+        self.prepare = prepare
         if clusters > 1:
             self.label = f"jobstate, {clusters} qclusters x {ARGS.workers} workers"
+        elif not prepare:
+            self.label = "jobstate (every progress call written, no prepared statements)"
         elif flush == 0.0:
             self.label = "jobstate (every progress call written)"
         else:
@@ -444,6 +454,8 @@ class Jobstate(System):
             "BENCH_BROKER": "bench.brokers.TimedBroker",
             "BENCH_CLAIM_LOG": str(self.claim_log),
         }
+        if not self.prepare:
+            env["BENCH_NO_PREPARE"] = "1"
         for _ in range(self.clusters):
             self.procs.start([sys.executable, "manage.py", "qcluster"], env)
 
@@ -605,6 +617,8 @@ def make(name: str) -> list[Callable[[], System]]:
         return [lambda: Jobstate(name)]
     if name == "jobstate-flush":
         return [lambda: Jobstate(name, flush=ARGS.progress_flush)]
+    if name == "jobstate-noprep":
+        return [lambda: Jobstate(name, prepare=False)]
     if name in ("q2", "q2tuned"):
         return [lambda: Q2(name)]
     if name == "procrastinate":
@@ -781,7 +795,7 @@ def migrate(names: list[str]) -> None:
 def main() -> None:
     global METER
     names = [n.strip() for n in ARGS.systems.split(",") if n.strip()]
-    if not POSTGRES and set(names) - {"jobstate", "jobstate-flush"}:
+    if not POSTGRES and set(names) - {"jobstate", "jobstate-flush", "jobstate-noprep"}:
         names = [n for n in names if n.startswith("jobstate")]
         print("SQLite: only jobstate runs (the peers need PostgreSQL or a server)")
     migrate(names)
