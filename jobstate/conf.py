@@ -1,7 +1,8 @@
 """jobstate's settings, all under one ``JOBSTATE`` dict.
 
-Values are read on every access, so ``override_settings(JOBSTATE={...})``
-works in tests.
+Read once and kept (every job reads a dozen of them), and read again whenever
+Django reports that ``JOBSTATE`` changed (the ``setting_changed`` signal, which
+``override_settings(JOBSTATE={...})`` sends), as DRF does for its settings.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
@@ -123,11 +126,28 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_merged: dict[str, Any] | None = None
+
+
 def get(name: str) -> Any:
+    merged = _merged
+    if merged is None:
+        merged = _load()
+    return merged[name]
+
+
+def _load() -> dict[str, Any]:
+    global _merged
     user = getattr(settings, "JOBSTATE", {}) or {}
-    if name in user:
-        return user[name]
-    return DEFAULTS[name]
+    _merged = {**DEFAULTS, **(user if isinstance(user, dict) else {})}
+    return _merged
+
+
+@receiver(setting_changed)
+def _reload(setting: str, **kwargs: Any) -> None:
+    global _merged
+    if setting == "JOBSTATE":
+        _merged = None
 
 
 # --- validation (``manage.py check``) ----------------------------------------------

@@ -61,3 +61,15 @@ def test_a_key_of_an_earlier_version_warns_and_the_project_still_starts():
         (warning,) = [m for m in checks.run_checks(tags=["jobstate"]) if m.id == "jobstate.W010"]
     assert warning.level == checks.WARNING and "'PREFETCH_SECONDS'" in warning.msg
     assert "WORKER_CHAIN_SECONDS" in warning.msg
+
+
+def test_values_are_kept_and_read_again_when_jobstate_changes():
+    default = conf.DEFAULTS["LEASE_SECONDS"]
+    assert conf.get("LEASE_SECONDS") == default
+    with override_settings(JOBSTATE={"LEASE_SECONDS": 7}):
+        assert conf.get("LEASE_SECONDS") == 7
+        assert conf.get("HEARTBEAT_SECONDS") == conf.DEFAULTS["HEARTBEAT_SECONDS"]
+        with override_settings(JOBSTATE={}):
+            assert conf.get("LEASE_SECONDS") == default
+        assert conf.get("LEASE_SECONDS") == 7
+    assert conf.get("LEASE_SECONDS") == default
