@@ -427,9 +427,7 @@ class System:
 class Jobstate(System):
     table = "jobstate_job"
 
-    def __init__(
-        self, name: str, clusters: int = 1, flush: float | None = 0.0, prepare: bool = True
-    ) -> None:
+    def __init__(self, name: str, clusters: int = 1, flush: float | None = 0.0, prepare: bool = True) -> None:
         super().__init__(name)
         self.clusters = clusters
         self.flush = flush
