@@ -1,8 +1,9 @@
 """jobstate's settings, all under one ``JOBSTATE`` dict.
 
-Read once and kept (every job reads a dozen of them), and read again whenever
-Django reports that ``JOBSTATE`` changed (the ``setting_changed`` signal, which
-``override_settings(JOBSTATE={...})`` sends), as DRF does for its settings.
+Merged with the defaults once and kept (every job reads a dozen of them) for as
+long as ``settings.JOBSTATE`` is the same object: ``override_settings(JOBSTATE=
+{...})`` in tests, or any new value assigned to it, is read at the next access.
+A change made inside the dict in place is not seen; assign a new dict.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
@@ -126,28 +125,23 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-_merged: dict[str, Any] | None = None
+# (the JOBSTATE object they were read from, the merged values)
+_merged: tuple[Any, dict[str, Any]] = (object(), {})
 
 
 def get(name: str) -> Any:
-    merged = _merged
-    if merged is None:
-        merged = _load()
+    user = getattr(settings, "JOBSTATE", None)
+    source, merged = _merged
+    if user is not source:
+        merged = _load(user)
     return merged[name]
 
 
-def _load() -> dict[str, Any]:
+def _load(user: Any) -> dict[str, Any]:
     global _merged
-    user = getattr(settings, "JOBSTATE", {}) or {}
-    _merged = {**DEFAULTS, **(user if isinstance(user, dict) else {})}
-    return _merged
-
-
-@receiver(setting_changed)
-def _reload(setting: str, **kwargs: Any) -> None:
-    global _merged
-    if setting == "JOBSTATE":
-        _merged = None
+    merged = {**DEFAULTS, **(user if isinstance(user, dict) else {})}
+    _merged = (user, merged)
+    return merged
 
 
 # --- validation (``manage.py check``) ----------------------------------------------

@@ -85,11 +85,14 @@ def test_list_queries_do_not_grow_with_rows(admin_client: Any, user: Any) -> Non
         assert admin_client.get(LIST).status_code == 200
     assert len(many) == len(few), [q["sql"] for q in many.captured_queries]
     assert len(many) <= 25
-    # No unbounded COUNT(*) over the table: every count is capped by a LIMIT.
+    # No unbounded COUNT(*) over the table: every count is capped by a LIMIT, but
+    # the one pass over the processing jobs (a set bounded by the workers), which
+    # counts the stuck reasons of jobs a worker holds.
     for q in many.captured_queries:
         sql = q["sql"].upper()
         if "COUNT(" in sql and "JOBSTATE_JOB" in sql:
-            assert "LIMIT" in sql, q["sql"]
+            processing_only = sql.endswith("""WHERE "JOBSTATE_JOB"."STATUS" = 'PROCESSING' GROUP BY 1""")
+            assert "LIMIT" in sql or processing_only, q["sql"]
 
 
 @pytest.mark.parametrize(

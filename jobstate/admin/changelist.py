@@ -85,8 +85,9 @@ class SafeListAdmin:
 class JobChangeList(SafeChangeList):
     def get_results(self, request: Any) -> None:
         super().get_results(request)
-        # One stuck-detection context (time, served kinds) shared by every row.
-        ctx = stuck.Context()
+        # One stuck-detection context (time, served kinds) shared by every row, and
+        # by the stuck counts of the same request.
+        ctx = getattr(request, "_jobstate_stuck_ctx", None) or stuck.Context()
         rows = list(self.result_list)
         for row in rows:
             row._stuck_ctx = ctx

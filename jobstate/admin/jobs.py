@@ -148,7 +148,9 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP.
-        counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP)
+        # One stuck-detection context for the counts and the rows (see JobChangeList).
+        ctx = request._jobstate_stuck_ctx = stuck.Context()  # type: ignore[attr-defined]
+        counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP, ctx=ctx)
         extra = {
             "stuck_count": sum(counts.values()),
             "stuck_count_capped": any(n >= BADGE_CAP for n in counts.values()),

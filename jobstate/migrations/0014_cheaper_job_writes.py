@@ -47,30 +47,82 @@ class Migration(migrations.Migration):
             name='max_attempts',
             field=models.IntegerField(default=3),
         ),
-        migrations.AlterField(
-            model_name='job',
-            name='parent',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='jobstate.job'),
+        # The foreign key's own index gives way (a partial index or a composite one
+        # serves its lookups): dropped by name, so that the constraint itself stays
+        # (an AlterField would drop and re-add it, locking and re-checking the table).
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='job',
+                    name='parent',
+                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='jobstate.job'),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    'DROP INDEX IF EXISTS "jobstate_job_parent_id_43d8d5f7"',
+                    reverse_sql='CREATE INDEX "jobstate_job_parent_id_43d8d5f7" ON "jobstate_job" ("parent_id")',
+                ),
+            ],
         ),
         migrations.AlterField(
             model_name='job',
             name='progress',
             field=models.SmallIntegerField(default=0),
         ),
-        migrations.AlterField(
-            model_name='job',
-            name='retry_of',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='jobstate.job'),
+        # The foreign key's own index gives way (a partial index or a composite one
+        # serves its lookups): dropped by name, so that the constraint itself stays
+        # (an AlterField would drop and re-add it, locking and re-checking the table).
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='job',
+                    name='retry_of',
+                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='jobstate.job'),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    'DROP INDEX IF EXISTS "jobstate_job_retry_of_id_80079c4e"',
+                    reverse_sql='CREATE INDEX "jobstate_job_retry_of_id_80079c4e" ON "jobstate_job" ("retry_of_id")',
+                ),
+            ],
         ),
-        migrations.AlterField(
-            model_name='jobevent',
-            name='actor',
-            field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+        # The foreign key's own index gives way (a partial index or a composite one
+        # serves its lookups): dropped by name, so that the constraint itself stays
+        # (an AlterField would drop and re-add it, locking and re-checking the table).
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='jobevent',
+                    name='actor',
+                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    'DROP INDEX IF EXISTS "jobstate_jobevent_actor_id_ceac7fe1"',
+                    reverse_sql='CREATE INDEX "jobstate_jobevent_actor_id_ceac7fe1" ON "jobstate_jobevent" ("actor_id")',
+                ),
+            ],
         ),
-        migrations.AlterField(
-            model_name='jobevent',
-            name='job',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobstate.job'),
+        # The foreign key's own index gives way (a partial index or a composite one
+        # serves its lookups): dropped by name, so that the constraint itself stays
+        # (an AlterField would drop and re-add it, locking and re-checking the table).
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name='jobevent',
+                    name='job',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobstate.job'),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(
+                    'DROP INDEX IF EXISTS "jobstate_jobevent_job_id_3cb47d2f"',
+                    reverse_sql='CREATE INDEX "jobstate_jobevent_job_id_3cb47d2f" ON "jobstate_jobevent" ("job_id")',
+                ),
+            ],
         ),
         migrations.AddIndex(
             model_name='job',

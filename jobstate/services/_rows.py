@@ -106,9 +106,13 @@ _ACTOR, _METADATA, _CREATED = (concrete_field(JobEvent, n) for n in ("actor", "m
 
 # The types of a history row's values after ``job`` (PostgreSQL: a parameter in
 # a SELECT list has no column to take its type from).
-EVENT_CASTS = (
-    "%s::varchar, %s::varchar, %s::varchar, %s::integer, %s::varchar, %s::text, %s::jsonb, %s::timestamptz"
-)
+def event_casts() -> str:
+    """Placeholders with their types (the actor's is its user model's key type)."""
+    actor = concrete_field(JobEvent, "actor").db_type(_statements.current())
+    return (
+        f"%s::varchar, %s::varchar, %s::varchar, %s::{actor}, %s::varchar, %s::text, %s::jsonb, "
+        "%s::timestamptz"
+    )
 
 
 def event_columns() -> str:

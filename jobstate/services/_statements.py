@@ -10,10 +10,11 @@ default for the sake of connection poolers; a project turns them on with
 ``DATABASES[...]["OPTIONS"]["prepare_threshold"]`` (docs/howto/postgresql.md),
 and jobstate follows that setting.
 
-Elsewhere (SQLite, psycopg 2), and whenever Django records queries (DEBUG,
-``assertNumQueries``) or an instrumentation wrapper is installed
-(``connection.execute_wrapper``), they go through Django's own cursor, so that
-what Django reports stays complete.
+Elsewhere (SQLite, psycopg 2, prepared statements off), and whenever Django
+records queries (DEBUG, ``assertNumQueries``) or an instrumentation wrapper is
+installed (``connection.execute_wrapper``), they go through Django's own
+cursor, so that what Django reports stays complete. Tools that patch Django's
+cursor class instead (some APM agents) do not see the prepared statements.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def current() -> Any:
     return connections[DEFAULT_DB_ALIAS]
 
 
-def _direct(conn: Any) -> tuple[Any, bool] | None:
-    """The server-binding cursor and whether to prepare, or None to use Django's cursor."""
+def _direct(conn: Any) -> Any | None:
+    """The server-binding cursor whose statements are prepared, or None to use Django's cursor."""
     if conn.vendor != "postgresql" or conn.queries_logged or conn.execute_wrappers:
         return None
     conn.close_if_health_check_failed()
@@ -49,13 +50,14 @@ def _direct(conn: Any) -> tuple[Any, bool] | None:
 
         cached = (raw, psycopg.Cursor(raw))
         setattr(conn, _CURSOR, cached)
-    return cached[1], raw.prepare_threshold is not None
+    if raw.prepare_threshold is None:
+        return None  # unprepared, a server-side binding gains nothing: Django's cursor
+    return cached[1]
 
 
 def prepared() -> bool:
     """Whether the hot statements are prepared on this thread's connection."""
-    direct = _direct(current())
-    return direct is not None and direct[1]
+    return _direct(current()) is not None
 
 
 def execute(sql: str, params: Sequence[Any], conn: Any = None) -> int:
@@ -66,11 +68,10 @@ def execute(sql: str, params: Sequence[Any], conn: Any = None) -> int:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
-    cursor, prepare = direct
     conn.validate_no_broken_transaction()
     with conn.wrap_database_errors:
-        cursor.execute(sql, params, prepare=prepare)
-        return int(cursor.rowcount)
+        direct.execute(sql, params, prepare=True)
+        return int(direct.rowcount)
 
 
 def fetch(sql: str, params: Sequence[Any], conn: Any = None) -> list[tuple[Any, ...]]:
@@ -81,9 +82,8 @@ def fetch(sql: str, params: Sequence[Any], conn: Any = None) -> list[tuple[Any, 
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return [tuple(row) for row in cursor.fetchall()]
-    cursor, prepare = direct
     conn.validate_no_broken_transaction()
     with conn.wrap_database_errors:
-        cursor.execute(sql, params, prepare=prepare)
-        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        direct.execute(sql, params, prepare=True)
+        rows: list[tuple[Any, ...]] = direct.fetchall()
         return rows

@@ -20,9 +20,9 @@ from django.utils import timezone
 from jobstate.models import Job, JobEvent
 from jobstate.services import _statements
 from jobstate.services._rows import (
-    EVENT_CASTS,
     column,
     concrete_field,
+    event_casts,
     event_columns,
     event_sql,
     event_values,
@@ -213,7 +213,7 @@ def _update_sql(
         return update
     insert = (
         f"INSERT INTO {qn(JobEvent._meta.db_table)} ({event_columns()}) "
-        f"SELECT {qn('id')}, {EVENT_CASTS} FROM moved"
+        f"SELECT {qn('id')}, {event_casts()} FROM moved"
     )
     if cte:
         return f"moved AS ({update} RETURNING {qn('id')}), moved_event AS ({insert})"

@@ -91,10 +91,11 @@ def move_and_claim(
     )
     if not rows[0][0]:
         refuse(job.pk, name, target, token)
-    committed = not conn.in_atomic_block
-    announce(job.pk, source, target, name, actor, reason, now, committed=committed)
+    # Handed over before anything else can raise: the claimed job is this worker's to run.
     then.tried = True
     then.claimed = jobs_from_rows([row[1:] for row in rows if row[1] is not None], conn)
+    committed = not conn.in_atomic_block
+    announce(job.pk, source, target, name, actor, reason, now, committed=committed)
     for taken in then.claimed:
         announce(taken.pk, Status.QUEUED, Status.PROCESSING, "claim", claimer, now=now, committed=committed)
     return updated(job, values, target)

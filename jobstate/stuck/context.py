@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import Model
+from django.db.models import Model, Q
 from django.utils import timezone
 from django.utils.timesince import timesince
 
@@ -34,11 +34,14 @@ class Context:
         self.now = now or timezone.now()
         self._served: frozenset[str] | None = None
         self._unserved: list[str] | None = None
+        # Kinds running with a fresh heartbeat, when a pass over the processing
+        # jobs already found them (``findings.count_stuck``).
+        self.running: frozenset[str] | None = None
 
     @property
     def served_kinds(self) -> frozenset[str]:
         if self._served is None:
-            self._served = served_kinds(self.now)
+            self._served = served_kinds(self.now, running=self.running)
         return self._served
 
     @property
@@ -78,15 +81,21 @@ def timeout_for(kind: str) -> float:
     return custom.get(kind, default)
 
 
-def served_kinds(now: datetime | None = None) -> frozenset[str]:
+def fresh_heartbeat_q(now: datetime) -> Q:
+    """Processing jobs whose worker beat within ``STUCK_NO_HEARTBEAT_SECONDS``."""
+    return Q(status=Status.PROCESSING, heartbeat_at__gte=now - _seconds("STUCK_NO_HEARTBEAT_SECONDS"))
+
+
+def served_kinds(now: datetime | None = None, running: frozenset[str] | None = None) -> frozenset[str]:
     """Kinds a worker is visibly serving: a job of that kind is running with a fresh
-    heartbeat, or one finished within the queued-past-due window."""
+    heartbeat (``running``, when already known), or one finished within the
+    queued-past-due window."""
     now = now or timezone.now()
-    fresh = now - _seconds("STUCK_NO_HEARTBEAT_SECONDS")
     window = now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
-    running = Job.objects.filter(status=Status.PROCESSING, heartbeat_at__gte=fresh)
     finished = Job.objects.filter(status__in=TERMINAL, finished_at__gte=window)
-    kinds: set[str] = set()
-    for qs in (running, finished):
-        kinds.update(qs.order_by().values_list("kind", flat=True).distinct())
-    return frozenset(kinds)
+    kinds: set[str] = set(finished.order_by().values_list("kind", flat=True).distinct())
+    if running is None:
+        running = frozenset(
+            Job.objects.filter(fresh_heartbeat_q(now)).order_by().values_list("kind", flat=True).distinct()
+        )
+    return frozenset(kinds | running)

@@ -92,10 +92,14 @@ def queue_delivery(endpoint_id: int, job_id: Any, event: str, at: Any = None) ->
 
 
 def writes(change: hooks.Transition) -> bool:
-    """Whether ``on_transition`` may queue a delivery for this change (from the
-    cached wanted events: no query while the cache is fresh)."""
+    """Whether ``on_transition`` may queue a delivery for this change, from the
+    cached wanted events; when the cache is stale the answer is yes (the change
+    then keeps its transaction, in which ``on_transition`` refreshes the cache)."""
     event = event_type(change)
-    return event is not None and event in wanted_events()
+    if event is None:
+        return False
+    wanted = cache.get()
+    return wanted is None or event in wanted
 
 
 def install() -> None:
