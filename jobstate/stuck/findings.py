@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Case, CharField, Count, DateTimeField, F, QuerySet, Value, When, Window
+from django.db.models.functions import RowNumber
 
 from jobstate import conf
 from jobstate.models import Job
@@ -77,13 +78,46 @@ def find_stuck(
     wanted = set(codes) if codes is not None else set(BY_CODE)
     limit = int(conf.get("STUCK_LIST_LIMIT")) if limit is None else limit
     base = queryset if queryset is not None else Job.objects.all()
+    held = [r for r in REASONS if r.code in wanted and r.status == Status.PROCESSING]
+    found = _find_held(held, base, ctx, limit) if len(held) > 1 else {}
     findings: list[Finding] = []
     for r in REASONS:
         if r.code not in wanted:
             continue
-        jobs = base.filter(stuck_q(r.code, ctx)).select_related("owner").order_by(*r.order_by)
-        findings.extend(_finding(job, r, ctx) for job in jobs[:limit])
+        if r.code in found:
+            jobs = found[r.code]
+        else:
+            jobs = list(
+                base.filter(stuck_q(r.code, ctx)).select_related("owner").order_by(*r.order_by)[:limit]
+            )
+        findings.extend(_finding(job, r, ctx) for job in jobs)
     return findings
+
+
+def _find_held(held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int) -> dict[str, list[Job]]:
+    """The first ``limit`` jobs of each reason of processing jobs, in one pass over
+    them (see ``_count_held``): each job under its first reason, ranked within it
+    by the reason's own order (every one of them a single time, oldest first)."""
+    reason = Case(*[When(stuck_q(r.code, ctx), then=Value(r.code)) for r in held], output_field=CharField())
+    since = Case(
+        *[When(stuck_q(r.code, ctx), then=F(r.order_by[0])) for r in held], output_field=DateTimeField()
+    )
+    ranked = (
+        base.filter(status=Status.PROCESSING)
+        .annotate(stuck_reason=reason, stuck_since=since)
+        .filter(stuck_reason__isnull=False)
+        .annotate(
+            stuck_rank=Window(
+                RowNumber(), partition_by=F("stuck_reason"), order_by=[F("stuck_since").asc(), F("pk").asc()]
+            )
+        )
+        .filter(stuck_rank__lte=limit)
+        .select_related("owner")
+    )
+    found: dict[str, list[Job]] = {r.code: [] for r in held}
+    for job in sorted(ranked, key=lambda j: j.stuck_rank):
+        found[job.stuck_reason].append(job)
+    return found
 
 
 def count_stuck(
