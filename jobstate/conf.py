@@ -1,9 +1,7 @@
 """jobstate's settings, all under one ``JOBSTATE`` dict.
 
-Merged with the defaults once and kept (every job reads a dozen of them) for as
-long as ``settings.JOBSTATE`` is the same object: ``override_settings(JOBSTATE=
-{...})`` in tests, or any new value assigned to it, is read at the next access.
-A change made inside the dict in place is not seen; assign a new dict.
+Values are read on every access, so ``override_settings(JOBSTATE={...})``
+works in tests.
 """
 
 from __future__ import annotations
@@ -125,23 +123,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-# (the JOBSTATE object they were read from, the merged values)
-_merged: tuple[Any, dict[str, Any]] = (object(), {})
-
-
 def get(name: str) -> Any:
-    user = getattr(settings, "JOBSTATE", None)
-    source, merged = _merged
-    if user is not source:
-        merged = _load(user)
-    return merged[name]
-
-
-def _load(user: Any) -> dict[str, Any]:
-    global _merged
-    merged = {**DEFAULTS, **(user if isinstance(user, dict) else {})}
-    _merged = (user, merged)
-    return merged
+    user = getattr(settings, "JOBSTATE", {}) or {}
+    if name in user:
+        return user[name]
+    return DEFAULTS[name]
 
 
 # --- validation (``manage.py check``) ----------------------------------------------
