@@ -245,14 +245,6 @@ class Job(FSMModelMixin, models.Model):
                 condition=Q(status=Status.PROCESSING, cancel_requested_at__isnull=False),
                 name="jobstate_job_cancel_idx",
             ),
-            # The admin's "stuck" filter, newest first: every stuck reason but one is a
-            # processing job, the last a failed one, so the list's first page is an
-            # ordered scan of this small set instead of a sort of every stuck row.
-            models.Index(
-                fields=["-created_at", "-id"],
-                condition=Q(status__in=[Status.PROCESSING, Status.FAILED]),
-                name="jobstate_job_attention_idx",
-            ),
         ]
 
     def __str__(self) -> str:

@@ -24,10 +24,6 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-# The attribute of Django's connection wrapper (one per thread) that keeps the
-# raw connection the cached cursor belongs to, and the cursor.
-_CURSOR = "_jobstate_cursor"
-
 
 def current() -> Any:
     """This thread's Django connection (the wrapper itself: ``django.db.connection``
@@ -36,23 +32,16 @@ def current() -> Any:
 
 
 def _direct(conn: Any) -> Any | None:
-    """The server-binding cursor whose statements are prepared, or None to use Django's cursor."""
+    """The raw psycopg 3 connection whose statements are prepared, or None to use
+    Django's cursor."""
     if conn.vendor != "postgresql" or conn.queries_logged or conn.execute_wrappers:
         return None
     conn.close_if_health_check_failed()
     conn.ensure_connection()
     raw = conn.connection
-    cached = getattr(conn, _CURSOR, None)
-    if cached is None or cached[0] is not raw:
-        if not hasattr(raw, "prepare_threshold"):
-            return None  # psycopg 2
-        import psycopg
-
-        cached = (raw, psycopg.Cursor(raw))
-        setattr(conn, _CURSOR, cached)
-    if raw.prepare_threshold is None:
-        return None  # unprepared, a server-side binding gains nothing: Django's cursor
-    return cached[1]
+    if getattr(raw, "prepare_threshold", None) is None:
+        return None  # psycopg 2, or prepared statements off: Django's cursor
+    return raw
 
 
 def prepared() -> bool:
@@ -63,27 +52,37 @@ def prepared() -> bool:
 def execute(sql: str, params: Sequence[Any], conn: Any = None) -> int:
     """Run one statement; return the number of rows it changed."""
     conn = conn or current()
-    direct = _direct(conn)
-    if direct is None:
+    raw = _direct(conn)
+    if raw is None:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return int(cursor.rowcount)
     conn.validate_no_broken_transaction()
-    with conn.wrap_database_errors:
-        direct.execute(sql, params, prepare=True)
-        return int(direct.rowcount)
+    # A cursor per statement, closed at once (the prepared statement belongs to the
+    # connection, not to the cursor): none is left for the garbage collector.
+    with conn.wrap_database_errors, _cursor(raw) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return int(cursor.rowcount)
 
 
 def fetch(sql: str, params: Sequence[Any], conn: Any = None) -> list[tuple[Any, ...]]:
     """Run one statement that returns rows; return them."""
     conn = conn or current()
-    direct = _direct(conn)
-    if direct is None:
+    raw = _direct(conn)
+    if raw is None:
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return [tuple(row) for row in cursor.fetchall()]
     conn.validate_no_broken_transaction()
-    with conn.wrap_database_errors:
-        direct.execute(sql, params, prepare=True)
-        rows: list[tuple[Any, ...]] = direct.fetchall()
+    with conn.wrap_database_errors, _cursor(raw) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
         return rows
+
+
+def _cursor(raw: Any) -> Any:
+    """A server-side-binding cursor on ``raw`` (Django's connections make
+    client-side-binding ones, which cannot be prepared)."""
+    import psycopg
+
+    return psycopg.Cursor(raw)
