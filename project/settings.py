@@ -82,9 +82,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {
         "NAME": str(VAR_DIR / f"test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.sqlite3")
     }
-elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and os.environ.get(
-    "JOBSTATE_PG_PREPARE", "1"
-) != "0":
+elif (
+    DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
+    and os.environ.get("JOBSTATE_PG_PREPARE", "1") != "0"
+):
     # Prepared statements, which Django leaves off for the sake of connection poolers:
     # jobstate then prepares the statements every job makes (docs/howto/postgresql.md).
     DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5

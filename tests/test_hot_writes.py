@@ -47,11 +47,13 @@ def _prepared_here() -> int:
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's")
-def test_hot_statements_are_prepared_when_the_connection_allows_it(running):
+def test_hot_statements_are_prepared_when_the_connection_allows_it(running, monkeypatch):
     from jobstate.services import _statements
 
     connection.ensure_connection()
-    assert connection.connection.prepare_threshold is not None  # project settings: OPTIONS
+    # As OPTIONS={"prepare_threshold": 5} sets it (the project settings do, unless
+    # JOBSTATE_PG_PREPARE=0).
+    monkeypatch.setattr(connection.connection, "prepare_threshold", 5)
     assert _statements.prepared()
     before = _prepared_here()
     services.report_progress(running.pk, running.lease_token, 10, "a")
