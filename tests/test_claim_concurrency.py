@@ -19,17 +19,20 @@ JOBS = 2000
 PROCESSES = 4
 
 CLAIMER = """
-import json, os, sys
+import json, os, sys, time
 import django
 django.setup()
 from jobstate import services
 worker = sys.argv[1]
 claimed = []
+print("ready", flush=True)
+sys.stdin.readline()  # start together: a claimer that began alone could drain the queue
 while True:
     batch = services.claim(worker, limit=int(sys.argv[2]))
     if not batch:
         break
     claimed.extend(str(job.pk) for job in batch)
+    time.sleep(0.002)  # as a worker would, running them: SQLite's lock is not fair to waiters
 print(json.dumps(claimed))
 """
 
@@ -58,12 +61,21 @@ def test_each_job_claimed_exactly_once_across_processes() -> None:
             [sys.executable, "-c", CLAIMER, f"p{n}", str(5 + n * 7)],
             cwd=ROOT,
             env=env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for n in range(PROCESSES)
     ]
+    for proc in procs:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", (
+            proc.stderr.read()[-3000:] if proc.stderr else ""
+        )
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     claimed: list[str] = []
     per_process = []
     for proc in procs:
