@@ -131,6 +131,14 @@ def test_queued_job_of_a_served_kind_is_backlog_not_stuck() -> None:
     assert reasons() == {}
 
 
+def test_queued_job_of_a_kind_that_finished_lately_is_backlog_not_stuck(temp_handler: Any) -> None:
+    temp_handler("test.orphan")
+    waiting = queued(kind="test.orphan", run_after=ago(hours=1))
+    assert reasons() == {str(waiting.pk): "queued_no_worker"}
+    completed(kind="test.orphan")  # a worker ran one a moment ago
+    assert reasons() == {}
+
+
 def test_thresholds_are_settings() -> None:
     job = processing(started=ago(minutes=3), lease_seconds=3600)
     assert reasons() == {str(job.pk): "no_heartbeat"}  # default 120 s
@@ -149,6 +157,34 @@ def test_counts_and_filters(temp_handler: Any) -> None:
     assert stuck.count_stuck(cap=0)[stuck.LEASE_EXPIRED] == 0
     finding = stuck.find_stuck(codes=[stuck.RECENTLY_FAILED])[0]
     assert finding.as_dict()["remedy"] == "retry" and "out of memory" in finding.text
+
+
+@pytest.mark.parametrize("limit", [0, 1, 5])
+@pytest.mark.parametrize("cap", [1, 100])
+def test_survey_is_find_and_count_in_one(temp_handler: Any, limit: int, cap: int) -> None:
+    scenario(temp_handler)
+    ctx = stuck.Context()
+    findings, counts = stuck.survey(limit=limit, cap=cap, ctx=ctx)
+    assert counts == stuck.count_stuck(cap=cap, ctx=stuck.Context(ctx.now))
+    expected = stuck.find_stuck(limit=limit, ctx=stuck.Context(ctx.now))
+    assert [(f.job.pk, f.reason, f.text) for f in findings] == [(f.job.pk, f.reason, f.text) for f in expected]
+    assert len(findings) == 8 if limit == 5 else len(findings) == 7 * limit  # past_timeout holds two
+
+
+def test_stuck_queries_run_without_jit() -> None:
+    from django.db import connection
+
+    def jit() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW jit")
+            return str(cursor.fetchone()[0])
+
+    if connection.vendor != "postgresql":
+        pytest.skip("JIT is PostgreSQL's")
+    before = jit()
+    with stuck.no_jit():
+        assert jit() == "off"
+    assert jit() == before
 
 
 # --- the page -----------------------------------------------------------------

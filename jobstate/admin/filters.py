@@ -100,11 +100,13 @@ class StuckFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
+        # The context the list's stuck counts already used (see JobAdmin.changelist_view).
+        ctx = getattr(request, "_jobstate_stuck_ctx", None)
         if value == "any":
-            return queryset.filter(stuck.any_stuck_q())
+            return queryset.filter(stuck.any_stuck_q(ctx))
         if value not in stuck.BY_CODE:
             raise IncorrectLookupParameters(f"Unknown stuck reason '{value}'")
-        return queryset.filter(stuck.stuck_q(value))
+        return queryset.filter(stuck.stuck_q(value, ctx))
 
 
 class JobIdFilter(admin.SimpleListFilter):

@@ -121,9 +121,8 @@ def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     now = timezone.now()
     ctx = stuck.Context(now)
-    findings = stuck.find_stuck(ctx=ctx)
     cap = min(PAGE_COUNT_CAP, model_admin.count_cap())
-    counts = stuck.count_stuck(ctx=ctx, cap=cap)
+    findings, counts = stuck.survey(ctx=ctx, cap=cap)
     groups = []
     changelist = reverse("admin:jobstate_job_changelist")
     for r in stuck.REASONS:

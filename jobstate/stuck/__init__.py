@@ -26,8 +26,8 @@ from jobstate.stuck.codes import (
     START_WORKER,
     WAITING_NO_CHILDREN,
 )
-from jobstate.stuck.context import Context, distinct_values, served_kinds, timeout_for, timeouts
-from jobstate.stuck.findings import ACTIVE_REASONS, Finding, check, count_stuck, find_stuck
+from jobstate.stuck.context import Context, distinct_values, no_jit, served_kinds, timeout_for, timeouts
+from jobstate.stuck.findings import ACTIVE_REASONS, Finding, check, count_stuck, find_stuck, survey
 from jobstate.stuck.reasons import BY_CODE, REASONS, Reason, any_stuck_q, reason, stuck_q
 
 __all__ = [
@@ -54,9 +54,11 @@ __all__ = [
     "count_stuck",
     "distinct_values",
     "find_stuck",
+    "no_jit",
     "reason",
     "served_kinds",
     "stuck_q",
+    "survey",
     "timeout_for",
     "timeouts",
 ]

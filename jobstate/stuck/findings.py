@@ -14,7 +14,7 @@ from jobstate import conf
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.stuck.codes import RECENTLY_FAILED
-from jobstate.stuck.context import Context, fresh_heartbeat_q
+from jobstate.stuck.context import Context, fresh_heartbeat_q, no_jit
 from jobstate.stuck.reasons import BY_CODE, REASONS, Reason, stuck_q
 
 
@@ -74,30 +74,62 @@ def find_stuck(
     ctx: Context | None = None,
 ) -> list[Finding]:
     """Findings grouped by reason (in ``REASONS`` order), at most ``limit`` per reason."""
-    ctx = ctx or Context(now)
+    return _survey(ctx or Context(now), codes, limit, queryset, cap=None)[0]
+
+
+def survey(
+    now: datetime | None = None,
+    *,
+    codes: Iterable[str] | None = None,
+    limit: int | None = None,
+    cap: int | None = None,
+    ctx: Context | None = None,
+) -> tuple[list[Finding], dict[str, int]]:
+    """``find_stuck`` and ``count_stuck`` together, for a page that shows both: the
+    processing jobs are read once for the two."""
+    cap = int(conf.get("ADMIN_COUNT_CAP")) if cap is None else cap
+    findings, counts = _survey(ctx or Context(now), codes, limit, None, cap)
+    assert counts is not None
+    return findings, counts
+
+
+def _survey(
+    ctx: Context,
+    codes: Iterable[str] | None,
+    limit: int | None,
+    queryset: QuerySet[Job] | None,
+    cap: int | None,
+) -> tuple[list[Finding], dict[str, int] | None]:
+    """Findings, and with a ``cap`` the count of each reason up to it."""
     wanted = set(codes) if codes is not None else set(BY_CODE)
     limit = int(conf.get("STUCK_LIST_LIMIT")) if limit is None else limit
     base = queryset if queryset is not None else Job.objects.all()
     held = [r for r in REASONS if r.code in wanted and r.status == Status.PROCESSING]
-    found = _find_held(held, base, ctx, limit) if len(held) > 1 else {}
     findings: list[Finding] = []
-    for r in REASONS:
-        if r.code not in wanted:
-            continue
-        if r.code in found:
-            jobs = found[r.code]
-        else:
-            jobs = list(
-                base.filter(stuck_q(r.code, ctx)).select_related("owner").order_by(*r.order_by)[:limit]
-            )
-        findings.extend(_finding(job, r, ctx) for job in jobs)
-    return findings
+    counts: dict[str, int] = {}
+    with no_jit(base.db):
+        found, totals = _find_held(held, base, ctx, limit) if held else ({}, {})
+        for r in REASONS:
+            if r.code not in wanted:
+                continue
+            if r.code in found:
+                jobs = found[r.code]
+                counts[r.code] = totals[r.code]
+            else:
+                matching = base.filter(stuck_q(r.code, ctx))
+                jobs = list(matching.select_related("owner").order_by(*r.order_by)[:limit])
+                if cap is not None:
+                    counts[r.code] = len(jobs) if len(jobs) < limit else matching.order_by()[:cap].count()
+            findings.extend(_finding(job, r, ctx) for job in jobs)
+    return findings, (None if cap is None else {code: min(cap, n) for code, n in counts.items()})
 
 
-def _find_held(held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int) -> dict[str, list[Job]]:
-    """The first ``limit`` jobs of each reason of processing jobs, in one pass over
-    them (see ``_count_held``): each job under its first reason, ranked within it
-    by the reason's own order (every one of them a single time, oldest first)."""
+def _find_held(
+    held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int
+) -> tuple[dict[str, list[Job]], dict[str, int]]:
+    """The first ``limit`` jobs of each reason of processing jobs and how many each
+    holds, in one pass over them (see ``_count_held``): each job under its first
+    reason, ranked within it by the reason's own order (oldest first)."""
     reason = Case(*[When(stuck_q(r.code, ctx), then=Value(r.code)) for r in held], output_field=CharField())
     since = Case(
         *[When(stuck_q(r.code, ctx), then=F(r.order_by[0])) for r in held], output_field=DateTimeField()
@@ -109,15 +141,25 @@ def _find_held(held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int
         .annotate(
             stuck_rank=Window(
                 RowNumber(), partition_by=F("stuck_reason"), order_by=[F("stuck_since").asc(), F("pk").asc()]
-            )
+            ),
+            stuck_total=Window(Count("pk"), partition_by=F("stuck_reason")),
         )
-        .filter(stuck_rank__lte=limit)
-        .select_related("owner")
+        .filter(stuck_rank__lte=max(limit, 1))  # one row per reason at least: its total
+        .order_by()
+        # Only these columns go through the window's sort (whole rows of every
+        # processing job spilled it to disk); the few ranked jobs are loaded after.
+        .values_list("pk", "stuck_reason", "stuck_rank", "stuck_total")
     )
+    top = sorted(ranked, key=lambda row: row[2])
+    shown = [row[0] for row in top if row[2] <= limit]
+    jobs = base.filter(pk__in=shown).select_related("owner").in_bulk() if shown else {}
     found: dict[str, list[Job]] = {r.code: [] for r in held}
-    for job in sorted(ranked, key=lambda j: j.stuck_rank):
-        found[job.stuck_reason].append(job)
-    return found
+    totals: dict[str, int] = {r.code: 0 for r in held}
+    for pk, code, rank, total in top:
+        totals[code] = total
+        if rank <= limit and pk in jobs:  # (not in jobs: deleted in between)
+            found[code].append(jobs[pk])
+    return found, totals
 
 
 def count_stuck(

@@ -46,8 +46,11 @@ class Command(BaseCommand):
             if (not options["reason"] or r.code in options["reason"]) and r.code not in options["ignore"]
         ]
         self.cap = int(conf.get("ADMIN_COUNT_CAP"))
-        counts = stuck.count_stuck(codes=codes, cap=self.cap)
-        findings = [] if options["counts"] else stuck.find_stuck(codes=codes, limit=options["limit"])
+        findings: list[stuck.Finding] = []
+        if options["counts"]:
+            counts = stuck.count_stuck(codes=codes, cap=self.cap)
+        else:
+            findings, counts = stuck.survey(codes=codes, limit=options["limit"], cap=self.cap)
         if options["json"]:
             payload = {"counts": counts, "findings": [f.as_dict() for f in findings]}
             self.stdout.write(json.dumps(payload, indent=2))
