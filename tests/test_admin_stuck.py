@@ -139,6 +139,16 @@ def test_queued_job_of_a_kind_that_finished_lately_is_backlog_not_stuck(temp_han
     assert reasons() == {}
 
 
+def test_the_filter_and_the_check_agree_within_one_context(temp_handler: Any) -> None:
+    temp_handler("test.orphan")
+    waiting = queued(kind="test.orphan", run_after=ago(hours=1))
+    ctx = stuck.Context()
+    assert list(Job.objects.filter(stuck.stuck_q(stuck.QUEUED_NO_WORKER, ctx))) == [waiting]
+    completed(kind="test.orphan")  # after the context looked: neither sees it
+    finding = stuck.check(waiting, ctx=ctx)
+    assert finding is not None and finding.reason == stuck.QUEUED_NO_WORKER
+
+
 def test_thresholds_are_settings() -> None:
     job = processing(started=ago(minutes=3), lease_seconds=3600)
     assert reasons() == {str(job.pk): "no_heartbeat"}  # default 120 s
@@ -160,31 +170,59 @@ def test_counts_and_filters(temp_handler: Any) -> None:
 
 
 @pytest.mark.parametrize("limit", [0, 1, 5])
-@pytest.mark.parametrize("cap", [1, 100])
-def test_survey_is_find_and_count_in_one(temp_handler: Any, limit: int, cap: int) -> None:
+@pytest.mark.parametrize("cap", [0, 1, 100])
+@pytest.mark.parametrize(
+    "codes", [None, ["past_timeout"], ["no_heartbeat", "past_timeout", "recently_failed"]]
+)
+def test_survey_lists_and_counts_what_each_reason_filter_finds(
+    temp_handler: Any, limit: int, cap: int, codes: list[str] | None
+) -> None:
     scenario(temp_handler)
     ctx = stuck.Context()
-    findings, counts = stuck.survey(limit=limit, cap=cap, ctx=ctx)
-    assert counts == stuck.count_stuck(cap=cap, ctx=stuck.Context(ctx.now))
-    expected = stuck.find_stuck(limit=limit, ctx=stuck.Context(ctx.now))
-    assert [(f.job.pk, f.reason, f.text) for f in findings] == [(f.job.pk, f.reason, f.text) for f in expected]
-    assert len(findings) == 8 if limit == 5 else len(findings) == 7 * limit  # past_timeout holds two
+    findings, counts = stuck.survey(limit=limit, cap=cap, codes=codes, ctx=ctx)
+    wanted = [r for r in stuck.REASONS if codes is None or r.code in codes]
+    expected = [
+        (job.pk, r.code)
+        for r in wanted
+        for job in Job.objects.filter(stuck.stuck_q(r.code, ctx)).order_by(*r.order_by, "pk")[:limit]
+    ]
+    assert [(f.job.pk, f.reason) for f in findings] == expected
+    assert counts == {
+        r.code: min(cap, Job.objects.filter(stuck.stuck_q(r.code, ctx)).count()) for r in wanted
+    }
+    assert [(f.job.pk, f.reason) for f in stuck.find_stuck(limit=limit, codes=codes, ctx=ctx)] == expected
+    if codes is None:
+        assert len(findings) == (8 if limit == 5 else 7 * limit)  # past_timeout holds two
 
 
-def test_stuck_queries_run_without_jit() -> None:
+def jit() -> str:
     from django.db import connection
 
-    def jit() -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW jit")
-            return str(cursor.fetchone()[0])
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        row = cursor.fetchone()
+    return str(row[0] if row else None)
+
+
+def check_no_jit() -> None:
+    from django.db import connection
 
     if connection.vendor != "postgresql":
         pytest.skip("JIT is PostgreSQL's")
     before = jit()
+    assert before != "off"
     with stuck.no_jit():
         assert jit() == "off"
     assert jit() == before
+
+
+def test_stuck_queries_run_without_jit_inside_a_transaction() -> None:
+    check_no_jit()  # (each test runs in a transaction)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stuck_queries_run_without_jit_in_autocommit() -> None:
+    check_no_jit()
 
 
 # --- the page -----------------------------------------------------------------

@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import path
 
 from jobstate import conf, stuck
@@ -161,7 +162,10 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         # The capped count of a stuck filter is planned as costly (its reasons are
         # OR-ed) but runs in milliseconds; the JIT compiler would take longer.
         with stuck.no_jit(self.get_queryset(request).db):
-            return super().changelist_view(request, extra)
+            response = super().changelist_view(request, extra)
+            if isinstance(response, TemplateResponse):
+                response.render()  # its queries (e.g. the date hierarchy's) inside too
+            return response
 
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         if obj is None:

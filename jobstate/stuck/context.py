@@ -34,6 +34,8 @@ class Context:
 
     def __init__(self, now: datetime | None = None) -> None:
         self.now = now or timezone.now()
+        self._finished: frozenset[str] | None = None
+        self._idle: frozenset[str] | None = None
         self._served: frozenset[str] | None = None
         self._unserved: list[str] | None = None
         # Kinds running with a fresh heartbeat, when a pass over the processing
@@ -41,26 +43,40 @@ class Context:
         self.running: frozenset[str] | None = None
 
     @property
+    def finished_kinds(self) -> frozenset[str]:
+        if self._finished is None:
+            self._finished = finished_kinds(self.now)
+        return self._finished
+
+    @property
     def served_kinds(self) -> frozenset[str]:
+        """Every kind a worker is visibly serving."""
         if self._served is None:
-            self._served = served_kinds(self.now, running=self.running)
+            running = self.running if self.running is not None else running_kinds(self.now)
+            self._served = self.finished_kinds | running
         return self._served
 
     @property
+    def idle_kinds(self) -> frozenset[str]:
+        """Stored kinds that finished no job lately: a worker serves them only if one
+        of their jobs is running (usually there is none)."""
+        if self._idle is None:
+            self._idle = frozenset(distinct_values(Job, "kind")) - self.finished_kinds
+        return self._idle
+
+    @property
     def unserved_kinds(self) -> list[str]:
-        """Stored kinds that no worker is visibly serving (usually none)."""
+        """Stored kinds that no worker is visibly serving (usually none): what both the
+        filter and the check of ``queued_no_worker`` go by."""
         if self._unserved is None:
-            stored = set(distinct_values(Job, "kind"))
-            if self._served is not None:
-                served = self._served
-            else:
-                # Kinds that finished a job lately come from an index; the running
-                # ones are looked for among the rest only (usually there is none).
-                served = finished_kinds(self.now)
-                rest = stored - served
-                if rest:
-                    served |= self.running if self.running is not None else running_kinds(self.now, rest)
-            self._unserved = sorted(stored - served)
+            # Kinds that finished a job lately come from an index; the running ones
+            # are looked for among the rest only.
+            rest = self.idle_kinds
+            if rest and self._served is not None:
+                rest -= self._served
+            elif rest:
+                rest -= self.running if self.running is not None else running_kinds(self.now, rest)
+            self._unserved = sorted(rest)
         return self._unserved
 
 
@@ -92,13 +108,14 @@ def no_jit(using: str = "default") -> Iterator[None]:
     if connection.vendor != "postgresql":
         yield
         return
-    outer = connection.in_atomic_block
+    outer = not connection.get_autocommit()  # an atomic block or a manual transaction
     with transaction.atomic(using=using):
         with connection.cursor() as cursor:
             cursor.execute("SELECT current_setting('jit'), set_config('jit', 'off', true)")
             row = cursor.fetchone()
         yield
-        if outer and row is not None:  # (an error rolls the savepoint and the setting back)
+        # (After an error the savepoint's rollback restores the setting.)
+        if outer and row is not None and not connection.needs_rollback:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT set_config('jit', %s, true)", [row[0]])
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Case, CharField, Count, DateTimeField, F, QuerySet, Value, When, Window
-from django.db.models.functions import RowNumber
+from django.db import connections
+from django.db.models import Case, CharField, Count, DateTimeField, F, QuerySet, Value, When
 
 from jobstate import conf
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.stuck.codes import RECENTLY_FAILED
+from jobstate.stuck.codes import QUEUED_NO_WORKER, RECENTLY_FAILED
 from jobstate.stuck.context import Context, fresh_heartbeat_q, no_jit
 from jobstate.stuck.reasons import BY_CODE, REASONS, Reason, stuck_q
 
@@ -107,58 +107,79 @@ def _survey(
     held = [r for r in REASONS if r.code in wanted and r.status == Status.PROCESSING]
     findings: list[Finding] = []
     counts: dict[str, int] = {}
-    with no_jit(base.db):
-        found, totals = _find_held(held, base, ctx, limit) if held else ({}, {})
-        for r in REASONS:
-            if r.code not in wanted:
-                continue
-            if r.code in found:
-                jobs = found[r.code]
-                counts[r.code] = totals[r.code]
-            else:
-                matching = base.filter(stuck_q(r.code, ctx))
-                jobs = list(matching.select_related("owner").order_by(*r.order_by)[:limit])
-                if cap is not None:
-                    counts[r.code] = len(jobs) if len(jobs) < limit else matching.order_by()[:cap].count()
-            findings.extend(_finding(job, r, ctx) for job in jobs)
+    found: dict[str, list[Job]] = {}
+    totals: dict[str, int] = {}
+    # One reason alone, only listed, is a plain query (an index may serve it).
+    if len(held) > 1 or (held and cap is not None):
+        found, totals = _find_held(held, base, ctx, limit, learn_running=QUEUED_NO_WORKER in wanted)
+    for r in REASONS:
+        if r.code not in wanted:
+            continue
+        if r.code in found:
+            jobs = found[r.code]
+            counts[r.code] = totals[r.code]
+        else:
+            matching = base.filter(stuck_q(r.code, ctx))
+            jobs = list(matching.select_related("owner").order_by(*r.order_by)[:limit])
+            if cap is not None:
+                counts[r.code] = len(jobs) if len(jobs) < limit else matching.order_by()[:cap].count()
+        findings.extend(_finding(job, r, ctx) for job in jobs)
     return findings, (None if cap is None else {code: min(cap, n) for code, n in counts.items()})
 
 
 def _find_held(
-    held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int
+    held: list[Reason], base: QuerySet[Job], ctx: Context, limit: int, learn_running: bool
 ) -> tuple[dict[str, list[Job]], dict[str, int]]:
     """The first ``limit`` jobs of each reason of processing jobs and how many each
     holds, in one pass over them (see ``_count_held``): each job under its first
-    reason, ranked within it by the reason's own order (oldest first)."""
+    reason, ranked within it by the reason's own order (oldest first). The same
+    pass tells ``ctx`` the kinds running with a fresh heartbeat (not from a
+    queryset scoped to an owner: a worker serves everyone's)."""
+    # (Only when asked for the queued jobs no worker serves, and a kind's service is in doubt.)
+    learn_running = learn_running and ctx.running is None and not base.query.where and bool(ctx.idle_kinds)
     reason = Case(*[When(stuck_q(r.code, ctx), then=Value(r.code)) for r in held], output_field=CharField())
     since = Case(
         *[When(stuck_q(r.code, ctx), then=F(r.order_by[0])) for r in held], output_field=DateTimeField()
     )
-    ranked = (
+    fresh = Case(When(fresh_heartbeat_q(ctx.now), then=Value(1)), default=Value(0))
+    processing = (
         base.filter(status=Status.PROCESSING)
-        .annotate(stuck_reason=reason, stuck_since=since)
-        .filter(stuck_reason__isnull=False)
-        .annotate(
-            stuck_rank=Window(
-                RowNumber(), partition_by=F("stuck_reason"), order_by=[F("stuck_since").asc(), F("pk").asc()]
-            ),
-            stuck_total=Window(Count("pk"), partition_by=F("stuck_reason")),
-        )
-        .filter(stuck_rank__lte=max(limit, 1))  # one row per reason at least: its total
+        .annotate(stuck_reason=reason, stuck_since=since, stuck_fresh=fresh)
         .order_by()
-        # Only these columns go through the window's sort (whole rows of every
-        # processing job spilled it to disk); the few ranked jobs are loaded after.
-        .values_list("pk", "stuck_reason", "stuck_rank", "stuck_total")
+        .values_list("pk", "kind", "stuck_reason", "stuck_since", "stuck_fresh")
     )
-    top = sorted(ranked, key=lambda row: row[2])
-    shown = [row[0] for row in top if row[2] <= limit]
-    jobs = base.filter(pk__in=shown).select_related("owner").in_bulk() if shown else {}
+    inner, params = processing.query.sql_with_params()
+    pk = base.model._meta.pk
+    assert pk is not None
+    # Only these narrow columns go through the window's sort (whole rows of every
+    # processing job spilled it to disk); the few ranked jobs are loaded after.
+    sql = (
+        f"WITH p (id, kind, reason, since, fresh) AS ({inner})"
+        " SELECT id, reason, n, total FROM ("
+        "  SELECT id, reason, ROW_NUMBER() OVER (PARTITION BY reason ORDER BY since, id) AS n,"
+        "   COUNT(*) OVER (PARTITION BY reason) AS total FROM p WHERE reason IS NOT NULL"
+        " ) ranked WHERE n <= %s"
+    )
+    if learn_running:
+        sql += " UNION ALL SELECT NULL, kind, NULL, NULL FROM p WHERE fresh = 1 GROUP BY kind"
+    connection = connections[base.db]
+    # The planner overestimates the OR-ed reasons; JIT-compiling took longer than the query.
+    with no_jit(base.db), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, max(limit, 1)])  # one row per reason at least: its total
+        rows = cursor.fetchall()
+    top = sorted((r for r in rows if r[2] is not None), key=lambda row: row[2])
+    if learn_running:
+        ctx.running = frozenset(row[1] for row in rows if row[2] is None)
+    shown = [pk.to_python(row[0]) for row in top if row[2] <= limit]
+    jobs = base.select_related("owner").order_by().in_bulk(shown) if shown else {}
     found: dict[str, list[Job]] = {r.code: [] for r in held}
     totals: dict[str, int] = {r.code: 0 for r in held}
-    for pk, code, rank, total in top:
+    for job_id, code, rank, total in top:
         totals[code] = total
-        if rank <= limit and pk in jobs:  # (not in jobs: deleted in between)
-            found[code].append(jobs[pk])
+        job = jobs.get(pk.to_python(job_id)) if rank <= limit else None
+        # Loaded a moment after they were ranked: one that ended (or was deleted) meanwhile is left out.
+        if job is not None and BY_CODE[code].check(job, ctx):
+            found[code].append(job)
     return found, totals
 
 

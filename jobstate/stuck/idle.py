@@ -21,7 +21,7 @@ def _q_queued_no_worker(ctx: Context) -> Q:
 
 def _is_queued_no_worker(job: Job, ctx: Context) -> bool:
     due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
-    return job.status == Status.QUEUED and job.run_after < due and job.kind not in ctx.served_kinds
+    return job.status == Status.QUEUED and job.run_after < due and job.kind in ctx.unserved_kinds
 
 
 def _q_waiting_no_children(ctx: Context) -> Q:
