@@ -5,6 +5,21 @@ from django.conf import settings
 from django.db import migrations, models
 
 
+def _drop_fk_index(model_name, name, field, table, column, index):
+    """The foreign key's own index gives way (a partial index or a composite one
+    serves its lookups): dropped by name, so that the constraint itself stays (an
+    AlterField would drop and re-add it, locking and re-checking the table)."""
+    return migrations.SeparateDatabaseAndState(
+        state_operations=[migrations.AlterField(model_name=model_name, name=name, field=field)],
+        database_operations=[
+            migrations.RunSQL(
+                f'DROP INDEX IF EXISTS "{index}"',
+                reverse_sql=f'CREATE INDEX "{index}" ON "{table}" ("{column}")',
+            ),
+        ],
+    )
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -53,83 +68,15 @@ class Migration(migrations.Migration):
             name='max_attempts',
             field=models.IntegerField(default=3),
         ),
-        # The foreign key's own index gives way (a partial index or a composite one
-        # serves its lookups): dropped by name, so that the constraint itself stays
-        # (an AlterField would drop and re-add it, locking and re-checking the table).
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name='job',
-                    name='parent',
-                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='jobstate.job'),
-                ),
-            ],
-            database_operations=[
-                migrations.RunSQL(
-                    'DROP INDEX IF EXISTS "jobstate_job_parent_id_43d8d5f7"',
-                    reverse_sql='CREATE INDEX "jobstate_job_parent_id_43d8d5f7" ON "jobstate_job" ("parent_id")',
-                ),
-            ],
-        ),
+        _drop_fk_index('job', 'parent', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='children', to='jobstate.job'), 'jobstate_job', 'parent_id', 'jobstate_job_parent_id_43d8d5f7'),
         migrations.AlterField(
             model_name='job',
             name='progress',
             field=models.SmallIntegerField(default=0),
         ),
-        # The foreign key's own index gives way (a partial index or a composite one
-        # serves its lookups): dropped by name, so that the constraint itself stays
-        # (an AlterField would drop and re-add it, locking and re-checking the table).
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name='job',
-                    name='retry_of',
-                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='jobstate.job'),
-                ),
-            ],
-            database_operations=[
-                migrations.RunSQL(
-                    'DROP INDEX IF EXISTS "jobstate_job_retry_of_id_80079c4e"',
-                    reverse_sql='CREATE INDEX "jobstate_job_retry_of_id_80079c4e" ON "jobstate_job" ("retry_of_id")',
-                ),
-            ],
-        ),
-        # The foreign key's own index gives way (a partial index or a composite one
-        # serves its lookups): dropped by name, so that the constraint itself stays
-        # (an AlterField would drop and re-add it, locking and re-checking the table).
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name='jobevent',
-                    name='actor',
-                    field=models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
-                ),
-            ],
-            database_operations=[
-                migrations.RunSQL(
-                    'DROP INDEX IF EXISTS "jobstate_jobevent_actor_id_ceac7fe1"',
-                    reverse_sql='CREATE INDEX "jobstate_jobevent_actor_id_ceac7fe1" ON "jobstate_jobevent" ("actor_id")',
-                ),
-            ],
-        ),
-        # The foreign key's own index gives way (a partial index or a composite one
-        # serves its lookups): dropped by name, so that the constraint itself stays
-        # (an AlterField would drop and re-add it, locking and re-checking the table).
-        migrations.SeparateDatabaseAndState(
-            state_operations=[
-                migrations.AlterField(
-                    model_name='jobevent',
-                    name='job',
-                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobstate.job'),
-                ),
-            ],
-            database_operations=[
-                migrations.RunSQL(
-                    'DROP INDEX IF EXISTS "jobstate_jobevent_job_id_3cb47d2f"',
-                    reverse_sql='CREATE INDEX "jobstate_jobevent_job_id_3cb47d2f" ON "jobstate_jobevent" ("job_id")',
-                ),
-            ],
-        ),
+        _drop_fk_index('job', 'retry_of', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='jobstate.job'), 'jobstate_job', 'retry_of_id', 'jobstate_job_retry_of_id_80079c4e'),
+        _drop_fk_index('jobevent', 'actor', models.ForeignKey(blank=True, db_index=False, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL), 'jobstate_jobevent', 'actor_id', 'jobstate_jobevent_actor_id_ceac7fe1'),
+        _drop_fk_index('jobevent', 'job', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobstate.job'), 'jobstate_jobevent', 'job_id', 'jobstate_jobevent_job_id_3cb47d2f'),
         migrations.AddIndex(
             model_name='job',
             index=models.Index(condition=models.Q(('owner__isnull', False)), fields=['owner', 'status', '-created_at'], name='jobstate_job_owner_idx'),
