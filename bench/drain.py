@@ -36,7 +36,9 @@ the bare-SQL loop also keep a lease and history rows. Per system and round:
 - drain: jobs/s from the enqueue commit to the last job's end; commits per job
   (``pg_stat_database.xact_commit``, read after the workers stopped, minus this
   script's own statements); WAL bytes per job (``pg_current_wal_lsn()`` delta,
-  server-wide: run on a quiet server, see ``--own-server``); worker CPU ms per
+  server-wide: run on a quiet server, see ``--own-server``; with
+  ``BENCH_WAL_RANGE=1`` each drain prints its LSN range for ``pg_waldump``,
+  e.g. ``--stats=record``, to see which records make it); worker CPU ms per
   job (user + system time of every process the system started, pusher,
   sentinel and monitor included, the database server excluded).
 
@@ -681,6 +683,9 @@ def run(system: System) -> dict[str, Any]:
         rss_after = rss_mb(system.procs.sessions())
         _, last_end = system.timings()
         wal_after = METER.wal() if POSTGRES else 0
+        if os.environ.get("BENCH_WAL_RANGE") and POSTGRES:
+            start, end = METER.one("SELECT pg_lsn '0/0' + %s, pg_lsn '0/0' + %s", [wal_before, wal_after])
+            print(f"  WAL of the drain: pg_waldump --stats=record -s {start} -e {end}", flush=True)
         errors_before_stop = system.procs.errors()
     finally:
         system.procs.stop()

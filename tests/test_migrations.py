@@ -42,3 +42,62 @@ def test_jobs_waiting_behind_a_far_future_date_become_waiting_with_a_history_row
     (event,) = JobEvent.objects.filter(job_id=waiting.pk)
     assert (event.from_status, event.to_status, event.transition) == ("queued", "waiting", "suspend")
     assert not JobEvent.objects.filter(job_id__in=[queued.pk, done.pk]).exists()
+
+
+BEFORE_HOT_LAST = [("jobstate", "0014_cheaper_job_writes")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_hot_columns_move_to_the_end_of_the_row_with_their_values_and_checks():
+    from django.db import IntegrityError, transaction
+
+    from jobstate.models.job import HOT_COLUMNS
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    old = migrate(BEFORE_HOT_LAST)
+    try:
+        Job = old.get_model("jobstate", "Job")
+        at = dt.datetime(2026, 5, 1, 12, 0, tzinfo=dt.UTC)
+        running = Job.objects.create(
+            kind="mig.hot",
+            status="processing",
+            progress=42,
+            progress_message="half way",
+            current_step="load",
+            worker_id="w-1",
+            attempts=2,
+            started_at=at,
+            lease_token="0c7d4a52-8a1e-4b43-9f0b-6b1f4a2e9d11",
+            lease_expires_at=at + dt.timedelta(minutes=5),
+            heartbeat_at=at,
+        )
+        stamped = Job.objects.filter(pk=running.pk).values_list("updated_at", flat=True).get()
+    finally:
+        new = migrate(latest)
+    Job = new.get_model("jobstate", "Job")
+    row = Job.objects.values(*HOT_COLUMNS).get(pk=running.pk)
+    assert row == {
+        "progress": 42,
+        "progress_message": "half way",
+        "current_step": "load",
+        "heartbeat_at": at,
+        "lease_expires_at": at + dt.timedelta(minutes=5),
+        "updated_at": stamped,
+        "started_at": at,
+        "attempts": 2,
+        "worker_id": "w-1",
+    }
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'jobstate_job' ORDER BY ordinal_position"
+            )
+            order = [name for (name,) in cursor.fetchall()]
+        assert set(order[-len(HOT_COLUMNS) :]) == set(HOT_COLUMNS)
+        assert order[-3:] == ["progress", "progress_message", "current_step"]
+    # The checks that named a moved column hold again.
+    for bad in ({"progress": 101}, {"attempts": 9}, {"lease_expires_at": None}):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            Job.objects.filter(pk=running.pk).update(**bad)
