@@ -138,7 +138,8 @@ elif [ "$pg_ok" = 1 ]; then
     # The django.tasks conformance suite on Django 6.x and PostgreSQL too (the table above
     # runs Django 6.x in-process on SQLite only).
     part "PostgreSQL ($DJ6), django.tasks conformance" "${PG6[@]}" "$BIN6/pytest" \
-      tests/test_tasks_backend.py tests/test_tasks_switch.py tests/test_tasks_backend_checks.py
+      tests/test_tasks_backend.py tests/test_tasks_running.py tests/test_tasks_switch.py \
+      tests/test_tasks_backend_checks.py
   fi
 else
   part "SQLite ($DJ5), in-process tests" "${SQLITE5[@]}" "$BIN/pytest" -n "$JOBS" "${IN_PROCESS[@]}"

@@ -2,7 +2,7 @@
 ``:`` of a job kind), the ``jobstate.E901`` system check, and the times a
 ``TaskResult`` reports (``started_at``, ``last_attempted_at``) as
 docs/howto/django-tasks.md states them. The rest of the conformance suite is
-tests/test_tasks_backend.py."""
+tests/test_tasks_backend.py and tests/test_tasks_running.py."""
 
 from __future__ import annotations
 

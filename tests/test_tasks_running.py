@@ -1,0 +1,456 @@
+"""Conformance suite for ``jobstate.tasks.JobstateBackend``: running tasks.
+
+Results, errors and statuses, priorities and defer, queues and backends,
+the task context, jobstate's state changes seen through ``get_result``
+(history, retries, cancel, rescue) and transactions. The worker is
+``jobstate.worker.runner.drain`` (the code qcluster workers run, inline);
+``tests/e2e/test_e2e_tasks.py`` runs the same tasks under a real qcluster.
+The backend itself and validation: test_tasks_backend.py.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from jobstate import registry, services
+from jobstate.exceptions import CancelRequested, NonRetryable, Partial
+from jobstate.models import Asset, Job, JobEvent
+from jobstate.tasks import JobstateBackend, current, enqueue_on_commit
+from jobstate.tasks.compat import (
+    InvalidTask,
+    TaskResultStatus,
+    task_backends,
+)
+from jobstate.tasks.exceptions import OperatorFailed, OperatorRequeued, TaskTimeout, WorkerLost
+from jobstate.tasks.results import exception_path, status_of
+from jobstate.worker.runner import run_job
+from tests.tasks_app import jobstate_tasks as jt
+from tests.tasks_app import tasks as t
+from tests.tasks_support import run_all, worker_signals_fixture  # noqa: F401 (fixtures)
+
+try:
+    from django.tasks import default_task_backend
+except ImportError:
+    from django_tasks import default_task_backend  # type: ignore[no-redef]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# -- running: results, errors, statuses --------------------------------------------
+
+
+def test_run_sync_and_async_tasks():
+    results = [
+        t.echo.enqueue(1, "two", three=[3]),
+        t.async_echo.enqueue(1, "two", three=[3]),
+        t.noop_task_async.enqueue(),
+    ]
+    assert run_all() == 3
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert results[0].return_value == {"args": [1, "two"], "kwargs": {"three": [3]}}
+    assert results[1].return_value == results[0].return_value
+    assert results[2].return_value is None
+
+
+def test_failing_task_without_retries():
+    result = t.failing_task_value_error.using(backend="single").enqueue()
+    assert result.backend == "single"
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+    assert result.started_at >= result.enqueued_at and result.finished_at >= result.started_at
+    assert len(result.errors) == 1
+    assert result.errors[0].exception_class_path == "builtins.ValueError"
+    assert result.errors[0].exception_class is ValueError
+    assert result.errors[0].traceback.endswith("ValueError: This task failed due to ValueError\n")
+    assert Job.objects.get(pk=result.id).max_attempts == 1
+
+
+def test_failing_task_retries_then_fails_with_one_error_per_attempt():
+    result = jt.always_fails.enqueue()
+    assert run_all() == 3
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 3 and result.worker_ids == ["inline"] * 3
+    assert [e.exception_class for e in result.errors] == [KeyError] * 3
+    assert all(e.traceback.endswith("KeyError: 'missing'\n") for e in result.errors)
+    assert result.last_attempted_at > result.started_at
+
+
+def test_a_retry_is_ready_with_the_first_error():
+    result = jt.flaky.enqueue("m")
+    with transaction.atomic():  # one attempt only: the retry is due at once, so claim it by hand
+        services.claim("w1", limit=1)
+    job = Job.objects.get(pk=result.id)
+    run_job(job, "w1")
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert result.attempts == 1 and result.worker_ids == ["w1"]
+    assert result.errors[0].exception_class is RuntimeError
+    assert "first attempt of m fails" in result.errors[0].traceback
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "tests.tasks_app.jobstate_tasks.flaky"
+    assert result.worker_ids == ["w1", "inline"]
+    assert len(result.errors) == 1  # earlier attempts' errors stay on a successful result
+
+
+def test_custom_and_complex_exceptions():
+    custom = t.failing_task_custom_error.using(backend="single").enqueue()
+    complex_ = t.complex_exception.using(backend="single").enqueue()
+    run_all()
+    custom.refresh()
+    complex_.refresh()
+    assert custom.errors[0].exception_class_path == "tests.tasks_app.tasks.CustomError"
+    assert custom.errors[0].exception_class is t.CustomError
+    assert complex_.errors[0].exception_class is ValueError
+    assert 'ValueError(ValueError("This task failed"))' in complex_.errors[0].traceback
+
+
+def test_complex_return_value_fails_the_task():
+    result = t.complex_return_value.using(backend="single").enqueue()
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result._return_value is None
+    assert result.errors[0].exception_class is TypeError
+
+
+def test_non_retryable_and_partial():
+    failed = jt.non_retryable.enqueue()
+    partial = jt.partial_result.enqueue()
+    run_all()
+    failed.refresh()
+    partial.refresh()
+    assert failed.status == TaskResultStatus.FAILED and failed.attempts == 1
+    assert failed.errors[0].exception_class is NonRetryable
+    assert partial.status == TaskResultStatus.SUCCESSFUL
+    assert partial.return_value == {"rows": 2}
+    assert partial.errors[-1].exception_class is Partial
+    assert "2 of 3 rows" in partial.errors[-1].traceback
+    assert Job.objects.get(pk=partial.id).status == "partial"
+
+
+@pytest.mark.parametrize(
+    ("job_status", "expected"),
+    [
+        ("queued", "READY"),
+        ("processing", "RUNNING"),
+        ("waiting", "RUNNING"),
+        ("completed", "SUCCESSFUL"),
+        ("partial", "SUCCESSFUL"),
+        ("failed", "FAILED"),
+        ("cancelled", "FAILED"),
+    ],
+)
+def test_status_mapping(job_status, expected):
+    assert status_of(job_status) == TaskResultStatus[expected]
+
+
+def test_exception_paths():
+    tb = "Traceback (most recent call last):\n  File 'x'\n    raise E\nmy.app.errors.Declined: no\n"
+    assert exception_path("Declined", tb) == "my.app.errors.Declined"
+    assert exception_path("ValueError", "Traceback\nValueError: x\n") == "builtins.ValueError"
+    assert exception_path("Timeout", "") == "jobstate.tasks.exceptions.TaskTimeout"
+    assert exception_path("WorkerLost") == "jobstate.tasks.exceptions.WorkerLost"
+    assert exception_path("Inner", "a.b.Outer.Inner: m") == "a.b.Outer.Inner"
+
+
+# -- priorities and defer ------------------------------------------------------------
+
+
+def test_priority_order_is_preserved():
+    now = timezone.now()
+    old = t.noop_task.using(priority=20, run_after=now - timedelta(hours=2)).enqueue()
+    very_old = t.noop_task.using(priority=20, run_after=now - timedelta(hours=10)).enqueue()
+    t.noop_task.using(run_after=now + timedelta(hours=10)).enqueue()
+    t.noop_task.using(priority=10, run_after=now + timedelta(hours=10)).enqueue()
+    high = t.noop_task.using(priority=10).enqueue()
+    low = t.noop_task.using(priority=2).enqueue()
+    lower = t.noop_task.using(priority=-2).enqueue()
+    lowest = t.noop_task.using(priority=-100).enqueue()
+    highest = t.noop_task.using(priority=100).enqueue()
+    default = t.noop_task.enqueue()
+    order = [str(job.pk) for job in services.claim("w", limit=20)]
+    assert order == [r.id for r in [highest, very_old, old, high, low, default, lower, lowest]]
+    assert Job.objects.get(pk=highest.id).priority == 100
+
+
+def test_run_after_defers():
+    result = t.noop_task.using(run_after=timezone.now() + timedelta(hours=10)).enqueue()
+    assert run_all() == 0
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert default_task_backend.get_result(result.id).task.run_after == result.task.run_after
+    Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+    assert run_all() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+# -- queues and backends -------------------------------------------------------------
+
+
+def test_queue_name_is_a_kind_prefix():
+    email = t.send_email.enqueue("a@example.com")
+    routed = t.noop_task.using(queue_name="emails").enqueue()
+    plain = t.noop_task.enqueue()
+    assert Job.objects.get(pk=email.id).kind == "emails:tests.tasks_app.tasks.send_email"
+    assert Job.objects.get(pk=routed.id).kind == "emails:tests.tasks_app.tasks.noop_task"
+    assert default_task_backend.get_result(routed.id).task.queue_name == "emails"
+    # A worker limited to the "emails" queue's kinds runs only those.
+    emails_kinds = [k for k in registry.all_handlers() if k.startswith("emails:")]
+    assert run_all(kinds=emails_kinds) == 2
+    assert Job.objects.get(pk=plain.id).status == "queued"
+    email.refresh()
+    assert email.return_value == "sent to a@example.com"
+
+
+def test_every_configured_queue_is_registered_for_workers():
+    # A worker never runs .using(queue_name=...): it knows the kinds from the decoration.
+    assert "emails:tests.tasks_app.tasks.noop_task" in registry.all_handlers()
+    assert "tests.tasks_app.tasks.send_email" in registry.all_handlers()
+    assert not any(k.startswith("unknown_queue:") for k in registry.all_handlers())
+
+
+def test_multiple_backends():
+    single = jt.single_queue.enqueue()
+    assert single.backend == "single"
+    assert single.task.queue_name == "anything"
+    assert Job.objects.get(pk=single.id).max_attempts == 1
+    assert task_backends["single"].options["MAX_ATTEMPTS"] == 1
+    # Either jobstate backend reads any task job; the result names its own backend.
+    assert default_task_backend.get_result(single.id).backend == "single"
+    dummy = t.noop_task.using(backend="dummy").enqueue()
+    assert not Job.objects.filter(pk__in=[single.id]).exclude(kind__contains="single_queue").exists()
+    assert Job.objects.count() == 1
+    assert task_backends["dummy"].get_result(dummy.id) == dummy
+    run_all()
+    single.refresh()
+    assert single.return_value == "ok"
+
+
+def test_worker_sends_started_and_finished(worker_signals):
+    started, finished = worker_signals
+    ok = t.calculate_meaning_of_life.enqueue()
+    retried = jt.always_fails.enqueue()
+    run_all()
+    assert [(sender, r.id, r.status) for sender, r in started] == [
+        (JobstateBackend, ok.id, TaskResultStatus.RUNNING),
+        *[(JobstateBackend, retried.id, TaskResultStatus.RUNNING)] * 3,
+    ]
+    assert [r.attempts for _s, r in started] == [1, 1, 2, 3]
+    # Sent once the final state is committed; not for attempts that are retried.
+    assert [(sender, r.id, r.status) for sender, r in finished] == [
+        (JobstateBackend, ok.id, TaskResultStatus.SUCCESSFUL),
+        (JobstateBackend, retried.id, TaskResultStatus.FAILED),
+    ]
+    assert finished[0][1].return_value == 42 and len(finished[1][1].errors) == 3
+    # What the worker sends is what get_result reads back.
+    assert finished[0][1] == default_task_backend.get_result(ok.id)
+    assert finished[1][1] == default_task_backend.get_result(retried.id)
+    assert started[0][1].worker_ids == ["inline"] and started[0][1].started_at is not None
+
+
+# -- context, progress, assets, keys, owner ------------------------------------------
+
+
+def test_takes_context():
+    id_result = t.get_task_id.enqueue()
+    ctx_result = t.test_context.enqueue(1)
+    async_ctx = t.async_context.enqueue()
+    run_all()
+    for r in (id_result, ctx_result, async_ctx):
+        r.refresh()
+        assert r.status == TaskResultStatus.SUCCESSFUL, r.errors
+    assert id_result.return_value == id_result.id
+    assert ctx_result.return_value == {"attempt": 1, "id": ctx_result.id}
+    assert async_ctx.return_value == 1
+
+
+def test_context_attempt_counts_retries():
+    result = jt.context_attempts.enqueue()
+    run_all()
+    result.refresh()
+    assert result.return_value == 2 and result.attempts == 2
+
+
+def test_context_reaches_jobstate_progress_and_assets(settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    result = jt.with_progress.enqueue(4)
+    job = Job.objects.get(pk=result.id)
+    assert job.kind == "reports.progress"
+    run_all()
+    job.refresh_from_db()
+    assert job.status == "completed" and job.result == 4
+    assert job.progress == 100
+    assert Asset.objects.get(job=job).name == "report.txt"
+
+
+def test_current_outside_a_task():
+    with pytest.raises(RuntimeError, match="only available while a task runs"):
+        current()
+
+
+def test_keys_make_enqueue_idempotent():
+    first = jt.sync_account.enqueue(7)
+    again = jt.sync_account.enqueue(7)
+    other = jt.sync_account.enqueue(8)
+    assert again.id == first.id and other.id != first.id
+    assert Job.objects.get(pk=first.id).key == "account-7"
+    one = jt.singleton.enqueue()
+    assert jt.singleton.enqueue().id == one.id
+    per_call = t.noop_task.using(key="call-1").enqueue()
+    assert t.noop_task.using(key="call-1").enqueue().id == per_call.id
+
+
+def test_key_callable_must_return_a_string():
+    bad = jt.sync_account.using(key=lambda account: account)
+    with pytest.raises(InvalidTask, match="returned 7"):
+        bad.enqueue(7)
+
+
+def test_owner(user):
+    result = t.noop_task.using(owner=user).enqueue()
+    job = Job.objects.get(pk=result.id)
+    assert job.owner == user
+    assert job.events.get().actor_label == "user:alice"
+
+
+# -- jobstate state changes seen through get_result -----------------------------------
+
+
+def test_cancel_of_a_queued_task():
+    result = t.noop_task.enqueue()
+    services.request_cancel(result.id, reason="not needed")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class is CancelRequested
+    assert "not needed" in result.errors[-1].traceback
+
+
+def test_cancel_of_a_running_task():
+    result = jt.cancellable.enqueue(30)
+    (job,) = services.claim("w", limit=1)
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # reserved by a cluster: not running yet
+    job = services.begin(job, job.lease_token, "w").job
+    services.request_cancel(job.pk, reason="stop it")
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert run_job(job, "w") == "cancelled"
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class is CancelRequested
+    assert result.worker_ids == ["w"]
+
+
+def test_rescue_by_the_reaper():
+    result = t.noop_task.enqueue()
+    (job,) = services.claim("lost-worker", limit=1, lease_seconds=1)
+    job = services.begin(job, job.lease_token, "lost-worker", lease_seconds=1).job
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING and result.worker_ids == ["lost-worker"]
+    report = services.requeue_expired(now=timezone.now() + timedelta(seconds=5))
+    assert report.requeued == [job.pk]
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    assert result.errors[0].exception_class is WorkerLost
+    assert "lost-worker" in result.errors[0].traceback
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())  # requeued "5 s from now"
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.worker_ids == ["lost-worker", "inline"]
+
+
+def test_reaper_fails_the_last_attempt_of_a_lost_worker():
+    result = t.noop_task.using(backend="single").enqueue()
+    (job,) = services.claim("gone", limit=1, lease_seconds=1)
+    job = services.begin(job, job.lease_token, "gone", lease_seconds=1).job
+    report = services.requeue_expired(now=timezone.now() + timedelta(seconds=5))
+    assert report.failed == [job.pk]
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [WorkerLost]
+    assert result.worker_ids == ["gone"] and result.finished_at is not None
+
+
+def test_an_operator_retry_is_a_new_result():
+    result = t.failing_task_value_error.using(backend="single").enqueue()
+    run_all()
+    again = services.retry(result.id, actor="admin")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    retried = default_task_backend.get_result(str(again.pk))
+    assert retried.status == TaskResultStatus.READY and retried.id != result.id
+    assert retried.args == result.args and retried.backend == "single"
+
+
+def test_tasks_pickle_as_on_django():
+    import pickle
+
+    from jobstate.tasks.compat import BACKPORT
+
+    if BACKPORT:  # the backport's Task cannot be pickled (its function's name is the Task): same here
+        with pytest.raises(pickle.PicklingError):
+            pickle.dumps(t.noop_task)
+        return
+    # Django 6.x pickles a Task by its module path, with every field (jobstate's included).
+    assert pickle.loads(pickle.dumps(t.noop_task)) == t.noop_task
+    assert pickle.loads(pickle.dumps(jt.flaky.using(priority=3))) == jt.flaky.using(priority=3)
+
+
+def test_operator_requeue_and_fail():
+    result = t.noop_task.enqueue()
+    (job,) = services.claim("w", limit=1)
+    services.requeue(job.pk, actor="admin", reason="stuck")
+    services.force_fail(job.pk, actor="admin", reason="enough")
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [OperatorRequeued, OperatorFailed]
+
+
+def test_timeout(settings):
+    settings.JOBSTATE = {"HEARTBEAT_SECONDS": 0.1}
+    result = jt.too_slow.enqueue()
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TaskTimeout
+    assert "Timed out after 0.5 s" in result.errors[0].traceback
+
+
+# -- transactions ----------------------------------------------------------------------
+
+
+def test_enqueue_is_part_of_the_surrounding_transaction():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        t.noop_task.enqueue()
+        assert Job.objects.count() == 1
+        raise RuntimeError("rolled back")
+    assert not Job.objects.exists()
+    assert not JobEvent.objects.exists()
+
+
+def test_on_commit_enqueue():
+    with transaction.atomic():
+        transaction.on_commit(lambda: t.noop_task.enqueue("on_commit"))
+        enqueue_on_commit(t.echo, "helper", key="value")
+        assert not Job.objects.exists()
+    assert sorted(Job.objects.values_list("parameters", flat=True), key=str) == sorted(
+        [{"args": ["on_commit"], "kwargs": {}}, {"args": ["helper"], "kwargs": {"key": "value"}}], key=str
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_on_commit(t.noop_task)
+        raise RuntimeError("rolled back")
+    assert Job.objects.count() == 2
