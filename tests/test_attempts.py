@@ -6,6 +6,7 @@ The table of exits is in jobstate/worker/runner.py and docs/explanation/attempts
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -239,6 +240,21 @@ def test_a_hanging_heartbeat_does_not_stop_the_cancel_grace(temp_handler, hung_h
     outcome, job = run_one("t.deaf_hb")
     assert hung_heartbeat.is_set() and time.monotonic() - started < 8
     assert outcome == "cancelled" and job.status == Status.CANCELLED
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.1})
+def test_a_heartbeat_that_finds_the_lease_lost_says_so_and_the_handler_is_stopped(temp_handler, caplog):
+    def taken_away(ctx):  # no progress call: only the heartbeat can notice
+        services.requeue(ctx.job.pk, "admin", "operator took it back")
+        _loop(20)
+
+    temp_handler("t.taken_hb", taken_away, max_attempts=2)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        outcome, job = run_one("t.taken_hb")
+    assert time.monotonic() - started < 8
+    assert outcome == "lost" and job.status == Status.QUEUED
+    assert f"Heartbeat of job {job.pk} refused: lease lost" in caplog.text
 
 
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):

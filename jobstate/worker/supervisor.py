@@ -201,6 +201,9 @@ class Supervisor:
         try:
             beat = services.heartbeat(ctx.job, ctx.token)
         except LeaseLost:
+            # Logged here too: the handler may end on the flag before the watchdog
+            # interrupts it, and then nothing else would say why.
+            logger.warning("Heartbeat of job %s refused: lease lost", ctx.job.pk)
             ctx.lease_lost.set()
             self.watch_wake.set()
             return

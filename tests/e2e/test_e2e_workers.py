@@ -215,7 +215,11 @@ def test_stale_worker_writes_are_refused(qcluster):
 
     # Thawed, the old worker carries on with its old token (its handler still has
     # a minute to run): its next heartbeat or progress is refused and it gives up.
-    refusals = (f"Refused progress on job {job.pk}", f"Interrupting job {job.pk}: lease")
+    refusals = (
+        f"Refused progress on job {job.pk}",
+        f"Heartbeat of job {job.pk} refused: lease lost",
+        f"Interrupting job {job.pk}: lease",
+    )
     wait_for(lambda: any(r in cluster.log() for r in refusals), 10, message=cluster.log()[-3000:])
     wait_for(lambda: f"processing e2e.slow {job.pk}" in cluster.log() and _gave_up(cluster.log(), job), 10)
     after = fresh(job)
