@@ -53,8 +53,9 @@ CLAIM_ORDER = ("-priority", "run_after", "created_at")
 # Columns written while a job runs (progress, heartbeats, lease renewal, begin):
 # no index covers them, nor any partial index's condition, so on PostgreSQL
 # those updates are HOT (heap-only: no index entry written; tests/test_job_indexes.py).
-# On PostgreSQL they also end the row, side by side (migration 0015), so such an
-# update logs only the few bytes between the first and the last it changed.
+# On PostgreSQL they also end the row, side by side (jobstate.models.layout: migration
+# 0015 on a small table, ``manage.py jobstate_move_hot_columns`` on a large one), so
+# such an update logs only the few bytes between the first and the last it changed.
 HOT_COLUMNS = (
     "progress",
     "progress_message",

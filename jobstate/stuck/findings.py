@@ -170,7 +170,7 @@ def _find_held(
         .order_by()
         .values_list("pk", "kind", "stuck_reason", "stuck_since", "stuck_fresh")
     )
-    inner, params = processing.query.sql_with_params()
+    inner, params = processing.query.get_compiler(base.db).as_sql()
     pk = base.model._meta.pk
     assert pk is not None
     connection = connections[base.db]

@@ -177,7 +177,8 @@ class Supervisor:
         if slot is not None and not slot.done.is_set():
             if now >= slot.next_beat:
                 slot.next_beat = now + interval
-                self._beat_job(slot)
+                if not slot.ctx.lease_lost.is_set():  # lost is lost: no query, no warning, every beat
+                    self._beat_job(slot)
             due = slot.ctx.progress_due(now)
             if due is not None and now >= due:
                 self._flush(slot)

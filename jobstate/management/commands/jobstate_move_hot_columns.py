@@ -1,0 +1,46 @@
+"""``manage.py jobstate_move_hot_columns``: on PostgreSQL, move the columns a
+running job writes to the end of ``jobstate_job``'s rows, where migration 0015
+left them in place (a table of more than ``layout.MIGRATION_MAX_ROWS`` jobs).
+
+Rewrites every row once under an exclusive lock on the table: reads and writes
+wait until it ends. Run it when workers, the admin and the API may pause, then
+``VACUUM FULL jobstate_job`` (or pg_repack) to give back the old row versions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from jobstate.models import layout
+
+
+class Command(BaseCommand):
+    help = "Move the columns a running job writes to the end of jobstate_job's rows (PostgreSQL)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        parser.add_argument(
+            "--check", action="store_true", help="only say whether they are in place (exit 1 when not)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        connection = connections[options["database"]]
+        if connection.vendor != "postgresql":
+            self.stdout.write("Nothing to do: the column order matters on PostgreSQL only.")
+            return
+        if options["check"]:
+            if not layout.in_place(connection):
+                raise CommandError("The columns of running jobs are not at the end of jobstate_job's rows.")
+            self.stdout.write("In place.")
+            return
+        with transaction.atomic(using=options["database"]):
+            outcome = layout.move_last(connection)
+        if outcome.startswith("refused"):
+            raise CommandError(
+                f"Nothing moved: {outcome.removeprefix('refused: ')}. Each would be lost with its column;"
+                " drop it first (and create it again after), or keep the order as it is."
+            )
+        self.stdout.write("Moved." if outcome == "moved" else "In place already.")

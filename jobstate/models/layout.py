@@ -1,0 +1,145 @@
+"""Where the columns a running job writes sit in ``jobstate_job`` (PostgreSQL).
+
+An update whose new row version stays on its page logs only the bytes between
+the first and the last column it changed (PostgreSQL compresses the common
+prefix and suffix of the two versions, unless ``wal_level`` is ``logical`` or
+the page needs a full image). A progress write changes ``progress``, its message,
+the heartbeat, the lease expiry and ``updated_at``: spread over the row, each
+write logged about 200 bytes of WAL; side by side at the end of the row, about
+110.
+
+PostgreSQL cannot reorder columns, so each column moves: renamed aside, added
+again at the end with the same type, copied, and the old one dropped, with the
+CHECK constraints that named it added again. That rewrites every row once under
+an exclusive lock, so migration 0015 does it only on a small table (a new
+install's is empty) and ``manage.py jobstate_move_hot_columns`` does it on a
+large one when the operator chooses. Anything else attached to a column (an
+index, a comment, a view, column privileges or statistics) would be lost with
+it: then nothing is moved, and the objects are named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Job.HOT_COLUMNS, in the order they end the row: first those written once per
+# attempt (begin), then those every progress write changes, the variable-length
+# ones last so that a message of another length shifts nothing after it.
+HOT_COLUMNS_LAST = (
+    "worker_id",
+    "attempts",
+    "started_at",
+    "lease_expires_at",
+    "heartbeat_at",
+    "updated_at",
+    "progress",
+    "progress_message",
+    "current_step",
+)
+TABLE = "jobstate_job"
+# Migration 0015 moves the columns of a table with at most this many rows.
+MIGRATION_MAX_ROWS = 10_000
+
+
+def column_order(connection: Any, table: str = TABLE) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+            " AND NOT attisdropped ORDER BY attnum",
+            [table],
+        )
+        return [name for (name,) in cursor.fetchall()]
+
+
+def in_place(connection: Any, table: str = TABLE, columns: tuple[str, ...] = HOT_COLUMNS_LAST) -> bool:
+    """Whether ``columns`` end the row, in this order."""
+    return column_order(connection, table)[-len(columns) :] == list(columns)
+
+
+def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]:
+    """What a move would lose: anything on ``columns`` but CHECK constraints
+    (indexes, other constraints, defaults, views, triggers, statistics objects,
+    comments, column privileges, statistics targets, collations)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attnum, attname, attacl IS NOT NULL, attstattarget > 0,"
+            " attcollation <> (SELECT typcollation FROM pg_type WHERE oid = atttypid)"
+            " FROM pg_attribute WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
+            [table, list(columns)],
+        )
+        rows = cursor.fetchall()
+        found = [
+            f"{what} on {name}"
+            for _, name, acl, target, collation in rows
+            for what, present in (
+                ("column privileges", acl),
+                ("a statistics target", target),
+                ("a collation", collation),
+            )
+            if present
+        ]
+        numbers = [row[0] for row in rows]
+        cursor.execute(
+            "SELECT pg_describe_object(classid, objid, objsubid) FROM pg_depend"
+            " WHERE refclassid = 'pg_class'::regclass AND refobjid = %s::regclass AND refobjsubid = ANY(%s)"
+            " AND NOT (classid = 'pg_constraint'::regclass"
+            "  AND objid IN (SELECT oid FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'))"
+            " UNION SELECT 'comment on column ' || objsubid FROM pg_description"
+            " WHERE classoid = 'pg_class'::regclass AND objoid = %s::regclass AND objsubid = ANY(%s)",
+            [table, numbers, table, table, numbers],
+        )
+        found += sorted(name for (name,) in cursor.fetchall())
+    return found
+
+
+def move_last(
+    connection: Any,
+    table: str = TABLE,
+    columns: tuple[str, ...] = HOT_COLUMNS_LAST,
+    *,
+    max_rows: int | None = None,
+) -> str:
+    """Move ``columns`` to the end of ``table``'s rows, in this order; returns what
+    happened: "moved", "in place", "skipped: ..." (more than ``max_rows`` rows)
+    or "refused: ..." (objects the move would lose). Runs in the caller's
+    transaction, which it must be inside of; does nothing but on PostgreSQL."""
+    if connection.vendor != "postgresql":
+        return "in place"
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
+        if in_place(connection, table, columns):
+            return "in place"
+        lost = attached(connection, table, columns)
+        if lost:
+            return "refused: " + "; ".join(lost)
+        if max_rows is not None:
+            cursor.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM {qn(table)} LIMIT %s) t", [max_rows + 1])
+            (rows,) = cursor.fetchone()
+            if rows > max_rows:
+                return f"skipped: more than {max_rows} rows"
+        cursor.execute(
+            "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute"
+            " WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
+            [table, list(columns)],
+        )
+        definitions = {name: (kind, not_null) for name, kind, not_null in cursor.fetchall()}
+        cursor.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass"
+            " AND contype = 'c' AND conkey && (SELECT array_agg(attnum) FROM pg_attribute"
+            " WHERE attrelid = %s::regclass AND attname = ANY(%s))",
+            [table, table, list(columns)],
+        )
+        checks = cursor.fetchall()
+        for name in columns:
+            cursor.execute(f"ALTER TABLE {qn(table)} RENAME COLUMN {qn(name)} TO {qn(name + '__moving')}")
+        adds = ", ".join(f"ADD COLUMN {qn(name)} {definitions[name][0]}" for name in columns)
+        cursor.execute(f"ALTER TABLE {qn(table)} {adds}")
+        copies = ", ".join(f"{qn(name)} = {qn(name + '__moving')}" for name in columns)
+        cursor.execute(f"UPDATE {qn(table)} SET {copies}")
+        changes = [f"DROP COLUMN {qn(name + '__moving')}" for name in columns]
+        changes += [f"ALTER COLUMN {qn(name)} SET NOT NULL" for name in columns if definitions[name][1]]
+        changes += [f"ADD CONSTRAINT {qn(name)} {definition}" for name, definition in checks]
+        cursor.execute(f"ALTER TABLE {qn(table)} {', '.join(changes)}")
+        cursor.execute(f"ANALYZE {qn(table)}")
+    return "moved"
