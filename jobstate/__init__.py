@@ -10,7 +10,8 @@ from jobstate.exceptions import (
     UnknownKind,
 )
 from jobstate.registry import handler
-from jobstate.workflows.definition import Workflow, step, workflow
+from jobstate.workflows.definition import Workflow, step
+from jobstate.workflows.registration import workflow
 
 __all__ = [
     "CancelRequested",

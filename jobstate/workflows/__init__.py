@@ -10,7 +10,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from jobstate.workflows.definition import StepSpec, Workflow, definition_of, step, workflow
+from jobstate.workflows.definition import StepSpec, Workflow, definition_of, step
+from jobstate.workflows.registration import workflow
 
 _LAZY = {
     "state": "jobstate.workflows.snapshot",

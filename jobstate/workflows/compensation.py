@@ -22,8 +22,7 @@ from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
 
 if TYPE_CHECKING:
-    from jobstate.workflows.definition import StepSpec
-    from jobstate.workflows.runtime import Run
+    from jobstate.workflows.definition import RunState, StepSpec
 
 logger = logging.getLogger("jobstate")
 S = StepStatus
@@ -81,7 +80,7 @@ def report_of(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> Report:
     return report
 
 
-def compensate(run: Run, failed_step: str, error: str) -> Report:
+def compensate(run: RunState, failed_step: str, error: str) -> Report:
     """Run the undo of every completed step that has one and was not undone yet,
     last step first. An undo that raises (or is interrupted by the timeout or a
     cancel: the failure is already decided) is recorded and the others still run."""
@@ -108,6 +107,6 @@ def compensate(run: Run, failed_step: str, error: str) -> Report:
     return report_of(run.specs, run.rows)
 
 
-def _undo_failed(run: Run, name: str, row: Any, message: str, because: str) -> None:
+def _undo_failed(run: RunState, name: str, row: Any, message: str, because: str) -> None:
     steps.undo_failed(run.job, run.token, name, message, because=because)
     row.detail = {**row.detail, steps.UNDO_ERROR: message[:2000]}

@@ -21,8 +21,7 @@ from jobstate.workflows import steps
 from jobstate.workflows.steps import ChildSpec
 
 if TYPE_CHECKING:
-    from jobstate.workflows.definition import StepSpec
-    from jobstate.workflows.runtime import Run
+    from jobstate.workflows.definition import RunState, StepSpec
 
 # No idempotency key: a key could hand back another job that is not this one's
 # child (and so would never wake it). The fan-out is atomic instead.
@@ -33,7 +32,7 @@ class StepContext:
     """Passed to each step (and undo) method. Writes carry the job's lease token:
     a worker that lost its lease can no longer change the job or its steps."""
 
-    def __init__(self, run: Run, spec: StepSpec, row: JobStep, *, undoing: bool = False) -> None:
+    def __init__(self, run: RunState, spec: StepSpec, row: JobStep, *, undoing: bool = False) -> None:
         self._run = run
         self.job_context = run.ctx
         self.spec = spec

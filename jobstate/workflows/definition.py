@@ -8,8 +8,9 @@
         @jobstate.step(undo="undo_process", batch=100)
         def process(self, ctx, download): ...   # ``download`` is that step's output
 
-The class is registered as an ordinary handler under its name; the handler runs
-the workflow through :mod:`jobstate.workflows.runtime`.
+``jobstate.workflow`` (:mod:`jobstate.workflows.registration`) registers the class
+as an ordinary handler under its name; the handler runs the workflow through
+:mod:`jobstate.workflows.runtime`, whose run each step sees as a ``RunState``.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from jobstate import registry
+
+if TYPE_CHECKING:  # types only: the worker is an independent layer
+    from jobstate.worker.context import JobContext
 
 CHILD_POLICIES = ("fail", "partial", "continue")
 _MARK = "_jobstate_step"
@@ -152,49 +156,19 @@ def _spec(
     )
 
 
-def workflow(
-    name: str,
-    *,
-    max_attempts: int | None = None,
-    timeout: float | None = None,
-    concurrency: int | None = None,
-    retry_backoff: Any = None,
-    schema: Any = None,
-    **options: Any,
-) -> Callable[[type[Workflow]], type[Workflow]]:
-    """Register a :class:`Workflow` subclass as the handler ``name`` (same options as
-    ``jobstate.handler``; ``timeout`` applies to each run of the workflow, not to the
-    whole: a workflow waiting for its children holds no worker)."""
+class RunState(Protocol):
+    """What a run of a workflow (``jobstate.workflows.runtime.Run``) shows the step
+    context, fan-out and compensation it drives."""
 
-    def register(cls: type[Workflow]) -> type[Workflow]:
-        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
-            raise TypeError("@jobstate.workflow decorates a subclass of jobstate.Workflow")
-        if not cls.steps:
-            raise TypeError(f"{cls.__qualname__} declares no @step methods")
+    wf: Workflow
+    ctx: JobContext
+    job: Any
+    token: Any
+    specs: tuple[StepSpec, ...]
+    rows: dict[str, Any]
+    outputs: dict[str, Any]
 
-        def handle(ctx: Any) -> Any:
-            from jobstate.workflows.runtime import run
-
-            return run(cls, ctx)
-
-        # The registry tells a re-registration apart from a clash by these names.
-        handle.__qualname__ = cls.__qualname__
-        handle.__module__ = cls.__module__
-        handle.__doc__ = cls.__doc__
-        registry.handler(
-            name,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            concurrency=concurrency,
-            retry_backoff=retry_backoff,
-            schema=schema,
-            workflow=cls,
-            **options,
-        )(handle)
-        cls.kind = name
-        return cls
-
-    return register
+    def band(self, spec: StepSpec) -> tuple[float, float]: ...
 
 
 def definition_of(kind: str) -> type[Workflow] | None:

@@ -22,8 +22,7 @@ from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
 
 if TYPE_CHECKING:
-    from jobstate.workflows.definition import StepSpec
-    from jobstate.workflows.runtime import Run
+    from jobstate.workflows.definition import RunState, StepSpec
 
 CHUNK = 500  # ids per IN (...) query
 MAX_FAILURES_LISTED = 20
@@ -33,7 +32,7 @@ class ChildrenFailed(NonRetryable):
     """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled."""
 
 
-def start(run: Run, spec: StepSpec, sctx: StepContext, value: Any) -> None:
+def start(run: RunState, spec: StepSpec, sctx: StepContext, value: Any) -> None:
     children = steps.wait(run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec))
     raise Suspend(f"step '{spec.name}' waits for {len(children)} child jobs")
 
@@ -63,7 +62,7 @@ def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]
         yield from Job.objects.filter(pk__in=ids[i : i + CHUNK]).values("pk", *fields)
 
 
-def fan_in(run: Run, spec: StepSpec, row: Any) -> dict[str, Any]:
+def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
     """The step's output once all its children ended (else wait again)."""
     ids: list[str] = list(row.detail.get("children", []))
     fields = ("status", "error_message", "result") if spec.collect_results else ("status", "error_message")

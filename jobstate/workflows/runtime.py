@@ -19,10 +19,10 @@ from jobstate.models import JobStep
 from jobstate.models.step import StepStatus
 from jobstate.workflows import compensation, fanout, steps
 from jobstate.workflows.context import StepContext
+from jobstate.workflows.definition import StepSpec, Workflow
 
-if TYPE_CHECKING:  # types only (the worker is an independent layer; definition imports us)
+if TYPE_CHECKING:  # types only: the worker is an independent layer
     from jobstate.worker.context import JobContext
-    from jobstate.workflows.definition import StepSpec, Workflow
 
 logger = logging.getLogger("jobstate")
 S = StepStatus

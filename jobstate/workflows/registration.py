@@ -1,0 +1,61 @@
+"""Registering a workflow class as a handler: ``@jobstate.workflow(name, ...)``.
+
+Apart from :mod:`jobstate.workflows.definition` because the handler it registers
+runs the workflow (:mod:`jobstate.workflows.runtime`), and the declarations must
+not depend on the run. The runtime is imported when a run starts: ``jobstate``
+re-exports this decorator and is imported before Django's apps are ready, and the
+runtime loads the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jobstate import registry
+from jobstate.workflows.definition import Workflow
+
+
+def workflow(
+    name: str,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    retry_backoff: Any = None,
+    schema: Any = None,
+    **options: Any,
+) -> Callable[[type[Workflow]], type[Workflow]]:
+    """Register a :class:`Workflow` subclass as the handler ``name`` (same options as
+    ``jobstate.handler``; ``timeout`` applies to each run of the workflow, not to the
+    whole: a workflow waiting for its children holds no worker)."""
+
+    def register(cls: type[Workflow]) -> type[Workflow]:
+        if not (isinstance(cls, type) and issubclass(cls, Workflow)):
+            raise TypeError("@jobstate.workflow decorates a subclass of jobstate.Workflow")
+        if not cls.steps:
+            raise TypeError(f"{cls.__qualname__} declares no @step methods")
+
+        def handle(ctx: Any) -> Any:
+            from jobstate.workflows.runtime import run
+
+            return run(cls, ctx)
+
+        # The registry tells a re-registration apart from a clash by these names.
+        handle.__qualname__ = cls.__qualname__
+        handle.__module__ = cls.__module__
+        handle.__doc__ = cls.__doc__
+        registry.handler(
+            name,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            concurrency=concurrency,
+            retry_backoff=retry_backoff,
+            schema=schema,
+            workflow=cls,
+            **options,
+        )(handle)
+        cls.kind = name
+        return cls
+
+    return register
