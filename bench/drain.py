@@ -40,7 +40,9 @@ the bare-SQL loop also keep a lease and history rows. Per system and round:
   ``BENCH_WAL_RANGE=1`` each drain prints its LSN range for ``pg_waldump``,
   e.g. ``--stats=record``, to see which records make it); worker CPU ms per
   job (user + system time of every process the system started, pusher,
-  sentinel and monitor included, the database server excluded).
+  sentinel and monitor included, the database server excluded); database
+  CPU ms per job (``--own-server`` only: every server process, the backends
+  that exited included, so this script's few statements too).
 
 Each figure is the median of ``--rounds`` rounds. ``--clusters 1,2,4`` runs
 jobstate with that many qclusters (2 workers each) against one database and
@@ -154,6 +156,20 @@ class OwnServer:
             check=True,
             stdout=subprocess.DEVNULL,
         )
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the postmaster and its children (each server
+        process has a session of its own), and of the backends that exited."""
+        postmaster = int((self.dir / "data" / "postmaster.pid").read_text().split()[0])
+        total = 0.0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster or int(stat.parent.name) == postmaster:
+                total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return total
 
     def stop(self) -> None:
         subprocess.run(
@@ -670,6 +686,7 @@ def run(system: System) -> dict[str, Any]:
 
         # Drain: N jobs enqueued at once.
         cpu_before = cpu_seconds(system.procs.sessions())
+        db_cpu_before = SERVER.cpu_seconds() if SERVER else 0.0
         rss_before = rss_mb(system.procs.sessions())
         commits_before, wal_before, hot_before = (
             (METER.commits(), METER.wal(), METER.hot()) if POSTGRES else (0, 0, (0, 0))
@@ -680,6 +697,7 @@ def run(system: System) -> dict[str, Any]:
         enqueue_s = time.monotonic() - t0
         wait_done(system, ARGS.jobs)
         cpu = cpu_seconds(system.procs.sessions()) - cpu_before
+        db_cpu = SERVER.cpu_seconds() - db_cpu_before if SERVER else float("nan")
         rss_after = rss_mb(system.procs.sessions())
         _, last_end = system.timings()
         wal_after = METER.wal() if POSTGRES else 0
@@ -702,6 +720,7 @@ def run(system: System) -> dict[str, Any]:
         "commits": commits / ARGS.jobs if POSTGRES else float("nan"),
         "wal": (wal_after - wal_before) / ARGS.jobs if POSTGRES else float("nan"),
         "cpu_ms": cpu * 1000 / ARGS.jobs,
+        "db_cpu_ms": db_cpu * 1000 / ARGS.jobs,
         "p50": pct(latencies, 50),
         "p95": pct(latencies, 95),
         "hot": (hot[1] - hot_before[1]) / updates * 100 if updates else float("nan"),
@@ -739,15 +758,16 @@ def fmt(value: float, spec: str) -> str:
 def table(results: list[tuple[System, dict[str, Any]]], reference: dict[str, Any] | None) -> None:
     print(
         "| system | jobs/s | vs jobstate | commits/job | WAL bytes/job | worker CPU ms/job "
-        "| pickup p50/p95 ms | HOT % | claim p95 ms |"
+        "| database CPU ms/job | pickup p50/p95 ms | HOT % | claim p95 ms |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for system, r in sorted(results, key=lambda sr: -sr[1]["jobs_per_s"]):
         ratio = r["jobs_per_s"] / reference["jobs_per_s"] if reference else float("nan")
         times = f"{ratio:.2f}x" if ratio == ratio else "n/a"
         print(
             f"| {system.label} | {r['jobs_per_s']:.0f} | {times} | {fmt(r['commits'], '.1f')} "
-            f"| {fmt(r['wal'], ',.0f')} | {r['cpu_ms']:.1f} | {r['p50']:.0f}/{r['p95']:.0f} "
+            f"| {fmt(r['wal'], ',.0f')} | {r['cpu_ms']:.1f} | {fmt(r['db_cpu_ms'], '.1f')} "
+            f"| {r['p50']:.0f}/{r['p95']:.0f} "
             f"| {fmt(r['hot'], '.0f') if isinstance(system, Jobstate) else '-'} "
             f"| {fmt(r['claim_p95'], '.1f') if isinstance(system, Jobstate) else '-'} |"
         )
