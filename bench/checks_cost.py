@@ -56,13 +56,15 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
     parser.add_argument("--db", default="jobstate_bench_checks", help="scratch database (created)")
-    parser.add_argument("--chunks", type=int, default=25, help="chunks per table")
+    parser.add_argument("--chunks", type=int, default=25, help="chunks per table (at least 3)")
     parser.add_argument("--chunk", type=int, default=400, help="statements per chunk")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse()
+    if args.chunks < 3:
+        raise SystemExit("--chunks: at least 3 (the first 2 only warm up)")
     import psycopg
 
     pg = args.pg.rstrip("/")
@@ -80,15 +82,24 @@ def main() -> None:
     conn = psycopg.connect(f"{pg}/{args.db}", autocommit=True)
     pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
     schedstat = Path(f"/proc/{pid}/schedstat")
-    if not schedstat.exists():
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not cmdline.exists() or not cmdline.read_bytes().startswith(b"postgres"):
         raise SystemExit("the server must run on this machine (its backend's /proc entry is read)")
     checks = conn.execute(
         "SELECT count(*) FROM pg_constraint WHERE conrelid = 'jobstate_job'::regclass AND contype = 'c'"
     ).fetchone()[0]
+    # LIKE does not copy storage options: the job table's fill factor (room on
+    # each page for the new row versions of HOT updates) is set on both copies.
+    options = conn.execute("SELECT reloptions FROM pg_class WHERE oid = 'jobstate_job'::regclass").fetchone()[
+        0
+    ]
+    storage = f" WITH ({', '.join(options)})" if options else ""
     for label, table in TABLES.items():
         extra = " INCLUDING CONSTRAINTS" if label == "with" else ""
         conn.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.execute(f"CREATE TABLE {table} (LIKE jobstate_job INCLUDING DEFAULTS INCLUDING INDEXES{extra})")
+        conn.execute(
+            f"CREATE TABLE {table} (LIKE jobstate_job INCLUDING DEFAULTS INCLUDING INDEXES{extra}){storage}"
+        )
         conn.execute(FILL.format(table=table), [TOKEN, ROWS])
         conn.execute(f"VACUUM ANALYZE {table}")
     conn.execute("SET synchronous_commit = off")

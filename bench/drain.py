@@ -42,7 +42,8 @@ the bare-SQL loop also keep a lease and history rows. Per system and round:
   job (user + system time of every process the system started, pusher,
   sentinel and monitor included, the database server excluded); database
   CPU ms per job (``--own-server`` only: every server process, the backends
-  that exited included, so this script's few statements too).
+  that exited included; the enqueue included, as for WAL). A checkpoint that
+  falls inside a drain is noted under the table.
 
 Each figure is the median of ``--rounds`` rounds. ``--clusters 1,2,4`` runs
 jobstate with that many qclusters (2 workers each) against one database and
@@ -276,6 +277,10 @@ class Meter:
     def wal(self) -> int:
         return int(self.one("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0])
 
+    def checkpoints(self) -> int:
+        self.one("SELECT pg_stat_clear_snapshot()")
+        return int(self.one("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter")[0])
+
     def hot(self) -> tuple[int, int]:
         row = self.one(
             "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'jobstate_job'"
@@ -406,6 +411,11 @@ class System:
         with transaction.atomic():
             self.defer(self.enqueue_rows(n))
         return None
+
+    def enqueue_drain(self, n: int) -> float | None:
+        """Enqueue the drain's n jobs; the time the drain starts if it is not the
+        return time."""
+        return self.enqueue(n)
 
     def latency_phase(self, n: int, rate: float) -> None:
         for _ in range(n):
@@ -611,6 +621,24 @@ class Celery(System):
 
         transaction.on_commit(send)
 
+    def enqueue_drain(self, n: int) -> float | None:
+        """Celery publishes one message per job (after the commit) and its workers take
+        each as it arrives, so a drain timed from the end of publishing would leave out
+        the jobs run meanwhile. Its workers stop consuming while the jobs are published,
+        as the others' see none of them before their commit; the drain starts when they
+        consume again."""
+        from bench.peers.celery_app import app
+
+        paused = app.control.cancel_consumer("celery", reply=True, limit=1, timeout=5)
+        if len(paused) != 1:
+            raise SystemExit(f"Celery: the worker did not stop consuming ({paused})")
+        self.enqueue(n)
+        started = time.time()
+        resumed = app.control.add_consumer("celery", reply=True, limit=1, timeout=5)
+        if len(resumed) != 1:
+            raise SystemExit(f"Celery: the worker did not consume again ({resumed})")
+        return started
+
 
 class BareSQL(System):
     table = "bench_sql_job"
@@ -696,9 +724,10 @@ def run(system: System) -> dict[str, Any]:
         commits_before, wal_before, hot_before = (
             (METER.commits(), METER.wal(), METER.hot()) if POSTGRES else (0, 0, (0, 0))
         )
+        checkpoints_before = METER.checkpoints() if POSTGRES else 0
         own_before = METER.statements
         t0 = time.monotonic()
-        enqueued_at = system.enqueue(ARGS.jobs) or time.time()
+        enqueued_at = system.enqueue_drain(ARGS.jobs) or time.time()
         enqueue_s = time.monotonic() - t0
         wait_done(system, ARGS.jobs)
         cpu = cpu_seconds(system.procs.sessions()) - cpu_before
@@ -710,6 +739,7 @@ def run(system: System) -> dict[str, Any]:
             start, end = METER.one("SELECT pg_lsn '0/0' + %s, pg_lsn '0/0' + %s", [wal_before, wal_after])
             print(f"  WAL of the drain: pg_waldump --stats=record -s {start} -e {end}", flush=True)
         errors_before_stop = system.procs.errors()
+        checkpoints = METER.checkpoints() - checkpoints_before if POSTGRES else 0
     finally:
         system.procs.stop()
     own = METER.statements - own_before
@@ -733,6 +763,7 @@ def run(system: System) -> dict[str, Any]:
         "rss_before": rss_before,
         "rss_after": rss_after,
         "errors": errors_before_stop,
+        "checkpoints": checkpoints,
     }
 
 
@@ -750,9 +781,10 @@ def machine() -> str:
         fsync = METER.one("SHOW fsync")[0]
         where = "private server" if SERVER else "shared server"
         checkpoint = METER.one("SHOW checkpoint_timeout")[0]
+        max_wal = METER.one("SHOW max_wal_size")[0]
         db = (
             f"PostgreSQL {version} ({where}, fsync {fsync}, synchronous_commit {sync}, "
-            f"checkpoint_timeout {checkpoint})"
+            f"checkpoint_timeout {checkpoint}, max_wal_size {max_wal})"
         )
     return (
         f"{os.cpu_count()} cores, {mem} GB RAM, {db}, Python {platform.python_version()}, "
@@ -877,6 +909,8 @@ def main() -> None:
     for system, r in results:
         if r["errors"]:
             print(f"NOTE {system.label}: {r['errors']:.0f} errors in its log")
+        if r["checkpoints"]:
+            print(f"NOTE {system.label}: a checkpoint fell inside its drain (median of rounds)")
     if ARGS.enqueue_many and not counts:
         runs = time_enqueue_many(ARGS.enqueue_many)
         walls, cpus = [w for w, _c in runs], [c for _w, c in runs]
