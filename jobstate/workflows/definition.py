@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from jobstate import registry
 
 if TYPE_CHECKING:  # types only: the worker is an independent layer
+    from uuid import UUID
+
+    from jobstate.models import Job
     from jobstate.worker.context import JobContext
 
 CHILD_POLICIES = ("fail", "partial", "continue")
@@ -162,8 +165,8 @@ class RunState(Protocol):
 
     wf: Workflow
     ctx: JobContext
-    job: Any
-    token: Any
+    job: Job
+    token: UUID
     specs: tuple[StepSpec, ...]
     rows: dict[str, Any]
     outputs: dict[str, Any]
