@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from jobstate import services
+from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from tests.test_admin_fixtures import (
@@ -68,7 +69,7 @@ def test_list_shows_badges_progress_attempts_and_owner(admin_client: Any, user: 
     assert '<span class="js-step">load</span>' in html  # current step
     assert 'title="half way"' in html  # the progress message, on hover
     assert "alice" in html
-    assert str(done.pk)[:8] in html
+    assert short(done.pk) in html
     assert "running " in html and "took " in html
 
 
@@ -116,8 +117,8 @@ def test_list_filters(admin_client: Any, user: Any, query: str, expect: str, ref
     response = admin_client.get(f"{LIST}?{query}")
     assert response.status_code == 200
     html = response.content.decode()
-    assert str(jobs[expect].pk)[:8] in html
-    assert str(jobs[refuse].pk)[:8] not in html
+    assert short(jobs[expect].pk) in html
+    assert short(jobs[refuse].pk) not in html
 
 
 def test_owner_filter_lists_owners_and_me(
@@ -129,9 +130,9 @@ def test_owner_filter_lists_owners_and_me(
     html = admin_client.get(LIST).content.decode()
     assert "?owner=me" in html and f"?owner={user.pk}" in html and f"?owner={other_user.pk}" in html
     html = admin_client.get(f"{LIST}?owner=me").content.decode()
-    assert str(mine.pk)[:8] in html and str(alices.pk)[:8] not in html
+    assert short(mine.pk) in html and short(alices.pk) not in html
     html = admin_client.get(f"{LIST}?owner={user.pk}").content.decode()
-    assert str(alices.pk)[:8] in html and str(mine.pk)[:8] not in html
+    assert short(alices.pk) in html and short(mine.pk) not in html
 
 
 def test_kind_filter_offers_registered_and_stored_kinds(admin_client: Any) -> None:
@@ -145,19 +146,19 @@ def test_date_filters_and_hierarchy(admin_client: Any) -> None:
     job = queued()
     day = job.created_at
     html = admin_client.get(f"{LIST}?created_at__year={day.year}").content.decode()
-    assert str(job.pk)[:8] in html
+    assert short(job.pk) in html
     assert f"created_at__month={day.month}" in html  # the month level offers this month
     html = admin_client.get(
         f"{LIST}?created_at__year={day.year}&created_at__month={day.month}"
     ).content.decode()
     assert f"created_at__day={day.day}" in html
     html = admin_client.get(f"{LIST}?created_at__year={day.year - 1}").content.decode()
-    assert str(job.pk)[:8] not in html
+    assert short(job.pk) not in html
     # The "created at" filter's own "Today" link.
     today = re.search(r'href="(\?created_at__gte=[^"]+)"[^>]*>Today<', html_of(admin_client, LIST))
     assert today is not None
     response = admin_client.get(LIST + today.group(1).replace("&amp;", "&"))
-    assert response.status_code == 200 and str(job.pk)[:8] in response.content.decode()
+    assert response.status_code == 200 and short(job.pk) in response.content.decode()
 
 
 def test_search_by_id_prefix_key_and_owner(admin_client: Any, user: Any) -> None:
@@ -167,10 +168,11 @@ def test_search_by_id_prefix_key_and_owner(admin_client: Any, user: Any) -> None
 
     def found(term: str) -> set[str]:
         html = admin_client.get(LIST, {"q": term}).content.decode()
-        return {str(j.pk) for j in (keyed, owned, other) if str(j.pk)[:8] in html}
+        return {str(j.pk) for j in (keyed, owned, other) if short(j.pk) in html}
 
     assert found(str(other.pk)) == {str(other.pk)}
-    assert str(other.pk) in found(str(other.pk)[:8])
+    assert str(other.pk) in found(str(other.pk)[:13])  # a prefix of the id
+    assert found(short(other.pk)) == {str(other.pk)}  # the short id the list shows
     assert found("invoice-42") == {str(keyed.pk)}
     assert found("ALICE") == {str(owned.pk)}
     assert found("nobody-by-that-name") == set()
@@ -507,6 +509,6 @@ def test_only_the_indexed_column_sorts(admin_client: Any) -> None:
     assert [c for c in sortable if "sortable" in c] == [next(c for c in sortable if "created_col" in c)]
     (index,) = set(re.findall(r'href="\?o=-?(\d+)', head))
     html = admin_client.get(f"{LIST}?o={index}").content.decode()
-    assert html.index(str(first.pk)[:8]) < html.index(str(second.pk)[:8])  # oldest first
+    assert html.index(short(first.pk)) < html.index(short(second.pk))  # oldest first
     html = admin_client.get(f"{LIST}?o=-{index}").content.decode()
-    assert html.index(str(second.pk)[:8]) < html.index(str(first.pk)[:8])
+    assert html.index(short(second.pk)) < html.index(short(first.pk))

@@ -17,6 +17,7 @@ from django.utils import timezone
 from jobstate import services
 from jobstate.admin import charts, stats
 from jobstate.admin.paginator import CappedPaginator, estimated_rows
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.services import workers
 from jobstate.states import Status
@@ -56,7 +57,7 @@ def test_dashboard_renders_counts_charts_and_workers(admin_client: Any, temp_han
     assert ctx["stuck_active"] == 1
     assert (ctx["workers"].alive, ctx["workers"].busy) == (1, 1)
     assert html.count("<svg") >= 4 and 'class="js-area"' in html and 'class="js-column"' in html
-    assert "test.report" in html and str(busy.pk)[:8] in html
+    assert "test.report" in html and short(busy.pk) in html
     report = next(d for d in ctx["durations"] if d["kind"] == "test.report")
     assert report["count"] == 4 and report["p50"] == "2.50s" and report["p95"] == "3.85s"
     for chart in (ctx["minute_chart"], ctx["hour_chart"], ctx["status_chart"]):
@@ -79,7 +80,7 @@ def test_dashboard_kind_links_are_url_encoded(admin_client: Any, temp_handler: A
     assert f'href="{LIST}?kind=test.a%26b+c%23d%3Fe%3D1"' in html
     assert "?kind=test.a&amp;b" not in html
     response = admin_client.get(f"{LIST}?kind=test.a%26b+c%23d%3Fe%3D1")
-    assert response.status_code == 200 and str(job.pk)[:8] in response.content.decode()
+    assert response.status_code == 200 and short(job.pk) in response.content.decode()
 
 
 @pytest.mark.django_db

@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, JobStateError
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.services import Actor
 from jobstate.states import TERMINAL, Status
@@ -187,7 +188,7 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
 
 
 def _short(pk: Any) -> str:
-    return str(pk)[:8]
+    return short(pk)
 
 
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:

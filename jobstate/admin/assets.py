@@ -18,6 +18,7 @@ from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import download_link
 from jobstate.admin.paginator import CappedPaginator
+from jobstate.ids import short
 from jobstate.models import Asset
 from jobstate.services import safe_name
 from jobstate.stuck import distinct_values
@@ -89,7 +90,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="job")
     def job_link(self, obj: Asset) -> SafeString:
         url = reverse("admin:jobstate_job_change", args=[obj.job_id])
-        return format_html('<a href="{}">{} <code>{}</code></a>', url, obj.job.kind, str(obj.job_id)[:8])
+        return format_html('<a href="{}">{} <code>{}</code></a>', url, obj.job.kind, short(obj.job_id))
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Asset) -> SafeString:

@@ -17,6 +17,7 @@ from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import EventColumns
 from jobstate.admin.paginator import CappedPaginator
+from jobstate.ids import short
 from jobstate.models import JobEvent
 
 
@@ -72,4 +73,4 @@ class JobEventAdmin(EventColumns, SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="job")
     def job_link(self, obj: JobEvent) -> SafeString:
         url = reverse("admin:jobstate_job_change", args=[obj.job_id])
-        return format_html('<a href="{}"><code>{}</code></a>', url, str(obj.job_id)[:8])
+        return format_html('<a href="{}"><code>{}</code></a>', url, short(obj.job_id))

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from jobstate import registry, stuck
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL, Status
 from jobstate.stuck import distinct_values
@@ -117,7 +118,7 @@ class JobIdFilter(admin.SimpleListFilter):
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         value = self.value()
-        return [(value, f"Job {value[:8]}")] if value else []
+        return [(value, f"Job {short(value)}")] if value else []
 
     def has_output(self) -> bool:
         return self.value() is not None

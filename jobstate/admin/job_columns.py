@@ -12,6 +12,7 @@ from django.utils.safestring import SafeString
 
 from jobstate import stuck
 from jobstate.admin import display
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
@@ -37,7 +38,7 @@ class JobColumns:
             obj.pk,
             obj.pk,
             "1" if obj.status in ACTIVE else "0",
-            str(obj.pk)[:8],
+            short(obj.pk),
         )
 
     @admin.display(description="status")

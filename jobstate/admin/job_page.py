@@ -14,6 +14,7 @@ from django.utils.safestring import SafeString
 
 from jobstate.admin import display
 from jobstate.admin.views import job_url
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
@@ -165,11 +166,11 @@ class JobPageFields(_JobAdmin):
     def relations(self, obj: Job) -> SafeString:
         links: list[tuple[str, str, str]] = []
         if obj.parent_id:
-            links.append(("parent", job_url(obj.parent_id), str(obj.parent_id)[:8]))
+            links.append(("parent", job_url(obj.parent_id), short(obj.parent_id)))
         if obj.retry_of_id:
-            links.append(("retry of", job_url(obj.retry_of_id), str(obj.retry_of_id)[:8]))
+            links.append(("retry of", job_url(obj.retry_of_id), short(obj.retry_of_id)))
         for pk in Job.objects.filter(retry_of=obj.pk).order_by("created_at").values_list("pk", flat=True)[:5]:
-            links.append(("retried as", job_url(pk), str(pk)[:8]))
+            links.append(("retried as", job_url(pk), short(pk)))
         changelist = reverse("admin:jobstate_job_changelist")
         children = Job.objects.filter(parent=obj.pk).order_by()[:1001].count()
         parts = format_html_join(" · ", '{} <a href="{}"><code>{}</code></a>', links)

@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobstate import services, stuck
 from jobstate.admin import display
 from jobstate.admin.actions import OPERATIONS, REFUSALS, Operation, posted_text, refusal_text
+from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import Status
 
@@ -105,7 +106,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
         page_context(
             model_admin,
             request,
-            f"{op.label} job {str(job.pk)[:8]}",
+            f"{op.label} job {short(job.pk)}",
             job=job,
             original=job,
             operation=op,

@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 from jobstate import conf
 from jobstate.admin import display, stats
 from jobstate.admin.views import job_url
+from jobstate.ids import short
 from jobstate.models import WorkerProcess
 
 STATE_CLASSES = {"busy": "processing", "idle": "completed", "alive": "completed", "dead": "failed"}
@@ -52,7 +53,7 @@ def panel_context(now: datetime | None = None) -> dict[str, Any]:
                     "seen": _whole_seconds(p.seen_at, now),
                     "up": _whole_seconds(p.started_at, now),
                     "job_url": job_url(p.job_id) if p.job_id else "",
-                    "job_short": str(p.job_id)[:8] if p.job_id else "",
+                    "job_short": short(p.job_id) if p.job_id else "",
                 }
             )
         clusters.append({"cluster": c, "rows": rows})
@@ -109,7 +110,7 @@ class WorkerProcessAdmin(admin.ModelAdmin):
     def job_col(self, obj: WorkerProcess) -> SafeString:
         if not obj.job_id or not self._alive(obj):
             return format_html("{}", "—")
-        return format_html('<a href="{}"><code>{}</code></a>', job_url(obj.job_id), str(obj.job_id)[:8])
+        return format_html('<a href="{}"><code>{}</code></a>', job_url(obj.job_id), short(obj.job_id))
 
     @admin.display(description="last heartbeat", ordering="seen_at")
     def seen_col(self, obj: WorkerProcess) -> str:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
-
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from jobstate.ids import new_id
 
 
 def asset_upload_to(instance: Asset, filename: str) -> str:
@@ -30,7 +30,7 @@ class AssetQuerySet(models.QuerySet["Asset"]):
 
 
 class Asset(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     job = models.ForeignKey("jobstate.Job", on_delete=models.CASCADE, related_name="assets")
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,

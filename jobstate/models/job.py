@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -11,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin, transition
 
+from jobstate.ids import new_id
 from jobstate.states import ACTIVE, TERMINAL, Status
 
 
@@ -83,7 +83,7 @@ def forget_owner(collector: Any, field: Any, sub_objs: Any, using: str) -> None:
 
 
 class Job(FSMModelMixin, models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     kind = models.CharField(max_length=200, help_text="Registered handler name.")
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, cast
@@ -17,6 +16,7 @@ from django.utils import timezone
 
 from jobstate import conf
 from jobstate.exceptions import DuplicateActiveKey
+from jobstate.ids import new_id
 from jobstate.models import Job, JobEvent
 from jobstate.registry import HandlerSpec, get_handler
 from jobstate.services._rows import announce, column, concrete_field, insert_events, notify
@@ -188,7 +188,7 @@ def enqueue_many(
     template = Job(
         kind="", owner=owner, parameters={}, priority=priority, run_after=now, created_at=now, updated_at=now
     )
-    jobs = [_like(template, id=uuid.uuid4(), kind=k, parameters=p, max_attempts=m) for k, p, m in rows]
+    jobs = [_like(template, id=new_id(), kind=k, parameters=p, max_attempts=m) for k, p, m in rows]
     with transaction.atomic():
         if connection.vendor == "postgresql":
             _insert_with_events(jobs, who, now, batch_size)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from jobstate.ids import short
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from tests.browser.conftest import log_in
@@ -37,7 +38,7 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
     assert page.locator("#result_list .js-progress").count() == 7
 
     # Open the queued job and cancel it with a reason.
-    page.click(f"#result_list a:has-text('{str(target.pk)[:8]}')")
+    page.click(f"#result_list a:has-text('{short(target.pk)}')")
     page.wait_for_url(re.compile(rf".*/jobstate/job/{target.pk}/change/"))
     assert page.locator("#js-operations .js-op-cancel").is_visible()
     page.click("#js-operations .js-op-cancel")

@@ -13,6 +13,7 @@ import pytest
 from django.utils import timezone
 
 from jobstate import services
+from jobstate.ids import short
 from jobstate.models import Job, JobStep
 from jobstate.services import workers
 from tests.browser.conftest import log_in
@@ -55,7 +56,7 @@ def test_workers_panel_shows_an_idle_cluster(page: Any, live_server: Any, admin_
     workers.beat("web-1:700:701", cluster="web-1:700", role="worker", job_id=job.pk)
     busy = panel.locator("tr.js-process[data-state='busy']")
     busy.wait_for(timeout=WITHIN_MS + 1000)
-    assert str(job.pk)[:8] in busy.inner_text()
+    assert short(job.pk) in busy.inner_text()
     assert page.locator("#js-tile-workers [data-live-count='busy']").inner_text() == "1"
 
 

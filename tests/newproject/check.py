@@ -129,7 +129,7 @@ def main() -> None:
     status, _, body = request("GET", f"/admin/jobstate/job/{job_id}/change/", opener=opener)
     expect(status, 200, "the admin job page", body)
     page = body.decode()
-    if job_id[:8] not in page or "reports.build" not in page or "report-2026-10.csv" not in page:
+    if job_id[-8:] not in page or "reports.build" not in page or "report-2026-10.csv" not in page:
         sys.exit("FAILED the admin job page does not show the job, its kind and its asset")
     print("ok   the admin job page shows the job, its kind and its asset")
 
