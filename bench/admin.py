@@ -35,6 +35,7 @@ def pages() -> list[tuple[str, str, bool]]:
     from django.urls import reverse
     from django.utils import timezone
 
+    from jobstate.ids import short
     from jobstate.models import Asset, Job
 
     jobs = reverse("admin:jobstate_job_changelist")
@@ -54,6 +55,7 @@ def pages() -> list[tuple[str, str, bool]]:
         ("job list, this month", f"{jobs}?created_at__year={now.year}&created_at__month={now.month}", True),
         ("job list, search key", f"{jobs}?q={key}", True),
         ("job list, search id prefix", f"{jobs}?q={str(job)[:8]}", True),
+        ("job list, search short id", f"{jobs}?q={short(job)}", True),
         ("job list, page 50", f"{jobs}?p=50", True),
         ("stuck page", reverse("admin:jobstate_job_stuck"), True),
         ("dashboard", reverse("admin:jobstate_job_dashboard"), True),

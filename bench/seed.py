@@ -95,7 +95,11 @@ INSERT INTO jobstate_job (
     cancel_requested_at, created_at, updated_at, started_at, finished_at
 )
 SELECT
-    gen_random_uuid(),
+    -- A version 7 UUID from the job's creation time, as jobstate.ids makes them:
+    -- its first 48 bits are the time in milliseconds, the rest stays random.
+    encode(set_byte(overlay(uuid_send(gen_random_uuid())
+        PLACING substring(int8send((extract(epoch FROM created) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
+        6, (get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid,
     kind,
     CASE WHEN (h / 100) % 50 = 0 THEN NULL ELSE (%(owners)s)[1 + (g % %(n_owners)s)] END,
     CASE WHEN status = 'completed' AND g % 7 = 0 THEN 'bench-' || g END,

@@ -8,8 +8,9 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth import get_user_model
-from django.db.models import CharField, Q, QuerySet
-from django.db.models.functions import Cast, Right
+from django.db import connections
+from django.db.models import BinaryField, CharField, Func, Q, QuerySet
+from django.db.models.functions import Cast, Right, Substr
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -31,8 +32,6 @@ BADGE_CAP = 100
 
 HEX = "0123456789abcdef"
 SHORT = len(short(uuid.UUID(int=0)))
-# A short id names one job in practice (32 random bits); this bounds the odd collision.
-SHORT_MATCHES = 100
 
 # Heavy columns the list never shows.
 LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
@@ -48,16 +47,22 @@ def _uuid_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
 
 def _short_id_matches(queryset: QuerySet[Job], term: str) -> list[uuid.UUID]:
     """The jobs whose short id (``jobstate.ids.short``: an id's last 8 hex digits,
-    as the admin shows it) is ``term``. No index can serve a suffix: one scan that
-    compares the ids' last characters (about 60 ms on 1,000,000 jobs with
-    PostgreSQL), done once, not for each query of the list page."""
+    as the admin shows it) is ``term``. No index serves the end of a key: this
+    reads every id once (on PostgreSQL comparing the id's last 4 bytes, in a
+    parallel scan: about 100 ms on 1,000,000 jobs on a 2-core machine; converting
+    each id to text took five times as long)."""
     hexed = term.lower()
     if len(hexed) != SHORT or any(c not in HEX for c in hexed):
         return []
-    tail = Right(Cast("pk", output_field=CharField()), SHORT)
-    return list(
-        queryset.order_by().alias(tail=tail).filter(tail=hexed).values_list("pk", flat=True)[:SHORT_MATCHES]
-    )
+    tail: Any
+    value: Any
+    if queryset.db and connections[queryset.db].vendor == "postgresql":
+        raw = Func("pk", function="uuid_send", output_field=BinaryField())
+        tail, value = Substr(raw, 17 - SHORT // 2, output_field=BinaryField()), bytes.fromhex(hexed)
+    else:
+        tail, value = Right(Cast("pk", output_field=CharField()), SHORT), hexed
+    # No LIMIT: with one, PostgreSQL reads the primary key in one process instead.
+    return list(queryset.order_by().alias(tail=tail).filter(tail=value).values_list("pk", flat=True))
 
 
 @admin.register(Job)
@@ -166,10 +171,11 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         span = _uuid_range(term)
         if span is not None:
             q |= Q(pk__gte=span[0], pk__lte=span[1])
-        matches = _short_id_matches(queryset, term)
-        if matches:
-            q |= Q(pk__in=matches)
-        return queryset.filter(q), False
+        found = queryset.filter(q)
+        if not found.exists():
+            # Only then the short id, which reads every id (see _short_id_matches).
+            found = queryset.filter(pk__in=_short_id_matches(queryset, term))
+        return found, False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP.
