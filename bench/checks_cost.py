@@ -9,7 +9,7 @@ columns it writes, and builds each one's expression again for every statement
 statement does not save. This script measures that on a progress write, the
 statement a running job makes most.
 
-It migrates a database of its own (``--db``), copies ``jobstate_job`` twice
+It migrates a database of its own (``--db``, dropped at the end), copies ``jobstate_job`` twice
 (``CREATE TABLE ... (LIKE jobstate_job INCLUDING DEFAULTS INCLUDING INDEXES)``,
 one of them also ``INCLUDING CONSTRAINTS``), fills both with the same running
 jobs, and then runs the progress write (prepared, autocommit,
@@ -55,7 +55,9 @@ def parse() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL")
-    parser.add_argument("--db", default="jobstate_bench_checks", help="scratch database (created)")
+    parser.add_argument(
+        "--db", default="jobstate_bench_checks", help="scratch database (created, then dropped)"
+    )
     parser.add_argument("--chunks", type=int, default=25, help="chunks per table (at least 3)")
     parser.add_argument("--chunk", type=int, default=400, help="statements per chunk")
     return parser.parse_args()
@@ -121,9 +123,12 @@ def main() -> None:
                     conn.execute(sql, params, prepare=True)
                 per[label].append((cpu_ns() - before) / args.chunk / 1000)
     finally:
-        for table in TABLES.values():
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.close()
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(f"{pg}/postgres", autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{args.db}"')
 
     # The first chunks warm the caches and prepare the statements.
     med = {label: statistics.median(values[2:]) for label, values in per.items()}

@@ -168,13 +168,14 @@ class OwnServer:
         process has a session of its own), and of the backends that exited."""
         postmaster = int((self.dir / "data" / "postmaster.pid").read_text().split()[0])
         total = 0.0
+        tick = os.sysconf("SC_CLK_TCK")
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             if int(fields[1]) == postmaster or int(stat.parent.name) == postmaster:
-                total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+                total += sum(int(x) for x in fields[11:15]) / tick
         return total
 
     def stop(self) -> None:

@@ -61,7 +61,7 @@ def test_enqueue_task(name, enqueued_signal):
     the_task = getattr(t, name)
     result = the_task.enqueue(1, two=3)
 
-    assert uuid.UUID(result.id).version == 4
+    assert uuid.UUID(result.id).version == 7  # jobstate.ids: time-ordered
     assert result.status == TaskResultStatus.READY
     assert not result.is_finished
     assert result.started_at is None and result.last_attempted_at is None and result.finished_at is None
