@@ -12,14 +12,17 @@ indexes, so every checkpoint cycle logs most of them again; with time-ordered
 right-hand end, as with a sequence. ``bench/drain.py`` starts from an empty
 table and takes no checkpoint while it runs, so it cannot show this.
 
-Each round and each id version, in alternation, in a database of its own
+Each round and each id version, in alternation (v4 first in odd rounds, v7 first
+in even ones), in a database of its own
 (``--db``): the job and history tables are emptied and filled with
 ``--existing`` finished jobs (ids of that version, three history rows each, as
 ``bench/admin.py``'s seed keeps), vacuumed; then ``CHECKPOINT``, and
 ``--jobs`` new jobs (ids of that version) go the way every job goes, in this
 process: ``enqueue_many``, claimed ten at a time, three progress writes, completed.
-Printed per version: WAL bytes per job and full-page images per job
-(``pg_stat_wal``), medians of the rounds. WAL is server-wide: run on a quiet server.
+Printed per version: WAL bytes per job (``pg_current_wal_lsn()`` before and
+after) and full-page images per job (``pg_stat_wal``), medians of the rounds.
+WAL is server-wide: run on a quiet server. A checkpoint that falls inside a
+measurement (``pg_stat_bgwriter``) is printed on its round's line.
 """
 
 from __future__ import annotations
@@ -78,9 +81,10 @@ def main() -> None:
     try:
         results = run(args, f"{pg}/{args.db}")
     finally:
-        from django.db import connections
+        if "django.db" in sys.modules:
+            from django.db import connections
 
-        connections.close_all()
+            connections.close_all()
         with psycopg.connect(f"{pg}/postgres", autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{args.db}"')
     print(
@@ -114,8 +118,9 @@ def run(args: argparse.Namespace, url: str) -> dict[str, list[tuple[float, float
         "time-ordered (version 7, jobstate's)": ids.new_id,
     }
     results: dict[str, list[tuple[float, float]]] = {label: [] for label in versions}
-    for _ in range(args.rounds):
-        for label, make in versions.items():
+    for n in range(args.rounds):
+        order = list(versions.items())
+        for label, make in order if n % 2 == 0 else reversed(order):
             seed(connection, args.existing, make)
             vars(enqueue)["new_id"] = make  # the ids enqueue_many gives
             try:
@@ -125,7 +130,8 @@ def run(args: argparse.Namespace, url: str) -> dict[str, list[tuple[float, float
             finally:
                 vars(enqueue)["new_id"] = ids.new_id
             results[label].append(((after[0] - before[0]) / args.jobs, (after[1] - before[1]) / args.jobs))
-            print(f"  {label}: {results[label][-1][0]:,.0f} B/job, {results[label][-1][1]:.2f} FPI/job")
+            note = ", a checkpoint fell inside" if after[2] != before[2] else ""
+            print(f"  {label}: {results[label][-1][0]:,.0f} B/job, {results[label][-1][1]:.2f} FPI/job{note}")
     return results
 
 
@@ -154,16 +160,20 @@ def drain(services: Any, n: int) -> None:
             services.complete(job, job.lease_token, {"ok": True})
 
 
-def wal(connection: Any, checkpoint: bool = False) -> tuple[int, int]:
-    """(WAL bytes, full-page images) so far, server-wide, after a checkpoint if asked."""
+def wal(connection: Any, checkpoint: bool = False) -> tuple[int, int, int]:
+    """(WAL bytes, full-page images, checkpoints) so far, server-wide, after a
+    checkpoint if asked."""
     with connection.cursor() as cursor:
         if checkpoint:
             cursor.execute("CHECKPOINT")
         # This backend's WAL counters reach pg_stat_wal when its next transaction ends.
         cursor.execute("SELECT pg_stat_force_next_flush()")
-        cursor.execute("SELECT pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_stat_wal")
-        lsn, fpi = cursor.fetchone()
-    return int(lsn), int(fpi)
+        cursor.execute(
+            "SELECT pg_current_wal_lsn() - '0/0', wal_fpi, checkpoints_timed + checkpoints_req "
+            "FROM pg_stat_wal, pg_stat_bgwriter"
+        )
+        lsn, fpi, checkpoints = cursor.fetchone()
+    return int(lsn), int(fpi), int(checkpoints)
 
 
 if __name__ == "__main__":

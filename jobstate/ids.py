@@ -26,13 +26,24 @@ import uuid
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
+_clock = time.time_ns  # nanoseconds since the epoch (tests replace it)
+
+
+def _after_fork() -> None:
+    # A fork while another thread held the lock would leave the child's copy held
+    # forever. The child's ids stay unique: their 62 random bits are drawn anew.
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def new_id() -> uuid.UUID:
     """A new version 7 UUID, later than every other this process made."""
     global _last_ms, _counter
     with _lock:
-        ms = time.time_ns() // 1_000_000
+        ms = _clock() // 1_000_000
         if ms > _last_ms:
             _last_ms, _counter = ms, int.from_bytes(os.urandom(2), "big") & 0x7FF
         else:
@@ -49,6 +60,7 @@ def new_id() -> uuid.UUID:
 
 def short(pk: object) -> str:
     """The few characters that tell jobs apart at a glance: the id's last 8 hex
-    digits (a version 7 id begins with its creation time, which jobs made within
-    a minute share; its end is random, as all of a version 4 id is)."""
+    digits (a version 7 id begins with its creation time: its first 8 digits are
+    the same for every job made in one window of 65.5 seconds; its end is random,
+    as all of a version 4 id is)."""
     return str(pk)[-8:]
