@@ -187,16 +187,12 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
     return report
 
 
-def _short(pk: Any) -> str:
-    return short(pk)
-
-
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
     n = len(report.done)
     if n:
         messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.")
     for why, ids in report.refused.items():
-        sample = ", ".join(_short(pk) for pk in ids[:10]) + (" …" if len(ids) > 10 else "")
+        sample = ", ".join(short(pk) for pk in ids[:10]) + (" …" if len(ids) > 10 else "")
         messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
     if report.truncated:
         messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")
