@@ -54,7 +54,9 @@ def pages() -> list[tuple[str, str, bool]]:
         ("job list, kind+status", f"{jobs}?kind=email.send&status=completed", True),
         ("job list, this month", f"{jobs}?created_at__year={now.year}&created_at__month={now.month}", True),
         ("job list, search key", f"{jobs}?q={key}", True),
-        ("job list, search id prefix", f"{jobs}?q={str(job)[:8]}", True),
+        # An id's first 13 characters are its creation time to the millisecond
+        # (version 7): the jobs made in that millisecond, one here.
+        ("job list, search id prefix", f"{jobs}?q={str(job)[:13]}", True),
         ("job list, search short id", f"{jobs}?q={short(job)}", True),
         ("job list, page 50", f"{jobs}?p=50", True),
         ("stuck page", reverse("admin:jobstate_job_stuck"), True),

@@ -15,6 +15,10 @@ from jobstate.worker import broker as broker_module
 from jobstate.worker import counters
 from jobstate.worker.broker import JobBroker
 
+# Fixtures shared by several test modules, registered once here (no module imports
+# a fixture by name).
+pytest_plugins = ["tests.admin_support", "tests.api_support", "tests.tasks_support", "tests.webhook_support"]
+
 # CPython before 3.12 can crash (SIGSEGV) when its cyclic garbage collector runs in
 # the middle of a ContextVar.set and a finalizer it calls sets a context variable
 # itself (python/cpython#148891). Under this suite that happened in asgiref's

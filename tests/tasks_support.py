@@ -23,7 +23,7 @@ class Capture:
         self.received.append((sender, task_result))
 
 
-# Registered under the names the tests ask for; a test module imports them.
+# Registered under the names the tests ask for (tests/conftest.py loads this module).
 @pytest.fixture(name="enqueued_signal")
 def enqueued_signal_fixture():  # type: ignore[no-untyped-def]
     capture = Capture()

@@ -1,4 +1,3 @@
-# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
 """The job admin through Django's test client: list, job page, operations,
 permissions, bulk actions."""
 
@@ -17,15 +16,7 @@ from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
-from tests.test_admin_fixtures import (
-    completed,
-    expired,
-    failed,
-    operator,
-    processing,
-    queued,
-    viewer,
-)
+from tests.admin_support import completed, expired, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -176,6 +167,29 @@ def test_search_by_id_prefix_key_and_owner(admin_client: Any, user: Any) -> None
     assert found("invoice-42") == {str(keyed.pk)}
     assert found("ALICE") == {str(owned.pk)}
     assert found("nobody-by-that-name") == set()
+
+
+def test_bulk_action_on_a_short_id_search_reads_the_ids_once(
+    admin_client: Any, admin_user: Any, monkeypatch: Any
+) -> None:
+    import jobstate.admin.jobs as job_admin
+
+    target, other = queued(), queued()
+    calls: list[str] = []
+    real = job_admin._short_id_matches
+
+    def counted(queryset: Any, term: str) -> Any:
+        calls.append(term)
+        return real(queryset, term)
+
+    monkeypatch.setattr(job_admin, "_short_id_matches", counted)
+    data = {"action": "cancel_selected", "_selected_action": [str(target.pk)], "index": 0}
+    data.update(confirm="yes", reason="wrong input")
+    response = admin_client.post(f"{LIST}?q={short(target.pk)}", data)
+    assert response.status_code == 302
+    assert calls == [short(target.pk)]  # the changelist and the action share one scan
+    assert Job.objects.get(pk=target.pk).status == Status.CANCELLED
+    assert Job.objects.get(pk=other.pk).status == Status.QUEUED
 
 
 BAD_FILTERS = (
@@ -418,7 +432,7 @@ def test_viewer_sees_jobs_but_cannot_act(client: Any, viewer: Any) -> None:
 
 
 def test_each_operation_needs_its_own_permission(client: Any, django_user_model: Any) -> None:
-    from tests.test_admin_fixtures import grant
+    from tests.admin_support import grant
 
     user = django_user_model.objects.create_user("cancel-only", password="pw-123456", is_staff=True)
     user = grant(user, "view_job", "cancel_job")

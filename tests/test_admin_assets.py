@@ -1,4 +1,3 @@
-# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
 """The Asset admin: list, filters, link back to the job, staff-only download."""
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from django.urls import reverse
 
 from jobstate import services
 from jobstate.models import Asset
-from tests.test_admin_fixtures import grant, operator, processing, viewer
+from tests.admin_support import grant, processing
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
 """The dashboard page, its numbers (jobstate.admin.stats), the SVG charts and the
 capped paginator."""
 
@@ -14,7 +13,6 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from jobstate import services
 from jobstate.admin import charts, stats
 from jobstate.admin.paginator import CappedPaginator, estimated_rows
 from jobstate.ids import short
@@ -22,7 +20,7 @@ from jobstate.models import Job
 from jobstate.services import workers
 from jobstate.states import Status
 from jobstate.stuck import distinct_values
-from tests.test_admin_fixtures import ago, completed, expired, failed, processing, queued, viewer
+from tests.admin_support import completed, expired, failed, processing, queued
 
 DASHBOARD = reverse("admin:jobstate_job_dashboard")
 LIST = reverse("admin:jobstate_job_changelist")

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from jobstate import services
-from tests.test_admin_fixtures import completed, failed, processing, queued
+from tests.admin_support import completed, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
 """The admin under hostile or heavy input: filters with NUL characters or
 impossible dates answer with the normal page, and a job with thousands of
 transitions or assets shows the latest ones with a link to the full list."""
@@ -14,7 +13,7 @@ from django.urls import reverse
 from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Asset, JobEvent
-from tests.test_admin_fixtures import expired, queued, viewer
+from tests.admin_support import expired, queued
 
 pytestmark = pytest.mark.django_db
 

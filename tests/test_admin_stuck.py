@@ -1,4 +1,3 @@
-# ruff: noqa: F401, F811 - pytest fixtures imported from tests.test_admin_fixtures
 """Stuck-job detection (jobstate.stuck), its admin page and remedies, and the
 ``jobstate_stuck`` command."""
 
@@ -20,16 +19,7 @@ from django.utils.html import escape
 from jobstate import services, stuck
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
-from tests.test_admin_fixtures import (
-    ago,
-    completed,
-    expired,
-    failed,
-    operator,
-    processing,
-    queued,
-    viewer,
-)
+from tests.admin_support import ago, completed, expired, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 

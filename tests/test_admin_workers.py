@@ -18,7 +18,7 @@ from jobstate.admin import JobAdmin, stats
 from jobstate.models import Job, WorkerProcess
 from jobstate.services import workers
 from jobstate.states import Status
-from tests.test_admin_fixtures import grant, processing, queued, viewer  # noqa: F401
+from tests.admin_support import grant, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -80,7 +80,7 @@ def test_no_process_at_all_says_so(admin_client: Any) -> None:
     assert 'id="js-no-workers"' in html
 
 
-def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: Any) -> None:  # noqa: F811
+def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: Any) -> None:
     idle_cluster()
     client.force_login(viewer)
     response = client.get(PROCESSES)
@@ -184,7 +184,7 @@ def test_live_dashboard_counts_and_panel(admin_client: Any) -> None:
     assert data["active"] == 1
 
 
-def test_live_is_checked_like_the_pages(client: Any, staff_user: Any, viewer: Any) -> None:  # noqa: F811
+def test_live_is_checked_like_the_pages(client: Any, staff_user: Any, viewer: Any) -> None:
     job = queued()
     assert client.get(f"{LIVE}?ids={job.pk}").status_code == 302  # to the login page
     client.force_login(staff_user)  # staff, but may not view jobs

@@ -16,9 +16,9 @@ from rest_framework.test import APIClient
 
 from jobstate import services
 from jobstate.models import Asset, Job
-from tests.api_support import JOBS, assert_error, client_for, completed, fresh_cache, make_job
+from tests.api_support import JOBS, assert_error, client_for, completed, make_job
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
 FAST = {"SSE_POLL_SECONDS": 0.01, "SSE_MAX_SECONDS": 0.05, "LONGPOLL_MAX_SECONDS": 0.05}
 

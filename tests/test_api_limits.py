@@ -19,9 +19,9 @@ from jobstate.api import stream as stream_module
 from jobstate.api import throttling
 from jobstate.api.stream import HeldStream
 from jobstate.models import Asset, Job, JobEvent
-from tests.api_support import JOBS, assert_error, client_for, completed, fresh_cache, job_url, make_job
+from tests.api_support import JOBS, assert_error, client_for, completed, job_url, make_job
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
 # Every query parameter the API reads, and some it does not.
 PARAMETERS = [

@@ -10,9 +10,9 @@ from django.contrib.auth.models import Permission
 
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent
-from tests.api_support import JOBS, assert_error, client_for, failed, fresh_cache, grant, job_url, make_job
+from tests.api_support import JOBS, assert_error, client_for, failed, grant, job_url, make_job
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
 KINDS = "/api/kinds/"
 

@@ -29,9 +29,9 @@ import jobstate
 from jobstate import services
 from jobstate.api.serializers import JobDetailSerializer
 from jobstate.models import JobStep
-from tests.api_support import client_for, completed, failed, fresh_cache, make_job, running
+from tests.api_support import client_for, completed, failed, make_job, running
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
 # Bounded for CI (deterministic); raise it locally to hunt: JOBSTATE_SCHEMATHESIS_EXAMPLES=500.
 EXAMPLES = int(os.environ.get("JOBSTATE_SCHEMATHESIS_EXAMPLES", "25"))

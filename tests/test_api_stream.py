@@ -11,9 +11,9 @@ import pytest
 from django.test import override_settings
 
 from jobstate import services
-from tests.api_support import client_for, completed, fresh_cache, job_url, make_job, running
+from tests.api_support import client_for, completed, job_url, make_job, running
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures(fresh_cache.__name__)]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
 FAST = {"SSE_POLL_SECONDS": 0.02, "SSE_MAX_SECONDS": 5, "SSE_KEEPALIVE_SECONDS": 60}
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from jobstate import services
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
-from tests.test_admin_fixtures import failed, processing, queued
+from tests.admin_support import failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 

@@ -28,7 +28,7 @@ from jobstate.tasks.compat import (
 )
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
-from tests.tasks_support import enqueued_signal_fixture, run_all  # noqa: F401 (fixtures)
+from tests.tasks_support import run_all
 
 try:
     from django.tasks import default_task_backend, task

@@ -30,7 +30,7 @@ from jobstate.tasks.results import exception_path, status_of
 from jobstate.worker.runner import run_job
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
-from tests.tasks_support import run_all, worker_signals_fixture  # noqa: F401 (fixtures)
+from tests.tasks_support import run_all
 
 try:
     from django.tasks import default_task_backend

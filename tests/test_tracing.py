@@ -21,7 +21,7 @@ from jobstate import hooks, services
 from jobstate.tracing import spans
 from jobstate.tracing.models import JobTrace
 from jobstate.worker.runner import drain
-from tests.api_support import client_for, fresh_cache  # noqa: F401  (fixture)
+from tests.api_support import client_for
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,6 @@ from jobstate.models import Job
 from jobstate.webhooks import delivery, outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.worker.runner import drain
-from tests.webhook_support import receiver  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +37,7 @@ def deliveries() -> list[Job]:
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_a_completed_job_is_delivered_signed_and_verifies(user, receiver):  # noqa: F811
+def test_a_completed_job_is_delivered_signed_and_verifies(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     job = services.enqueue("test.echo", {"n": 7}, owner=user)
     drain()
@@ -64,7 +63,7 @@ def test_a_completed_job_is_delivered_signed_and_verifies(user, receiver):  # no
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_a_500_is_retried_with_the_same_webhook_id(user, receiver):  # noqa: F811
+def test_a_500_is_retried_with_the_same_webhook_id(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     receiver.statuses = [500]
     services.enqueue("test.echo", {}, owner=user)
@@ -87,7 +86,7 @@ def test_backoff_grows_with_jitter():
         assert all(base <= d <= base * 1.25 for d in delays) and len(delays) > 1
 
 
-def test_no_delivery_to_loopback_unless_allowed(user, receiver):  # noqa: F811
+def test_no_delivery_to_loopback_unless_allowed(user, receiver):
     WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     services.enqueue("test.echo", {}, owner=user)
     drain()
@@ -118,7 +117,7 @@ def test_a_name_that_resolves_to_loopback_is_refused(monkeypatch):
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_redirects_are_not_followed(user, receiver):  # noqa: F811
+def test_redirects_are_not_followed(user, receiver):
     WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     receiver.statuses = [302]
     with override_settings(JOBSTATE={**ALLOW, "WEBHOOK_MAX_ATTEMPTS": 1}):
@@ -130,7 +129,7 @@ def test_redirects_are_not_followed(user, receiver):  # noqa: F811
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_a_rotated_secret_signs_twice_during_the_overlap(user, receiver):  # noqa: F811
+def test_a_rotated_secret_signs_twice_during_the_overlap(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     old = endpoint.secret
     endpoint.previous_secret, endpoint.secret = old, WebhookEndpoint().secret
@@ -147,7 +146,7 @@ def test_a_rotated_secret_signs_twice_during_the_overlap(user, receiver):  # noq
 
 
 @override_settings(JOBSTATE={**ALLOW, "WEBHOOK_DISABLE_AFTER": 3, "WEBHOOK_MAX_ATTEMPTS": 2})
-def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver):  # noqa: F811
+def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     receiver.statuses = [503] * 10
     services.enqueue("test.echo", {}, owner=user)
@@ -167,7 +166,7 @@ def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver)
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_only_the_owners_and_global_endpoints_hear_of_a_job(user, other_user, receiver):  # noqa: F811
+def test_only_the_owners_and_global_endpoints_hear_of_a_job(user, other_user, receiver):
     WebhookEndpoint.objects.create(owner=other_user, url=receiver.url + "/bob")
     WebhookEndpoint.objects.create(owner=None, url=receiver.url + "/global")
     WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/alice-etl", kinds=["etl.import"])
@@ -227,7 +226,7 @@ def test_no_subscription_costs_no_query(user):
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_a_worker_killed_mid_delivery_is_rescued_with_the_same_webhook_id(user, receiver):  # noqa: F811
+def test_a_worker_killed_mid_delivery_is_rescued_with_the_same_webhook_id(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     services.enqueue("test.echo", {}, owner=user)
     drain(kinds=["test.echo"])
@@ -251,7 +250,7 @@ def test_a_worker_killed_mid_delivery_is_rescued_with_the_same_webhook_id(user, 
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_a_delivery_queued_by_a_user_is_refused(user, receiver):  # noqa: F811
+def test_a_delivery_queued_by_a_user_is_refused(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=None, url=receiver.url)
     job = services.enqueue("test.echo", {})
     forged = services.enqueue(
@@ -288,7 +287,7 @@ def test_event_types_of_transitions():
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_step_events_of_a_workflow(user, receiver):  # noqa: F811
+def test_step_events_of_a_workflow(user, receiver):
     WebhookEndpoint.objects.create(owner=user, url=receiver.url, events=["job.step", "job.completed"])
     job = services.enqueue("wf.five", {}, owner=user)
     drain()

@@ -8,7 +8,7 @@ from django.test.utils import override_settings
 
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tests.api_support import client_for, fresh_cache, grant  # noqa: F401  (fixture)
+from tests.api_support import client_for, grant
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 

@@ -21,7 +21,7 @@ from jobstate.webhooks import outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.worker.retention import prune
 from jobstate.worker.runner import drain
-from tests.webhook_support import DRIPPED_BODY, receiver  # noqa: F401  (fixture)
+from tests.webhook_support import DRIPPED_BODY
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +43,7 @@ def fresh_answers():
 
 @pytest.mark.parametrize("body_only", [False, True], ids=["status-and-headers", "body"])
 @override_settings(JOBSTATE={**ALLOW, "WEBHOOK_TIMEOUT": 1.0, "WEBHOOK_MAX_ATTEMPTS": 1})
-def test_a_receiver_dripping_its_answer_is_cut_off_at_the_deadline(user, receiver, body_only):  # noqa: F811
+def test_a_receiver_dripping_its_answer_is_cut_off_at_the_deadline(user, receiver, body_only):
     receiver.drip, receiver.drip_body_only = 0.025, body_only
     WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     services.enqueue("test.echo", {}, owner=user)
@@ -62,7 +62,7 @@ def test_a_receiver_dripping_its_answer_is_cut_off_at_the_deadline(user, receive
 
 
 @override_settings(JOBSTATE={**ALLOW, "WEBHOOK_TIMEOUT": 10.0})
-def test_a_slow_answer_within_the_deadline_is_read_whole(receiver):  # noqa: F811
+def test_a_slow_answer_within_the_deadline_is_read_whole(receiver):
     receiver.drip, receiver.drip_body_only = 0.002, True
     response = transport.post(receiver.url, b"{}", {})
     assert (response.status, response.body) == (200, DRIPPED_BODY)
@@ -70,7 +70,7 @@ def test_a_slow_answer_within_the_deadline_is_read_whole(receiver):  # noqa: F81
 
 
 @override_settings(JOBSTATE={**ALLOW, "WEBHOOK_TIMEOUT": 0.5})
-def test_the_deadline_also_bounds_a_receiver_that_never_answers(receiver):  # noqa: F811
+def test_the_deadline_also_bounds_a_receiver_that_never_answers(receiver):
     receiver.holds = 1  # keeps the request open until released (60 s at most)
     started = time.monotonic()
     with pytest.raises(transport.DeadlineExceeded):

@@ -182,8 +182,17 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         if _looks_short(term) and not found.exists():
             # A short id only when nothing else matched: it reads every id
             # (_short_id_matches), and an id prefix, key or owner is the likelier meaning.
-            found = queryset.filter(pk__in=_short_id_matches(queryset, term))
+            found = queryset.filter(pk__in=self._short_ids(request, queryset.db, term))
         return found, False
+
+    def _short_ids(self, request: HttpRequest, db: str, term: str) -> list[uuid.UUID]:
+        """``_short_id_matches`` over the whole table, once per request: a bulk
+        action's POST searches twice (Django's changelist builds its queryset, then
+        the action's), and the caller's queryset narrows the ids down each time."""
+        memo: dict[tuple[str, str], list[uuid.UUID]] = request.__dict__.setdefault("_jobstate_short_ids", {})
+        if (db, term) not in memo:
+            memo[db, term] = _short_id_matches(self.model._default_manager.using(db), term)
+        return memo[db, term]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP.

@@ -13,8 +13,8 @@ from django.utils import timezone
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
+from tests.admin_support import completed, expired, failed, queued
 from tests.browser.conftest import log_in
-from tests.test_admin_fixtures import completed, expired, failed, queued
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -16,8 +16,8 @@ from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Job, JobStep
 from jobstate.services import workers
+from tests.admin_support import completed, failed, queued
 from tests.browser.conftest import log_in
-from tests.test_admin_fixtures import completed, failed, queued
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

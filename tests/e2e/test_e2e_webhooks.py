@@ -17,17 +17,14 @@ from jobstate.states import Status
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.webhooks.outbox import KIND
 from tests.e2e.support import wait_for, worker_pid
-from tests.webhook_support import (
-    Receiver,
-    receiver,  # noqa: F401  (fixture)
-)
+from tests.webhook_support import Receiver
 
 pytestmark = pytest.mark.e2e
 
 
 def test_a_delivery_whose_worker_is_sigkilled_is_delivered_again_with_the_same_id(
     qcluster,
-    receiver,  # noqa: F811
+    receiver,
     django_user_model,
 ):
     user = django_user_model.objects.create_user("dora", password="pw-dora-123")
@@ -68,7 +65,7 @@ def finished(job: Job) -> bool:
 
 def test_a_500_is_retried_after_a_backoff_with_the_same_webhook_id(
     qcluster,
-    receiver,  # noqa: F811
+    receiver,
     django_user_model,
 ):
     user = django_user_model.objects.create_user("dora", password="pw-dora-123")
@@ -99,7 +96,7 @@ def test_a_500_is_retried_after_a_backoff_with_the_same_webhook_id(
 @pytest.mark.parametrize("allowed", [False, True], ids=["default-settings", "allow-private"])
 def test_nothing_reaches_loopback_unless_private_addresses_are_allowed(
     qcluster,
-    receiver: Receiver,  # noqa: F811
+    receiver: Receiver,
     django_user_model,
     allowed,
 ):
