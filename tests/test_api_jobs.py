@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 
@@ -246,6 +247,23 @@ def test_list_filters_by_parent_and_retry_of(user):
 )
 def test_bad_list_parameters_are_a_400(user, params):
     assert_error(client_for(user).get(JOBS, params), 400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["9999-12-31T23:00:00-20:00", "0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+22:19"],
+)
+def test_a_cursor_date_out_of_range_or_odd_offset_is_a_400_or_normalised(user, value):
+    # A crafted cursor: its date overflows when converted to UTC (400), or carries an
+    # offset PostgreSQL refuses (sent as UTC instead).
+    job = services.enqueue("test.echo", {}, owner=user)
+    raw = json.dumps({"o": "-created_at", "v": [value, str(job.pk)]}).encode()
+    cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    response = client_for(user).get(JOBS, {"cursor": cursor})
+    if value.startswith("2026"):
+        assert response.status_code == 200
+    else:
+        assert_error(response, 400, "invalid")
 
 
 def test_odd_but_valid_dates_are_normalised_not_a_500(user):

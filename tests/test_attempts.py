@@ -56,6 +56,44 @@ def test_an_unstorable_result_fails_the_job_with_that_error_and_never_reruns_it(
     assert drain() == 0 and calls == [1]  # no re-run of its side effects
 
 
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), {"ratio": float("-inf")}, "a\x00b", {"k\x00": 1}, ["ok", {"deep": "\x00"}]],
+    ids=["nan", "infinity", "nested-infinity", "nul", "nul-in-a-key", "nested-nul"],
+)
+def test_a_result_the_database_refuses_fails_the_job_and_is_never_rerun(temp_handler, value):
+    # json.dumps writes NaN and Infinity, and a string may hold a NUL: PostgreSQL's
+    # jsonb refuses both and SQLite's JSON check the first. Caught before the write,
+    # the job fails as UnstorableResult instead of being retried as if it had crashed.
+    calls: list[int] = []
+
+    def returns(ctx):
+        calls.append(ctx.attempt)
+        return value
+
+    temp_handler("t.refused_result", returns, max_attempts=3, retry_backoff=0)
+    outcome, job = run_one("t.refused_result")
+    assert outcome == "failed" and calls == [1]
+    assert job.status == Status.FAILED and job.error_type == "UnstorableResult"
+    assert transitions(job) == ["enqueue", "claim", "fail"]
+    assert drain() == 0 and calls == [1]
+
+
+def test_a_nul_in_reported_text_is_stored_as_a_replacement_character(temp_handler):
+    # PostgreSQL's text columns refuse NUL: the error and the progress message are
+    # still recorded, as written but for that character, and the job is not retried.
+    def reports_then_fails(ctx):
+        ctx.progress(50, "half\x00way", step="st\x00ep")
+        raise RuntimeError("bad\x00input")
+
+    temp_handler("t.nul_text", reports_then_fails, max_attempts=2, retry_backoff=0)
+    outcome, job = run_one("t.nul_text")
+    assert outcome == "retrying" and job.status == Status.QUEUED
+    assert job.error_message == "bad\ufffdinput" and job.error_type == "RuntimeError"
+    assert job.progress_message == "half\ufffdway" and job.current_step == "st\ufffdep"
+    assert "bad\ufffdinput" in job.traceback and "\x00" not in job.traceback
+
+
 def test_a_partial_with_an_unstorable_result_fails_the_job(temp_handler):
     def half(ctx):
         raise Partial("2 of 3", result={"when": {1, 2}})  # a set: not JSON

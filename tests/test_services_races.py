@@ -12,8 +12,9 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from jobstate import LeaseLost, services
+from jobstate.exceptions import InvalidTransition
 from jobstate.models import Asset, Job
-from jobstate.services import assets, cascade
+from jobstate.services import assets, cascade, control
 from jobstate.states import Status
 from tests.api_support import JOBS, assert_error, client_for
 
@@ -115,3 +116,70 @@ def test_the_api_answers_a_lost_key_race_with_409_not_500(user, monkeypatch):
     response = client_for(user).post(JOBS, {"kind": "test.echo", "key": "k"}, format="json")
     assert_error(response, 409, "duplicate_active_key")
     assert Job.objects.count() == 1
+
+
+def _stale_first_read(monkeypatch: pytest.MonkeyPatch, stale: Job) -> None:
+    """request_cancel's first read of the job returns ``stale``: the status it saw
+    just before another party moved the job."""
+    real_get = control._get
+    reads: list[Any] = []
+
+    def get(job: Any) -> Job:
+        reads.append(job)
+        return stale if len(reads) == 1 else real_get(job)
+
+    monkeypatch.setattr(control, "_get", get)
+
+
+def test_a_job_claimed_as_it_is_cancelled_is_asked_to_stop_not_cancelled_under_its_worker(monkeypatch):
+    job = services.enqueue("test.echo", {}, key="once")
+    stale = Job.objects.get(pk=job.pk)  # queued, as the caller saw it
+    (claimed,) = services.claim("w1")
+    _stale_first_read(monkeypatch, stale)
+    result = services.request_cancel(job, "api", "not needed")
+    # Its worker holds it: asked, not cancelled (which would free the key and the
+    # slot while the handler still runs).
+    assert result.status == Status.PROCESSING and result.cancel_requested_at is not None
+    assert result.lease_token == claimed.lease_token
+    assert list(result.events.order_by("id").values_list("transition", flat=True)) == [
+        "enqueue",
+        "claim",
+        "request_cancel",
+    ]
+
+
+def test_a_parent_that_suspends_as_it_is_cancelled_is_cancelled_with_its_children(monkeypatch):
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1")
+    child = services.enqueue("test.echo", {}, parent=held)
+    stale = Job.objects.get(pk=parent.pk)  # processing, as the caller saw it
+    services.suspend(held, held.lease_token)  # the fan-out: it waits for its child
+    _stale_first_read(monkeypatch, stale)
+    result = services.request_cancel(parent, "api", "not needed")
+    assert result.status == Status.CANCELLED  # not left waiting for a child it cancelled
+    assert Job.objects.get(pk=child.pk).status == Status.CANCELLED
+
+
+def test_a_parent_that_finishes_as_it_is_cancelled_is_refused_and_its_children_kept(monkeypatch):
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1")
+    child = services.enqueue("test.echo", {}, parent=held)
+    stale = Job.objects.get(pk=parent.pk)
+    services.complete(held, held.lease_token, {"done": True})
+    _stale_first_read(monkeypatch, stale)
+    with pytest.raises(InvalidTransition):
+        services.request_cancel(parent, "api", "not needed")
+    assert Job.objects.get(pk=child.pk).status == Status.QUEUED  # a finished parent's child runs on
+
+
+def test_an_operator_requeue_grants_an_attempt_spent_after_it_looked(monkeypatch):
+    services.enqueue("test.echo", {}, max_attempts=1)
+    (reserved,) = services.claim("w1")  # reserved by a cluster: no attempt spent yet
+    stale = Job.objects.get(pk=reserved.pk)
+    services.begin(reserved, reserved.lease_token, "w1:1")  # now it is: 1 of 1
+    _stale_first_read(monkeypatch, stale)
+    job = services.requeue(reserved, "admin", "stuck")
+    assert (job.status, job.attempts, job.max_attempts) == (Status.QUEUED, 1, 2)
+    (again,) = services.claim("w2")
+    services.begin(again, again.lease_token, "w2:1")  # within the bounds the database checks
+    assert Job.objects.get(pk=again.pk).attempts == 2

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -108,7 +108,18 @@ class KeysetPagination(BasePagination):
             ]
             if any(v is None or (isinstance(v, datetime) and timezone.is_naive(v)) for v in position):
                 raise ValueError("empty or naive cursor value")
-        except (ValueError, KeyError, TypeError, binascii.Error, DjangoValidationError, UnicodeDecodeError):
+            # In UTC, as the filters give theirs: PostgreSQL refuses an offset past
+            # ±15:59, and a date at the calendar's edge overflows when converted.
+            position = [v.astimezone(UTC) if isinstance(v, datetime) else v for v in position]
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            OverflowError,
+            binascii.Error,
+            DjangoValidationError,
+            UnicodeDecodeError,
+        ):
             raise ValidationError({self.cursor_query_param: ["Invalid cursor."]}) from None
         return position, bool(payload.get("r"))
 

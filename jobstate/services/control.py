@@ -8,7 +8,8 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, When
+from django.db.models import Case, F, Q, When
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobstate import hooks
@@ -41,6 +42,17 @@ __all__ = [
 IDLE = (Status.QUEUED, Status.WAITING)
 
 
+# Passes of request_cancel: each follows one change of status made meanwhile
+# by someone else (claimed, suspended, woken), which takes a worker's or a
+# child's transaction each; three in a row is a job moving faster than a person
+# can cancel it, and the caller sees its status.
+CANCEL_PASSES = 3
+
+
+class _StatusMoved(Exception):
+    """The job left ``processing`` before the cancel request was stored."""
+
+
 def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
     """Cancel a queued job at once; ask a processing one to stop.
 
@@ -51,26 +63,37 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
     who = Actor.of(actor)
     now = timezone.now()
     current = _get(job)
-    if current.status in TERMINAL:
-        raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
-    with transaction.atomic():
-        if current.status in IDLE:
-            try:
-                # Ends its active children first (services.cascade).
-                move(current, "cancel", actor=who, reason=reason, now=now)
-                return _get(current.pk)
-            except InvalidTransition:
-                current = _get(job)  # claimed meanwhile: ask its worker instead
-        if current.status != Status.PROCESSING:
+    # The status read here is only a guess: a worker may claim the job, or the job
+    # suspend, end or be woken, before our writes. Each write below is conditional
+    # on the status it was chosen for; one that finds another status rolls back
+    # (the children it ended included) and the next pass looks again.
+    for _ in range(CANCEL_PASSES):
+        if current.status in TERMINAL:
             raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
-        cascade.end_children(current.pk, why=Status.CANCELLED, actor=who, now=now)
-        if Job.objects.filter(
-            pk=current.pk, status=Status.PROCESSING, cancel_requested_at__isnull=True
-        ).update(cancel_requested_at=now, updated_at=now):
-            record_event(
-                current.pk, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now
-            )
-    return _get(current.pk)
+        try:
+            with transaction.atomic():
+                if current.status in IDLE:
+                    # Never from processing here: that job's worker must be asked.
+                    move(current, "cancel", actor=who, reason=reason, now=now, condition=Q(status__in=IDLE))
+                    return _get(current.pk)
+                _ask_to_cancel(current.pk, who, reason, now)
+                return _get(current.pk)
+        except (InvalidTransition, _StatusMoved):
+            current = _get(current.pk)
+    raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
+
+
+def _ask_to_cancel(job_id: Any, who: Actor, reason: str, now: datetime) -> None:
+    """Store a cancel request on a processing job; its active children are ended
+    first (children before their parent: the lock order of a child's own final
+    transaction). Raises ``_StatusMoved`` if the job is no longer processing."""
+    cascade.end_children(job_id, why=Status.CANCELLED, actor=who, now=now)
+    processing = Job.objects.filter(pk=job_id, status=Status.PROCESSING)
+    if processing.filter(cancel_requested_at__isnull=True).update(cancel_requested_at=now, updated_at=now):
+        record_event(job_id, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now)
+    elif not processing.exists():
+        raise _StatusMoved
+    # Otherwise it was asked already: the first request stands.
 
 
 def cancel_now(job: Job, token: UUID | str, *, reason: str = "", actor: Actor | None = None) -> Job | None:
@@ -290,9 +313,13 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
             fields={"run_after": timezone.now()},
         )
         return _get(current.pk)
-    fields: dict[str, Any] = {"run_after": timezone.now(), "worker_id": ""}
-    if current.attempts >= current.max_attempts:
-        fields["max_attempts"] = current.attempts + 1
+    # One more attempt if none is left, judged on the row as the UPDATE finds it: a
+    # reserved job may begin (and spend an attempt) after our read.
+    fields: dict[str, Any] = {
+        "run_after": timezone.now(),
+        "worker_id": "",
+        "max_attempts": Greatest(F("max_attempts"), F("attempts") + 1),
+    }
     move(current, "requeue", actor=Actor.of(actor), reason=reason or "requeued by operator", fields=fields)
     return _get(current.pk)
 

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Field, Model
 from django.db.models.base import ModelState
@@ -23,6 +22,7 @@ from jobstate.services._rows import announce, column, concrete_field, insert_eve
 from jobstate.services._rows import create_job as _create
 from jobstate.services.actors import Actor
 from jobstate.states import ACTIVE, Status
+from jobstate.storable import json_text
 
 SMALLINT = (-32768, 32767)
 # Lookups-then-inserts of a keyed job before giving up: each retry follows an
@@ -44,7 +44,7 @@ def _clean(
         raise ValidationError({"kind": ["A job kind is required."]})
     spec = get_handler(kind)
     cleaned = spec.validate(parameters)
-    size = len(json.dumps(cleaned, cls=DjangoJSONEncoder).encode())
+    size = len(json_text(cleaned, "parameters").encode())
     if size > conf.get("MAX_PARAMETERS_BYTES"):
         raise ValidationError(
             {"parameters": [f"Parameters are {size} bytes; the limit is {conf.get('MAX_PARAMETERS_BYTES')}."]}

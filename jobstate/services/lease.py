@@ -37,6 +37,7 @@ from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.transitions import move
 from jobstate.states import Status
+from jobstate.storable import text
 
 logger = logging.getLogger("jobstate")
 
@@ -267,9 +268,9 @@ def progress_fields(
             raise ValidationError({"progress": ["Progress is a number between 0 and 100."]})
         values["progress"] = int(percent)
     if message is not None:
-        values["progress_message"] = str(message)[:500]
+        values["progress_message"] = text(str(message)[:500])
     if step is not None:
-        values["current_step"] = str(step)[:200]
+        values["current_step"] = text(str(step)[:200])
     return values
 
 

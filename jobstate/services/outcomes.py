@@ -6,14 +6,11 @@ call matches no row and is refused with ``LeaseLost``, changing nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -29,15 +26,9 @@ from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
 from jobstate.services.transitions import move
 from jobstate.states import Status
+from jobstate.storable import json_value, text
 
 logger = logging.getLogger("jobstate")
-
-
-def _json(value: Any, field: str) -> Any:
-    try:
-        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
 
 
 def complete(
@@ -69,7 +60,7 @@ def complete(
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
         **(progress or {}),
-        "result": _json(result, "result"),
+        "result": json_value(result, "result"),
         "progress": 100,
         "error_message": "",
         "error_type": "",
@@ -164,9 +155,9 @@ def mark_partial(
     ``progress`` as in ``complete``."""
     fields = {
         **(progress or {}),
-        "result": _json(result, "result"),
+        "result": json_value(result, "result"),
         "progress": 100,
-        "error_message": error or "",
+        "error_message": text(error or ""),
     }
     return move(
         job,
@@ -196,7 +187,8 @@ def fail(
     (and ``retry``), else end the job ``failed`` with the error. ``progress``:
     progress fields not yet written, stored with the outcome."""
     now = now or timezone.now()
-    error = (error or error_type or "failed").strip() or "failed"
+    error = text((error or error_type or "failed").strip() or "failed")
+    error_type, traceback = text(error_type), text(traceback)
     pk = _pk(job)
     with transaction.atomic():
         row = (

@@ -120,6 +120,11 @@ def move(
             qs = qs.filter(lease_token=token)
         if condition is not None:
             qs = qs.filter(condition)
+        if target in (Status.FAILED, Status.CANCELLED):
+            # Children first, before this row is locked: a child's final transaction
+            # locks the child, then its parent (to wake it), so the other order could
+            # deadlock with it. Rolled back with the rest if the move is refused.
+            cascade.end_children(job_id, why=target, actor=actor, now=now)
         if len(sources) == 1:
             from_status = sources[0]
         else:
@@ -131,10 +136,6 @@ def move(
             # The attempt did not end by its own worker (reaped, or taken by an
             # operator): what it stored is not part of the job's results.
             lose_attempt_assets(job_id)
-        if target in (Status.FAILED, Status.CANCELLED):
-            # Children first (a child's final transaction locks the child, then its
-            # parent): rolled back with the rest if the UPDATE below is refused.
-            cascade.end_children(job_id, why=target, actor=actor, now=now)
         if plain:
             event = event._replace(from_status=from_status)
             written = update_job(job_id, values, status=from_status, token=token, event=event)

@@ -12,14 +12,11 @@ created pending, cursors, bookkeeping in ``detail``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.core.exceptions import ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Coalesce
@@ -32,6 +29,7 @@ from jobstate.models.step import RUNNABLE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
+from jobstate.storable import json_value
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -56,13 +54,6 @@ class ChildSpec:
     kind: str
     parameters: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
-
-
-def as_json(value: Any, what: str) -> Any:
-    try:
-        return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError({what: [f"Not JSON-serialisable: {exc}"]}) from None
 
 
 def _hold(
@@ -148,7 +139,7 @@ def checkpoint(
     job: Job, token: Any, name: str, cursor: Any, *, percent: float | None = None, message: str | None = None
 ) -> None:
     """Store the running step's cursor (any JSON) atomically with a lease check."""
-    cursor = as_json(cursor, "cursor")
+    cursor = json_value(cursor, "cursor")
     with transaction.atomic():
         _hold(job, token, percent=percent, message=message, step=name)
         if not JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS).update(
@@ -159,7 +150,7 @@ def checkpoint(
 
 def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float) -> None:
     """``running``/``serving``/``waiting`` -> ``completed`` with its output."""
-    output = as_json(output, "output")
+    output = json_value(output, "output")
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=percent, step=row.name, cancel_ok=True)
@@ -183,7 +174,7 @@ def fail(
     """The step raised: ``failed`` with the error (a retry resumes it from its cursor).
     ``compensating``: the workflow failed for good; from this commit on, every run of
     the job only finishes the undos (see ``jobstate.workflows.compensation``)."""
-    output = as_json(output, "output")
+    output = json_value(output, "output")
     now = timezone.now()
     error = (error or "failed")[:10000]
     with transaction.atomic():
@@ -228,7 +219,7 @@ def lost(job_id: Any, name: str, error: str, *, actor: Actor, now: datetime) -> 
 
 def note(job: Job, token: Any, name: str, **detail: Any) -> None:
     """Merge ``detail`` into the running step's bookkeeping (e.g. a partial note)."""
-    detail = as_json(detail, "detail")
+    detail = json_value(detail, "detail")
     with transaction.atomic():
         _hold(job, token, step=name, cancel_ok=True)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
@@ -240,7 +231,7 @@ def wait(
 ) -> list[Job]:
     """Start the step's child jobs and mark it ``waiting``, all in one transaction:
     either every child exists and the step waits for them, or nothing happened."""
-    value = as_json(value, "output")
+    value = json_value(value, "output")
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)

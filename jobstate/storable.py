@@ -1,0 +1,48 @@
+"""Values as both databases store them.
+
+Text: PostgreSQL's text columns refuse a NUL character (SQLite keeps it), so
+text a job reports (progress messages, error messages, tracebacks) has each NUL
+replaced by U+FFFD, the replacement character, instead of failing the write.
+
+JSON: ``json.dumps`` writes ``NaN`` and ``Infinity`` and a string may hold a NUL
+character; PostgreSQL's ``jsonb`` refuses both and SQLite's ``JSON_VALID`` check
+refuses the first. A value that passed a Python check and then failed at the
+database would surface as an IntegrityError or DataError in the middle of a
+transition (a result that can never be stored would be retried like a crash), so
+every JSON value a service stores goes through here first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+
+# A NUL as json.dumps escapes it (ensure_ascii): ``\u0000`` after an even number
+# of backslashes (an odd number would make it an escaped backslash and text).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def json_text(value: Any, field: str) -> str:
+    """``value`` as JSON text the database will accept, or ``ValidationError`` keyed by ``field``."""
+    try:
+        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
+    if "\\u0000" in text and _NUL.search(text):
+        raise ValidationError({field: ["Not storable: a string holds a NUL character (\\u0000)."]})
+    return text
+
+
+def json_value(value: Any, field: str) -> Any:
+    """``value`` as the database will give it back (tuples as lists, dates as
+    text, ...), or ``ValidationError`` keyed by ``field``."""
+    return json.loads(json_text(value, field))
+
+
+def text(value: str) -> str:
+    """``value`` with each NUL character replaced by U+FFFD."""
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
