@@ -293,6 +293,18 @@ def test_active_job_cannot_be_deleted_and_bulk_delete_is_gone(admin_client: Any)
     assert response.status_code == 302 and not Job.objects.filter(pk=done.pk).exists()
 
 
+def test_a_finished_job_with_an_active_job_below_it_cannot_be_deleted(admin_client: Any) -> None:
+    # Deleting a job deletes its children, and theirs: Django's delete view asks
+    # has_delete_permission of every job the cascade would take, and an active one refuses.
+    top = completed()
+    middle = completed(parent=top)
+    below = queued(parent=middle)
+    for job in (top, middle):
+        url = reverse("admin:jobstate_job_delete", args=[job.pk])
+        assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    assert Job.objects.filter(pk__in=[top.pk, middle.pk, below.pk]).count() == 3
+
+
 @pytest.mark.parametrize(
     ("make", "shown"),
     [

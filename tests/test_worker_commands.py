@@ -99,6 +99,19 @@ def test_prune_works_in_batches_and_keeps_jobs_tied_to_active_work(temp_handler)
     assert Job.objects.filter(pk__in=[child_of_active.pk, busy_parent.pk]).count() == 2
 
 
+def test_prune_keeps_every_ancestor_of_an_active_job(temp_handler):
+    # Deleting a job deletes its children: a finished grandparent whose finished
+    # child has an active child would take that active job with it.
+    temp_handler("t.idle")
+    grandparent = finished()
+    parent = finished(parent=grandparent)
+    active = services.enqueue("t.idle", {}, parent=parent)
+    lone = finished()
+    assert command("jobstate_prune").startswith("deleted 1 job(s)")
+    assert not Job.objects.filter(pk=lone.pk).exists()
+    assert Job.objects.filter(pk__in=[grandparent.pk, parent.pk, active.pk]).count() == 3
+
+
 @override_settings(JOBSTATE={"RETENTION_DAYS": None})
 def test_prune_keeps_everything_without_retention():
     finished()
