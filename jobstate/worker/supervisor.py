@@ -22,7 +22,6 @@ from types import FrameType
 from typing import Any
 
 from django.db import connection
-from django.utils import timezone
 
 from jobstate import conf, services
 from jobstate.exceptions import (
@@ -65,11 +64,6 @@ class Slot:
         self.delivered = False  # an Interrupted was raised inside the handler
         self.cancel_since: float | None = None
         self.call: HandlerCall | None = None
-        # When the lease this process last wrote runs out, on its own clock: from
-        # the claim's expiry, then from the start of each heartbeat that renewed it.
-        expires = ctx.job.lease_expires_at
-        left = (expires - timezone.now()).total_seconds() if expires else float(conf.get("LEASE_SECONDS"))
-        self.lease_until = now + left
 
 
 class Supervisor:
@@ -141,12 +135,6 @@ class Supervisor:
         grace = float(conf.get("CANCEL_GRACE_SECONDS"))
         if slot.ctx.cancel_seen.is_set() and slot.cancel_since is None:
             slot.cancel_since = now
-        if now >= slot.lease_until and not slot.ctx.lease_lost.is_set():
-            # No heartbeat renewed the lease in time (the database was unreachable,
-            # say): the reaper may have given the job to another worker already, so
-            # this attempt must stop rather than run beside that one.
-            logger.warning("Job %s: its lease ran out before a heartbeat could renew it", slot.ctx.job.pk)
-            slot.ctx.lease_lost.set()
         if slot.ctx.lease_lost.is_set():
             self.interrupt(slot, "lease")
         elif now >= slot.deadline:
@@ -155,7 +143,7 @@ class Supervisor:
             self.interrupt(slot, "cancel")
         if slot.interrupted is not None:
             return WATCH_SECONDS * 4
-        until = min(slot.deadline, slot.lease_until) - now
+        until = slot.deadline - now
         if slot.cancel_since is not None:
             until = min(until, slot.cancel_since + grace - now)
         return max(0.0, min(WATCH_SECONDS, until))
@@ -211,7 +199,6 @@ class Supervisor:
 
     def _beat_job(self, slot: Slot) -> None:
         ctx = slot.ctx
-        started = time.monotonic()
         try:
             beat = services.heartbeat(ctx.job, ctx.token)
         except LeaseLost:
@@ -226,7 +213,6 @@ class Supervisor:
             close_quietly()
             return
         self.renewed += 1
-        slot.lease_until = started + float(conf.get("LEASE_SECONDS"))
         if beat.cancel_requested:
             ctx.cancel_seen.set()
             self.watch_wake.set()
