@@ -94,6 +94,17 @@ def test_a_nul_in_reported_text_is_stored_as_a_replacement_character(temp_handle
     assert "bad\ufffdinput" in job.traceback and "\x00" not in job.traceback
 
 
+def test_a_partial_whose_message_holds_a_nul_is_stored_with_its_result(temp_handler):
+    def half(ctx):
+        raise Partial("2 of 3\x00 done", result={"done": 2})
+
+    temp_handler("t.half_nul", half, max_attempts=2)
+    outcome, job = run_one("t.half_nul")
+    assert outcome == "partial" and job.status == Status.PARTIAL and job.result == {"done": 2}
+    assert job.error_message == "2 of 3\ufffd done"
+    assert job.events.get(transition="mark_partial").reason == "2 of 3\ufffd done"
+
+
 def test_a_partial_with_an_unstorable_result_fails_the_job(temp_handler):
     def half(ctx):
         raise Partial("2 of 3", result={"when": {1, 2}})  # a set: not JSON

@@ -242,62 +242,6 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     assert parent.status == Status.QUEUED and parent.run_after <= timezone.now()  # woken, not asleep forever
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
-def test_cancelling_a_waiting_parent_while_its_last_child_ends_does_not_deadlock():
-    # The child's final transaction locks the child, then its parent (to wake it);
-    # a cancel of the parent must take the same order (children, then the parent),
-    # or each would hold the row the other waits for.
-    parent = services.enqueue("test.echo", {})
-    (held,) = services.claim("w1", kinds=["test.echo"])
-    services.enqueue("test.echo", {}, parent=held)
-    services.suspend(held, held.lease_token)
-    (kid,) = services.claim("w2", kinds=["test.echo"])
-    child_locked, may_finish = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def finish_child() -> None:
-        try:
-            with transaction.atomic():
-                Job.objects.select_for_update().get(pk=kid.pk)
-                child_locked.set()
-                may_finish.wait(10)
-                services.complete(kid, kid.lease_token, {})  # wakes the parent
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    def cancel_parent() -> None:
-        try:
-            services.request_cancel(parent, "api", "not needed")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    child = threading.Thread(target=finish_child)
-    child.start()
-    assert child_locked.wait(10)
-    canceller = threading.Thread(target=cancel_parent)
-    canceller.start()
-
-    def someone_waits_for_a_row() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted")
-            return cursor.fetchone()[0] > 0
-
-    deadline = time.monotonic() + 10
-    while not someone_waits_for_a_row():
-        assert time.monotonic() < deadline, "the cancel did not wait for the child's row"
-        time.sleep(0.02)
-    may_finish.set()
-    child.join(15)
-    canceller.join(15)
-    assert errors == []
-    assert Job.objects.get(pk=kid.pk).status == Status.COMPLETED
-    assert Job.objects.get(pk=parent.pk).status == Status.CANCELLED  # woken by the child, then cancelled
-
-
 def test_child_jobs_of_a_step_copied_into_a_retry():
     class Count(jobstate.Workflow):
         @jobstate.step()

@@ -7,8 +7,10 @@ fixed number of statements per level (bulk UPDATE, bulk history insert), not n
 transitions each looking at its siblings: cancelling 10,000 children takes seconds
 (``bench/cancel_fanout.py``).
 
-Lock order: children before their parent, as a child's own final transaction
-takes them (child row, then the parent's wake-up lock), so the two cannot deadlock.
+Lock order: ``services.transitions.move`` locks the parent's row, then this locks
+the children (so children a worker is still creating are seen); a child's own
+final transaction takes the child, then the parent to wake it. The two can
+deadlock on PostgreSQL, which aborts one (see ``move``).
 """
 
 from __future__ import annotations

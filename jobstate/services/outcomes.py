@@ -164,7 +164,7 @@ def mark_partial(
         "mark_partial",
         actor=actor or _worker_actor(job),
         token=token,
-        reason=error,
+        reason=text(error or ""),
         fields=fields,
         now=now,
     )

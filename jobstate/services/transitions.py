@@ -120,11 +120,6 @@ def move(
             qs = qs.filter(lease_token=token)
         if condition is not None:
             qs = qs.filter(condition)
-        if target in (Status.FAILED, Status.CANCELLED):
-            # Children first, before this row is locked: a child's final transaction
-            # locks the child, then its parent (to wake it), so the other order could
-            # deadlock with it. Rolled back with the rest if the move is refused.
-            cascade.end_children(job_id, why=target, actor=actor, now=now)
         if len(sources) == 1:
             from_status = sources[0]
         else:
@@ -136,6 +131,13 @@ def move(
             # The attempt did not end by its own worker (reaped, or taken by an
             # operator): what it stored is not part of the job's results.
             lose_attempt_assets(job_id)
+        if target in (Status.FAILED, Status.CANCELLED):
+            # After this row's lock: a worker creating children holds it until they
+            # are committed, so all of them are seen. Rolled back with the rest if the
+            # UPDATE below is refused. The cost of this order: a child whose final
+            # transaction wakes this job (child row, then this one) can deadlock with
+            # it on PostgreSQL, which aborts one of the two.
+            cascade.end_children(job_id, why=target, actor=actor, now=now)
         if plain:
             event = event._replace(from_status=from_status)
             written = update_job(job_id, values, status=from_status, token=token, event=event)

@@ -29,7 +29,7 @@ from jobstate.models.step import RUNNABLE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
-from jobstate.storable import json_value
+from jobstate.storable import json_value, text
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -176,7 +176,7 @@ def fail(
     the job only finishes the undos (see ``jobstate.workflows.compensation``)."""
     output = json_value(output, "output")
     now = timezone.now()
-    error = (error or "failed")[:10000]
+    error = text((error or "failed")[:10000])
     with transaction.atomic():
         _hold(job, token, step=row.name, cancel_ok=True)
         detail = JobStep.objects.select_for_update().values_list("detail", flat=True).get(pk=row.pk)
@@ -202,6 +202,7 @@ def lost(job_id: Any, name: str, error: str, *, actor: Actor, now: datetime) -> 
     """The reaper, in the transaction that requeued the job (its lease had expired on
     the last attempt): step ``name``, where the worker was lost (or the next one to
     run), fails for good and the job's next run compensates."""
+    error = text(error)
     row = JobStep.objects.select_for_update().get(job_id=job_id, name=name)
     detail = {**row.detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
     move_step(
