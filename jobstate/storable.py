@@ -29,12 +29,12 @@ _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 def json_text(value: Any, field: str) -> str:
     """``value`` as JSON text the database will accept, or ``ValidationError`` keyed by ``field``."""
     try:
-        text = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
+        encoded = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
-    if "\\u0000" in text and _NUL.search(text):
+    if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValidationError({field: ["Not storable: a string holds a NUL character (\\u0000)."]})
-    return text
+    return encoded
 
 
 def json_value(value: Any, field: str) -> Any:
