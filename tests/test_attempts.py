@@ -12,7 +12,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.contrib.auth.models import Group
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -304,6 +305,79 @@ def test_a_heartbeat_that_finds_the_lease_lost_says_so_and_the_handler_is_stoppe
     assert time.monotonic() - started < 8
     assert outcome == "lost" and job.status == Status.QUEUED
     assert f"Heartbeat of job {job.pk} refused: lease lost" in caplog.text
+
+
+# -- a lease that runs out while the heartbeat cannot renew it ---------------------
+
+SHORT_LEASE = {"HEARTBEAT_SECONDS": 0.1, "LEASE_SECONDS": 1, "PROGRESS_FLUSH_SECONDS": 0}
+
+
+def _unreachable(*args, **kwargs):  # type: ignore[no-untyped-def]
+    raise OperationalError("server closed the connection unexpectedly")
+
+
+@override_settings(JOBSTATE=SHORT_LEASE)
+def test_a_handler_whose_heartbeats_fail_is_stopped_when_its_lease_runs_out(
+    temp_handler, monkeypatch, caplog
+):
+    # The database is unreachable from the heartbeat: nothing renews the lease, and
+    # once it has run out the reaper may give the job to another worker. The
+    # watchdog stops this attempt then rather than let both run.
+    monkeypatch.setattr(services, "heartbeat", _unreachable)
+    temp_handler("t.cut_off", lambda ctx: _loop(20), max_attempts=2)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        outcome, job = run_one("t.cut_off")
+    assert 0.9 < time.monotonic() - started < 5
+    assert outcome == "lost" and job.status == Status.PROCESSING  # the reaper's to requeue
+    assert f"Job {job.pk}: its lease ran out while the heartbeat could not reach the database" in caplog.text
+
+
+@override_settings(JOBSTATE=SHORT_LEASE)
+def test_a_handler_that_renews_its_lease_itself_runs_on_while_the_heartbeat_fails(temp_handler, monkeypatch):
+    def reporting(ctx):  # each progress write renews the lease too
+        for percent in range(0, 100, 10):
+            ctx.progress(percent)
+            _loop(0.2)
+        return {"done": True}
+
+    monkeypatch.setattr(services, "heartbeat", _unreachable)
+    temp_handler("t.reporting", reporting, max_attempts=1)
+    outcome, job = run_one("t.reporting")
+    assert outcome == "completed" and job.result == {"done": True}
+
+
+@override_settings(JOBSTATE=SHORT_LEASE)
+def test_a_heartbeat_waiting_on_the_handlers_own_transaction_does_not_stop_it(temp_handler):
+    # The handler's transaction holds its job's row (PostgreSQL) or the database's
+    # write lock (SQLite) for longer than the lease: the heartbeat waits on it, and
+    # so would the reaper. Nobody else can take the job meanwhile: it runs on.
+    def holding(ctx):
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(pk=ctx.job.pk).values_list("pk"))
+            Group.objects.create(name=f"held-{ctx.job.pk}")
+            _loop(2)
+        return {"held": True}
+
+    temp_handler("t.holding", holding, max_attempts=1)
+    outcome, job = run_one("t.holding")
+    assert outcome == "completed" and job.result == {"held": True}
+
+
+@override_settings(JOBSTATE=SHORT_LEASE)
+def test_a_heartbeat_that_hangs_past_the_lease_stops_the_handler_on_postgresql_only(
+    temp_handler, hung_heartbeat
+):
+    # PostgreSQL: the heartbeat's lock waits end after HEARTBEAT_SECONDS, so a call
+    # that hangs for longer is a connection that no longer answers. SQLite: every
+    # wait is a lock wait on the file the reaper shares, and the handler runs on.
+    temp_handler("t.hung", lambda ctx: (_loop(2), {"ran": True})[1], max_attempts=1)
+    outcome, job = run_one("t.hung")
+    assert hung_heartbeat.is_set()
+    if connection.vendor == "postgresql":
+        assert outcome == "lost" and job.status == Status.PROCESSING
+    else:
+        assert outcome == "completed" and job.result == {"ran": True}
 
 
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):

@@ -9,6 +9,7 @@ from typing import IO, Any, cast
 from uuid import UUID
 
 from django.core.files import File
+from django.utils import timezone
 
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, LeaseLost
@@ -53,6 +54,16 @@ class JobContext:
         self._written_at = -float("inf")
         # Called (by progress) when a report is left for the heartbeat to write.
         self.on_pending: Callable[[], None] | None = None
+        # When the lease runs out, on this process's monotonic clock: from the
+        # expiry the job was begun with, then from the start of each write that
+        # renewed it (heartbeats, progress). The watchdog reads it.
+        expires = job.lease_expires_at
+        left = (expires - timezone.now()).total_seconds() if expires else float(conf.get("LEASE_SECONDS"))
+        self.lease_until = time.monotonic() + left
+
+    def renewed(self, since: float) -> None:
+        """A write that started at ``since`` (monotonic) renewed the lease."""
+        self.lease_until = max(self.lease_until, since + float(conf.get("LEASE_SECONDS")))
 
     def progress(
         self, percent: float | None = None, message: str | None = None, *, step: str | None = None
@@ -91,10 +102,12 @@ class JobContext:
             self._writing.release()
 
     def _write(self, report: dict[str, Any]) -> None:
+        since = time.monotonic()
         try:
             services.report_progress(
                 self.job, self.token, report.get("percent"), report.get("message"), step=report.get("step")
             )
+            self.renewed(since)
         except CancelRequested:
             self.cancel_seen.set()
             raise
@@ -125,7 +138,9 @@ class JobContext:
 
     def heartbeat(self) -> None:
         """Renew the lease now; raises ``CancelRequested`` when a cancel is pending."""
+        since = time.monotonic()
         beat = services.heartbeat(self.job, self.token)
+        self.renewed(since)
         if beat.stop_requested:
             self.stop_seen.set()
         if beat.cancel_requested:

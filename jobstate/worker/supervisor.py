@@ -7,6 +7,14 @@ renewal, cancel/stop/lease-loss detection, coalesced progress, the process's
 block it, and interrupts the handler (``Interrupted``, raised through
 ``INTERRUPT_SIGNAL`` in the handler's own frames only) on timeout, cancel grace
 or lease loss. ``jobstate.worker.runner`` explains how an attempt ends.
+
+A lease is also lost when it runs out (on this process's clock) while the
+heartbeat cannot reach the database: from then on the reaper may give the job
+to another worker. A heartbeat that waits on a lock does not count: whoever
+holds the lock (often the handler's own transaction) holds off the reaper too.
+On PostgreSQL the heartbeat's lock waits end after ``HEARTBEAT_SECONDS``
+(``lock_timeout``), so a call that lasts longer is a connection that no longer
+answers; on SQLite every wait is a lock wait on a file the reaper shares.
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ class Slot:
         self.delivered = False  # an Interrupted was raised inside the handler
         self.cancel_since: float | None = None
         self.call: HandlerCall | None = None
+        # The heartbeat's last renewal waited on a lock instead of failing.
+        self.blocked = False
 
 
 class Supervisor:
@@ -79,6 +89,12 @@ class Supervisor:
         self.identity: tuple[str, str] | None = None
         self.finished = 0
         self.renewed = 0  # job heartbeats since the last process beat
+        # Since when the heartbeat thread has been in its database work (None: idle).
+        self.busy_since: float | None = None
+        # PostgreSQL: the heartbeat's lock waits are bounded, so a call in flight
+        # for long is a connection that no longer answers (module docstring).
+        self.bounded_waits = connection.vendor == "postgresql"
+        self._bounded: tuple[object, int] | None = None  # (connection, lock_timeout ms) set
         self._next_process_beat = 0.0
         self.heart = threading.Thread(target=self._heartbeat_loop, name="jobstate-heartbeat", daemon=True)
         self.watch = threading.Thread(target=self._watchdog_loop, name="jobstate-watchdog", daemon=True)
@@ -135,6 +151,11 @@ class Supervisor:
         grace = float(conf.get("CANCEL_GRACE_SECONDS"))
         if slot.ctx.cancel_seen.is_set() and slot.cancel_since is None:
             slot.cancel_since = now
+        if now >= slot.ctx.lease_until and not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now):
+            logger.warning(
+                "Job %s: its lease ran out while the heartbeat could not reach the database", slot.ctx.job.pk
+            )
+            slot.ctx.lease_lost.set()
         if slot.ctx.lease_lost.is_set():
             self.interrupt(slot, "lease")
         elif now >= slot.deadline:
@@ -144,9 +165,18 @@ class Supervisor:
         if slot.interrupted is not None:
             return WATCH_SECONDS * 4
         until = slot.deadline - now
+        if slot.ctx.lease_until > now:
+            until = min(until, slot.ctx.lease_until - now)
         if slot.cancel_since is not None:
             until = min(until, slot.cancel_since + grace - now)
         return max(0.0, min(WATCH_SECONDS, until))
+
+    def _cut_off(self, slot: Slot, now: float) -> bool:
+        """Is the heartbeat unable to reach the database (not waiting on a lock)?"""
+        busy = self.busy_since
+        if busy is not None:
+            return self.bounded_waits and now - busy >= 2 * float(conf.get("HEARTBEAT_SECONDS"))
+        return not slot.blocked
 
     def interrupt(self, slot: Slot, why: str) -> None:
         if slot.interrupted is not None or slot.done.is_set():
@@ -161,12 +191,15 @@ class Supervisor:
     def _heartbeat_loop(self) -> None:
         while True:
             self.beat_wake.clear()
+            self.busy_since = time.monotonic()
             try:
                 wait = self._heartbeat()
             except Exception:
                 logger.exception("jobstate heartbeat")
                 close_quietly()
                 wait = 1.0
+            finally:
+                self.busy_since = None
             self.beat_wake.wait(wait)
 
     def _heartbeat(self) -> float | None:
@@ -197,9 +230,22 @@ class Supervisor:
             return None
         return max(0.0, min(wakes) - time.monotonic())
 
+    def _bound_lock_waits(self) -> None:
+        """On PostgreSQL, make this thread's lock waits end after HEARTBEAT_SECONDS."""
+        if not self.bounded_waits:
+            return
+        connection.ensure_connection()
+        ms = max(1, round(float(conf.get("HEARTBEAT_SECONDS")) * 1000))
+        if self._bounded != (connection.connection, ms):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{ms}ms"])
+            self._bounded = (connection.connection, ms)
+
     def _beat_job(self, slot: Slot) -> None:
         ctx = slot.ctx
+        since = time.monotonic()
         try:
+            self._bound_lock_waits()
             beat = services.heartbeat(ctx.job, ctx.token)
         except LeaseLost:
             # Logged here too: the handler may end on the flag before the watchdog
@@ -208,10 +254,16 @@ class Supervisor:
             ctx.lease_lost.set()
             self.watch_wake.set()
             return
-        except Exception:  # a database hiccup: try again at the next beat
-            logger.exception("Heartbeat failed for job %s", ctx.job.pk)
-            close_quietly()
+        except Exception as exc:  # try again at the next beat
+            slot.blocked = waited_on_a_lock(exc)
+            if slot.blocked:
+                logger.info("Heartbeat of job %s waited on a lock; trying again", ctx.job.pk)
+            else:
+                logger.exception("Heartbeat failed for job %s", ctx.job.pk)
+                close_quietly()
             return
+        slot.blocked = False
+        ctx.renewed(since)
         self.renewed += 1
         if beat.cancel_requested:
             ctx.cancel_seen.set()
@@ -221,6 +273,7 @@ class Supervisor:
 
     def _flush(self, slot: Slot) -> None:
         try:
+            self._bound_lock_waits()
             slot.ctx.flush_progress()
         except CancelRequested:
             self.watch_wake.set()
@@ -238,6 +291,7 @@ class Supervisor:
         finished, self.finished = self.finished, 0
         renewed, self.renewed = self.renewed, 0
         try:
+            self._bound_lock_waits()
             workers.beat(
                 name,
                 cluster=cluster,
@@ -267,6 +321,16 @@ def supervisor() -> Supervisor:
         if _supervisor is None or _supervisor.pid != os.getpid():
             _supervisor = Supervisor()
         return _supervisor
+
+
+def waited_on_a_lock(exc: BaseException) -> bool:
+    """Did this database error end a lock wait (PostgreSQL's lock_timeout, SQLite's
+    busy timeout), as opposed to a connection that failed?"""
+    cause = exc.__cause__ or exc
+    if getattr(cause, "sqlstate", None) == "55P03":  # lock_not_available
+        return True
+    message = str(exc)
+    return "database is locked" in message or "database table is locked" in message
 
 
 def close_quietly() -> None:
