@@ -226,13 +226,8 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     sleeper = threading.Thread(target=suspend_parent)
     sleeper.start()
 
-    def suspend_waits_for_the_child() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-            return cursor.fetchone()[0] > 0
-
     deadline = time.monotonic() + 10
-    while not suspend_waits_for_the_child():
+    while not someone_waits_for_a_lock():
         assert time.monotonic() < deadline, "suspend() did not wait for the child's transaction"
         time.sleep(0.02)
     may_commit.set()
@@ -240,6 +235,121 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
     sleeper.join(10)
     parent.refresh_from_db()
     assert parent.status == Status.QUEUED and parent.run_after <= timezone.now()  # woken, not asleep forever
+
+
+def someone_waits_for_a_lock() -> bool:
+    """PostgreSQL: a backend is waiting for a row (its holder's transaction) or an
+    advisory lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype IN ('transactionid', 'advisory') AND NOT granted"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _in_thread(target: Any, errors: list[BaseException]) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _until_someone_waits() -> None:
+    deadline = time.monotonic() + 10
+    while not someone_waits_for_a_lock():
+        assert time.monotonic() < deadline, "the second transaction did not wait for the first"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
+def test_cancelling_a_waiting_parent_while_its_last_child_ends_does_not_deadlock(monkeypatch):
+    # Job rows are locked parents first: the child's final transaction takes its
+    # parent's row before its own, as the cancel does (parent, then children).
+    # Before, the child held its own row while waiting for the parent's, and the
+    # cancel the parent's while waiting for the child's: PostgreSQL aborted one.
+    from jobstate.services import transitions
+
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1", kinds=["test.echo"])
+    services.enqueue("test.echo", {}, parent=held)
+    services.suspend(held, held.lease_token)
+    (kid,) = services.claim("w2", kinds=["test.echo"])
+    child_written, may_go_on = threading.Event(), threading.Event()
+    real_wake = transitions.wake_parent_if_done
+
+    def wake_later(parent_id: Any, now: Any = None) -> bool:
+        child_written.set()  # the child's row is written, its parent not yet woken
+        may_go_on.wait(10)
+        return real_wake(parent_id, now)
+
+    monkeypatch.setattr(transitions, "wake_parent_if_done", wake_later)
+    errors: list[BaseException] = []
+    child = _in_thread(lambda: services.complete(kid, kid.lease_token, {}), errors)
+    assert child_written.wait(10)
+    canceller = _in_thread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
+    _until_someone_waits()
+    may_go_on.set()
+    child.join(15)
+    canceller.join(15)
+    assert errors == []
+    assert Job.objects.get(pk=kid.pk).status == Status.COMPLETED
+    parent.refresh_from_db()
+    assert parent.status == Status.CANCELLED  # woken by its child, then cancelled
+    assert list(parent.events.values_list("transition", flat=True)) == [
+        "enqueue",
+        "claim",
+        "suspend",
+        "wake",
+        "cancel",
+    ]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
+def test_asking_a_running_parent_to_cancel_as_its_worker_fails_it_does_not_deadlock(monkeypatch):
+    # The cancel request locks the running parent before its children, as the
+    # parent's own failure does. Before, it ended the children first, then waited
+    # for the parent's row, which the failing worker held while it waited for a child.
+    from jobstate.services import cascade
+
+    parent = services.enqueue("test.echo", {})
+    (held,) = services.claim("w1", kinds=["test.echo"])
+    services.begin(held, held.lease_token, "w1:1")
+    services.enqueue("test.echo", {}, parent=held)
+    (kid,) = services.claim("w2", kinds=["test.echo"])
+    failing = threading.Event()
+    parent_locked, may_go_on = threading.Event(), threading.Event()
+    real_end = cascade.end_children
+
+    def end_later(parent_id: Any, **kwargs: Any) -> int:
+        if failing.is_set() and threading.current_thread() is worker:
+            parent_locked.set()  # the failing worker holds the parent's row
+            may_go_on.wait(10)
+        return real_end(parent_id, **kwargs)
+
+    monkeypatch.setattr(cascade, "end_children", end_later)
+    errors: list[BaseException] = []
+    failing.set()
+    worker = _in_thread(lambda: services.fail(held, held.lease_token, "boom", retry=False), errors)
+    assert parent_locked.wait(10)
+    canceller = _in_thread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
+    _until_someone_waits()
+    may_go_on.set()
+    worker.join(15)
+    canceller.join(15)
+    # The cancel came second: the parent had failed by then, which it says (no
+    # database error, no deadlock).
+    assert [type(e).__name__ for e in errors] == ["InvalidTransition"]
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED and parent.error_message == "boom"
+    kid.refresh_from_db()
+    assert kid.status == Status.PROCESSING and kid.cancel_requested_at is not None  # asked by the cascade
 
 
 def test_child_jobs_of_a_step_copied_into_a_retry():

@@ -33,7 +33,7 @@ from jobstate.services.lease import (
 )
 from jobstate.services.outcomes import complete, fail, mark_partial
 from jobstate.services.steps import all_step_transitions, move_step
-from jobstate.services.transitions import all_transitions, allowed_transitions
+from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent
 
 __all__ = [
     "Actor",
@@ -57,6 +57,7 @@ __all__ = [
     "force_fail",
     "get_or_enqueue",
     "heartbeat",
+    "lock_parent",
     "mark_partial",
     "move_step",
     "progress_fields",

@@ -7,10 +7,10 @@ fixed number of statements per level (bulk UPDATE, bulk history insert), not n
 transitions each looking at its siblings: cancelling 10,000 children takes seconds
 (``bench/cancel_fanout.py``).
 
-Lock order: ``services.transitions.move`` locks the parent's row, then this locks
-the children (so children a worker is still creating are seen); a child's own
-final transaction takes the child, then the parent to wake it. The two can
-deadlock on PostgreSQL, which aborts one (see ``move``).
+Lock order, parents before children: ``services.transitions.move`` locks the
+parent's row, then this locks the children (so children a worker is still
+creating are seen); a child's own final transaction locks its parent's row before
+its own (``transitions.lock_parent``), then wakes the parent if it was the last.
 """
 
 from __future__ import annotations

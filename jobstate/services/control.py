@@ -84,15 +84,17 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
 
 
 def _ask_to_cancel(job_id: Any, who: Actor, reason: str, now: datetime) -> None:
-    """Store a cancel request on a processing job; its active children are ended
-    first (children before their parent: the lock order of a child's own final
-    transaction). Raises ``_StatusMoved`` if the job is no longer processing."""
-    cascade.end_children(job_id, why=Status.CANCELLED, actor=who, now=now)
+    """Store a cancel request on a processing job and end its active children.
+    The job's row is locked first (parents before children, the order of every
+    transaction that locks both: see ``transitions.lock_parent``); a worker still
+    creating children holds it until they are committed, so all of them are seen.
+    Raises ``_StatusMoved`` if the job is no longer processing."""
     processing = Job.objects.filter(pk=job_id, status=Status.PROCESSING)
+    if not list(processing.select_for_update(no_key=True).values_list("pk", flat=True)):
+        raise _StatusMoved
+    cascade.end_children(job_id, why=Status.CANCELLED, actor=who, now=now)
     if processing.filter(cancel_requested_at__isnull=True).update(cancel_requested_at=now, updated_at=now):
         record_event(job_id, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now)
-    elif not processing.exists():
-        raise _StatusMoved
     # Otherwise it was asked already: the first request stands.
 
 

@@ -24,7 +24,7 @@ from jobstate.services._writes import Col
 from jobstate.services.actors import Actor
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
-from jobstate.services.transitions import move
+from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
 from jobstate.storable import json_value, text
 
@@ -191,6 +191,7 @@ def fail(
     error_type, traceback = text(error_type), text(traceback)
     pk = _pk(job)
     with transaction.atomic():
+        lock_parent(job)  # before this job's row: the lock order of move()
         row = (
             Job.objects.select_for_update()
             .filter(pk=pk)

@@ -31,6 +31,7 @@ __all__ = [
     "all_transitions",
     "allowed_transitions",
     "announce",
+    "lock_parent",
     "move",
     "record_event",
     "sources_of",
@@ -115,6 +116,8 @@ def move(
         )
         return updated(job, values, target)
     with transaction.atomic():
+        # Parents before children (see lock_parent): this job may wake its parent.
+        parent_id = lock_parent(job) if target in TERMINAL else None
         qs = Job.objects.filter(pk=job_id)
         if token is not None:
             qs = qs.filter(lease_token=token)
@@ -134,9 +137,8 @@ def move(
         if target in (Status.FAILED, Status.CANCELLED):
             # After this row's lock: a worker creating children holds it until they
             # are committed, so all of them are seen. Rolled back with the rest if the
-            # UPDATE below is refused. The cost of this order: a child whose final
-            # transaction wakes this job (child row, then this one) can deadlock with
-            # it on PostgreSQL, which aborts one of the two.
+            # UPDATE below is refused. A child's final transaction locks this row
+            # before its own (lock_parent), so the two cannot deadlock.
             cascade.end_children(job_id, why=target, actor=actor, now=now)
         if plain:
             event = event._replace(from_status=from_status)
@@ -148,15 +150,28 @@ def move(
         if not written:
             refuse(job_id, name, target, token)
         announce(job_id, from_status, target, name, actor, reason, now)
-        if target in TERMINAL:
-            parent_id = (
-                job.parent_id
-                if isinstance(job, Job)
-                else Job.objects.filter(pk=job_id).values_list("parent_id", flat=True).first()
-            )
-            if parent_id is not None:
-                wake_parent_if_done(parent_id, now)
+        if parent_id is not None:
+            wake_parent_if_done(parent_id, now)
     return updated(job, values, target)
+
+
+def lock_parent(job: Job | UUID | str) -> Any:
+    """Lock the row of ``job``'s parent, if it has one; returns the parent's id.
+
+    The lock order of job rows is parents before children: a job that ends
+    ``failed`` or ``cancelled`` (``move``), and a cancel request on a running job
+    (``control``), lock the job, then its children (``cascade``). So a transaction
+    that may end a child, and then wake its parent, calls this first, before it
+    locks or writes the child's row; otherwise the two could each hold the row
+    the other waits for (PostgreSQL would abort one). Only jobs with a parent pay
+    for it: one more statement in the child's final transaction."""
+    if isinstance(job, Job):
+        parent_id = job.parent_id
+    else:
+        parent_id = Job.objects.filter(pk=job).values_list("parent_id", flat=True).first()
+    if parent_id is not None and connection.features.has_select_for_update:
+        list(Job.objects.filter(pk=parent_id).select_for_update(no_key=True).values_list("pk", flat=True))
+    return parent_id
 
 
 def _loses_assets(from_status: str, target: str, actor: Actor) -> bool:
