@@ -380,6 +380,113 @@ def test_a_heartbeat_that_hangs_past_the_lease_stops_the_handler_on_postgresql_o
         assert outcome == "completed" and job.result == {"ran": True}
 
 
+@override_settings(JOBSTATE=SHORT_LEASE)
+def test_a_handler_held_up_by_the_reaper_waiting_on_its_row_is_not_run_twice(temp_handler):
+    # The reaper finds the expired lease while the handler's transaction holds the
+    # row: it leaves the job for its next sweep instead of taking it the moment the
+    # transaction ends, and by then the heartbeat has renewed the lease.
+    reports: list[services.ReapReport] = []
+
+    def holding(ctx):
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(pk=ctx.job.pk).values_list("pk"))
+            Group.objects.create(name=f"held-{ctx.job.pk}")
+            _loop(1.5)  # the lease (1 s) runs out in the database meanwhile
+            reaper = threading.Thread(
+                target=lambda: (reports.append(services.requeue_expired()), connection.close())
+            )
+            reaper.start()
+            reaper.join(10)
+        _loop(0.5)  # the heartbeat renews the lease
+        return {"held": True}
+
+    temp_handler("t.held_past_lease", holding, max_attempts=2)
+    outcome, job = run_one("t.held_past_lease")
+    assert outcome == "completed" and job.attempts == 1
+    (report,) = reports
+    if connection.vendor == "postgresql":
+        assert report.skipped == [job.pk] and report.total == 0
+    # (SQLite: the reaper waits for the handler's write lock, then finds the lease renewed.)
+
+
+@pytest.mark.parametrize(
+    ("error", "lock_wait"),
+    [
+        ("lock_timeout", True),
+        ("statement_timeout", True),
+        ("deadlock", True),
+        ("psycopg2 lock_timeout", True),
+        ("sqlite busy", True),
+        ("connection closed", False),
+        ("sqlite disk", False),
+        ("too many connections", False),
+    ],
+)
+def test_the_heartbeat_tells_a_lock_wait_from_a_failure(error, lock_wait):
+    import sqlite3
+
+    import psycopg
+    from django.db import utils
+
+    from jobstate.worker.supervisor import waited_on_a_lock
+
+    class Psycopg2Error(Exception):  # psycopg2's errors carry ``pgcode``
+        pgcode = "55P03"
+
+    causes = {
+        "lock_timeout": psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+        "statement_timeout": psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+        "deadlock": psycopg.errors.DeadlockDetected("deadlock detected"),
+        "psycopg2 lock_timeout": Psycopg2Error("canceling statement due to lock timeout"),
+        "sqlite busy": sqlite3.OperationalError("database is locked"),
+        "connection closed": psycopg.OperationalError("server closed the connection unexpectedly"),
+        "sqlite disk": sqlite3.OperationalError("disk I/O error"),
+        "too many connections": psycopg.errors.TooManyConnections("sorry, too many clients already"),
+    }
+    cause = causes[error]
+    try:  # as Django raises it: its own class, the driver's error as the cause
+        raise utils.OperationalError(*cause.args) from cause
+    except utils.OperationalError as wrapped:
+        assert waited_on_a_lock(wrapped) is lock_wait
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="lock_timeout is PostgreSQL's")
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
+def test_the_heartbeats_lock_timeout_stays_in_its_own_transaction():
+    from jobstate.worker.supervisor import supervisor
+
+    def lock_timeout() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            return cursor.fetchone()[0]
+
+    with supervisor()._bounded_waits():
+        assert lock_timeout() == "100ms"
+    assert lock_timeout() == "0"  # never left on the connection (nor on a pooled one)
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10})
+def test_a_progress_report_the_heartbeat_could_not_write_is_kept_for_the_next_try(temp_handler, monkeypatch):
+    from jobstate import registry
+    from jobstate.worker.context import JobContext
+
+    temp_handler("t.kept", lambda ctx: None)
+    services.enqueue("t.kept", {})
+    (job,) = services.claim("w1")
+    ctx = JobContext(job, registry.get_handler("t.kept"), "w1:1")
+    ctx.progress(10, "first")  # written at once
+    ctx.progress(20, "second")  # due in 10 s: pending
+    real = services.report_progress
+    monkeypatch.setattr(services, "report_progress", _unreachable)
+    with pytest.raises(OperationalError):
+        ctx.flush_progress()
+    ctx.progress(30)  # a newer percent; the message of the unwritten report stays
+    monkeypatch.setattr(services, "report_progress", real)
+    ctx.flush_progress()
+    job.refresh_from_db()
+    assert (job.progress, job.progress_message) == (30, "second")
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

@@ -201,9 +201,10 @@ def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm("jobstate.requeue_job"):
         raise PermissionDenied
     report = services.requeue_expired()
+    held = f" {len(report.skipped)} left for the next sweep (held by a transaction)." * bool(report.skipped)
     messages.success(
         request,
         f"Reaper ran: {len(report.requeued)} requeued, {len(report.failed)} failed (no attempt left), "
-        f"{len(report.cancelled)} cancelled (cancel was pending).",
+        f"{len(report.cancelled)} cancelled (cancel was pending).{held}",
     )
     return HttpResponseRedirect(reverse("admin:jobstate_job_stuck"))

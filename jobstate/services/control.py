@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -193,6 +193,9 @@ class ReapReport:
     requeued: list[Any] = field(default_factory=list)
     failed: list[Any] = field(default_factory=list)
     cancelled: list[Any] = field(default_factory=list)
+    # Expired, but their row (or their parent's) was held by a transaction: left
+    # for the next sweep.
+    skipped: list[Any] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -231,6 +234,14 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
         last, cancelling = attempts >= max_attempts, cancel_at is not None
         try:
             with transaction.atomic():
+                # A row someone holds is left for the next sweep: often the handler's
+                # own transaction, after which its heartbeat renews the lease; taking
+                # the job the moment that commits would run it twice meanwhile. The
+                # parent's row first (parents before children: transitions.lock_parent).
+                parent_id = Job.objects.filter(pk=pk).values_list("parent_id", flat=True).first()
+                if not (parent_id is None or _lock_unless_held(parent_id)) or not _lock_unless_held(pk):
+                    report.skipped.append(pk)
+                    continue
                 if started is None:
                     reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
                     meta["reserved"] = True
@@ -291,6 +302,15 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
         except (LeaseLost, InvalidTransition):
             continue  # a heartbeat or the worker itself got there first
     return report
+
+
+def _lock_unless_held(pk: Any) -> bool:
+    """Lock the job's row, unless another transaction holds it (PostgreSQL; SQLite
+    runs one writer at a time and so never finds one)."""
+    if not connection.features.has_select_for_update_skip_locked:
+        return True
+    free = Job.objects.filter(pk=pk).select_for_update(skip_locked=True)
+    return bool(list(free.values_list("pk", flat=True)))
 
 
 def _still_expired(now: datetime) -> Any:

@@ -9,6 +9,7 @@ from typing import IO, Any, cast
 from uuid import UUID
 
 from django.core.files import File
+from django.db import transaction
 from django.utils import timezone
 
 from jobstate import conf, services
@@ -107,7 +108,9 @@ class JobContext:
             services.report_progress(
                 self.job, self.token, report.get("percent"), report.get("message"), step=report.get("step")
             )
-            self.renewed(since)
+            # The lease is renewed once the write is committed (never, if the
+            # caller's transaction rolls back).
+            transaction.on_commit(lambda: self.renewed(since))
         except CancelRequested:
             self.cancel_seen.set()
             raise
@@ -125,8 +128,19 @@ class JobContext:
             with self._state:
                 report, self._pending, self._due = self._pending, None, None
                 self._written_at = time.monotonic()
-            if report:
+            if not report:
+                return
+            try:
                 self._write(report)
+            except (CancelRequested, LeaseLost):
+                raise
+            except Exception:
+                # Not written (the database is unreachable, or a lock wait ended):
+                # kept for the next try, under any report made since.
+                with self._state:
+                    self._pending = {**report, **(self._pending or {})}
+                    self._due = time.monotonic() + max(float(conf.get("PROGRESS_FLUSH_SECONDS") or 0), 1.0)
+                raise
 
     def take_progress(self) -> dict[str, Any]:
         """The pending report as Job fields, to be stored with the outcome."""
@@ -140,7 +154,7 @@ class JobContext:
         """Renew the lease now; raises ``CancelRequested`` when a cancel is pending."""
         since = time.monotonic()
         beat = services.heartbeat(self.job, self.token)
-        self.renewed(since)
+        transaction.on_commit(lambda: self.renewed(since))
         if beat.stop_requested:
             self.stop_seen.set()
         if beat.cancel_requested:

@@ -12,9 +12,13 @@ A lease is also lost when it runs out (on this process's clock) while the
 heartbeat cannot reach the database: from then on the reaper may give the job
 to another worker. A heartbeat that waits on a lock does not count: whoever
 holds the lock (often the handler's own transaction) holds off the reaper too.
-On PostgreSQL the heartbeat's lock waits end after ``HEARTBEAT_SECONDS``
-(``lock_timeout``), so a call that lasts longer is a connection that no longer
-answers; on SQLite every wait is a lock wait on a file the reaper shares.
+On PostgreSQL the heartbeat's lock waits end after half of ``HEARTBEAT_SECONDS``
+(``SET LOCAL lock_timeout``, in the heartbeat's own transaction, so that it never
+stays on a pooled connection), so a call that lasts longer than twice that is a
+connection that no longer answers; on SQLite every wait is a lock wait on a file
+the reaper shares. The reaper itself leaves a job whose row a transaction holds
+for its next sweep (``services.requeue_expired``), so that the heartbeat can renew
+the lease once the handler's transaction ends.
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from jobstate import conf, services
 from jobstate.exceptions import (
@@ -94,7 +99,6 @@ class Supervisor:
         # PostgreSQL: the heartbeat's lock waits are bounded, so a call in flight
         # for long is a connection that no longer answers (module docstring).
         self.bounded_waits = connection.vendor == "postgresql"
-        self._bounded: tuple[object, int] | None = None  # (connection, lock_timeout ms) set
         self._next_process_beat = 0.0
         self.heart = threading.Thread(target=self._heartbeat_loop, name="jobstate-heartbeat", daemon=True)
         self.watch = threading.Thread(target=self._watchdog_loop, name="jobstate-watchdog", daemon=True)
@@ -151,7 +155,9 @@ class Supervisor:
         grace = float(conf.get("CANCEL_GRACE_SECONDS"))
         if slot.ctx.cancel_seen.is_set() and slot.cancel_since is None:
             slot.cancel_since = now
-        if now >= slot.ctx.lease_until and not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now):
+        # The heartbeat's state is read before the lease: a beat that succeeds in
+        # between has moved the lease on by then (it renews, then reports).
+        if not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now) and now >= slot.ctx.lease_until:
             logger.warning(
                 "Job %s: its lease ran out while the heartbeat could not reach the database", slot.ctx.job.pk
             )
@@ -230,23 +236,25 @@ class Supervisor:
             return None
         return max(0.0, min(wakes) - time.monotonic())
 
-    def _bound_lock_waits(self) -> None:
-        """On PostgreSQL, make this thread's lock waits end after HEARTBEAT_SECONDS."""
+    @contextlib.contextmanager
+    def _bounded_waits(self) -> Iterator[None]:
+        """On PostgreSQL, run the block in a transaction whose lock waits end after
+        half of HEARTBEAT_SECONDS (``SET LOCAL``: nothing stays on the connection)."""
         if not self.bounded_waits:
+            yield
             return
-        connection.ensure_connection()
-        ms = max(1, round(float(conf.get("HEARTBEAT_SECONDS")) * 1000))
-        if self._bounded != (connection.connection, ms):
+        ms = max(1, round(float(conf.get("HEARTBEAT_SECONDS")) * 500))
+        with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{ms}ms"])
-            self._bounded = (connection.connection, ms)
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
+            yield
 
     def _beat_job(self, slot: Slot) -> None:
         ctx = slot.ctx
         since = time.monotonic()
         try:
-            self._bound_lock_waits()
-            beat = services.heartbeat(ctx.job, ctx.token)
+            with self._bounded_waits():
+                beat = services.heartbeat(ctx.job, ctx.token)
         except LeaseLost:
             # Logged here too: the handler may end on the flag before the watchdog
             # interrupts it, and then nothing else would say why.
@@ -262,8 +270,8 @@ class Supervisor:
                 logger.exception("Heartbeat failed for job %s", ctx.job.pk)
                 close_quietly()
             return
+        ctx.renewed(since)  # before ``blocked`` is cleared: see _watch
         slot.blocked = False
-        ctx.renewed(since)
         self.renewed += 1
         if beat.cancel_requested:
             ctx.cancel_seen.set()
@@ -273,15 +281,18 @@ class Supervisor:
 
     def _flush(self, slot: Slot) -> None:
         try:
-            self._bound_lock_waits()
-            slot.ctx.flush_progress()
+            with self._bounded_waits():
+                slot.ctx.flush_progress()
         except CancelRequested:
             self.watch_wake.set()
         except LeaseLost:
             self.watch_wake.set()
-        except Exception:
-            logger.exception("Progress of job %s could not be written", slot.ctx.job.pk)
-            close_quietly()
+        except Exception as exc:  # the report is kept for the next try (flush_progress)
+            if waited_on_a_lock(exc):
+                logger.info("Progress of job %s waited on a lock; trying again", slot.ctx.job.pk)
+            else:
+                logger.exception("Progress of job %s could not be written", slot.ctx.job.pk)
+                close_quietly()
 
     def _beat_process(self, slot: Slot | None) -> None:
         from jobstate.services import workers
@@ -291,7 +302,6 @@ class Supervisor:
         finished, self.finished = self.finished, 0
         renewed, self.renewed = self.renewed, 0
         try:
-            self._bound_lock_waits()
             workers.beat(
                 name,
                 cluster=cluster,
@@ -323,11 +333,18 @@ def supervisor() -> Supervisor:
         return _supervisor
 
 
+# SQLSTATEs that end a wait for a lock (the server answered): lock_not_available
+# (lock_timeout), query_canceled (a statement_timeout shorter than ours, set on the
+# server or the role), deadlock_detected.
+LOCK_WAIT_STATES = frozenset({"55P03", "57014", "40P01"})
+
+
 def waited_on_a_lock(exc: BaseException) -> bool:
-    """Did this database error end a lock wait (PostgreSQL's lock_timeout, SQLite's
-    busy timeout), as opposed to a connection that failed?"""
+    """Did this database error end a wait for a lock (PostgreSQL's lock_timeout,
+    SQLite's busy timeout), as opposed to a connection that failed?"""
     cause = exc.__cause__ or exc
-    if getattr(cause, "sqlstate", None) == "55P03":  # lock_not_available
+    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, psycopg2
+    if state in LOCK_WAIT_STATES:
         return True
     message = str(exc)
     return "database is locked" in message or "database table is locked" in message
