@@ -214,58 +214,56 @@ def test_no_lost_wake_up_when_the_last_child_ends_while_its_parent_suspends():
         finally:
             connection.close()
 
-    def suspend_parent() -> None:
-        try:
-            services.suspend(held, held.lease_token, reason="waiting for children")
-        finally:
-            connection.close()
-
     child = threading.Thread(target=finish_child)
     child.start()
     assert in_transaction.wait(10)
-    sleeper = threading.Thread(target=suspend_parent)
-    sleeper.start()
-
-    deadline = time.monotonic() + 10
-    while not someone_waits_for_a_lock():
-        assert time.monotonic() < deadline, "suspend() did not wait for the child's transaction"
-        time.sleep(0.02)
+    errors: list[BaseException] = []
+    sleeper = InThread(
+        lambda: services.suspend(held, held.lease_token, reason="waiting for children"), errors
+    )
+    sleeper.wait_until_blocked()  # suspend() waits for the child's transaction
     may_commit.set()
     child.join(10)
     sleeper.join(10)
+    assert errors == []
     parent.refresh_from_db()
     assert parent.status == Status.QUEUED and parent.run_after <= timezone.now()  # woken, not asleep forever
 
 
-def someone_waits_for_a_lock() -> bool:
-    """PostgreSQL: a backend is waiting for a row (its holder's transaction) or an
-    advisory lock."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype IN ('transactionid', 'advisory') AND NOT granted"
-        )
-        return cursor.fetchone()[0] > 0
+class InThread(threading.Thread):
+    """Runs ``target`` on a connection of its own; ``pid`` is its backend's."""
 
+    def __init__(self, target: Any, errors: list[BaseException], name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.call, self.errors = target, errors
+        self.pid: int | None = None
+        self.connected = threading.Event()
+        self.start()
+        assert self.connected.wait(10)
 
-def _in_thread(target: Any, errors: list[BaseException]) -> threading.Thread:
-    def run() -> None:
+    def run(self) -> None:
         try:
-            target()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.connected.set()
+            self.call()
         except BaseException as exc:
-            errors.append(exc)
+            self.errors.append(exc)
         finally:
+            self.connected.set()
             connection.close()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
-def _until_someone_waits() -> None:
-    deadline = time.monotonic() + 10
-    while not someone_waits_for_a_lock():
-        assert time.monotonic() < deadline, "the second transaction did not wait for the first"
-        time.sleep(0.02)
+    def wait_until_blocked(self) -> None:
+        """Until this thread's backend waits for a lock another one holds."""
+        deadline = time.monotonic() + 10
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT cardinality(pg_blocking_pids(%s))", [self.pid])
+                if cursor.fetchone()[0]:
+                    return
+            assert time.monotonic() < deadline, "the second transaction did not wait for the first"
+            time.sleep(0.02)
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
@@ -291,10 +289,10 @@ def test_cancelling_a_waiting_parent_while_its_last_child_ends_does_not_deadlock
 
     monkeypatch.setattr(transitions, "wake_parent_if_done", wake_later)
     errors: list[BaseException] = []
-    child = _in_thread(lambda: services.complete(kid, kid.lease_token, {}), errors)
+    child = InThread(lambda: services.complete(kid, kid.lease_token, {}), errors)
     assert child_written.wait(10)
-    canceller = _in_thread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
-    _until_someone_waits()
+    canceller = InThread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
+    canceller.wait_until_blocked()
     may_go_on.set()
     child.join(15)
     canceller.join(15)
@@ -328,7 +326,7 @@ def test_asking_a_running_parent_to_cancel_as_its_worker_fails_it_does_not_deadl
     real_end = cascade.end_children
 
     def end_later(parent_id: Any, **kwargs: Any) -> int:
-        if failing.is_set() and threading.current_thread() is worker:
+        if failing.is_set() and threading.current_thread().name == "failing worker":
             parent_locked.set()  # the failing worker holds the parent's row
             may_go_on.wait(10)
         return real_end(parent_id, **kwargs)
@@ -336,10 +334,12 @@ def test_asking_a_running_parent_to_cancel_as_its_worker_fails_it_does_not_deadl
     monkeypatch.setattr(cascade, "end_children", end_later)
     errors: list[BaseException] = []
     failing.set()
-    worker = _in_thread(lambda: services.fail(held, held.lease_token, "boom", retry=False), errors)
+    worker = InThread(
+        lambda: services.fail(held, held.lease_token, "boom", retry=False), errors, "failing worker"
+    )
     assert parent_locked.wait(10)
-    canceller = _in_thread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
-    _until_someone_waits()
+    canceller = InThread(lambda: services.request_cancel(parent, "api", "not needed"), errors)
+    canceller.wait_until_blocked()
     may_go_on.set()
     worker.join(15)
     canceller.join(15)

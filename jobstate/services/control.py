@@ -21,7 +21,7 @@ from jobstate.services._rows import JobRef, create_job, record_event
 from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
-from jobstate.services.transitions import move, wake_parent_if_done
+from jobstate.services.transitions import lock_parent, move, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
 
 __all__ = [
@@ -193,8 +193,8 @@ class ReapReport:
     requeued: list[Any] = field(default_factory=list)
     failed: list[Any] = field(default_factory=list)
     cancelled: list[Any] = field(default_factory=list)
-    # Expired, but their row (or their parent's) was held by a transaction: left
-    # for the next sweep.
+    # Expired, but their row was held by a transaction (PostgreSQL): left for the
+    # next sweep.
     skipped: list[Any] = field(default_factory=list)
 
     @property
@@ -217,16 +217,20 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
     now = now or timezone.now()
     report = ReapReport()
     reaper = Actor.system("reaper")
-    rows = Job.objects.expired(now).values_list(
-        "pk",
-        "kind",
-        "lease_token",
-        "attempts",
-        "max_attempts",
-        "cancel_requested_at",
-        "worker_id",
-        "started_at",
-    )[:limit]
+    rows = (
+        Job.objects.expired(now)
+        .values_list(
+            "pk",
+            "kind",
+            "lease_token",
+            "attempts",
+            "max_attempts",
+            "cancel_requested_at",
+            "worker_id",
+            "started_at",
+        )
+        .order_by("lease_expires_at")[:limit]
+    )
     for pk, kind, token, attempts, max_attempts, cancel_at, worker, started in rows:
         guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
         meta = {"attempt": attempts, "worker": worker}
@@ -234,12 +238,13 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
         last, cancelling = attempts >= max_attempts, cancel_at is not None
         try:
             with transaction.atomic():
-                # A row someone holds is left for the next sweep: often the handler's
-                # own transaction, after which its heartbeat renews the lease; taking
-                # the job the moment that commits would run it twice meanwhile. The
-                # parent's row first (parents before children: transitions.lock_parent).
-                parent_id = Job.objects.filter(pk=pk).values_list("parent_id", flat=True).first()
-                if not (parent_id is None or _lock_unless_held(parent_id)) or not _lock_unless_held(pk):
+                # The parent's row first (parents before children: see
+                # transitions.lock_parent), as a move that ends this job would.
+                lock_parent(pk)
+                # A job whose row someone holds is left for the next sweep: often
+                # the handler's own transaction, after which its heartbeat renews the
+                # lease; taking the job the moment that commits would run it twice.
+                if not _lock_unless_held(pk):
                     report.skipped.append(pk)
                     continue
                 if started is None:
@@ -305,11 +310,11 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
 
 
 def _lock_unless_held(pk: Any) -> bool:
-    """Lock the job's row, unless another transaction holds it (PostgreSQL; SQLite
-    runs one writer at a time and so never finds one)."""
+    """Lock the job's row, unless another transaction holds it (PostgreSQL; on SQLite
+    the reaper's transaction waits for the database's write lock instead)."""
     if not connection.features.has_select_for_update_skip_locked:
         return True
-    free = Job.objects.filter(pk=pk).select_for_update(skip_locked=True)
+    free = Job.objects.filter(pk=pk).select_for_update(skip_locked=True, no_key=True)
     return bool(list(free.values_list("pk", flat=True)))
 
 

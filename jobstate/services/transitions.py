@@ -165,10 +165,11 @@ def lock_parent(job: Job | UUID | str) -> Any:
     locks or writes the child's row; otherwise the two could each hold the row
     the other waits for (PostgreSQL would abort one). Only jobs with a parent pay
     for it: one more statement in the child's final transaction."""
-    if isinstance(job, Job):
+    if isinstance(job, Job) and not job._state.adding:  # a row read from the database
         parent_id = job.parent_id
     else:
-        parent_id = Job.objects.filter(pk=job).values_list("parent_id", flat=True).first()
+        pk = job.pk if isinstance(job, Job) else job
+        parent_id = Job.objects.filter(pk=pk).values_list("parent_id", flat=True).first()
     if parent_id is not None and connection.features.has_select_for_update:
         list(Job.objects.filter(pk=parent_id).select_for_update(no_key=True).values_list("pk", flat=True))
     return parent_id

@@ -16,9 +16,9 @@ On PostgreSQL the heartbeat's lock waits end after half of ``HEARTBEAT_SECONDS``
 (``SET LOCAL lock_timeout``, in the heartbeat's own transaction, so that it never
 stays on a pooled connection), so a call that lasts longer than twice that is a
 connection that no longer answers; on SQLite every wait is a lock wait on a file
-the reaper shares. The reaper itself leaves a job whose row a transaction holds
-for its next sweep (``services.requeue_expired``), so that the heartbeat can renew
-the lease once the handler's transaction ends.
+the reaper shares. The reaper itself (PostgreSQL) leaves a job whose row a
+transaction holds for its next sweep (``services.requeue_expired``), so that the
+heartbeat can renew the lease once the handler's transaction ends.
 """
 
 from __future__ import annotations
