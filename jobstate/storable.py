@@ -1,12 +1,15 @@
 """Values as both databases store them.
 
-Text: PostgreSQL's text columns refuse a NUL character (SQLite keeps it), so
-text a job reports (progress messages, error messages, tracebacks) has each NUL
-replaced by U+FFFD, the replacement character, instead of failing the write.
+Text: PostgreSQL's text columns refuse a NUL character (SQLite keeps it), and
+neither database takes a lone surrogate (a Python string may hold one: an
+undecodable byte of a file name as ``os.fsdecode`` escapes it, say), which is not
+UTF-8; so text a job reports (progress messages, error messages, tracebacks) has
+each such character replaced by U+FFFD, the replacement character, instead of
+failing the write.
 
 JSON: ``json.dumps`` writes ``NaN`` and ``Infinity`` and a string may hold a NUL
-character; PostgreSQL's ``jsonb`` refuses both and SQLite's ``JSON_VALID`` check
-refuses the first. A value that passed a Python check and then failed at the
+character or a lone surrogate; PostgreSQL's ``jsonb`` refuses all three and
+SQLite's ``JSON_VALID`` check refuses the first. A value that passed a Python check and then failed at the
 database would surface as an IntegrityError or DataError in the middle of a
 transition (a result that can never be stored would be retried like a crash), so
 every JSON value a service stores goes through here first.
@@ -24,6 +27,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 # A NUL as json.dumps escapes it (ensure_ascii): ``\u0000`` after an even number
 # of backslashes (an odd number would make it an escaped backslash and text).
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# In a Python string every surrogate code point is a lone one (a pair is one
+# character above U+FFFF).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def json_text(value: Any, field: str) -> str:
@@ -34,7 +40,19 @@ def json_text(value: Any, field: str) -> str:
         raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValidationError({field: ["Not storable: a string holds a NUL character (\\u0000)."]})
+    if "\\ud" in encoded and _holds_a_surrogate(value):
+        raise ValidationError({field: ["Not storable: a string holds a lone surrogate (not UTF-8)."]})
     return encoded
+
+
+def _holds_a_surrogate(value: Any) -> bool:
+    # Only asked when the escaped text shows one might be there (a pair, as
+    # json.dumps escapes a character above U+FFFF, looks the same).
+    try:
+        json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def json_value(value: Any, field: str) -> Any:
@@ -44,5 +62,9 @@ def json_value(value: Any, field: str) -> Any:
 
 
 def text(value: str) -> str:
-    """``value`` with each NUL character replaced by U+FFFD."""
-    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+    """``value`` with each NUL character and lone surrogate replaced by U+FFFD."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    if not value.isascii():
+        value = _SURROGATE.sub("\ufffd", value)
+    return value

@@ -59,8 +59,17 @@ def test_an_unstorable_result_fails_the_job_with_that_error_and_never_reruns_it(
 
 @pytest.mark.parametrize(
     "value",
-    [float("nan"), float("inf"), {"ratio": float("-inf")}, "a\x00b", {"k\x00": 1}, ["ok", {"deep": "\x00"}]],
-    ids=["nan", "infinity", "nested-infinity", "nul", "nul-in-a-key", "nested-nul"],
+    [
+        float("nan"),
+        float("inf"),
+        {"ratio": float("-inf")},
+        "a\x00b",
+        {"k\x00": 1},
+        ["ok", {"deep": "\x00"}],
+        "name-\udcff",  # os.fsdecode's escape of an undecodable byte
+        {"k\ud800": "high surrogate alone"},
+    ],
+    ids=["nan", "infinity", "nested-infinity", "nul", "nul-in-a-key", "nested-nul", "lone-low", "lone-high"],
 )
 def test_a_result_the_database_refuses_fails_the_job_and_is_never_rerun(temp_handler, value):
     # json.dumps writes NaN and Infinity, and a string may hold a NUL: PostgreSQL's
@@ -81,16 +90,18 @@ def test_a_result_the_database_refuses_fails_the_job_and_is_never_rerun(temp_han
 
 
 def test_a_nul_in_reported_text_is_stored_as_a_replacement_character(temp_handler):
-    # PostgreSQL's text columns refuse NUL: the error and the progress message are
-    # still recorded, as written but for that character, and the job is not retried.
+    # PostgreSQL's text columns refuse NUL, and neither database takes a lone
+    # surrogate (an undecodable byte in a file name, escaped by os.fsdecode): the
+    # error and the progress message are still recorded, as written but for those
+    # characters, and the job is retried as for any error.
     def reports_then_fails(ctx):
         ctx.progress(50, "half\x00way", step="st\x00ep")
-        raise RuntimeError("bad\x00input")
+        raise RuntimeError("bad\x00input in file-\udcff")
 
     temp_handler("t.nul_text", reports_then_fails, max_attempts=2, retry_backoff=0)
     outcome, job = run_one("t.nul_text")
     assert outcome == "retrying" and job.status == Status.QUEUED
-    assert job.error_message == "bad\ufffdinput" and job.error_type == "RuntimeError"
+    assert job.error_message == "bad\ufffdinput in file-\ufffd" and job.error_type == "RuntimeError"
     assert job.progress_message == "half\ufffdway" and job.current_step == "st\ufffdep"
     assert "bad\ufffdinput" in job.traceback and "\x00" not in job.traceback
 
