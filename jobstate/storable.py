@@ -27,8 +27,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 # A NUL as json.dumps escapes it (ensure_ascii): ``\u0000`` after an even number
 # of backslashes (an odd number would make it an escaped backslash and text).
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# In a Python string every surrogate code point is a lone one (a pair is one
-# character above U+FFFF).
+# A surrogate code point in a Python string (a character above U+FFFF is one code
+# point, not a pair): not UTF-8, and so neither database's text.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -63,6 +63,7 @@ def json_value(value: Any, field: str) -> Any:
 
 def text(value: str) -> str:
     """``value`` with each NUL character and lone surrogate replaced by U+FFFD."""
+    value = str(value)  # a lazy translation, say
     if "\x00" in value:
         value = value.replace("\x00", "\ufffd")
     if not value.isascii():

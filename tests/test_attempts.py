@@ -6,6 +6,7 @@ The table of exits is in jobstate/worker/runner.py and docs/explanation/attempts
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -379,7 +380,7 @@ def test_a_heartbeat_waiting_on_the_handlers_own_transaction_does_not_stop_it(te
 def test_a_heartbeat_that_hangs_past_the_lease_stops_the_handler_on_postgresql_only(
     temp_handler, hung_heartbeat
 ):
-    # PostgreSQL: the heartbeat's lock waits end after HEARTBEAT_SECONDS, so a call
+    # PostgreSQL: the heartbeat's lock waits end after half of HEARTBEAT_SECONDS, so a call
     # that hangs for longer is a connection that no longer answers. SQLite: every
     # wait is a lock wait on the file the reaper shares, and the handler runs on.
     temp_handler("t.hung", lambda ctx: (_loop(2), {"ran": True})[1], max_attempts=1)
@@ -398,28 +399,75 @@ def test_a_heartbeat_that_hangs_past_the_lease_stops_the_handler_on_postgresql_o
 @override_settings(JOBSTATE=SHORT_LEASE)
 def test_a_handler_held_up_by_the_reaper_waiting_on_its_row_is_not_run_twice(temp_handler):
     # The reaper finds the expired lease while the handler's transaction holds the
-    # row: it leaves the job for its next sweep instead of taking it the moment the
-    # transaction ends, and by then the heartbeat has renewed the lease.
+    # row: it leaves the job for its next sweep. The heartbeat keeps waiting in the
+    # row's queue meanwhile, so a sweep right after the transaction ends finds the
+    # lease renewed (or the row still held by the heartbeat) and takes nothing.
     reports: list[services.ReapReport] = []
+
+    def sweep() -> None:
+        reaper = threading.Thread(
+            target=lambda: (reports.append(services.requeue_expired()), connection.close())
+        )
+        reaper.start()
+        reaper.join(10)
 
     def holding(ctx):
         with transaction.atomic():
             list(Job.objects.select_for_update().filter(pk=ctx.job.pk).values_list("pk"))
             Group.objects.create(name=f"held-{ctx.job.pk}")
             _loop(1.5)  # the lease (1 s) runs out in the database meanwhile
-            reaper = threading.Thread(
-                target=lambda: (reports.append(services.requeue_expired()), connection.close())
-            )
-            reaper.start()
-            reaper.join(10)
-        _loop(0.5)  # the heartbeat renews the lease
+            sweep()
+        sweep()
+        _loop(0.3)
         return {"held": True}
 
     temp_handler("t.held_past_lease", holding, max_attempts=2)
     outcome, job = run_one("t.held_past_lease")
     assert outcome == "completed" and job.attempts == 1
-    (report,) = reports
-    assert report.skipped == [job.pk] and report.total == 0
+    during, after = reports
+    assert during.skipped == [job.pk] and during.total == 0
+    assert after.total == 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="lock_timeout is PostgreSQL's")
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.4, "LEASE_SECONDS": 60})
+def test_a_heartbeat_that_waited_on_a_lock_queues_again_at_once(temp_handler, monkeypatch):
+    # Not at its next beat: it would leave the row's queue for half a beat, and a
+    # reaper that came then would take the job the moment the handler's transaction
+    # ended (the previous test's second sweep).
+    calls: list[tuple[float, float, bool]] = []  # start, end, ended by a lock wait
+    real = services.heartbeat
+
+    def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            beat = real(*args, **kwargs)
+        except OperationalError:
+            calls.append((started, time.monotonic(), True))
+            raise
+        calls.append((started, time.monotonic(), False))
+        return beat
+
+    def holding(ctx):
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(pk=ctx.job.pk).values_list("pk"))
+            _loop(2.5)
+
+    monkeypatch.setattr(services, "heartbeat", timed)
+    temp_handler("t.queued_again", holding, max_attempts=1)
+    outcome, _job = run_one("t.queued_again")
+    assert outcome == "completed"
+    gaps = sorted(after[0] - before[1] for before, after in itertools.pairwise(calls) if before[2])
+    assert len(gaps) >= 3
+    assert gaps[len(gaps) // 2] < 0.1  # a beat is 0.4 s: the next try did not wait for it
+
+
+def test_reported_text_may_be_a_lazy_translation():
+    from django.utils.functional import lazy
+
+    from jobstate.storable import text
+
+    assert text(lazy(lambda: "Échec\x00", str)()) == "Échec\ufffd"
 
 
 @pytest.mark.parametrize(

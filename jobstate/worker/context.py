@@ -64,7 +64,8 @@ class JobContext:
 
     def renewed(self, since: float) -> None:
         """A write that started at ``since`` (monotonic) renewed the lease."""
-        self.lease_until = max(self.lease_until, since + float(conf.get("LEASE_SECONDS")))
+        with self._state:  # the handler's thread and the heartbeat's
+            self.lease_until = max(self.lease_until, since + float(conf.get("LEASE_SECONDS")))
 
     def progress(
         self, percent: float | None = None, message: str | None = None, *, step: str | None = None

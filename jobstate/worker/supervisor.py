@@ -265,6 +265,9 @@ class Supervisor:
         except Exception as exc:  # try again at the next beat
             slot.blocked = waited_on_a_lock(exc)
             if slot.blocked:
+                # At once, and so on while the lock is held: waiting in the row's
+                # queue, the heartbeat gets it before the reaper once it is released.
+                slot.next_beat = time.monotonic()
                 logger.info("Heartbeat of job %s waited on a lock; trying again", ctx.job.pk)
             else:
                 logger.exception("Heartbeat failed for job %s", ctx.job.pk)
