@@ -47,10 +47,26 @@ def test_listener_survives_a_lost_connection():
     listener = Listener()
     try:
         listener.drain()
+        pid = listener._conn.info.backend_pid
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [listener._conn.info.backend_pid])
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+        def gone() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+                return cursor.fetchone()[0] == 0
+
+        # Only once the backend is gone is the dead connection seen as dead (under
+        # load, a wait could otherwise end quietly on it and the next enqueue's
+        # notification go to nobody).
+        wait_for(gone, 30)
         assert listener.wait(0.2) is False  # logs, drops the dead connection
-        listener.drain()  # reconnects and listens again
+
+        def listening_again() -> bool:
+            listener.drain()  # reconnects and listens again (a first call may find it dead)
+            return listener._conn is not None and not listener._conn.closed
+
+        wait_for(listening_again, 30)
         services.enqueue("test.echo", {})
         assert listener.wait(30) is True
     finally:

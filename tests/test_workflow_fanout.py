@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -350,6 +351,48 @@ def test_asking_a_running_parent_to_cancel_as_its_worker_fails_it_does_not_deadl
     assert parent.status == Status.FAILED and parent.error_message == "boom"
     kid.refresh_from_db()
     assert kid.status == Status.PROCESSING and kid.cancel_requested_at is not None  # asked by the cascade
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time")
+def test_the_reaper_does_not_wait_long_for_a_parent_someone_holds():
+    # It locks an expired child's parent first (parents before children), waiting
+    # at most about a second: a parent held longer (its handler's own transaction)
+    # leaves the child for the next sweep rather than stalling every other rescue.
+    from jobstate.services import control
+
+    services.enqueue("test.echo", {})
+    (parent,) = services.claim("w1", kinds=["test.echo"])
+    services.begin(parent, parent.lease_token, "w1:1")
+    services.enqueue("test.echo", {}, parent=parent)
+    (kid,) = services.claim("w2", kinds=["test.echo"])
+    services.begin(kid, kid.lease_token, "w2:1")
+    later = timezone.now() + timedelta(minutes=5)  # the child's lease has run out by then
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_parent() -> None:
+        with transaction.atomic():
+            list(Job.objects.select_for_update().filter(pk=parent.pk).values_list("pk"))
+            holding.set()
+            release.wait(20)
+
+    errors: list[BaseException] = []
+    holder = InThread(hold_parent, errors)
+    assert holding.wait(10)
+    started = time.monotonic()
+    report = services.requeue_expired(later)
+    waited = time.monotonic() - started
+    release.set()
+    holder.join(10)
+    assert errors == []
+    assert control.REAP_PARENT_WAIT_MS / 1000 <= waited < 10
+    # Parent and child both expired by then: the parent (nobody holds it now that
+    # the sweep ran) is requeued; the child was left for the next sweep.
+    assert kid.pk in report.skipped
+    again = services.requeue_expired(later)
+    assert kid.pk in again.requeued
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"  # the reaper's wait bound did not stay
 
 
 def test_child_jobs_of_a_step_copied_into_a_retry():

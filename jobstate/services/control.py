@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -239,12 +239,11 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
         try:
             with transaction.atomic():
                 # The parent's row first (parents before children: see
-                # transitions.lock_parent), as a move that ends this job would.
-                lock_parent(pk)
-                # A job whose row someone holds is left for the next sweep: often
-                # the handler's own transaction, after which its heartbeat renews the
+                # transitions.lock_parent), as a move that ends this job would. A
+                # job whose row someone holds is left for the next sweep: often the
+                # handler's own transaction, after which its heartbeat renews the
                 # lease; taking the job the moment that commits would run it twice.
-                if not _lock_unless_held(pk):
+                if not _lock_parent_briefly(pk) or not _lock_unless_held(pk):
                     report.skipped.append(pk)
                     continue
                 if started is None:
@@ -307,6 +306,34 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
         except (LeaseLost, InvalidTransition):
             continue  # a heartbeat or the worker itself got there first
     return report
+
+
+# How long the reaper waits for an expired job's parent row (PostgreSQL): long
+# enough for a sibling's final transaction, not for a parent's long one.
+REAP_PARENT_WAIT_MS = 1000
+
+
+def _lock_parent_briefly(pk: Any) -> bool:
+    """``lock_parent``, giving up (False) after REAP_PARENT_WAIT_MS on PostgreSQL."""
+    if connection.vendor != "postgresql":
+        lock_parent(pk)
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (before,) = cursor.fetchone()
+    try:
+        with transaction.atomic():  # a savepoint: a timeout rolls back only this
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{REAP_PARENT_WAIT_MS}ms"])
+            lock_parent(pk)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+    except OperationalError as exc:
+        cause = exc.__cause__  # psycopg 3 names the SQLSTATE sqlstate, psycopg2 pgcode
+        if (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "55P03":
+            return False
+        raise
+    return True
 
 
 def _lock_unless_held(pk: Any) -> bool:
