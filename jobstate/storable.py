@@ -9,10 +9,11 @@ failing the write.
 
 JSON: ``json.dumps`` writes ``NaN`` and ``Infinity`` and a string may hold a NUL
 character or a lone surrogate; PostgreSQL's ``jsonb`` refuses all three and
-SQLite's ``JSON_VALID`` check refuses the first. A value that passed a Python check and then failed at the
-database would surface as an IntegrityError or DataError in the middle of a
-transition (a result that can never be stored would be retried like a crash), so
-every JSON value a service stores goes through here first.
+SQLite's ``JSON_VALID`` check refuses the first. A value that passed a Python
+check and then failed at the database would surface as an IntegrityError or
+DataError in the middle of a transition (a result that can never be stored would
+be retried like a crash), so every JSON value a service stores goes through here
+first.
 """
 
 from __future__ import annotations

@@ -164,7 +164,8 @@ def lock_parent(job: Job | UUID | str) -> Any:
     that may end a child, and then wake its parent, calls this first, before it
     locks or writes the child's row; otherwise the two could each hold the row
     the other waits for (PostgreSQL would abort one). Only jobs with a parent pay
-    for it: one more statement in the child's final transaction."""
+    for it. Calling it again in the same transaction is harmless: a row lock the
+    transaction holds is taken again without waiting."""
     if isinstance(job, Job) and not job._state.adding:  # a row read from the database
         parent_id = job.parent_id
     else:

@@ -262,7 +262,7 @@ class Supervisor:
             ctx.lease_lost.set()
             self.watch_wake.set()
             return
-        except Exception as exc:  # try again at the next beat
+        except Exception as exc:  # a lock wait: again at once; a failure: at the next beat
             slot.blocked = waited_on_a_lock(exc)
             if slot.blocked:
                 # At once, and so on while the lock is held: waiting in the row's
