@@ -101,3 +101,25 @@ class Suspend(Exception):
         super().__init__(reason)
         self.reason = reason
         self.until = until
+
+
+# SQLSTATEs that end a wait for a lock (the server answered): lock_not_available
+# (lock_timeout), query_canceled (a statement_timeout shorter than the caller's, set
+# on the server or the role), deadlock_detected.
+LOCK_WAIT_STATES = frozenset({"55P03", "57014", "40P01"})
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error as Django raises it (its own class, the
+    driver's error as the cause): psycopg 3 names it ``sqlstate``, psycopg2 ``pgcode``."""
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+
+
+def waited_on_a_lock(exc: BaseException) -> bool:
+    """Did this database error end a wait for a lock (PostgreSQL's lock_timeout,
+    SQLite's busy timeout), as opposed to a connection that failed?"""
+    if sqlstate(exc) in LOCK_WAIT_STATES:
+        return True
+    message = str(exc)
+    return "database is locked" in message or "database table is locked" in message

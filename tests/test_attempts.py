@@ -489,7 +489,7 @@ def test_the_heartbeat_tells_a_lock_wait_from_a_failure(error, lock_wait):
     import psycopg
     from django.db import utils
 
-    from jobstate.worker.supervisor import waited_on_a_lock
+    from jobstate.exceptions import waited_on_a_lock
 
     class Psycopg2Error(Exception):  # psycopg2's errors carry ``pgcode``
         pgcode = "55P03"

@@ -13,7 +13,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobstate import hooks
-from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost
+from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost, sqlstate
 from jobstate.models import Job, JobEvent
 from jobstate.registry import get_handler
 from jobstate.services import cascade
@@ -329,8 +329,7 @@ def _lock_parent_briefly(pk: Any) -> bool:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
     except OperationalError as exc:
-        cause = exc.__cause__  # psycopg 3 names the SQLSTATE sqlstate, psycopg2 pgcode
-        if (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == "55P03":
+        if sqlstate(exc) == "55P03":  # lock_not_available: our lock_timeout
             return False
         raise
     return True

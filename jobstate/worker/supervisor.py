@@ -37,11 +37,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from jobstate import conf, services
-from jobstate.exceptions import (
-    CancelRequested,
-    Interrupted,
-    LeaseLost,
-)
+from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, waited_on_a_lock
 from jobstate.registry import HandlerSpec
 from jobstate.worker.context import JobContext
 
@@ -334,23 +330,6 @@ def supervisor() -> Supervisor:
         if _supervisor is None or _supervisor.pid != os.getpid():
             _supervisor = Supervisor()
         return _supervisor
-
-
-# SQLSTATEs that end a wait for a lock (the server answered): lock_not_available
-# (lock_timeout), query_canceled (a statement_timeout shorter than ours, set on the
-# server or the role), deadlock_detected.
-LOCK_WAIT_STATES = frozenset({"55P03", "57014", "40P01"})
-
-
-def waited_on_a_lock(exc: BaseException) -> bool:
-    """Did this database error end a wait for a lock (PostgreSQL's lock_timeout,
-    SQLite's busy timeout), as opposed to a connection that failed?"""
-    cause = exc.__cause__ or exc
-    state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, psycopg2
-    if state in LOCK_WAIT_STATES:
-        return True
-    message = str(exc)
-    return "database is locked" in message or "database table is locked" in message
 
 
 def close_quietly() -> None:
