@@ -35,6 +35,15 @@ class DuplicateActiveKey(JobStateError):
     """Another active job already holds this (kind, key)."""
 
 
+class ConcurrencyLimitReached(JobStateError):
+    """A job of this kind cannot start now: as many as its concurrency limit run."""
+
+    def __init__(self, kind: str, limit: int) -> None:
+        self.kind = kind
+        self.limit = limit
+        super().__init__(f"{limit} job(s) of kind '{kind}' are running, its concurrency limit")
+
+
 class StepStateError(JobStateError):
     """The workflow step is not in a state that allows the requested change; nothing was written."""
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.test import override_settings
+from django.utils import timezone
 
 from jobstate import NonRetryable, Partial, services
 from jobstate.exceptions import CancelRequested
@@ -55,6 +56,35 @@ def test_exception_retries_then_fails(temp_handler):
         "claim",
         "fail",
     ]
+
+
+@pytest.mark.parametrize(
+    ("backoff", "delay"),
+    [
+        (lambda attempt: 1e30, 366 * 24 * 3600.0),  # past the year 9999: a year
+        (lambda attempt: float("inf"), 366 * 24 * 3600.0),
+        (lambda attempt: float("nan"), 0.0),
+        (lambda attempt: -5, 0.0),
+        (lambda attempt: 1 / 0, None),  # raises: the default backoff
+        (lambda attempt: "soon", None),  # no number: the default backoff
+    ],
+)
+def test_a_retry_backoff_callable_out_of_bounds_still_records_the_retry(temp_handler, backoff, delay):
+    def boom(ctx):
+        raise ValueError("bad")
+
+    temp_handler("t.boom", boom, max_attempts=2, retry_backoff=backoff)
+    job = services.enqueue("t.boom", {})
+    before = timezone.now()
+    (claimed,) = services.claim("w1")
+    assert run_job(claimed, "w1") == "retrying"
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.attempts == 1
+    waited = (job.run_after - before).total_seconds()
+    if delay is None:  # RETRY_BACKOFF_BASE (5 s) and its jitter
+        assert 4 <= waited <= 20
+    else:
+        assert delay - 5 <= waited <= delay + 5
 
 
 def test_non_retryable_and_partial(temp_handler):

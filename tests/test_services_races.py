@@ -183,3 +183,22 @@ def test_an_operator_requeue_grants_an_attempt_spent_after_it_looked(monkeypatch
     (again,) = services.claim("w2")
     services.begin(again, again.lease_token, "w2:1")  # within the bounds the database checks
     assert Job.objects.get(pk=again.pk).attempts == 2
+
+
+@pytest.mark.parametrize("until", [None, "tomorrow"])
+def test_a_job_that_suspends_after_a_cancel_request_is_cancelled(until):
+    # The request came while the handler ran; a suspend must not park it (until
+    # tomorrow, or waiting for children) with the request still pending.
+    services.enqueue("test.echo", {})
+    (held,) = services.claim("w1")
+    child = services.enqueue("test.echo", {}, parent=held)
+    services.request_cancel(held, "api", "user gave up")
+    later = timezone.now() + timedelta(days=1) if until else None
+    moved = services.suspend(held, held.lease_token, until=later, reason="poll tomorrow")
+    job = Job.objects.get(pk=held.pk)
+    assert moved is not None and moved.status == job.status == Status.CANCELLED
+    assert job.events.order_by("-id").values_list("transition", "reason")[0] == (
+        "cancel",
+        "cancel requested; the handler suspended (poll tomorrow)",
+    )
+    assert Job.objects.get(pk=child.pk).status == Status.CANCELLED  # with its children

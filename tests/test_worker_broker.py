@@ -20,6 +20,7 @@ from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
 from jobstate import registry, services
+from jobstate.exceptions import ConcurrencyLimitReached
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import broker as broker_module
@@ -236,6 +237,36 @@ def test_run_by_id_is_the_id_only_alternative():
     assert tasks.run_by_id(str(job.pk)) == "skipped"  # a second delivery changes nothing
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.attempts == 1
+
+
+def test_starting_a_job_by_id_respects_its_kinds_concurrency_limit(temp_handler):
+    seen: list[int] = []
+    running = lambda ctx: seen.append(Job.objects.filter(kind="t.one", status=Status.PROCESSING).count())  # noqa: E731
+    temp_handler("t.one", running, concurrency=1)
+    first = services.enqueue("t.one", {})
+    second = services.enqueue("t.one", {})
+    (elsewhere,) = services.claim("other:1", kinds=["t.one"], start=True)  # one runs elsewhere
+    assert elsewhere.pk == first.pk
+    with pytest.raises(ConcurrencyLimitReached, match="concurrency limit"):
+        services.start(second, "w1")
+    assert tasks.run_by_id(str(second.pk)) == "skipped"
+    assert seen == [] and Job.objects.get(pk=second.pk).status == Status.QUEUED  # the broker takes it later
+    services.complete(elsewhere, elsewhere.lease_token, {})
+    assert tasks.run_by_id(str(second.pk)) == "completed" and seen == [1]
+
+
+def test_starting_a_job_by_id_honours_a_pending_cancel_request(temp_handler):
+    ran: list[int] = []
+    temp_handler("t.cancelme", lambda ctx: ran.append(1))
+    job = services.enqueue("t.cancelme", {})
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())  # requested, not yet honoured
+    assert tasks.run_by_id(str(job.pk)) == "skipped"
+    job.refresh_from_db()
+    assert ran == [] and job.status == Status.CANCELLED and job.attempts == 0
+    assert job.events.order_by("-id").values_list("transition", "reason")[0] == (
+        "cancel",
+        "cancel requested before it started",
+    )
 
 
 def test_scheduled_task_targets_report_counts():

@@ -194,6 +194,20 @@ def test_compensation_that_began_outlives_a_cancel_request():
     assert job.status in (Status.FAILED, Status.CANCELLED) and job.attempts == 1
 
 
+def test_a_cluster_runs_the_recovery_of_undos_despite_the_cancel_request():
+    # As a cluster takes it: reserved by a claim, begun by the worker process.
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_once": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)
+    services.request_cancel(job, "ops", "give up")
+    assert reap().requeued == [job.pk]
+    (claimed,) = services.claim("w2", now=timezone.now() + timedelta(hours=2))
+    assert run_job(claimed, "w2") == "cancelled"  # not cancelled unstarted: the undos ran first
+    job = fresh(job)
+    assert statuses(job)["book"] == "undone" and labels(job).count("undo:book:B1") == 1
+    assert job.status == Status.CANCELLED
+
+
 def test_a_run_that_is_not_compensating_stops_at_once_on_a_cancel():
     job = services.enqueue("wf.saga", {})
     (claimed,) = services.claim("w1")

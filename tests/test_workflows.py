@@ -489,3 +489,18 @@ def test_a_step_can_wait_for_a_time_without_holding_a_worker():
     job.refresh_from_db()
     assert job.result == "woke" and job.attempts == 1
     assert step_rows(job)["wait"].attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_that_suspends_after_a_cancel_request_ends_cancelled(temp_handler):
+    from jobstate.exceptions import Suspend
+
+    def handler(ctx: Any) -> None:
+        services.request_cancel(ctx.job.pk, "api", "user gave up")  # arrives mid-run
+        raise Suspend("poll again tomorrow", until=timezone.now() + timedelta(days=1))
+
+    temp_handler("t.poller", handler)
+    job = services.enqueue("t.poller", {})
+    (claimed,) = services.claim("w1", kinds=["t.poller"])
+    assert run_job(claimed, "w1") == "cancelled"
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED

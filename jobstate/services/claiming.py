@@ -75,8 +75,9 @@ def claim(
             )
         return jobs
     with transaction.atomic():
-        # A queued job with a cancel request (one that suspended after it) is left
-        # to begin(), which cancels it unstarted: never run by a start=True claim.
+        # A queued job with a cancel request is left to begin(), which cancels
+        # it unstarted (or begins the recovery run of a workflow's undos):
+        # never run by a start=True claim.
         if limits:
             ids = _within_limits(limits, kinds, limit, now, postgres, cancel_free=start)
             if not ids:
@@ -280,6 +281,16 @@ def _claim_event(job: Job, actor: Actor, now: datetime, start: bool = False) -> 
         metadata={"attempt": job.attempts if start else job.attempts + 1},
         created_at=now,
     )
+
+
+def room_for(kind: str) -> int | None:
+    """In the caller's transaction: lock ``kind``'s claims (as a claim does) and
+    return how many more of it may run, or None if it has no concurrency limit."""
+    limit = registry.concurrency_limits().get(kind)
+    if limit is None:
+        return None
+    _lock_kinds([kind])
+    return limit - Job.objects.filter(status=Status.PROCESSING, kind=kind).count()
 
 
 def _lock_kinds(kinds: list[str]) -> None:

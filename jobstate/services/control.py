@@ -404,6 +404,7 @@ def suspend(
     With ``until``: ``processing`` -> ``queued`` (``requeue``), runnable from then.
     Without: ``processing`` -> ``waiting`` (``suspend``) until its last active
     child ends, which wakes it (``wake``: -> ``queued``); at once if none is active.
+    A cancel requested while it ran is honoured instead: ``cancelled``.
     """
     who = actor or Actor.worker(job.worker_id)
     # The attempt is refunded only if one was charged: a job merely reserved by a
@@ -415,6 +416,17 @@ def suspend(
     )
     fields: dict[str, Any] = {"attempts": refund, "worker_id": ""}
     with transaction.atomic():
+        lock_parent(job)  # a cancel may end it: parents before children
+        # The row lock keeps a cancel request from landing between the check and the move.
+        requested = (
+            Job.objects.select_for_update()
+            .filter(pk=job.pk)
+            .values_list("cancel_requested_at", flat=True)
+            .first()
+        )
+        if requested is not None:
+            why = f"cancel requested; the handler suspended ({reason})" if reason else "cancel requested"
+            return cancel_now(job, token, reason=why[:1000], actor=who)
         if until is not None:
             return move(
                 job,

@@ -27,15 +27,16 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from jobstate import conf
-from jobstate.exceptions import CancelRequested, LeaseLost
-from jobstate.models import Job
+from jobstate import conf, registry
+from jobstate.exceptions import CancelRequested, ConcurrencyLimitReached, InvalidTransition, LeaseLost
+from jobstate.models import Job, JobEvent
 from jobstate.services import _statements
 from jobstate.services._rows import concrete_field
 from jobstate.services._writes import job_columns, jobs_from_rows, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
-from jobstate.services.transitions import move
+from jobstate.services.claiming import room_for
+from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
 from jobstate.storable import text
 
@@ -90,7 +91,8 @@ def begin(
     loads the whole row, so the worker needs nothing else before the handler.
 
     If a cancel was requested before it started, nothing is written and
-    ``cancel_requested`` is True (the caller ends it ``cancelled``; it never ran).
+    ``cancel_requested`` is True (the caller ends it ``cancelled``; it never ran),
+    unless this is the reaper's recovery run of a workflow's undos (``recovering``).
     Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
     already begun.
     """
@@ -100,22 +102,7 @@ def begin(
     expires = _lease(now, lease_seconds)
     begun = _begin_returning(pk, token, worker_id, now, expires)
     if begun is None:
-        held = Job.objects.filter(
-            pk=pk,
-            lease_token=token,
-            status=Status.PROCESSING,
-            started_at__isnull=True,
-            cancel_requested_at__isnull=True,
-        )
-        if held.update(
-            started_at=now,
-            attempts=F("attempts") + 1,
-            worker_id=worker_id,
-            heartbeat_at=now,
-            lease_expires_at=expires,
-            updated_at=now,
-        ):
-            begun = Job.objects.get(pk=pk)
+        begun = _begin_update(pk, token, worker_id, now, expires, cancel_free=True)
     if begun is not None:
         return Begun(begun, begun.attempts, False)
     current = Job.objects.filter(pk=pk).first()
@@ -126,8 +113,45 @@ def begin(
         and current.started_at is None
         and current.cancel_requested_at is not None
     ):
+        if recovering(pk):
+            begun = _begin_update(pk, token, worker_id, now, expires, cancel_free=False)
+            if begun is not None:
+                return Begun(begun, begun.attempts, False)
+            raise LeaseLost(pk)
         return Begun(current, current.attempts, True)
     raise LeaseLost(pk)
+
+
+def _begin_update(
+    pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime, *, cancel_free: bool
+) -> Job | None:
+    held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING, started_at__isnull=True)
+    if cancel_free:
+        held = held.filter(cancel_requested_at__isnull=True)
+    if not held.update(
+        started_at=now,
+        attempts=F("attempts") + 1,
+        worker_id=worker_id,
+        heartbeat_at=now,
+        lease_expires_at=expires,
+        updated_at=now,
+    ):
+        return None
+    return Job.objects.get(pk=pk)
+
+
+def recovering(pk: Any) -> bool:
+    """Whether the job's last requeue was the reaper's recovery run (``hooks.reaping``:
+    a workflow whose worker died while it compensated, its undos left to finish).
+    A cancel request does not stop that run: the undos finish first, then the
+    attempt ends ``cancelled``. Asked only of a job with a cancel request."""
+    last = (
+        JobEvent.objects.filter(job_id=pk, transition="requeue")
+        .order_by("-id")
+        .values_list("metadata", flat=True)
+        .first()
+    )
+    return isinstance(last, dict) and "recovery" in last
 
 
 def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime) -> Job | None:
@@ -167,25 +191,52 @@ def start(
     job: JobRef, worker_id: str, *, lease_seconds: float | None = None, now: datetime | None = None
 ) -> Job:
     """Claim one specific queued job and begin it at once (run it inline, or the
-    id-only path): one UPDATE that is ``claim`` and ``begin`` together. Refuses
-    any other state."""
+    id-only path): one UPDATE that is ``claim`` and ``begin`` together.
+
+    Refuses any other state (``InvalidTransition``) and a kind at its
+    concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
+    queued job whose cancel was requested is cancelled (it never ran), then
+    refused, unless this is a recovery run of a workflow's undos (``recovering``)."""
     now = now or timezone.now()
     target = job if isinstance(job, Job) else Job(pk=job)
-    move(
-        target,
-        "claim",
-        actor=Actor.worker(worker_id),
-        fields={
-            "worker_id": worker_id,
-            "lease_token": uuid.uuid4(),
-            "lease_expires_at": _lease(now, lease_seconds),
-            "heartbeat_at": now,
-            "started_at": now,
-            "attempts": F("attempts") + 1,
-            "claimed_watermark": F("input_watermark"),
-        },
-        now=now,
-    )
+    actor = Actor.worker(worker_id)
+    with transaction.atomic():
+        lock_parent(target)  # a cancel ends it: parents before children
+        row = (
+            Job.objects.select_for_update()
+            .filter(pk=target.pk)
+            .values_list("status", "kind", "cancel_requested_at")
+        )
+        found = row.first()
+        if found is None:
+            raise Job.DoesNotExist(f"Job {target.pk} does not exist")
+        status, kind, requested = found
+        if status != Status.QUEUED:
+            raise InvalidTransition(status, Status.PROCESSING, "claim")
+        cancelled = requested is not None and not recovering(target.pk)
+        if not cancelled:
+            room = room_for(kind)
+            if room is not None and room <= 0:
+                raise ConcurrencyLimitReached(kind, registry.concurrency_limits()[kind])
+            move(
+                target,
+                "claim",
+                actor=actor,
+                fields={
+                    "worker_id": worker_id,
+                    "lease_token": uuid.uuid4(),
+                    "lease_expires_at": _lease(now, lease_seconds),
+                    "heartbeat_at": now,
+                    "started_at": now,
+                    "attempts": F("attempts") + 1,
+                    "claimed_watermark": F("input_watermark"),
+                },
+                now=now,
+            )
+        else:
+            move(target, "cancel", actor=actor, reason="cancel requested before it started", now=now)
+    if cancelled:
+        raise InvalidTransition(Status.CANCELLED, Status.PROCESSING, "claim")
     if not isinstance(job, Job):
         return Job.objects.get(pk=target.pk)
     # The values the database computed (the caller's copy may predate an enqueue

@@ -17,7 +17,7 @@ from django.utils import timezone
 from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
-from jobstate.retry import backoff_seconds
+from jobstate.retry import backoff_seconds, bounded
 from jobstate.services import handover
 from jobstate.services._rows import create_job as _create
 from jobstate.services._writes import Col
@@ -219,7 +219,7 @@ def fail(
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)
                 retry_delay = backoff_seconds(attempts, spec)
-            run_after = now + timedelta(seconds=retry_delay)
+            run_after = now + timedelta(seconds=bounded(retry_delay))
             details["retry_at"] = run_after.isoformat()
             return move(
                 job,

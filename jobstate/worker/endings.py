@@ -182,8 +182,8 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         return "lost"
     if isinstance(exc, Suspend):
         _flush_before(ctx)
-        services.suspend(job, token, until=exc.until, reason=exc.reason)
-        return "suspended"
+        moved = services.suspend(job, token, until=exc.until, reason=exc.reason)
+        return "cancelled" if moved is not None and moved.status == Status.CANCELLED else "suspended"
     if isinstance(exc, Partial):
         try:
             services.mark_partial(job, token, exc.result, str(exc), progress=ctx.take_progress())

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, connection
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import InvalidTransition, LeaseLost
+from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.worker import counters, q2
 from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
@@ -227,8 +227,8 @@ def run_by_id(job_id: Any) -> str:
     _serve(me, cluster)
     try:
         job = services.start(job_id, me)
-    except (InvalidTransition, Job.DoesNotExist):
-        return "skipped"  # cancelled, or already run by someone else
+    except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
+        return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
     return run_job(job, me)
 
 
