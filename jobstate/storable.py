@@ -33,12 +33,37 @@ _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# The deepest nesting of objects and lists stored. Deeper JSON is refused up front:
+# encoding it again later, deeper in the call stack (Django's field does, as it
+# saves), could hit Python's recursion limit in the middle of a write.
+MAX_DEPTH = 100
+# A JSON string, escapes included, and a container holding no other container.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(r"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")
+
+
+def too_deep(encoded: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether JSON text nests objects and lists more than ``limit`` deep."""
+    if encoded.count("[") + encoded.count("{") <= limit:
+        return False  # the usual case, at the speed of str.count
+    rest = _STRING.sub('""', encoded)
+    for _ in range(limit):
+        rest, found = _INNERMOST.subn("0", rest)
+        if not found:
+            return False
+    return "[" in rest or "{" in rest
+
+
 def json_text(value: Any, field: str) -> str:
     """``value`` as JSON text the database will accept, or ``ValidationError`` keyed by ``field``."""
     try:
         encoded = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
+    except RecursionError:
+        encoded = ""
+    if not encoded or too_deep(encoded):
+        raise ValidationError({field: [f"Not storable: nested more than {MAX_DEPTH} levels deep."]})
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValidationError({field: ["Not storable: a string holds a NUL character (\\u0000)."]})
     if "\\ud" in encoded and _holds_a_surrogate(value):

@@ -143,6 +143,29 @@ def test_parameters_over_the_size_limit_are_refused(user):
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize("depth", [101, 900])
+def test_parameters_nested_too_deep_are_a_400_and_store_nothing(user, depth):
+    # Under runserver 950 levels passed the JSON parser, then hit Python's recursion
+    # limit as the row was saved, deeper in the stack: a 500 before the depth limit.
+    nested: object = 1
+    for _ in range(depth - 1):
+        nested = [nested]
+    body = '{"kind": "test.echo", "parameters": {"a": %s}}' % json.dumps(nested)
+    response = client_for(user).post(JOBS, body, content_type="application/json")
+    error = assert_error(response, 400, "invalid")
+    assert "nested more than 100 levels deep" in error["fields"]["parameters"][0]
+    assert Job.objects.count() == 0 and JobEvent.objects.count() == 0
+
+
+def test_parameters_nested_up_to_the_limit_are_stored(user):
+    nested: object = {"x": "[{not a bracket}]"}
+    for _ in range(98):
+        nested = [nested]
+    response = client_for(user).post(JOBS, {"kind": "test.echo", "parameters": {"a": nested}}, format="json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get().parameters == {"a": nested}
+
+
 def test_a_body_over_the_request_limit_is_a_413(user):
     with override_settings(JOBSTATE={"API_MAX_BODY_BYTES": 1000}):
         response = client_for(user).post(

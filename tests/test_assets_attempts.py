@@ -47,6 +47,10 @@ def test_each_asset_records_its_attempt_and_a_reaped_attempt_s_assets_are_hidden
     assert [a.name for a in services.result_assets(job)] == ["b.csv"]
     listed = client_for(user).get(job_url(job, "assets/")).json()["results"]
     assert [a["name"] for a in listed] == ["b.csv"]
+    # The list of all one's assets and the download agree with the job's list.
+    assert [a["name"] for a in client_for(user).get("/api/assets/").json()["results"]] == ["b.csv"]
+    lost = Asset.objects.get(name="a.csv")
+    assert client_for(user).get(f"/api/assets/{lost.pk}/download/").status_code == 404
 
 
 def test_an_attempt_its_worker_ended_keeps_its_assets(media):

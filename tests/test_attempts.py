@@ -90,6 +90,29 @@ def test_a_result_the_database_refuses_fails_the_job_and_is_never_rerun(temp_han
     assert drain() == 0 and calls == [1]
 
 
+def test_a_result_nested_too_deep_fails_the_job_as_unstorable(temp_handler):
+    # 5,000 levels: json.dumps itself hits Python's recursion limit (a RecursionError,
+    # which escaped as a crash); 101: refused before Django's field encodes it again.
+    for depth in (5000, 101):
+        nested: object = 1
+        for _ in range(depth):
+            nested = [nested]
+        temp_handler("t.deep", lambda ctx, value=nested: value, max_attempts=3, retry_backoff=0)
+        outcome, job = run_one("t.deep")
+        assert outcome == "failed" and job.error_type == "UnstorableResult"
+        assert "nested more than 100 levels deep" in job.error_message
+
+
+def test_too_deep_counts_containers_not_brackets_in_strings():
+    from jobstate.storable import too_deep
+
+    assert not too_deep("[" * 100 + "]" * 100)
+    assert too_deep("[" * 101 + "]" * 101)
+    assert too_deep('{"a": ' * 101 + "1" + "}" * 101)
+    assert not too_deep('["' + "[" * 500 + '", {"k": "\\"}]')  # brackets inside strings
+    assert not too_deep("[" + "[], " * 500 + "[]]")  # wide, not deep
+
+
 def test_a_nul_in_reported_text_is_stored_as_a_replacement_character(temp_handler):
     # PostgreSQL's text columns refuse NUL, and neither database takes a lone
     # surrogate (an undecodable byte in a file name, escaped by os.fsdecode): the

@@ -280,6 +280,36 @@ def test_asset_needs_live_lease_when_token_given():
     assert not Asset.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"metadata": {"a": "\ud800"}}, "metadata"),  # stored by SQLite, then the API could not render it
+        ({"metadata": {"a": float("nan")}}, "metadata"),
+        ({"metadata": {"a": "x\x00"}}, "metadata"),
+        ({"metadata": ["not", "an", "object"]}, "metadata"),
+        ({"content_type": "text/html\r\nSet-Cookie: a=b"}, "content_type"),  # a header on download
+        ({"content_type": "text/" + "x" * 200}, "content_type"),
+        ({"content_type": "texte/é"}, "content_type"),
+        ({"content_type": "csv"}, "content_type"),
+        ({"asset_type": "re\x00port"}, "asset_type"),
+        ({"asset_type": "r" * 101}, "asset_type"),
+        ({"asset_type": " "}, "asset_type"),
+        ({"url": "https://example.com/" + "a" * 2000}, "url"),
+        ({"url": "https://example.com/\x00"}, "url"),
+    ],
+)
+def test_asset_values_the_database_or_a_download_would_refuse_are_a_validation_error(
+    tmp_path, settings, options, field
+):
+    settings.MEDIA_ROOT = tmp_path
+    job = services.enqueue("test.echo", {})
+    values = {"asset_type": "report", "name": "r.csv", "content": b"1", **options}
+    with pytest.raises(ValidationError) as refused:
+        services.add_asset(job, **values)
+    assert field in refused.value.message_dict
+    assert not Asset.objects.exists() and not any(tmp_path.rglob("*.*"))  # nothing stored
+
+
 def test_state_diagrams_in_the_docs_are_generated_from_the_code():
     from pathlib import Path
 

@@ -26,7 +26,7 @@ from jobstate.states import Status
 from jobstate.worker import broker as broker_module
 from jobstate.worker import counters, tasks
 from jobstate.worker.broker import EXECUTE, cluster_id
-from jobstate.worker.runner import hard_limit_for
+from jobstate.worker.runner import hard_limit_for, run_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -267,6 +267,40 @@ def test_starting_a_job_by_id_honours_a_pending_cancel_request(temp_handler):
         "cancel",
         "cancel requested before it started",
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hard_limit_right_after_a_claim_hands_the_unstarted_job_back(broker, temp_handler, monkeypatch):
+    # django-q2's alarm lands as the worker process claims its next job for itself
+    # (claimed and begun, its attempt charged), before that job's handler starts.
+    ran: list[int] = []
+    temp_handler("t.a", lambda ctx: "a")
+    temp_handler("t.b", lambda ctx: ran.append(1), max_attempts=1)
+    real = services.claim
+
+    def alarm_right_after(*args, **kwargs):
+        claimed = real(*args, **kwargs)
+        if kwargs.get("start") and claimed:
+            raise TimeoutException("django-q2 hard limit")
+        return claimed
+
+    monkeypatch.setattr(services, "claim", alarm_right_after)
+    first = services.enqueue("t.a", {})
+    (package,) = unpack(broker.dequeue())
+    second = services.enqueue("t.b", {})
+    with pytest.raises(TimeoutException):
+        run(package)
+    assert Job.objects.get(pk=first.pk).status == Status.COMPLETED
+    second.refresh_from_db()
+    # Back in the queue with its attempt refunded, not left to the reaper, which
+    # would have failed it ("worker lost") without it ever running.
+    assert (second.status, second.attempts, second.worker_id) == (Status.QUEUED, 0, "")
+    last = second.events.order_by("-id").values_list("transition", "reason")[0]
+    assert last == ("requeue", tasks.UNSTARTED)
+    monkeypatch.setattr(services, "claim", real)
+    services.requeue_expired(timezone.now() + timedelta(hours=2))
+    assert run_next("w2") is not None and ran == [1]
+    assert Job.objects.get(pk=second.pk).status == Status.COMPLETED
 
 
 def test_scheduled_task_targets_report_counts():

@@ -56,11 +56,12 @@ def visible_jobs(user: Any) -> QuerySet[Job]:
 
 
 def visible_assets(user: Any) -> QuerySet[Asset]:
-    if may_view_all(user):
-        return Asset.objects.all()
+    """The assets ``user`` may read: their own (everyone's for staff), without those
+    of lost attempts, as a job's own asset list shows them (``Asset.objects.visible``)."""
     if not getattr(user, "is_authenticated", False):
         return Asset.objects.none()
-    return Asset.objects.filter(owner=user)
+    assets = Asset.objects.visible()
+    return assets if may_view_all(user) else assets.filter(owner=user)
 
 
 def may_start(user: Any, spec: registry.HandlerSpec) -> bool:

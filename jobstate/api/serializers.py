@@ -22,6 +22,7 @@ from jobstate import conf
 from jobstate.api.permissions import OPERATOR, allowed_actions
 from jobstate.models import Asset, Job, JobEvent, JobStep
 from jobstate.states import Status
+from jobstate.storable import MAX_DEPTH, too_deep
 
 ACTIONS = ("cancel", "retry", "requeue", "fail")
 BIGINT = 2**63
@@ -88,16 +89,19 @@ class ParametersField(serializers.Field[Any, Any, Any, Any]):
     default_error_messages = {
         "not_object": "Parameters must be a JSON object.",
         "too_large": "Parameters are {size} bytes; the limit is {limit}.",
-        "too_deep": "Parameters are nested too deeply.",
+        "too_deep": f"Parameters are nested more than {MAX_DEPTH} levels deep.",
     }
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
             self.fail("not_object")
         try:
-            size = len(json.dumps(data, separators=(",", ":")).encode())
+            encoded = json.dumps(data, separators=(",", ":"))
         except RecursionError:
             self.fail("too_deep")
+        if too_deep(encoded):
+            self.fail("too_deep")
+        size = len(encoded.encode())
         limit = conf.get("MAX_PARAMETERS_BYTES")
         if size > limit:
             self.fail("too_large", size=size, limit=limit)

@@ -22,6 +22,7 @@ from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
 from jobstate.states import Status
+from jobstate.storable import json_value, text
 
 logger = logging.getLogger("jobstate")
 
@@ -61,8 +62,15 @@ def add_asset(
     taken by an operator) the asset is hidden from the job's results
     (``result_assets``).
     """
-    if not asset_type:
-        raise ValidationError({"asset_type": ["An asset type is required."]})
+    _check_line(asset_type, "asset_type", 100, required=True)
+    _check_line(url, "url", 2000)
+    if content_type:
+        _check_line(content_type, "content_type", 200)
+        if not content_type.isascii() or "/" not in content_type:
+            raise ValidationError({"content_type": ["A media type, such as text/csv."]})
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValidationError({"metadata": ["A JSON object."]})
+    metadata = json_value(metadata or {}, "metadata")
     if content is None and not url:
         raise ValidationError({"content": ["Give file content or an external URL."]})
     pk = job.pk if isinstance(job, Job) else job
@@ -76,10 +84,10 @@ def add_asset(
     asset = Asset(
         job_id=pk,
         owner_id=owner_id,
-        asset_type=asset_type[:100],
+        asset_type=asset_type,
         name=filename,
         url=url,
-        metadata=metadata or {},
+        metadata=metadata,
         content_type=content_type or mimetypes.guess_type(filename)[0] or "application/octet-stream",
         # Under a lease: the attempt that holds it (the lock below keeps it current).
         attempt=attempt if token is not None else None,
@@ -106,6 +114,19 @@ def add_asset(
             _discard(asset.file.storage, asset.file.name)
         raise
     return asset
+
+
+def _check_line(value: Any, field: str, limit: int, *, required: bool = False) -> None:
+    """One line of text within ``limit`` characters, as both databases store it and
+    a response header can carry it (``content_type``)."""
+    if not isinstance(value, str):
+        raise ValidationError({field: ["A string."]})
+    if required and not value.strip():
+        raise ValidationError({field: ["Required."]})
+    if len(value) > limit:
+        raise ValidationError({field: [f"At most {limit} characters."]})
+    if text(value) != value or any(c < " " or c == "\x7f" for c in value):
+        raise ValidationError({field: ["No control characters, NUL or lone surrogates."]})
 
 
 def _lock_if_held(pk: Any, token: UUID | str) -> bool:

@@ -391,6 +391,30 @@ def force_fail(job: JobRef, actor: Actor | str | Any | None = None, reason: str 
     return _get(job)
 
 
+def _refund() -> Case:
+    """The attempts a job keeps when it gives its worker back: one fewer if one was
+    charged (a job merely reserved by a cluster, never begun, has not spent one)."""
+    return Case(
+        When(started_at__isnull=False, then=F("attempts") - 1),
+        default=F("attempts"),
+        output_field=Job._meta.get_field("attempts"),
+    )
+
+
+def hand_back(job: Job, token: UUID | str, *, reason: str, actor: Actor | None = None) -> Job | None:
+    """A job its worker claimed but whose handler never started goes back to the
+    queue, ready at once, its attempt (if charged) refunded."""
+    return move(
+        job,
+        "requeue",
+        actor=actor or Actor.worker(job.worker_id),
+        token=token,
+        reason=reason,
+        fields={"attempts": _refund(), "worker_id": "", "run_after": timezone.now()},
+        metadata={"handed_back": True},
+    )
+
+
 def suspend(
     job: Job,
     token: UUID | str,
@@ -407,14 +431,7 @@ def suspend(
     A cancel requested while it ran is honoured instead: ``cancelled``.
     """
     who = actor or Actor.worker(job.worker_id)
-    # The attempt is refunded only if one was charged: a job merely reserved by a
-    # cluster (never begun) has not spent one.
-    refund = Case(
-        When(started_at__isnull=False, then=F("attempts") - 1),
-        default=F("attempts"),
-        output_field=Job._meta.get_field("attempts"),
-    )
-    fields: dict[str, Any] = {"attempts": refund, "worker_id": ""}
+    fields: dict[str, Any] = {"attempts": _refund(), "worker_id": ""}
     with transaction.atomic():
         lock_parent(job)  # a cancel may end it: parents before children
         # The row lock keeps a cancel request from landing between the check and the move.

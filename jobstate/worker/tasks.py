@@ -18,10 +18,12 @@ import time
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, LeaseLost
 from jobstate.models import Job
+from jobstate.states import Status
 from jobstate.worker import counters, q2
 from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
@@ -100,11 +102,34 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
         if spec is None:
             return unknown_kind(_held(job_id, token, kind or "", me))
         links = Chain(me, started + task_timeout(spec), started)
-        outcome = _execute(job_id, token, kind or "", me, links)
-        chain(me, links.hard_deadline, started, links)
+        try:
+            outcome = _execute(job_id, token, kind or "", me, links)
+            chain(me, links.hard_deadline, started, links)
+        except TimeoutException:
+            hand_back_unstarted(me, links)
+            raise
         return outcome
     finally:
         counters.done()
+
+
+UNSTARTED = "its worker's hard time limit fired before it started"
+
+
+def hand_back_unstarted(me: str, links: Chain) -> None:
+    """After django-q2's hard time limit fired: the jobs this process claimed for
+    itself (with an outcome, or begun by a claim) whose handler had not started
+    go back to the queue with their attempt refunded; the reaper would have
+    requeued them with it spent (a job with one attempt: failed, never run).
+    The job whose handler ran was ended by ``_run_begun``."""
+    close_old_connections()
+    try:
+        held = Job.objects.filter(worker_id=me, status=Status.PROCESSING, started_at__gte=links.since)
+        for job in held.exclude(pk=links.running) if links.running is not None else held:
+            with contextlib.suppress(LeaseLost, InvalidTransition):
+                services.hand_back(job, job.lease_token or "", reason=UNSTARTED)
+    except Exception:
+        logger.exception("jobstate worker: could not hand back unstarted jobs; the reaper will take them")
 
 
 def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
@@ -127,6 +152,8 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
 
 
 def _run_begun(job: Job, me: str, links: Chain | None = None) -> str:
+    if links is not None:
+        links.running = job.pk
     try:
         outcome = run_job(job, me, then=links)
     except TimeoutException:
@@ -159,6 +186,8 @@ class Chain:
 
     def __init__(self, me: str, hard_deadline: float, started: float) -> None:
         self.me, self.hard_deadline, self.started = me, hard_deadline, started
+        self.since = timezone.now()  # wall clock: the jobs begun from here on are this chain's
+        self.running: Any = None  # the job whose handler runs (or ran last)
         self.seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
         self.request: services.NextClaim | None = None
 
