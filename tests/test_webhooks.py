@@ -294,3 +294,40 @@ def test_step_events_of_a_workflow(user, receiver):
     types = [json.loads(r.body)["type"] for r in receiver.requests]
     assert types.count("job.step") == 5 and types.count("job.completed") == 1
     assert {json.loads(r.body)["data"]["id"] for r in receiver.requests} == {str(job.pk)}
+
+
+@pytest.mark.parametrize(
+    ("events", "kinds"),
+    [
+        (5, []),
+        ("job.cancelled", []),  # a string: its substrings would match
+        ([{"a": 1}], []),  # unhashable
+        ([1, "job.cancelled"], []),
+        (["job.cancelled"], "test.echo.more"),  # "test.echo" is a substring
+        (["job.cancelled"], 7),
+        (["job.cancelled"], {"test.echo": 1}),
+    ],
+)
+def test_a_malformed_stored_endpoint_is_skipped_and_logged(user, caplog, events, kinds):
+    """Rows saved around the API's and the admin's checks never fail a transition
+    (the outbox runs in its transaction); the well-formed endpoints still hear of it."""
+    good = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/good")
+    bad = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/bad")
+    WebhookEndpoint.objects.filter(pk=bad.pk).update(events=events, kinds=kinds)
+    outbox.forget()
+    job = services.enqueue("test.echo", {}, owner=user)
+    with caplog.at_level("WARNING", logger="jobstate.webhooks"):
+        services.request_cancel(job, reason="x")
+    assert Job.objects.get(pk=job.pk).status == "cancelled"
+    assert [(d.parameters["endpoint"], d.parameters["event"]) for d in deliveries()] == [
+        (good.pk, "job.cancelled")
+    ]
+    assert f"webhook endpoint {bad.pk} skipped" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "url", ["http://example.com:99999/", "http://example.com:0/", "http://example.com:x/", "http://[::1/"]
+)
+def test_a_url_without_a_valid_port_is_blocked(url):
+    with pytest.raises(transport.Blocked, match="not a valid URL"):
+        transport.check_url(url)

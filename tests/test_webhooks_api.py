@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from django.test.utils import override_settings
 
+from jobstate.models import Job
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tests.api_support import client_for, grant
+from tests.api_support import client_for, grant, job_url, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -167,3 +168,101 @@ def test_the_admin_lists_endpoints_and_deliveries(admin_client, user):
     page = admin_client.get(f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/")
     assert page.status_code == 200 and b"msg_9" in page.content
     assert b"msg_9" in admin_client.get("/admin/jobstate/webhookdelivery/").content
+
+
+def test_staff_who_may_view_all_read_others_endpoints_but_not_their_secrets(user, staff_user):
+    """jobstate.view_job is a read permission: another user's endpoint (or a global
+    one) is shown without its secret (it forges messages) and stays as it was."""
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    viewer = client_for(grant(staff_user, "view_job"))
+    listed = viewer.get(URL).data["results"]
+    assert {e["id"]: e["secret"] for e in listed} == {theirs.pk: None, everyone.pk: None}
+    for other in (theirs, everyone):
+        shown = viewer.get(f"{URL}{other.pk}/")
+        assert shown.status_code == 200 and shown.data["secret"] is None
+        assert shown.data["url"] == other.url
+        assert viewer.get(f"{URL}{other.pk}/deliveries/").status_code == 200
+        attempts = [
+            viewer.patch(f"{URL}{other.pk}/", {"url": "https://attacker.example/collect"}, format="json"),
+            viewer.put(f"{URL}{other.pk}/", {"url": "https://attacker.example/collect"}, format="json"),
+            viewer.patch(f"{URL}{other.pk}/", {"is_global": other.owner_id is not None}, format="json"),
+            viewer.patch(f"{URL}{other.pk}/", {"enabled": False}, format="json"),
+            viewer.post(f"{URL}{other.pk}/rotate-secret/", {}, format="json"),
+            viewer.delete(f"{URL}{other.pk}/"),
+        ]
+        assert [a.status_code for a in attempts] == [403] * 6
+        assert "secret" not in str(attempts[0].data)
+        stored = WebhookEndpoint.objects.get(pk=other.pk)
+        assert (stored.url, stored.owner_id, stored.enabled, stored.secret) == (
+            other.url,
+            other.owner_id,
+            True,
+            other.secret,
+        )
+    # The owner still sees and manages their own.
+    alice = client_for(user)
+    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret
+    assert alice.post(f"{URL}{theirs.pk}/rotate-secret/", {}, format="json").status_code == 200
+    # A viewer's new global endpoint shows its secret once, to its maker.
+    made = viewer.post(URL, {"url": "https://hooks.example.com/mine", "is_global": True}, format="json")
+    assert made.status_code == 201
+    assert made.data["secret"] == WebhookEndpoint.objects.get(pk=made.data["id"]).secret
+    assert viewer.get(f"{URL}{made.data['id']}/").data["secret"] is None
+
+
+def test_staff_with_the_model_permissions_manage_others_endpoints(user, staff_user, admin_user):
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    assert editor.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret
+    moved = editor.patch(f"{URL}{theirs.pk}/", {"url": "https://hooks.example.com/moved"}, format="json")
+    assert moved.status_code == 200 and moved.data["url"] == "https://hooks.example.com/moved"
+    rotated = editor.post(f"{URL}{everyone.pk}/rotate-secret/", {}, format="json")
+    assert rotated.status_code == 200 and rotated.data["secret"] != everyone.secret
+    made_global = editor.patch(f"{URL}{theirs.pk}/", {"is_global": True}, format="json")
+    assert made_global.status_code == 200 and made_global.data["is_global"] is True
+    assert editor.delete(f"{URL}{theirs.pk}/").status_code == 403  # no delete_webhookendpoint
+    deleter = client_for(grant(staff_user, "delete_webhookendpoint"))
+    assert deleter.delete(f"{URL}{theirs.pk}/").status_code == 204
+    # Superusers hold every permission.
+    root = client_for(admin_user)
+    assert root.get(f"{URL}{everyone.pk}/").data["secret"] is not None
+    assert root.delete(f"{URL}{everyone.pk}/").status_code == 204
+    assert not WebhookEndpoint.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://example.com:99999/", "https://example.com:0/x", "http://example.com:-1/", "http://[::1/x"],
+)
+def test_a_url_with_a_bad_port_is_a_400_on_url(user, url):
+    client = client_for(user)
+    response = client.post(URL, {"url": url}, format="json")
+    assert response.status_code == 400 and "url" in response.data["error"]["fields"]
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    response = client.patch(f"{URL}{endpoint.pk}/", {"url": url}, format="json")
+    assert response.status_code == 400 and "url" in response.data["error"]["fields"]
+    assert list(WebhookEndpoint.objects.values_list("url", flat=True)) == ["https://hooks.example.com/a"]
+
+
+@pytest.mark.parametrize("kinds", [["a\u0000b"], [""], ["x" * 201], "x", [["x"]]])
+def test_kinds_are_checked(user, kinds):
+    response = client_for(user).post(
+        URL, {"url": "https://hooks.example.com/a", "kinds": kinds}, format="json"
+    )
+    assert response.status_code == 400 and "kinds" in response.data["error"]["fields"]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_malformed_stored_endpoint_does_not_break_cancelling_a_job(user):
+    """An endpoint saved around the checks (events=5) is skipped and logged, and
+    the job's transition goes on."""
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    broken = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/b")
+    WebhookEndpoint.objects.filter(pk=broken.pk).update(events=5)
+    job = make_job(user)
+    response = client_for(user).post(job_url(job, "cancel/"), {}, format="json")
+    assert response.status_code == 200, response.data
+    (queued,) = Job.objects.filter(kind=outbox.KIND)
+    assert queued.parameters["event"] == "job.cancelled" and queued.parameters["endpoint"] != broken.pk

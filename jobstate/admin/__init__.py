@@ -4,7 +4,14 @@ dashboard and assets. Importing this package registers the ModelAdmins."""
 from jobstate.admin.assets import AssetAdmin
 from jobstate.admin.events import JobEventAdmin
 from jobstate.admin.jobs import JobAdmin
+from jobstate.admin.webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin
 from jobstate.admin.workers import WorkerProcessAdmin
-from jobstate.webhooks import admin as _webhooks_admin  # noqa: F401  (registers its ModelAdmins)
 
-__all__ = ["AssetAdmin", "JobAdmin", "JobEventAdmin", "WorkerProcessAdmin"]
+__all__ = [
+    "AssetAdmin",
+    "JobAdmin",
+    "JobEventAdmin",
+    "WebhookDeliveryAdmin",
+    "WebhookEndpointAdmin",
+    "WorkerProcessAdmin",
+]

@@ -5,22 +5,26 @@ their deliveries.
 Scoped like jobs (``permissions.may_view_all``): another user's endpoint is a
 404. A global endpoint hears about every job, so making one is seeing every
 job: only those who may view all jobs may. Staff without the permission are
-ordinary owners here. This module sits at the API layer (it builds on
-``jobstate.api``); the rest of the package sits below it.
+ordinary owners here. Seeing is not changing: another user's endpoint, or a
+global one, is changed, rotated or made global only by staff holding
+``jobstate.change_webhookendpoint`` and deleted only with
+``delete_webhookendpoint`` (a 403 otherwise), and its secret (which lets one
+forge its messages) is shown only to those who may change it. This module sits
+at the API layer (it builds on ``jobstate.api``); the rest of the package sits
+below it.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -29,8 +33,21 @@ from jobstate.api.base import JobstateAPIView
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.webhooks import transport
+from jobstate.webhooks import validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, new_secret
+
+
+def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bool:
+    """Whether ``user`` may change (``perm="delete"``: delete) ``endpoint``: its
+    owner may; for anyone else's, or a global one, staff need the model
+    permission (``jobstate.view_job`` only lets them read it)."""
+    if endpoint.owner_id is not None and endpoint.owner_id == getattr(user, "pk", None):
+        return True
+    return bool(
+        getattr(user, "is_staff", False)
+        and getattr(user, "is_active", False)
+        and user.has_perm(f"jobstate.{perm}_webhookendpoint")
+    )
 
 
 class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
@@ -43,7 +60,15 @@ class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
     )
-    kinds = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
+    kinds = serializers.ListField(
+        child=serializers.CharField(max_length=validation.KIND_MAX_LENGTH), required=False
+    )
+    secret = serializers.CharField(
+        read_only=True,
+        allow_null=True,
+        help_text="The signing secret. Null on another user's endpoint or a global one unless you "
+        "may change it (jobstate.change_webhookendpoint).",
+    )
 
     class Meta:
         model = WebhookEndpoint
@@ -66,21 +91,24 @@ class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
     def to_representation(self, instance: WebhookEndpoint) -> dict[str, Any]:
         data = super().to_representation(instance)
         data["is_global"] = instance.owner_id is None
+        request = self.context.get("request")
+        view = self.context.get("view")
+        # The create response shows a new endpoint's secret to whoever made it.
+        if getattr(view, "action", None) != "create" and not (
+            request is not None and may_manage(request.user, instance)
+        ):
+            data["secret"] = None
         return data
 
+    # The rules are jobstate.webhooks.validation's, shared with the admin's form.
     def validate_url(self, value: str) -> str:
-        try:
-            transport.check_url(value)
-        except transport.Blocked as exc:
-            raise serializers.ValidationError(str(exc)) from None
-        host = urlsplit(value).hostname or ""
-        try:
-            literal = ipaddress.ip_address(host)
-        except ValueError:
-            return value  # a name: checked after resolution, at each delivery
-        if not conf.get("WEBHOOK_ALLOW_PRIVATE") and transport.forbidden(str(literal)):
-            raise serializers.ValidationError("Deliveries to non-public addresses are not allowed here.")
-        return value
+        return validation.url(value)
+
+    def validate_events(self, value: list[str]) -> list[str]:
+        return validation.events(value)
+
+    def validate_kinds(self, value: list[str]) -> list[str]:
+        return validation.kinds(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         user = self.context["request"].user
@@ -141,6 +169,17 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         if not getattr(user, "is_authenticated", False):
             return qs.none()
         return qs.filter(owner=user)  # type: ignore[misc]  # authenticated: a user (getattr does not narrow)
+
+    def get_object(self) -> WebhookEndpoint:
+        endpoint: WebhookEndpoint = super().get_object()
+        if self.request.method not in SAFE_METHODS:
+            perm = "delete" if self.request.method == "DELETE" else "change"
+            if not may_manage(self.request.user, endpoint, perm):
+                raise PermissionDenied(
+                    f"Only its owner, or staff with jobstate.{perm}_webhookendpoint, may {perm} "
+                    "this endpoint."
+                )
+        return endpoint
 
     def perform_create(self, serializer: serializers.BaseSerializer[WebhookEndpoint]) -> None:
         is_global = serializer.validated_data.pop("is_global", False)

@@ -7,10 +7,15 @@ all (an outbox), and a worker delivers them, with retries, leases and rescue.
 
 The common case, no endpoint wanting this event, costs no query: a process
 keeps the set of event types any enabled endpoint wants for a second or two.
+
+A row whose ``events`` or ``kinds`` are not lists of strings (saved around the
+API's and the admin's checks) is skipped and logged: it must not fail the
+transition, whose transaction this is.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -19,10 +24,12 @@ from django.utils import timezone
 
 from jobstate import conf, hooks
 from jobstate.states import TERMINAL, Status
-from jobstate.webhooks import cache
+from jobstate.webhooks import cache, validation
 from jobstate.webhooks.models import WebhookEndpoint
 
 KIND = "jobstate.webhook"
+
+logger = logging.getLogger("jobstate.webhooks")
 
 
 def event_type(change: hooks.Transition) -> str | None:
@@ -47,8 +54,12 @@ def wanted_events() -> frozenset[str]:
     if cached is not None:
         return cached
     events: set[str] = set()
-    for row in WebhookEndpoint.objects.filter(enabled=True).values_list("events", flat=True).distinct():
-        events.update(row or [])
+    for endpoint_id, stored in WebhookEndpoint.objects.filter(enabled=True).values_list("pk", "events"):
+        wanted = validation.events_or_none(stored)
+        if wanted is None:
+            _malformed(endpoint_id, "events", stored)
+        else:
+            events.update(wanted)
     answer = frozenset(events)
     cache.put(answer, float(conf.get("WEBHOOK_CACHE_SECONDS")))
     return answer
@@ -69,9 +80,24 @@ def on_transition(change: hooks.Transition) -> None:
     endpoints = WebhookEndpoint.objects.filter(enabled=True).filter(
         Q(owner__isnull=True) | Q(owner_id=owner_id) if owner_id is not None else Q(owner__isnull=True)
     )
-    for endpoint_id, events, kinds in endpoints.values_list("pk", "events", "kinds"):
-        if event in (events or []) and (not kinds or kind in kinds):
+    for endpoint_id, stored_events, stored_kinds in endpoints.values_list("pk", "events", "kinds"):
+        events = validation.events_or_none(stored_events)
+        kinds = validation.kinds_or_none(stored_kinds)
+        if events is None:
+            _malformed(endpoint_id, "events", stored_events)
+        elif kinds is None:
+            _malformed(endpoint_id, "kinds", stored_kinds)
+        elif event in events and (not kinds or kind in kinds):
             queue_delivery(endpoint_id, change.job_id, event, change.at)
+
+
+def _malformed(endpoint_id: int, field: str, value: Any) -> None:
+    logger.warning(
+        "webhook endpoint %s skipped: its %s are not a list of strings (%.100r); fix it in the admin",
+        endpoint_id,
+        field,
+        value,
+    )
 
 
 def queue_delivery(endpoint_id: int, job_id: Any, event: str, at: Any = None) -> Any:

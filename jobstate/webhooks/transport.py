@@ -28,7 +28,7 @@ USER_AGENT = "jobstate-webhooks/1"
 
 
 class Blocked(Exception):
-    """The URL may not be delivered to (a private address, a bad scheme)."""
+    """The URL may not be delivered to (a private address, a bad scheme or port)."""
 
 
 class DeadlineExceeded(TimeoutError):
@@ -73,10 +73,18 @@ def resolve(host: str, port: int) -> str:
 
 
 def check_url(url: str) -> tuple[str, str, int, str]:
-    parts = urlsplit(url)
+    """The scheme, host, port and request target of ``url``; ``Blocked`` if it is
+    not an http(s) URL with a host and a port from 1 to 65535."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError:
+        raise Blocked(f"{url!r} is not a valid URL (a port is 1 to 65535)") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise Blocked(f"only http and https URLs are delivered to, not {url!r}")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if port == 0:
+        raise Blocked(f"{url!r} is not a valid URL (a port is 1 to 65535)")
+    port = port or (443 if parts.scheme == "https" else 80)
     target = parts.path or "/"
     if parts.query:
         target += "?" + parts.query

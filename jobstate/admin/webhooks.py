@@ -1,0 +1,116 @@
+"""The admin for webhook endpoints and their delivery attempts (in the admin
+package, above ``jobstate.webhooks``, to share the safe change list)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest
+
+from jobstate.admin.changelist import SafeListAdmin
+from jobstate.webhooks import validation
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+
+class DeliveryInline(admin.TabularInline):
+    model = WebhookDelivery
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("-id",)
+    fields = ("created_at", "event", "webhook_id", "attempt", "ok", "status_code", "duration_ms", "error")
+    readonly_fields = fields
+    show_change_link = True
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).order_by("-id")
+
+
+def _https_by_default(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
+    if isinstance(field, models.URLField):
+        kwargs["assume_scheme"] = "https"
+    return field.formfield(**kwargs)
+
+
+class WebhookEndpointForm(forms.ModelForm):
+    """The API's rules (``jobstate.webhooks.validation``): the outbox reads these
+    fields inside every job's transition."""
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ("owner", "url", "description", "events", "kinds", "enabled")
+        # As the admin's formfield_overrides, for the form on its own (Django 6's default).
+        formfield_callback = staticmethod(_https_by_default)
+
+    def clean_url(self) -> str:
+        return validation.url(self.cleaned_data["url"])
+
+    def clean_events(self) -> list[str]:
+        return validation.events(self.cleaned_data["events"])
+
+    def clean_kinds(self) -> list[str]:
+        return validation.kinds(self.cleaned_data.get("kinds"))
+
+    # Set by WebhookEndpointAdmin.get_form from the user who fills it in.
+    may_make_global = False
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        # As in the API: an endpoint without an owner hears about every job, so only
+        # those who may see every job may leave the owner empty.
+        if not cleaned.get("owner") and not self.may_make_global:
+            self.add_error(
+                "owner",
+                "An endpoint without an owner hears about every job: only staff who may view "
+                "every job (jobstate.view_job) may make one. Name its owner.",
+            )
+        return cleaned
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
+    form = WebhookEndpointForm
+    list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_reason", "created_at")
+    list_filter = ("enabled",)
+    search_fields = ("url", "description", "owner__username")
+    raw_id_fields = ("owner",)
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    readonly_fields = WebhookEndpoint.SERVER_FIELDS
+    inlines = [DeliveryInline]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        form.may_make_global = request.user.has_perm("jobstate.view_job")  # type: ignore[attr-defined]
+        return form
+
+    def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
+        if change and obj.enabled and "enabled" in form.changed_data:
+            obj.consecutive_failures, obj.disabled_at, obj.disabled_reason = 0, None, ""
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
+    list_display = (
+        "created_at",
+        "endpoint",
+        "event",
+        "webhook_id",
+        "attempt",
+        "ok",
+        "status_code",
+        "duration_ms",
+    )
+    list_filter = ("ok", "event")
+    search_fields = ("webhook_id", "job_id")
+    list_select_related = ("endpoint",)
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

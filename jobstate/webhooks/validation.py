@@ -1,0 +1,93 @@
+"""What an endpoint's ``url``, ``events`` and ``kinds`` may be: one definition,
+used by the REST API's serializer and the admin's form. Each function returns
+the cleaned value or raises Django's ``ValidationError`` (which DRF reports as a
+400 on the field, and a form shows next to it).
+
+``kinds_or_none`` and ``events_or_none`` read stored rows for the outbox, which
+must never fail a job's transition over an endpoint saved some other way."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.exceptions import ValidationError
+
+from jobstate import conf
+from jobstate.webhooks import transport
+from jobstate.webhooks.models import EVENTS
+
+KIND_MAX_LENGTH = 200  # Job.kind's
+
+
+def url(value: str) -> str:
+    """An http(s) URL with a valid port, not a literal non-public address (unless
+    WEBHOOK_ALLOW_PRIVATE); names are checked after resolution, at each delivery."""
+    try:
+        transport.check_url(value)
+    except transport.Blocked as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+    host = urlsplit(value).hostname or ""
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        return value
+    if not conf.get("WEBHOOK_ALLOW_PRIVATE") and transport.forbidden(str(literal)):
+        raise ValidationError("Deliveries to non-public addresses are not allowed here.", code="private")
+    return value
+
+
+def events(value: Any) -> list[str]:
+    """A non-empty list of known event types."""
+    if not isinstance(value, list) or not value:
+        raise ValidationError(
+            "A non-empty list of event types, from: %(known)s.",
+            code="invalid",
+            params={"known": ", ".join(sorted(EVENTS))},
+        )
+    unknown = [item for item in value if not (isinstance(item, str) and item in EVENTS)]
+    if unknown:
+        raise ValidationError(
+            "Not an event type: %(item)s (known: %(known)s).",
+            code="invalid_choice",
+            params={"item": repr(unknown[0])[:100], "known": ", ".join(sorted(EVENTS))},
+        )
+    return list(value)
+
+
+def kinds(value: Any) -> list[str]:
+    """A list of job kinds (empty or none: every kind): non-blank strings of at
+    most 200 characters without NUL, stripped of surrounding whitespace."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValidationError("A list of job kinds (empty: every kind).", code="invalid")
+    cleaned = []
+    for item in value:
+        kind = item.strip() if isinstance(item, str) else None
+        if not kind or len(kind) > KIND_MAX_LENGTH or "\x00" in kind:
+            raise ValidationError(
+                "Not a job kind: %(item)s (a non-blank name of at most %(max)s characters, no NUL).",
+                code="invalid",
+                params={"item": repr(item)[:100], "max": KIND_MAX_LENGTH},
+            )
+        cleaned.append(kind)
+    return cleaned
+
+
+def events_or_none(value: Any) -> frozenset[str] | None:
+    """A stored row's events, or None when they are not a list of strings."""
+    return _strings(value)
+
+
+def kinds_or_none(value: Any) -> frozenset[str] | None:
+    """A stored row's kinds (empty: every kind), or None when they are not a list
+    of strings (a string would otherwise match its substrings)."""
+    return frozenset() if value is None else _strings(value)
+
+
+def _strings(value: Any) -> frozenset[str] | None:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return None
+    return frozenset(value)

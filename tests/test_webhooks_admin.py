@@ -1,0 +1,126 @@
+"""The admin's webhook endpoint form checks what the API checks: the outbox reads
+these fields inside every job's transition."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test.utils import override_settings
+
+from jobstate.webhooks import outbox
+from jobstate.webhooks.models import WebhookEndpoint
+
+pytestmark = pytest.mark.django_db
+
+ADD = "/admin/jobstate/webhookendpoint/add/"
+GOOD = {
+    "owner": "",
+    "url": "https://hooks.example.com/a",
+    "description": "",
+    "events": '["job.completed"]',
+    "kinds": "[]",
+    "enabled": "on",
+    "deliveries-TOTAL_FORMS": "0",
+    "deliveries-INITIAL_FORMS": "0",
+    "deliveries-MIN_NUM_FORMS": "0",
+    "deliveries-MAX_NUM_FORMS": "0",
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_answers():
+    outbox.forget()
+    yield
+    outbox.forget()
+
+
+def errors(response: Any) -> dict[str, Any]:
+    assert response.status_code == 200, response.status_code  # the form again, not a redirect
+    return dict(response.context["adminform"].form.errors)
+
+
+def test_a_valid_endpoint_is_saved(admin_client):
+    response = admin_client.post(ADD, {**GOOD, "kinds": '[" report.export "]'})
+    assert response.status_code == 302
+    (endpoint,) = WebhookEndpoint.objects.all()
+    assert (endpoint.events, endpoint.kinds, endpoint.owner_id) == (
+        ["job.completed"],
+        ["report.export"],
+        None,
+    )
+    assert admin_client.post(ADD, {**GOOD, "kinds": ""}).status_code == 302  # empty: every kind
+    assert WebhookEndpoint.objects.filter(kinds=[]).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("events", "5"),
+        ("events", '"job.completed"'),
+        ("events", "[]"),
+        ("events", '["job.nope"]'),
+        ("events", "[1e400]"),
+        ("events", '[["job.completed"]]'),
+        ("kinds", '"x"'),
+        ("kinds", '["a\\u0000b"]'),
+        ("kinds", '[""]'),
+        ("kinds", "[5]"),
+        ("kinds", '{"x": 1}'),
+        ("kinds", '["' + "x" * 201 + '"]'),
+        ("url", "http://example.com:99999/"),
+        ("url", "http://127.0.0.1/"),
+        ("url", "http://[::1]/x"),
+        ("url", "ftp://example.com/"),
+    ],
+)
+def test_what_the_api_refuses_the_admin_refuses(admin_client, field, value):
+    assert field in errors(admin_client.post(ADD, {**GOOD, field: value}))
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_changing_an_endpoint_is_checked_too(admin_client, user):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    body = {**GOOD, "owner": str(user.pk), "events": "5"}
+    assert "events" in errors(admin_client.post(page, body))
+    endpoint.refresh_from_db()
+    assert endpoint.events == ["job.completed", "job.failed", "job.cancelled", "job.partial"]
+
+
+@override_settings(JOBSTATE={"WEBHOOK_ALLOW_PRIVATE": True})
+def test_private_urls_pass_in_the_admin_when_allowed(admin_client):
+    assert admin_client.post(ADD, {**GOOD, "url": "http://127.0.0.1:8000/x"}).status_code == 302
+
+
+def test_only_staff_who_may_view_every_job_may_leave_the_owner_empty(client, django_user_model, user):
+    # As in the API: an endpoint without an owner hears about every job.
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("hooks-admin", password="x", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__endswith="_webhookendpoint"))
+    client.force_login(staff)
+    assert "owner" in errors(client.post(ADD, GOOD))
+    assert client.post(ADD, {**GOOD, "owner": str(user.pk)}).status_code == 302  # someone's: fine
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    staff = django_user_model.objects.get(pk=staff.pk)  # permissions are cached per object
+    client.force_login(staff)
+    assert client.post(ADD, GOOD).status_code == 302
+    assert WebhookEndpoint.objects.filter(owner=None).count() == 1
+
+
+@pytest.mark.parametrize(
+    "query", ["?url__regex=(", "?owner=99999999999999999999999", "?webhook_id__regex=("]
+)
+def test_the_webhook_lists_refuse_undeclared_lookups(admin_client, user, query):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    outbox.queue_delivery(endpoint.pk, services_job(user).pk, "job.completed")
+    for page in ("/admin/jobstate/webhookendpoint/", "/admin/jobstate/webhookdelivery/"):
+        response = admin_client.get(page + query)
+        assert response.status_code == 302 and response["Location"].endswith("?e=1"), page
+
+
+def services_job(user: Any) -> Any:
+    from jobstate import services
+
+    return services.enqueue("test.echo", {}, owner=user)
