@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator
 from django.db.models import QuerySet
 from django.template.response import TemplateResponse
 
@@ -27,12 +28,22 @@ from jobstate.states import TERMINAL, Status
 # Errors a refused operation raises; their message is shown to the operator.
 REFUSALS: tuple[type[Exception], ...] = (JobStateError, ValidationError, Job.DoesNotExist)
 BULK_LIMIT = 1000
+REASON_MAX_LENGTH = 1000  # as the API's and the history's
 
 
 def posted_text(request: Any, name: str) -> str:
     """A free-text field as the services should store it: trimmed, without the NUL
     characters PostgreSQL refuses (Django's form fields reject them; raw POST reads do not)."""
     return (request.POST.get(name) or "").replace("\x00", "").strip()
+
+
+def reason_too_long(reason: str) -> str | None:
+    """The single-job form's error for a reason over REASON_MAX_LENGTH, or None."""
+    try:
+        MaxLengthValidator(REASON_MAX_LENGTH)(reason)
+    except ValidationError as exc:
+        return refusal_text(exc)
+    return None
 
 
 def refusal_text(exc: Exception) -> str:
@@ -205,10 +216,14 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
 
     def action(modeladmin: Any, request: Any, queryset: QuerySet[Job]) -> Any:
         reason = posted_text(request, "reason")
+        confirmed = request.POST.get("confirm") == "yes"
+        too_long = reason_too_long(reason) if confirmed else None
+        if too_long:
+            messages.error(request, f"Reason: {too_long}")
         jobs = list(queryset.order_by("-created_at", "pk")[: BULK_LIMIT + 1])
         truncated = len(jobs) > BULK_LIMIT
         jobs = jobs[:BULK_LIMIT]
-        if request.POST.get("confirm") != "yes" or not reason:
+        if not confirmed or not reason or too_long:
             context = {
                 **modeladmin.admin_site.each_context(request),
                 "title": f"{op.label} {len(jobs)} job{'s' if len(jobs) != 1 else ''}",
@@ -221,7 +236,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "count": len(jobs),
                 "truncated": truncated,
                 "reason": reason,
-                "missing_reason": request.POST.get("confirm") == "yes" and not reason,
+                "missing_reason": confirmed and not reason,
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
                 "select_across": request.POST.get("select_across", "0"),
                 "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),

@@ -3,8 +3,11 @@
 ``SafeChangeList`` answers bad filter input as bad input, never as a 500: NUL
 characters (PostgreSQL refuses them in text) are dropped from the filters, and
 values Django only rejects while building or compiling the query (``year=0``,
-``year=9999&month=12``) reset the filters with a message, as Django does for
-other invalid lookups.
+``year=9999&month=12``), or the database only while running it (an offset of
+``+23:00``), reset the filters with a message, as Django does for other invalid
+lookups. Only the declared filters filter: Django would apply any lookup on the
+model's own fields from the query string (``?key__regex=...``, a slow-regex
+denial of service), and those reset the filters too.
 
 ``JobChangeList`` adds a date hierarchy that stays cheap. Django's own
 drill-down runs ``SELECT DISTINCT date_trunc(...)`` over every matching row.
@@ -20,16 +23,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.admin import helpers, widgets
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
 from django.core.exceptions import EmptyResultSet
+from django.db import DatabaseError, transaction
 from django.db.models import Max, Min, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.text import capfirst
 
 from jobstate import stuck
+from jobstate.admin.keys import valid_keys
 
 
 def _has_nul(text: str) -> bool:
@@ -48,9 +55,22 @@ class SafeChangeList(ChangeList):
 
     def get_filters(self, request: HttpRequest) -> Any:
         try:
-            return super().get_filters(request)
-        except (ValueError, OverflowError) as exc:  # Django's date-hierarchy bounds (year 9999)
+            found = super().get_filters(request)
+        except (DisallowedModelAdminLookup, ValueError, OverflowError) as exc:  # ValueError: year 9999
             raise IncorrectLookupParameters(exc) from exc
+        # What no list filter took is applied as a plain lookup: only the date
+        # hierarchy's and the ones the admin links to (``extra_lookups``).
+        asked = self.get_filters_params()
+        allowed = set(getattr(self.model_admin, "extra_lookups", ()))
+        if field := self.date_hierarchy:
+            allowed |= {f"{field}__month", f"{field}__day"}  # without a year
+            if f"{field}__year" in asked:
+                allowed |= {f"{field}__gte", f"{field}__lt"}  # the bounds Django made of it
+        for key in found[2]:
+            values = asked.get(key, [])
+            if key not in allowed and not (values and all(_popup_lookup(self.model, key, v) for v in values)):
+                raise IncorrectLookupParameters(f"Filtering by {key} is not allowed")
+        return found
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
         qs = super().get_queryset(request, exclude_parameters)
@@ -64,11 +84,36 @@ class SafeChangeList(ChangeList):
             raise IncorrectLookupParameters(exc) from exc
         return qs
 
+    def get_results(self, request: Any) -> None:
+        if not (self.get_filters_params() or self.query):
+            super().get_results(request)  # an error without filters is no bad input
+            return
+        # The count and the page's rows run here, in a savepoint, so that an error
+        # the database raises for a filter value leaves the connection usable.
+        try:
+            with transaction.atomic(using=self.queryset.db):
+                super().get_results(request)
+                if isinstance(self.result_list, QuerySet):
+                    len(self.result_list)  # fetched now, and kept for the page
+        except (DatabaseError, ValueError, OverflowError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+
+
+def _popup_lookup(model: Any, key: str, value: str) -> bool:
+    """A filter Django's raw-id popups add from a ``limit_choices_to`` pointing at ``model``."""
+    for lookup in model._meta.related_fkey_lookups:
+        params = widgets.url_params_from_lookup_dict(lookup() if callable(lookup) else lookup)
+        if params.get(key) == value:
+            return True
+    return False
+
 
 class SafeListAdmin:
     """ModelAdmin mixin: the safe ChangeList, and a message when filters are reset."""
 
     changelist_class: type[SafeChangeList] = SafeChangeList
+    # Plain lookups the admin's own links use, beyond the list filters.
+    extra_lookups: tuple[str, ...] = ()
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[SafeChangeList]:
         return self.changelist_class
@@ -80,6 +125,21 @@ class SafeListAdmin:
             if ERROR_FLAG not in request.GET:  # Django redirects to the unfiltered list
                 messages.warning(request, f"The filters were not valid and have been cleared ({exc}).")
             raise
+
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # Django filters ``pk__in`` with the posted ids as they are: one malformed
+        # id raises (a 500). Without it, none valid is Django's "no items selected".
+        name = helpers.ACTION_CHECKBOX_NAME
+        selected = request.POST.getlist(name)
+        kept = valid_keys(queryset.model._meta.pk, selected)
+        if len(kept) != len(selected):
+            post = request.POST.copy()
+            post.setlist(name, kept)
+            request.POST = post  # type: ignore[assignment]
+        response: HttpResponse | None = super().response_action(request, queryset, *args, **kwargs)  # type: ignore[misc]
+        return response
 
 
 class JobChangeList(SafeChangeList):

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from jobstate import registry, stuck
+from jobstate.admin.keys import clean_key
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL, Status
@@ -72,9 +73,18 @@ class OwnerFilter(admin.SimpleListFilter):
         choices += [(str(u.pk), u.get_username()) for u in users if u.pk != request.user.pk]
         selected = self.value()
         if selected and selected not in {c[0] for c in choices}:
-            user = User.objects.filter(pk=selected).first() if selected.isdigit() else None
+            pk = self._owner_pk(selected)
+            user = User.objects.filter(pk=pk).first() if pk is not None else None
             choices.append((selected, user.get_username() if user else selected))
         return choices
+
+    @staticmethod
+    def _owner_pk(value: str) -> Any:
+        """The user id ``value`` names, or None if it is malformed or out of range."""
+        try:
+            return clean_key(Job._meta.get_field("owner").target_field, value)
+        except ValidationError:
+            return None
 
     def queryset(self, request: Any, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
@@ -84,10 +94,10 @@ class OwnerFilter(admin.SimpleListFilter):
             return queryset.filter(owner=request.user)
         if value == "none":
             return queryset.filter(owner__isnull=True)
-        try:
-            return queryset.filter(owner_id=value)  # type: ignore[misc]  # a string: Django converts it
-        except (ValueError, ValidationError) as exc:
-            raise IncorrectLookupParameters(str(exc)) from exc
+        pk = self._owner_pk(value)
+        if pk is None:
+            raise IncorrectLookupParameters(f"Unknown owner '{value}'")
+        return queryset.filter(owner_id=pk)
 
 
 class StuckFilter(admin.SimpleListFilter):

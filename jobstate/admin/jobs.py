@@ -98,6 +98,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         "characters, an idempotency key, or an owner's user name."
     )
     date_hierarchy = "created_at"
+    extra_lookups = ("parent__id__exact",)  # the job page's link to its child jobs
     ordering = ("-created_at",)
     sortable_by = ("created_col",)  # the one ordering with an index behind it
     paginator = CappedPaginator

@@ -20,7 +20,14 @@ from django.utils import timezone
 
 from jobstate import services, stuck
 from jobstate.admin import display
-from jobstate.admin.actions import OPERATIONS, REFUSALS, Operation, posted_text, refusal_text
+from jobstate.admin.actions import (
+    OPERATIONS,
+    REASON_MAX_LENGTH,
+    REFUSALS,
+    Operation,
+    posted_text,
+    refusal_text,
+)
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import Status
@@ -41,7 +48,7 @@ REMEDY_OPERATION = {
 class ReasonForm(forms.Form):
     reason = forms.CharField(
         label="Reason",
-        max_length=1000,
+        max_length=REASON_MAX_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "autofocus": True}),
         help_text="Recorded in the job's history with your user name.",
         error_messages={"required": "Give a reason."},
@@ -188,7 +195,7 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     title = finding.title.lower() if finding else "stuck"
     note = posted_text(request, "note")
     reason = f"stuck remedy ({title})" + (f": {note}" if note else "")
-    after = _perform(request, op, job, reason[:1000])
+    after = _perform(request, op, job, reason[:REASON_MAX_LENGTH])
     if after is not None and op.name == "retry":
         messages.info(request, f"The new job is {after.pk}.")
     return back

@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString
 
 from jobstate import conf
 from jobstate.admin import display, stats
+from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import WorkerProcess
@@ -65,7 +66,7 @@ def render_panel(request: HttpRequest, now: datetime | None = None) -> str:
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):
+class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     """Every process row, alive or dead: read-only (the processes write them)."""
 
     list_display = ("name", "role", "state_col", "job_col", "seen_col", "started_at", "jobs_done")

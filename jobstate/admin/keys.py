@@ -1,0 +1,31 @@
+"""Ids from a query string or a form, checked before they reach a query.
+
+A malformed id or one out of the column's range would otherwise fail inside the
+database (an OverflowError on SQLite, a DataError on PostgreSQL): a 500.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db.models import Field
+
+
+def clean_key(field: Field[Any, Any], value: Any) -> Any:
+    """``value`` as ``field`` holds it; ValidationError if malformed or out of range."""
+    key = field.to_python(value)
+    field.run_validators(key)  # an integer field's validators hold the column's range
+    return key
+
+
+def valid_keys(field: Field[Any, Any], values: list[str]) -> list[str]:
+    """The values that are well-formed ids for ``field``."""
+    kept = []
+    for value in values:
+        try:
+            clean_key(field, value)
+        except ValidationError:
+            continue
+        kept.append(value)
+    return kept
