@@ -223,7 +223,9 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def replace(match: re.Match[str]) -> str:
         return GENERATORS[match.group(1)]()
 
-    return re.sub(r"<!-- generated: (\w+) -->", replace, markdown)
+    # The marker, and the note under it for readers of the Markdown source.
+    marker = r"<!-- generated: (\w+) -->(?:\n\*In the repository this part is empty[^\n]*\*)?"
+    return re.sub(marker, replace, markdown)
 
 
 def on_files(files: Any, config: Any) -> Any:

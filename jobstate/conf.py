@@ -231,3 +231,21 @@ def problems(user: Any) -> list[CheckMessage]:
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Unknown keys and wrong types in ``settings.JOBSTATE`` are errors; removed keys warn."""
     return problems(getattr(settings, "JOBSTATE", None))
+
+
+@register("jobstate")
+def check_storage(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """``JOBSTATE["STORAGE"]`` names a storage of ``settings.STORAGES``."""
+    from django.core.files.storage import storages
+
+    alias = get("STORAGE")
+    if not isinstance(alias, str) or alias in storages.backends:
+        return []  # a wrong type is E003's
+    return [
+        Error(
+            f"settings.JOBSTATE['STORAGE'] is {alias!r}, which is not a key of settings.STORAGES "
+            f"({', '.join(sorted(storages.backends))}).",
+            hint=f"Name one of settings.STORAGES, or add {alias!r} to it. {CHECKS_DOCS}",
+            id="jobstate.E004",
+        )
+    ]

@@ -49,7 +49,13 @@ def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        signal_group(proc, signal.SIGINT)
+        if "qcluster" in proc.args:
+            # SIGTERM to the cluster's main process alone, which stops its workers in
+            # turn; a signal to each of them at once can leave django-q2 1.11 hanging.
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        else:
+            signal_group(proc, signal.SIGINT)
     deadline = time.monotonic() + 15
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -69,6 +75,11 @@ def main() -> int:
         "Ctrl-C stops both.\n",
         flush=True,
     )
+    # Ctrl-C stops the demo even when it was started in the background (where a shell
+    # leaves SIGINT ignored); a SIGTERM (e.g. from a process manager) does the same.
+    # Set before the servers start: they would inherit an ignored SIGINT, not a handler.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     procs = [
         # Each in its own process group, so that stop() reaches their children too.
         subprocess.Popen(
@@ -76,10 +87,6 @@ def main() -> int:
         ),
         subprocess.Popen([PY, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True),
     ]
-    # Ctrl-C stops the demo even when it was started in the background (where a shell
-    # leaves SIGINT ignored); a SIGTERM (e.g. from a process manager) does the same.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.5)
@@ -87,7 +94,11 @@ def main() -> int:
         print(f"\n{' and '.join(str(p.args[2]) for p in failed) or 'a process'} stopped; stopping the demo")
         return 1
     except KeyboardInterrupt:
-        print("\nStopping the web server and the workers...", flush=True)
+        print(
+            "\nStopping the web server and the workers (running demo jobs get 15 s to finish;"
+            " the reaper requeues any cut off)...",
+            flush=True,
+        )
         return 0
     finally:
         stop(procs)

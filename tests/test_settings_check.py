@@ -73,3 +73,24 @@ def test_values_are_kept_and_read_again_when_jobstate_changes():
             assert conf.get("LEASE_SECONDS") == default
         assert conf.get("LEASE_SECONDS") == 7
     assert conf.get("LEASE_SECONDS") == default
+
+
+def test_a_storage_alias_missing_from_storages_is_an_error_not_a_crash_at_import():
+    import pytest
+    from django.core.exceptions import ImproperlyConfigured
+
+    from jobstate.models.asset import UnknownStorage, _asset_storage
+
+    with override_settings(JOBSTATE={"STORAGE": "assets"}):
+        (error,) = errors()
+        storage = _asset_storage()  # what the model's file field asks for as it is imported
+    assert error.id == "jobstate.E004" and "'assets'" in error.msg and "default" in error.msg
+    assert isinstance(storage, UnknownStorage)
+    with pytest.raises(ImproperlyConfigured, match=r"'assets', which is not a key of settings\.STORAGES"):
+        storage.exists("x")
+    storages = {
+        "default": {"BACKEND": "django.core.files.storage.InMemoryStorage"},
+        "assets": {"BACKEND": "django.core.files.storage.InMemoryStorage"},
+    }
+    with override_settings(JOBSTATE={"STORAGE": "assets"}, STORAGES=storages):
+        assert errors() == []

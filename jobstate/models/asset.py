@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.files.storage import Storage
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -15,11 +19,32 @@ def asset_upload_to(instance: Asset, filename: str) -> str:
 
 
 def _asset_storage():  # type: ignore[no-untyped-def]
-    from django.core.files.storage import storages
+    from django.core.files.storage import InvalidStorageError, storages
 
     from jobstate import conf
 
-    return storages[conf.get("STORAGE")]
+    alias = conf.get("STORAGE")
+    try:
+        return storages[alias]
+    except InvalidStorageError:
+        # Asked as the model is imported: a traceback then would stop every command,
+        # ``manage.py check`` included, which names the problem (jobstate.E004).
+        return UnknownStorage(alias)
+
+
+class UnknownStorage(Storage):
+    """Stands for a ``JOBSTATE["STORAGE"]`` alias missing from ``settings.STORAGES``:
+    every use raises ImproperlyConfigured, naming it."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def _fail(self, *args: object, **kwargs: object) -> Any:
+        raise ImproperlyConfigured(
+            f"JOBSTATE['STORAGE'] is {self.alias!r}, which is not a key of settings.STORAGES."
+        )
+
+    _open = _save = delete = exists = listdir = size = url = path = _fail
 
 
 class AssetQuerySet(models.QuerySet["Asset"]):
