@@ -106,6 +106,13 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--enqueue-many", type=int, default=10000, help="size of the enqueue_many timing (0: skip)"
     )
+    parser.add_argument(
+        "--schema-sql",
+        default="",
+        metavar="FILE",
+        help="PostgreSQL: run this SQL on the benchmark database after migrating, to measure a "
+        "schema change before writing its migration (bench/experiments/ has those measured)",
+    )
     return parser.parse_args()
 
 
@@ -848,6 +855,8 @@ def migrate(names: list[str]) -> None:
         with connection.cursor() as cursor:
             cursor.execute(SCHEMA)
             cursor.execute(bare_sql.SCHEMA)
+            if ARGS.schema_sql:
+                cursor.execute(Path(ARGS.schema_sql).read_text())
     if "tasksdb" in names and Path(ARGS.django6_python).exists():
         subprocess.run(
             [ARGS.django6_python, "manage.py", "migrate", "-v0"],

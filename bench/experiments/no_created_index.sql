@@ -1,0 +1,1 @@
+DROP INDEX jobstate_job_created_at_599863b4;
