@@ -109,9 +109,7 @@ def test_only_staff_who_may_view_every_job_may_leave_the_owner_empty(client, dja
     assert WebhookEndpoint.objects.filter(owner=None).count() == 1
 
 
-@pytest.mark.parametrize(
-    "query", ["?url__regex=(", "?owner=99999999999999999999999", "?webhook_id__regex=("]
-)
+@pytest.mark.parametrize("query", ["?url__regex=(", "?owner=99999999999999999999999", "?webhook_id__regex=("])
 def test_the_webhook_lists_refuse_undeclared_lookups(admin_client, user, query):
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
     outbox.queue_delivery(endpoint.pk, services_job(user).pk, "job.completed")
