@@ -420,6 +420,14 @@ def test_operator_requeue_and_fail():
     assert [e.exception_class for e in result.errors] == [OperatorRequeued, OperatorFailed]
 
 
+def test_a_job_handed_back_unstarted_shows_no_error():
+    result = t.noop_task.enqueue()
+    (job,) = services.claim("w", limit=1, start=True)
+    services.hand_back(job, job.lease_token, reason="its worker's hard time limit fired before it started")
+    result.refresh()
+    assert result.status == TaskResultStatus.READY and result.errors == []
+
+
 def test_timeout(settings):
     settings.JOBSTATE = {"HEARTBEAT_SECONDS": 0.1}
     result = jt.too_slow.enqueue()

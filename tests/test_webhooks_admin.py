@@ -122,3 +122,15 @@ def services_job(user: Any) -> Any:
     from jobstate import services
 
     return services.enqueue("test.echo", {}, owner=user)
+
+
+def test_the_admin_shows_the_secret_only_to_staff_who_may_change_the_endpoint(client, user, staff_user):
+    from tests.api_support import grant
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    client.force_login(grant(staff_user, "view_job", "view_webhookendpoint"))
+    response = client.get(page)
+    assert response.status_code == 200 and endpoint.secret not in response.content.decode()
+    client.force_login(grant(staff_user, "change_webhookendpoint"))
+    assert endpoint.secret in client.get(page).content.decode()

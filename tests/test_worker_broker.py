@@ -24,7 +24,7 @@ from jobstate.exceptions import ConcurrencyLimitReached
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import broker as broker_module
-from jobstate.worker import counters, tasks
+from jobstate.worker import counters, runner, tasks
 from jobstate.worker.broker import EXECUTE, cluster_id
 from jobstate.worker.runner import hard_limit_for, run_next
 
@@ -301,6 +301,49 @@ def test_a_hard_limit_right_after_a_claim_hands_the_unstarted_job_back(broker, t
     services.requeue_expired(timezone.now() + timedelta(hours=2))
     assert run_next("w2") is not None and ran == [1]
     assert Job.objects.get(pk=second.pk).status == Status.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hard_limit_hands_back_only_the_job_whose_handler_has_not_started(
+    broker, temp_handler, monkeypatch
+):
+    # A's handler ran but its outcome could not be stored (left to the reaper, its
+    # attempt spent); B ran; the alarm lands as C is claimed: only C goes back.
+    ran: list[str] = []
+    temp_handler("t.a", lambda ctx: ran.append("a"))
+    temp_handler("t.b", lambda ctx: ran.append("b"))
+    temp_handler("t.c", lambda ctx: ran.append("c"))
+    real_finish = runner.finish
+
+    def finish(ctx, kind, value, then=None):
+        if ctx.job.kind == "t.a":
+            return "lost"  # outcome could not be stored: left to the reaper
+        return real_finish(ctx, kind, value, then=then)
+
+    monkeypatch.setattr(runner, "finish", finish)
+    real_claim = services.claim
+    calls = {"n": 0}
+
+    def claim(*args, **kwargs):
+        claimed = real_claim(*args, **kwargs)
+        if kwargs.get("start") and claimed:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise TimeoutException("django-q2 hard limit")
+        return claimed
+
+    monkeypatch.setattr(services, "claim", claim)
+    a = services.enqueue("t.a", {})
+    (package,) = unpack(broker.dequeue())
+    services.enqueue("t.b", {})
+    services.enqueue("t.c", {})
+    with pytest.raises(TimeoutException):
+        run(package)
+    assert ran == ["a", "b"]
+    a.refresh_from_db()
+    assert (a.status, a.attempts) == (Status.PROCESSING, 1)
+    c = Job.objects.get(kind="t.c")
+    assert (c.status, c.attempts) == (Status.QUEUED, 0)
 
 
 def test_scheduled_task_targets_report_counts():

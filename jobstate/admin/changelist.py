@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import calendar
 from collections.abc import Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG, ChangeList
 from django.core.exceptions import EmptyResultSet
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Max, Min, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import formats, timezone
@@ -88,10 +89,14 @@ class SafeChangeList(ChangeList):
         if not (self.get_filters_params() or self.query):
             super().get_results(request)  # an error without filters is no bad input
             return
-        # The count and the page's rows run here, in a savepoint, so that an error
-        # the database raises for a filter value leaves the connection usable.
+        # The count and the page's rows run here, so that an error the database raises
+        # for a filter value is answered as bad input. Inside a transaction
+        # (ATOMIC_REQUESTS) in a savepoint, which leaves the transaction usable; not
+        # otherwise: on SQLite a transaction of its own would take the write lock.
+        db = self.queryset.db
+        guard = transaction.atomic(using=db) if connections[db].in_atomic_block else nullcontext()
         try:
-            with transaction.atomic(using=self.queryset.db):
+            with guard:
                 super().get_results(request)
                 if isinstance(self.result_list, QuerySet):
                     len(self.result_list)  # fetched now, and kept for the page

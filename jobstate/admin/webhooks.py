@@ -72,6 +72,7 @@ class WebhookEndpointForm(forms.ModelForm):
 
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
+    show_facets = admin.ShowFacets.NEVER
     form = WebhookEndpointForm
     list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_reason", "created_at")
     list_filter = ("enabled",)
@@ -80,6 +81,14 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     readonly_fields = WebhookEndpoint.SERVER_FIELDS
     inlines = [DeliveryInline]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # The signing secret lets one forge the endpoint's messages: shown, as in the
+        # API, only to those who may change the endpoint.
+        fields = super().get_fields(request, obj)
+        if obj is not None and not self.has_change_permission(request, obj):
+            fields = [f for f in fields if f != "secret"]
+        return fields
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
@@ -94,6 +103,7 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
+    show_facets = admin.ShowFacets.NEVER
     list_display = (
         "created_at",
         "endpoint",

@@ -99,12 +99,12 @@ class ParametersField(serializers.Field[Any, Any, Any, Any]):
             encoded = json.dumps(data, separators=(",", ":"))
         except RecursionError:
             self.fail("too_deep")
-        if too_deep(encoded):
-            self.fail("too_deep")
         size = len(encoded.encode())
         limit = conf.get("MAX_PARAMETERS_BYTES")
         if size > limit:
             self.fail("too_large", size=size, limit=limit)
+        if too_deep(encoded):  # after the size: its cost grows with the text
+            self.fail("too_deep")
         _check_tree(data)
         return data
 

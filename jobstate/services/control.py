@@ -436,7 +436,7 @@ def suspend(
         lock_parent(job)  # a cancel may end it: parents before children
         # The row lock keeps a cancel request from landing between the check and the move.
         requested = (
-            Job.objects.select_for_update()
+            Job.objects.select_for_update(no_key=True)
             .filter(pk=job.pk)
             .values_list("cancel_requested_at", flat=True)
             .first()

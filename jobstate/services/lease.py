@@ -147,6 +147,7 @@ def recovering(pk: Any) -> bool:
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
     last = (
         JobEvent.objects.filter(job_id=pk, transition="requeue")
+        .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
         .order_by("-id")
         .values_list("metadata", flat=True)
         .first()
@@ -191,7 +192,7 @@ def start(
     job: JobRef, worker_id: str, *, lease_seconds: float | None = None, now: datetime | None = None
 ) -> Job:
     """Claim one specific queued job and begin it at once (run it inline, or the
-    id-only path): one UPDATE that is ``claim`` and ``begin`` together.
+    id-only path): ``claim`` and ``begin`` together, under the job's row lock.
 
     Refuses any other state (``InvalidTransition``) and a kind at its
     concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
@@ -203,7 +204,7 @@ def start(
     with transaction.atomic():
         lock_parent(target)  # a cancel ends it: parents before children
         row = (
-            Job.objects.select_for_update()
+            Job.objects.select_for_update(no_key=True)
             .filter(pk=target.pk)
             .values_list("status", "kind", "cancel_requested_at")
         )

@@ -89,7 +89,7 @@ def errors_of(job: Job, rows: list[Row]) -> list[Any]:
             errors.append(_error(path, traceback, metadata.get("error") or reason))
         elif transition == "fail":
             errors.append(_error(SYNTHETIC.get(job.error_type, "builtins.Exception"), "", reason))
-        elif transition == "requeue" and not metadata.get("suspended"):
+        elif transition == "requeue" and not (metadata.get("suspended") or metadata.get("handed_back")):
             path = SYNTHETIC["WorkerLost"] if actor == "system:reaper" else REQUEUED
             errors.append(_error(path, "", reason))
         elif transition == "cancel":

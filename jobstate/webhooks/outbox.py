@@ -30,6 +30,7 @@ from jobstate.webhooks.models import WebhookEndpoint
 KIND = "jobstate.webhook"
 
 logger = logging.getLogger("jobstate.webhooks")
+_warned: set[tuple[int, str]] = set()  # the malformed endpoints logged (see _malformed)
 
 
 def event_type(change: hooks.Transition) -> str | None:
@@ -45,7 +46,10 @@ def event_type(change: hooks.Transition) -> str | None:
     return None
 
 
-forget = cache.forget
+def forget() -> None:
+    """Drop what this process remembers: the wanted events, the endpoints warned about."""
+    cache.forget()
+    _warned.clear()
 
 
 def wanted_events() -> frozenset[str]:
@@ -92,6 +96,10 @@ def on_transition(change: hooks.Transition) -> None:
 
 
 def _malformed(endpoint_id: int, field: str, value: Any) -> None:
+    # Once per endpoint and field in a process: it is asked on every transition.
+    if (endpoint_id, field) in _warned or len(_warned) > 1000:
+        return
+    _warned.add((endpoint_id, field))
     logger.warning(
         "webhook endpoint %s skipped: its %s are not a list of strings (%.100r); fix it in the admin",
         endpoint_id,

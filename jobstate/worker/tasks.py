@@ -117,11 +117,13 @@ UNSTARTED = "its worker's hard time limit fired before it started"
 
 
 def hand_back_unstarted(me: str, links: Chain) -> None:
-    """After django-q2's hard time limit fired: the jobs this process claimed for
+    """After django-q2's hard time limit fired: the job this process claimed for
     itself (with an outcome, or begun by a claim) whose handler had not started
-    go back to the queue with their attempt refunded; the reaper would have
-    requeued them with it spent (a job with one attempt: failed, never run).
-    The job whose handler ran was ended by ``_run_begun``."""
+    goes back to the queue with its attempt refunded; the reaper would have
+    requeued it with the attempt spent (a job with one attempt: failed, never
+    run). Begun since the last handler started, and not that handler's job
+    (``_run_begun`` ended it): the alarm may land inside the claim's call, after
+    its commit, so the job is looked up rather than remembered."""
     close_old_connections()
     try:
         held = Job.objects.filter(worker_id=me, status=Status.PROCESSING, started_at__gte=links.since)
@@ -153,7 +155,8 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
 
 def _run_begun(job: Job, me: str, links: Chain | None = None) -> str:
     if links is not None:
-        links.running = job.pk
+        # Jobs begun before this one ran their handlers (or this is the first).
+        links.running, links.since = job.pk, timezone.now()
     try:
         outcome = run_job(job, me, then=links)
     except TimeoutException:
@@ -186,8 +189,10 @@ class Chain:
 
     def __init__(self, me: str, hard_deadline: float, started: float) -> None:
         self.me, self.hard_deadline, self.started = me, hard_deadline, started
-        self.since = timezone.now()  # wall clock: the jobs begun from here on are this chain's
-        self.running: Any = None  # the job whose handler runs (or ran last)
+        # The job whose handler runs (or ran last) and when it started: a job this
+        # process begins after that is the one whose handler has not started yet.
+        self.running: Any = None
+        self.since = timezone.now()
         self.seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
         self.request: services.NextClaim | None = None
 
