@@ -26,6 +26,8 @@ from rest_framework.permissions import BasePermission
 
 from jobstate import registry
 from jobstate.models import Asset, Job
+from jobstate.models.job import VIEW_ALL_PERMISSIONS as VIEW_ALL_PERMISSIONS
+from jobstate.models.job import may_view_all as may_view_all
 from jobstate.services import allowed_transitions
 from jobstate.states import TERMINAL, Status
 
@@ -36,15 +38,7 @@ ACTION_PERMISSIONS = {
     "fail": "jobstate.requeue_job",
 }
 OPERATOR_ACTIONS = frozenset({"requeue", "fail"})
-VIEW_ALL_PERMISSIONS = ("jobstate.view_job", "jobstate.change_job")
 OPERATOR = "operator"  # how owners see the other people who acted on their jobs
-
-
-def may_view_all(user: Any) -> bool:
-    """Active staff with ``jobstate.view_job`` (or ``change_job``), as in the admin."""
-    if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
-        return False
-    return any(user.has_perm(perm) for perm in VIEW_ALL_PERMISSIONS)
 
 
 def visible_jobs(user: Any) -> QuerySet[Job]:

@@ -13,6 +13,16 @@ from django_fsm import FSMField, FSMModelMixin, transition
 from jobstate.ids import new_id
 from jobstate.states import ACTIVE, TERMINAL, Status
 
+# Who sees every job (the admin's rule, used by the API, webhooks and metrics too).
+VIEW_ALL_PERMISSIONS = ("jobstate.view_job", "jobstate.change_job")
+
+
+def may_view_all(user: Any) -> bool:
+    """Active staff with ``jobstate.view_job`` (or ``change_job``), as in the admin."""
+    if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
+        return False
+    return any(user.has_perm(perm) for perm in VIEW_ALL_PERMISSIONS)
+
 
 class JobQuerySet(models.QuerySet["Job"]):
     def queued(self) -> JobQuerySet:
