@@ -310,6 +310,31 @@ def test_asset_values_the_database_or_a_download_would_refuse_are_a_validation_e
     assert not Asset.objects.exists() and not any(tmp_path.rglob("*.*"))  # nothing stored
 
 
+@pytest.mark.parametrize(
+    "moment",
+    ["9999-12-31T23:59:59-12:00", "0001-01-01T00:00:00+01:00"],  # years 10000 and 0 in UTC
+)
+def test_a_run_after_outside_the_storable_years_is_a_validation_error(moment):
+    # PostgreSQL wrote year 10000 and then could not read the row back (DataError on
+    # every list holding it); SQLite's conversion overflowed (a raw OverflowError).
+    from django.utils.dateparse import parse_datetime
+
+    with pytest.raises(ValidationError) as refused:
+        services.enqueue("test.echo", {}, run_after=parse_datetime(moment))
+    assert "run_after" in refused.value.message_dict and not Job.objects.exists()
+
+
+def test_a_key_with_a_nul_is_a_validation_error_and_a_reason_is_stored_as_text():
+    with pytest.raises(ValidationError) as refused:
+        services.enqueue("test.echo", {}, key="k\x00")
+    assert "key" in refused.value.message_dict and not Job.objects.exists()
+    job = services.enqueue("test.echo", {})
+    services.request_cancel(job, "ops", "not\x00needed \ud800")
+    assert job.events.get(transition="cancel").reason == "not\ufffdneeded \ufffd"
+    again = services.retry(job, actor="ops", reason="once\x00more")
+    assert again.events.get(transition="enqueue").reason == "once\ufffdmore"
+
+
 def test_state_diagrams_in_the_docs_are_generated_from_the_code():
     from pathlib import Path
 

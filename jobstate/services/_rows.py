@@ -23,6 +23,7 @@ from jobstate.services import _statements
 from jobstate.services.actors import Actor
 from jobstate.signals import job_transitioned
 from jobstate.states import Status
+from jobstate.storable import text
 
 JobRef = Job | UUID | str
 
@@ -94,8 +95,8 @@ def event_values(
         str(to_status),
         name,
         None if actor.user_id is None else _ACTOR.get_db_prep_save(actor.user_id, conn),
-        actor.label[:200],
-        reason or "",
+        text(actor.label[:200]),
+        text(reason or ""),  # as both databases store it (a NUL, say, from a command's --reason)
         _METADATA.get_db_prep_save(metadata or {}, conn),
         _CREATED.get_db_prep_save(now, conn),
     ]
@@ -256,8 +257,8 @@ def create_job(
         to_status=Status.QUEUED,
         transition="enqueue",
         actor_id=actor.user_id,
-        actor_label=actor.label,
-        reason=reason,
+        actor_label=text(actor.label[:200]),
+        reason=text(reason or ""),
         metadata={"retry_of": str(retry_of.pk)} if retry_of is not None else {},
         created_at=now,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.core.exceptions import ValidationError
@@ -22,7 +22,7 @@ from jobstate.services._rows import announce, column, concrete_field, insert_eve
 from jobstate.services._rows import create_job as _create
 from jobstate.services.actors import Actor
 from jobstate.states import ACTIVE, Status
-from jobstate.storable import json_text
+from jobstate.storable import json_text, text
 
 SMALLINT = (-32768, 32767)
 # Lookups-then-inserts of a keyed job before giving up: each retry follows an
@@ -52,6 +52,8 @@ def _clean(
     errors: dict[str, list[str]] = {}
     if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
         errors["key"] = ["A key is a non-empty string of at most 255 characters."]
+    elif key is not None and text(key) != key:
+        errors["key"] = ["A key holds no NUL character or lone surrogate."]
     if watermark is not None and (isinstance(watermark, bool) or not isinstance(watermark, int)):
         errors["watermark"] = ["A watermark is an integer."]
     if (
@@ -62,6 +64,10 @@ def _clean(
         errors["priority"] = [f"Priority is an integer between {SMALLINT[0]} and {SMALLINT[1]}."]
     if run_after is not None and (not isinstance(run_after, datetime) or timezone.is_naive(run_after)):
         errors["run_after"] = ["run_after is a timezone-aware datetime."]
+    elif run_after is not None and not _storable_time(run_after):
+        # In UTC, as both databases store it: year 10000 is written by PostgreSQL
+        # and then cannot be read back; SQLite's conversion overflows.
+        errors["run_after"] = ["run_after is between the years 1 and 9999 in UTC."]
     if max_attempts is not None and (
         isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
     ):
@@ -69,6 +75,13 @@ def _clean(
     if errors:
         raise ValidationError(errors)
     return spec, cleaned
+
+
+def _storable_time(moment: datetime) -> bool:
+    try:
+        return 1 <= moment.astimezone(UTC).year <= 9999
+    except OverflowError:
+        return False
 
 
 def get_or_enqueue(

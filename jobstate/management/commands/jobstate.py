@@ -184,6 +184,8 @@ class Command(BaseCommand):
         if not name:
             return None
         User = get_user_model()
+        if "\x00" in name:  # PostgreSQL refuses it in a query: no user has one
+            raise CommandError(f"--owner: no user {name!r}")
         try:
             return User.objects.get(**{User.USERNAME_FIELD: name})
         except User.DoesNotExist:
