@@ -227,6 +227,54 @@ def test_under_uvicorn_long_polls_wait_without_blocking_the_server(uvicorn_serve
     assert all(seconds < 5.0 for _, _, seconds in results), results  # answered on the change, not at 20 s
 
 
+def server_connections() -> int:
+    """The other sessions on this test database: the server's connections."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.e2e
+def test_under_uvicorn_waiting_streams_and_long_polls_hold_no_database_connection(
+    uvicorn_server, django_user_model
+):
+    # Each waiting request held one (its thread's) until it ended: a few dozen
+    # clients could use up every connection the database allows.
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("counts PostgreSQL's sessions")
+    opened, polls = [], []
+    for n in range(3):
+        owner = django_user_model.objects.create_user(f"watcher{n}", password="x")
+        key = str(Token.objects.create(user=owner).key)
+        job = running_job(owner)
+        stream = uvicorn_server.get(f"/api/jobs/{job.pk}/events/stream/", key, Accept="text/event-stream")
+        assert stream.status == 200
+        next_job_event(events(stream))
+        opened.append(stream)
+        since = Job.objects.filter(pk=job.pk).values_list("updated_at", flat=True).get()
+        url = f"/api/jobs/{job.pk}/?wait=20&since={since.isoformat().replace('+00:00', 'Z')}"
+        polls.append(
+            threading.Thread(target=lambda u=url, k=key: uvicorn_server.get(u, k, timeout=30).read())
+        )
+        polls[-1].start()
+    time.sleep(1.5)  # several polls of each: all six wait
+    held = server_connections()
+    for stream in opened:
+        stream.conn.close()
+    for job in Job.objects.filter(status="processing"):
+        services.report_progress(job, job.lease_token, 50, "done waiting")
+    for thread in polls:
+        thread.join(15)
+    assert held <= 2, f"{held} connections held by 6 waiting requests"
+
+
 # Under Django's WSGI server (runserver's) ---------------------------------------------
 
 

@@ -10,9 +10,10 @@
   ``GET /jobs/{id}/?wait=&since=``.
 
 Each comes twice: a plain generator/function for WSGI (the server thread is the
-stream's anyway) and an async one for ASGI, where waiting holds no thread and
-every chunk is sent as it is made (Django buffers a sync iterator whole under
-ASGI). ``streaming_response`` picks by the request. All are bounded in time;
+stream's anyway) and an async one for ASGI, where waiting holds no database
+connection (each poll connects again) and every chunk is sent as it is made
+(Django buffers a sync iterator whole under ASGI). ``streaming_response`` picks
+by the request. All are bounded in time;
 none holds a transaction open: each poll is one autocommit query, and the views
 run outside ``ATOMIC_REQUESTS`` (see ``long_poll_view``).
 
@@ -135,6 +136,26 @@ def event_stream(
         sleep(events.pause())
 
 
+def _polled(read: Callable[..., Any]) -> Callable[..., Any]:
+    """``read`` for the async waits, closing the request's database connections after
+    each call. Under ASGI a request's synchronous calls run in a thread of its own, and
+    a connection opened there stayed open for the whole stream or long-poll (up to
+    SSE_MAX_SECONDS): a few dozen waiting clients held as many connections, enough to
+    use up what the database allows and stop the workers. Each poll connects again
+    (cheap with a connection pool: ``DATABASES[...]["OPTIONS"]["pool"]``)."""
+
+    @wraps(read)
+    def call(*args: Any) -> Any:
+        try:
+            return read(*args)
+        finally:
+            for conn in connections.all(initialized_only=True):
+                if not conn.in_atomic_block:
+                    conn.close()
+
+    return call
+
+
 async def aevent_stream(
     job_id: Any,
     *,
@@ -143,7 +164,7 @@ async def aevent_stream(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncIterator[bytes]:
     events = _Events(last_event_id, clock)
-    read = sync_to_async(snapshot)
+    read = sync_to_async(_polled(snapshot))
     yield events.opening()
     while True:
         for chunk in events.after(await read(job_id)):
@@ -190,7 +211,7 @@ async def await_change(
     seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
     poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
     deadline = clock() + seconds
-    changed = sync_to_async(_changed)
+    changed = sync_to_async(_polled(_changed))
     while not await changed(job_id, since):
         remaining = deadline - clock()
         if remaining <= 0:
