@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobstate
-from jobstate import services
+from jobstate import registry, services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
@@ -285,6 +285,40 @@ def test_retry_from_a_step_reuses_earlier_outputs(user):
     assert labels(new) == ["two", "three"]  # "one" did not run again
     job.refresh_from_db()
     assert job.status == Status.FAILED  # terminal jobs stay terminal
+
+
+def test_retry_from_by_default_after_every_step_completed_runs_none_again():
+    # The steps all completed, then result() raised: "where it stopped" is after the
+    # last step; the retry used to start from the first and charge again.
+    calls: list[str] = []
+
+    class Charges(jobstate.Workflow):
+        @jobstate.step()
+        def charge(self, ctx: Any) -> int:
+            Effect.objects.create(job_id=ctx.job.pk, label="charged")
+            return 1
+
+        def result(self, outputs: dict[str, Any]) -> Any:
+            calls.append("result")
+            if len(calls) == 1:
+                raise RuntimeError("summary failed")
+            return outputs
+
+    jobstate.workflow("t.charges", max_attempts=1)(Charges)
+    try:
+        job = services.enqueue("t.charges", {})
+        drain()
+        assert Job.objects.get(pk=job.pk).status == Status.FAILED
+        again = retry_from(job, actor="ops")
+        assert JobStep.objects.get(job_id=again.pk, name="charge").status == "completed"  # copied
+        with pytest.raises(ValidationError, match="Every step completed"):
+            retry_from(job, actor="ops", skip=["charge"])
+        drain()
+    finally:
+        registry.unregister("t.charges")
+    again.refresh_from_db()
+    assert again.status == Status.COMPLETED and calls == ["result", "result"]
+    assert Effect.objects.filter(label="charged").count() == 1
 
 
 def test_retry_from_where_it_stopped_by_default_and_refusals():

@@ -54,19 +54,23 @@ def retry_from(
 ) -> Job:
     """Retry a finished workflow from ``step`` (default: where it stopped) as a new
     linked job. Every step before ``step`` must have completed (or been skipped):
-    their outputs are reused. Steps in ``skip`` (at or after ``step``) are skipped."""
+    their outputs are reused. Steps in ``skip`` (at or after ``step``) are skipped.
+    When every step completed and the job still failed (its ``result()`` raised, say),
+    where it stopped is after its last step: the retry copies them all and runs none."""
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry_from")
     cls = _workflow(old)
     names = [s.name for s in cls.steps]
-    start = step if step is not None else (resume_point(old) or names[0])
+    start = step if step is not None else resume_point(old)
     skipping = list(dict.fromkeys(skip))
-    if start not in names:
+    if start is not None and start not in names:
         raise ValidationError({"step": [f"'{start}' is not a step of {old.kind} ({', '.join(names)})."]})
-    first = names.index(start)
+    first = len(names) if start is None else names.index(start)
     bad = [n for n in skipping if n not in names[first:]]
     if bad:
+        if start is None:
+            raise ValidationError({"skip": [f"Every step completed: none to skip ({', '.join(bad)})."]})
         raise ValidationError({"skip": [f"Only steps from '{start}' on can be skipped: {', '.join(bad)}."]})
     rows = {r.name: r for r in JobStep.objects.filter(job_id=old.pk)}
     missing = [n for n in names[:first] if n not in rows or rows[n].status not in STEP_DONE]
@@ -80,7 +84,7 @@ def retry_from(
             }
         )
     who = Actor.of(actor)
-    why = reason or f"retry of {old.pk} from step '{start}'"
+    why = reason or f"retry of {old.pk} " + (f"from step '{start}'" if start else "after its last step")
     with transaction.atomic():
         new = services.retry(old, who, why)
         step_operators.seed_retry(new, old.pk, rows, names, start, skipping, actor=who, reason=why)

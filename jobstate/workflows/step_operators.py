@@ -58,17 +58,18 @@ def seed_retry(
     old_id: Any,
     old_rows: dict[str, JobStep],
     names: list[str],
-    start: str,
+    start: str | None,
     skip_names: Iterable[str],
     *,
     actor: Actor,
     reason: str,
 ) -> None:
-    """Step rows of a retry that starts at ``start``: earlier steps copied as they
-    ended (their outputs are reused), ``skip_names`` skipped, the rest pending."""
+    """Step rows of a retry that starts at ``start`` (None: after the last step):
+    earlier steps copied as they ended (their outputs are reused), ``skip_names``
+    skipped, the rest pending."""
     now = timezone.now()
     skipping = set(skip_names)
-    first = names.index(start)
+    first = len(names) if start is None else names.index(start)
     rows: list[JobStep] = []
     for position, name in enumerate(names):
         if position < first:
