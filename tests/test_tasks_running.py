@@ -428,6 +428,16 @@ def test_a_job_handed_back_unstarted_shows_no_error():
     assert result.status == TaskResultStatus.READY and result.errors == []
 
 
+def test_an_unstorable_return_value_fails_with_an_error_class_django_can_import():
+    from jobstate.tasks.exceptions import UnstorableResult
+
+    result = jt.returns_nan.enqueue()
+    run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [UnstorableResult]
+
+
 def test_timeout(settings):
     settings.JOBSTATE = {"HEARTBEAT_SECONDS": 0.1}
     result = jt.too_slow.enqueue()

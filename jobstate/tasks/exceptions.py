@@ -18,3 +18,8 @@ class OperatorRequeued(Exception):
 
 class OperatorFailed(Exception):
     """An operator ended the job ``failed``."""
+
+
+class UnstorableResult(Exception):
+    """The task returned a value the database cannot store (not JSON, NaN, a NUL
+    character...); it is not run again."""

@@ -39,6 +39,7 @@ SYNTHETIC = {
     "WorkerLost": "jobstate.tasks.exceptions.WorkerLost",
     "OperatorFailed": "jobstate.tasks.exceptions.OperatorFailed",
     "UnknownKind": "jobstate.exceptions.UnknownKind",
+    "UnstorableResult": "jobstate.tasks.exceptions.UnstorableResult",
 }
 CANCELLED = "jobstate.exceptions.CancelRequested"
 PARTIAL = "jobstate.exceptions.Partial"

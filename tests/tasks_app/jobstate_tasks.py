@@ -105,3 +105,8 @@ def blocking(seconds: float) -> Any:
 def sleeper(seconds: float) -> float:
     """Sleeps (the e2e tests stop its worker to see the reaper rescue it)."""
     return blocking(seconds)
+
+
+@task()
+def returns_nan() -> float:
+    return float("nan")
