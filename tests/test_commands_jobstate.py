@@ -78,6 +78,31 @@ def test_enqueue_errors_are_one_line(user: Any) -> None:
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ("jobstate", "enqueue", "test.echo", "--params", '{"a": ' + "[" * 50_000 + "]" * 50_000 + "}"),
+            "JSON",
+        ),
+        (("jobstate", "enqueue", "test.echo", "--params", '{"a": ' + "9" * 5000 + "}"), "JSON"),
+        (("jobstate_workflow", "start", "wf.fixable", "--params", "[" * 50_000 + "]" * 50_000), "JSON"),
+        (("jobstate", "enqueue", "test.echo", "--owner", "al\x00ice"), "no user"),
+        (("jobstate", "enqueue", "test.echo", "--key", "k\x00"), "key"),
+        (("jobstate", "enqueue", "test.echo", "--run-after", "9999-12-31T23:59:59-12:00"), "run_after"),
+        (("jobstate_stuck", "--limit", str(10**23)), "--limit"),
+        (("jobstate_prune", "--days", "nan"), "--days"),
+        (("jobstate_prune", "--days", "1e10"), "--days"),
+        (("jobstate_prune", "--batch", str(10**23)), "--batch"),
+        (("jobstate_move_hot_columns", "--database", "nope"), "--database"),
+    ],
+)
+def test_bad_options_are_a_command_error_and_write_nothing(args: tuple[str, ...], says: str) -> None:
+    # Each was a traceback: RecursionError, ValueError, DataError, OverflowError...
+    assert says in refused(*args)
+    assert not Job.objects.exists()
+
+
 def test_cancel_queued_and_running_jobs() -> None:
     waiting, running = queued(), processing()
     out, _ = run("jobstate", "cancel", str(waiting.pk), "--reason", "not needed")

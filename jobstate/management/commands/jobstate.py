@@ -80,8 +80,8 @@ class Command(BaseCommand):
     def do_enqueue(self, options: dict[str, Any]) -> None:
         try:
             params = json.loads(options["params"])
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--params is not JSON: {exc}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError; too many digits; too deep
+            raise CommandError(f"--params is not JSON we can read: {exc}") from None
         if not isinstance(params, dict):
             raise CommandError('--params must be a JSON object, like \'{"month": "2026-10"}\'')
         job, created = services.get_or_enqueue(

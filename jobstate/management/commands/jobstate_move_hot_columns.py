@@ -27,6 +27,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] not in connections:
+            raise CommandError(f"--database: no database {options['database']!r} in settings.DATABASES")
         connection = connections[options["database"]]
         if connection.vendor != "postgresql":
             self.stdout.write("Nothing to do: the column order matters on PostgreSQL only.")

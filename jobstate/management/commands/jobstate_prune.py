@@ -7,6 +7,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from jobstate import conf
 from jobstate.worker.retention import prune
 
+MAX_DAYS = 36_500  # a century: an older cutoff is before any job
+MAX_BATCH = 100_000
+
 
 class Command(BaseCommand):
     help = "Delete finished jobs older than JOBSTATE['RETENTION_DAYS'] (or --days), in batches."
@@ -21,10 +24,10 @@ class Command(BaseCommand):
         if days is None:
             self.stdout.write("RETENTION_DAYS is None: finished jobs are kept; nothing to do.")
             return
-        if days < 0:
-            raise CommandError("--days must be zero or more")
-        if options["batch"] is not None and options["batch"] < 1:
-            raise CommandError("--batch must be at least 1")
+        if not 0 <= days <= MAX_DAYS:  # NaN fails too
+            raise CommandError(f"--days must be between 0 and {MAX_DAYS}")
+        if options["batch"] is not None and not 1 <= options["batch"] <= MAX_BATCH:
+            raise CommandError(f"--batch must be between 1 and {MAX_BATCH}")
         report = prune(days, dry_run=options["dry_run"], batch=options["batch"])
         verb = "would delete" if report.dry_run else "deleted"
         self.stdout.write(

@@ -38,8 +38,8 @@ class Command(BaseCommand):
         # Counts stop at JOBSTATE["ADMIN_COUNT_CAP"] (shown as "N+"), so the check stays cheap.
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["limit"] < 0:
-            raise CommandError("--limit must be zero or more")
+        if not 0 <= options["limit"] <= 10_000:
+            raise CommandError("--limit must be between 0 and 10000")
         codes = [
             r.code
             for r in stuck.REASONS

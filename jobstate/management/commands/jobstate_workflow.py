@@ -49,8 +49,8 @@ class Command(BaseCommand):
                     raise CommandError(f"'{options['kind']}' is not a registered workflow")
                 try:
                     params = json.loads(options["params"])
-                except json.JSONDecodeError as exc:
-                    raise CommandError(f"--params is not JSON: {exc}") from None
+                except (ValueError, RecursionError) as exc:  # JSONDecodeError; too many digits; too deep
+                    raise CommandError(f"--params is not JSON we can read: {exc}") from None
                 job = services.enqueue(options["kind"], params, actor=actor, reason="started from the CLI")
                 self.stdout.write(str(job.pk))
                 return
