@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -472,3 +473,13 @@ def test_on_commit_enqueue():
         enqueue_on_commit(t.noop_task)
         raise RuntimeError("rolled back")
     assert Job.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_commit_enqueue_checks_the_arguments_in_the_callers_transaction(django_user_model):
+    # Checked only at the commit, a bad argument raised after the caller's rows were
+    # committed, with no job for them.
+    with pytest.raises((TypeError, ValidationError)), transaction.atomic():
+        django_user_model.objects.create(username="bob")
+        enqueue_on_commit(t.noop_task, object())
+    assert not django_user_model.objects.filter(username="bob").exists() and not Job.objects.exists()

@@ -28,6 +28,7 @@ from jobstate import registry, services
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Job
 from jobstate.states import TERMINAL
+from jobstate.storable import json_text
 from jobstate.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -367,5 +368,10 @@ def enqueue_on_commit(task: Task[..., Any], *args: Any, using: str | None = None
     outside one); nothing is enqueued if it rolls back. ``jobstate``'s own
     ``enqueue`` is already part of the transaction it runs in: use this when the
     job must not exist before the caller's work is committed elsewhere (another
-    database), or to keep enqueueing out of a long transaction."""
+    database), or to keep enqueueing out of a long transaction. The task and its
+    arguments are checked now, so that a bad one raises in the caller's transaction
+    (which then rolls back) rather than after its commit."""
+    backend = task.get_backend()
+    backend.validate_task(task)
+    json_text(normalize_json({"args": list(args), "kwargs": kwargs}), "parameters")
     transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using)
