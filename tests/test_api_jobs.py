@@ -441,6 +441,22 @@ def test_long_poll_is_capped_by_the_server(user):
     assert 0.25 <= elapsed < 5
 
 
+@pytest.mark.django_db(transaction=True)
+@override_settings(JOBSTATE={"LONGPOLL_MAX_SECONDS": 0.5, "SSE_POLL_SECONDS": 0.05})
+def test_a_long_poll_under_wsgi_keeps_its_connection_between_polls(user, monkeypatch):
+    # Closing after each poll is for ASGI, where the request's thread and connection are
+    # otherwise held idle; under WSGI the thread is held anyway.
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    closes: list[int] = []
+    real = BaseDatabaseWrapper.close
+    monkeypatch.setattr(BaseDatabaseWrapper, "close", lambda self: (closes.append(1), real(self))[1])
+    job = make_job(user)
+    response = client_for(user).get(job_url(job), {"wait": 300})
+    assert response.status_code == 200
+    assert len(closes) <= 2, closes  # the request's start and end (CONN_MAX_AGE=0), not each of ~10 polls
+
+
 def test_long_poll_validates_its_parameters(user):
     job = make_job(user)
     client = client_for(user)

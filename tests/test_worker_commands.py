@@ -149,3 +149,11 @@ def test_schedule_installs_updates_and_removes():
     assert list(Schedule.objects.values_list("name", flat=True)) == [schedules.REAPER]
     assert "removed 1 schedule(s)" in command("jobstate_schedule", "--remove")
     assert not Schedule.objects.exists()
+
+
+def test_prune_takes_a_long_retention_from_the_settings(settings):
+    # --days is bounded; a setting past the bound deletes what the bound would (nothing).
+    settings.JOBSTATE = {"RETENTION_DAYS": 73_000}
+    old = finished()
+    assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    assert Job.objects.filter(pk=old.pk).exists()

@@ -319,6 +319,22 @@ def test_retry_from_by_default_after_every_step_completed_runs_none_again():
     again.refresh_from_db()
     assert again.status == Status.COMPLETED and calls == ["result", "result"]
     assert Effect.objects.filter(label="charged").count() == 1
+    # A completed job runs again from its first step, as before.
+    jobstate.workflow("t.charges", max_attempts=1)(Charges)
+    try:
+        third = retry_from(again, actor="ops")
+        drain()
+    finally:
+        registry.unregister("t.charges")
+    assert Job.objects.get(pk=third.pk).status == Status.COMPLETED
+    assert Effect.objects.filter(label="charged").count() == 2
+
+
+def test_a_skip_reason_is_stored_as_text():
+    job = services.enqueue("wf.fixable", {})
+    drain()
+    again = retry_from(job, "two", skip=["two"], actor="ops", reason="known\x00bad")
+    assert JobStep.objects.get(job_id=again.pk, name="two").detail["skip_reason"] == "known\ufffdbad"
 
 
 def test_retry_from_where_it_stopped_by_default_and_refusals():

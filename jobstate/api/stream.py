@@ -206,12 +206,14 @@ async def await_change(
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    asgi: bool = True,
 ) -> None:
-    """``wait_for_change`` without holding a thread while it waits."""
+    """``wait_for_change`` without holding a thread while it waits (under ASGI; under
+    WSGI the request's thread is held anyway, and so is its connection)."""
     seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
     poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
     deadline = clock() + seconds
-    changed = sync_to_async(_polled(_changed))
+    changed = sync_to_async(_polled(_changed) if asgi else _changed)
     while not await changed(job_id, since):
         remaining = deadline - clock()
         if remaining <= 0:
@@ -311,7 +313,8 @@ def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
         if not isinstance(response, WaitFirst):
             return response
         try:
-            await await_change(response.job_id, response.since, response.seconds)
+            asgi = isinstance(request, ASGIRequest)
+            await await_change(response.job_id, response.since, response.seconds, asgi=asgi)
         except Exception:
             # E.g. the database went away while waiting: answer now; the detail
             # view reports what it finds, in the API's error shape if it fails too.

@@ -79,9 +79,10 @@ def _clean(
 
 def _storable_time(moment: datetime) -> bool:
     try:
-        return 1 <= moment.astimezone(UTC).year <= 9999
+        moment.astimezone(UTC)  # raises past year 9999 or before year 1
     except OverflowError:
         return False
+    return True
 
 
 def get_or_enqueue(
@@ -251,7 +252,7 @@ def _insert_with_events(jobs: list[Job], who: Actor, now: datetime, batch_size: 
         Status.QUEUED.value,
         "enqueue",
         who.user_id,
-        who.label,
+        text(who.label[:200]),
         "",
         event.get_field("metadata").get_db_prep_save({}, connection),
         event.get_field("created_at").get_db_prep_save(now, connection),

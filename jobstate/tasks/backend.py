@@ -368,9 +368,10 @@ def enqueue_on_commit(task: Task[..., Any], *args: Any, using: str | None = None
     outside one); nothing is enqueued if it rolls back. ``jobstate``'s own
     ``enqueue`` is already part of the transaction it runs in: use this when the
     job must not exist before the caller's work is committed elsewhere (another
-    database), or to keep enqueueing out of a long transaction. The task and its
-    arguments are checked now, so that a bad one raises in the caller's transaction
-    (which then rolls back) rather than after its commit."""
+    database), or to keep enqueueing out of a long transaction. The task's options and
+    whether its arguments can be stored as JSON are checked now, so that those errors
+    raise in the caller's transaction (which then rolls back); the rest (a key callable's
+    value, say) is checked at the commit, as ``enqueue`` checks it."""
     backend = task.get_backend()
     backend.validate_task(task)
     json_text(normalize_json({"args": list(args), "kwargs": kwargs}), "parameters")

@@ -55,14 +55,17 @@ def retry_from(
     """Retry a finished workflow from ``step`` (default: where it stopped) as a new
     linked job. Every step before ``step`` must have completed (or been skipped):
     their outputs are reused. Steps in ``skip`` (at or after ``step``) are skipped.
-    When every step completed and the job still failed (its ``result()`` raised, say),
-    where it stopped is after its last step: the retry copies them all and runs none."""
+    When every step completed and the job still did not complete (its ``result()``
+    raised, say), where it stopped is after its last step: the retry copies them all and
+    runs none. A completed job runs again from its first step."""
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry_from")
     cls = _workflow(old)
     names = [s.name for s in cls.steps]
-    start = step if step is not None else resume_point(old)
+    # A completed job runs again from its first step; one that failed (or was cancelled)
+    # after every step completed, from after its last.
+    start = step if step is not None else (names[0] if old.status == Status.COMPLETED else resume_point(old))
     skipping = list(dict.fromkeys(skip))
     if start is not None and start not in names:
         raise ValidationError({"step": [f"'{start}' is not a step of {old.kind} ({', '.join(names)})."]})

@@ -16,6 +16,7 @@ from jobstate.models.step import StepStatus
 from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import TERMINAL, Status
+from jobstate.storable import text
 from jobstate.workflows.steps import COMPENSATING, COMPENSATION_KEYS, _ensure_rows
 
 S = StepStatus
@@ -39,7 +40,7 @@ def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: s
             raise StepStateError(
                 pk, name, "skip it (the workflow failed for good and is compensating)", row.status
             )
-        detail = {**row.detail, "skipped_by": actor.label, "skip_reason": reason[:1000]}
+        detail = {**row.detail, "skipped_by": text(actor.label), "skip_reason": text(reason[:1000])}
         move_step(
             pk,
             name,
@@ -95,7 +96,7 @@ def seed_retry(
                     name=name,
                     position=position,
                     status=S.SKIPPED,
-                    detail={"skipped_by": actor.label, "skip_reason": reason[:1000]},
+                    detail={"skipped_by": text(actor.label), "skip_reason": text(reason[:1000])},
                     finished_at=now,
                     updated_at=now,
                 )

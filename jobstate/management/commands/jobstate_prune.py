@@ -24,8 +24,11 @@ class Command(BaseCommand):
         if days is None:
             self.stdout.write("RETENTION_DAYS is None: finished jobs are kept; nothing to do.")
             return
-        if not 0 <= days <= MAX_DAYS:  # NaN fails too
+        if options["days"] is not None and not 0 <= days <= MAX_DAYS:  # NaN fails too
             raise CommandError(f"--days must be between 0 and {MAX_DAYS}")
+        if days < 0:
+            raise CommandError("RETENTION_DAYS must be zero or more")
+        days = min(days, MAX_DAYS)  # a longer retention deletes the same (no) jobs
         if options["batch"] is not None and not 1 <= options["batch"] <= MAX_BATCH:
             raise CommandError(f"--batch must be between 1 and {MAX_BATCH}")
         report = prune(days, dry_run=options["dry_run"], batch=options["batch"])
