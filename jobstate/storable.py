@@ -95,3 +95,12 @@ def text(value: str) -> str:
     if not value.isascii():
         value = _SURROGATE.sub("\ufffd", value)
     return value
+
+
+def clean_key(field: Any, value: Any) -> Any:
+    """``value`` as the key ``field`` holds, or ``ValidationError`` if it is malformed or
+    out of the column's range (which would fail inside the database: an OverflowError
+    on SQLite, a DataError on PostgreSQL)."""
+    key = field.to_python(value)
+    field.run_validators(key)  # an integer field's validators hold the column's range
+    return key

@@ -335,6 +335,29 @@ def test_a_key_with_a_nul_is_a_validation_error_and_a_reason_is_stored_as_text()
     assert again.events.get(transition="enqueue").reason == "once\ufffdmore"
 
 
+@pytest.mark.parametrize("owner", ["alice", 10**30, 987654, True, 1.5])
+def test_an_owner_that_names_no_user_is_a_validation_error(owner):
+    # A raw ValueError, OverflowError/DataError or IntegrityError (at the commit) before.
+    for enqueue in (
+        lambda: services.enqueue("test.echo", {}, owner=owner),
+        lambda: services.enqueue_many([("test.echo", {})], owner=owner),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            enqueue()
+        assert "owner" in refused.value.message_dict
+    assert not Job.objects.exists()
+
+
+def test_an_owner_given_by_id_is_the_user(user):
+    job = services.enqueue("test.echo", {}, owner=user.pk)
+    assert job.owner_id == user.pk
+    assert job.events.get().actor_label == f"user:{user.get_username()}"
+    (many,) = services.enqueue_many([("test.echo", {})], owner=str(user.pk))
+    assert many.owner_id == user.pk
+    with pytest.raises(ValidationError):
+        services.enqueue("test.echo", {}, owner=user.pk + 0.5)  # not read as user.pk
+
+
 def test_state_diagrams_in_the_docs_are_generated_from_the_code():
     from pathlib import Path
 

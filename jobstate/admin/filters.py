@@ -16,10 +16,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from jobstate import registry, stuck
-from jobstate.admin.keys import clean_key
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL, Status
+from jobstate.storable import clean_key
 from jobstate.stuck import distinct_values
 
 

@@ -11,12 +11,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Field
 
-
-def clean_key(field: Field[Any, Any], value: Any) -> Any:
-    """``value`` as ``field`` holds it; ValidationError if malformed or out of range."""
-    key = field.to_python(value)
-    field.run_validators(key)  # an integer field's validators hold the column's range
-    return key
+from jobstate.storable import clean_key
 
 
 def valid_keys(field: Field[Any, Any], values: list[str]) -> list[str]:

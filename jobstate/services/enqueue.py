@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Field, Model
@@ -22,7 +24,7 @@ from jobstate.services._rows import announce, column, concrete_field, insert_eve
 from jobstate.services._rows import create_job as _create
 from jobstate.services.actors import Actor
 from jobstate.states import ACTIVE, Status
-from jobstate.storable import json_text, text
+from jobstate.storable import clean_key, json_text, text
 
 SMALLINT = (-32768, 32767)
 # Lookups-then-inserts of a keyed job before giving up: each retry follows an
@@ -119,6 +121,7 @@ def get_or_enqueue(
         run_after=run_after,
         max_attempts=max_attempts,
     )
+    owner = user_of(owner)
     who = Actor.of(actor if actor is not None else owner)
     conflict: IntegrityError | None = None
     with transaction.atomic():
@@ -156,6 +159,24 @@ def enqueue(kind: str, parameters: Mapping[str, Any] | None = None, **options: A
     return get_or_enqueue(kind, parameters, **options)[0]
 
 
+def user_of(owner: Any) -> Any:
+    """The owner as a user: None, a user, or the primary key of one (checked: a value of
+    another type, out of range or naming no user is a ValidationError, not a database
+    error at the insert or at the commit)."""
+    if owner is None or isinstance(owner, Model):
+        return owner
+    User = get_user_model()
+    try:
+        if isinstance(owner, bool) or not isinstance(owner, int | str | uuid.UUID):
+            raise ValidationError("not a key")  # 1.5 would be read as 1
+        user = User._default_manager.filter(pk=clean_key(User._meta.pk, owner)).first()
+    except ValidationError:
+        user = None
+    if user is None:
+        raise ValidationError({"owner": [f"No user with the id {str(owner)[:100]!r}."]})
+    return user
+
+
 def _owner_id(owner: Any) -> Any:
     return owner.pk if isinstance(owner, Model) else owner
 
@@ -189,6 +210,7 @@ def enqueue_many(
     with their history rows in one transaction (on PostgreSQL one statement per
     ``batch_size`` jobs writes both the jobs and their enqueue events)."""
     now = timezone.now()
+    owner = user_of(owner)
     who = Actor.of(actor if actor is not None else owner)
     default_attempts = conf.get("DEFAULT_MAX_ATTEMPTS")
     rows: list[tuple[str, Any, int]] = []
