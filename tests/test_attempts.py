@@ -735,3 +735,41 @@ def test_the_admin_counts_only_begun_jobs_as_running():
     begun.refresh_from_db()
     assert "reserved" in job_columns.age_or_duration(reserved, now)
     assert "running" in job_columns.age_or_duration(begun, now)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="idle_in_transaction_session_timeout")
+@pytest.mark.django_db(transaction=True)
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2, "LEASE_SECONDS": 1})
+def test_a_process_frozen_inside_the_heartbeats_transaction_does_not_hold_the_job(temp_handler):
+    # Frozen (SIGSTOP, a paused machine) between the beat's UPDATE and its COMMIT, it
+    # held the row lock for as long as it stayed frozen, and the reaper, which leaves
+    # held rows for its next sweep, never took the job back (an end-to-end test that
+    # froze a worker caught it): the server now ends that transaction after half a lease.
+    from jobstate.worker.supervisor import supervisor
+
+    services.enqueue("test.echo", {})
+    (held,) = services.claim("w1")
+    frozen, errors = threading.Event(), []
+
+    def beat_then_freeze() -> None:
+        try:
+            with supervisor()._bounded_waits():  # the process's own: it starts no thread
+                services.heartbeat(held, held.lease_token)
+                frozen.set()
+                time.sleep(2.5)  # the process stops here
+        except BaseException as exc:  # the server closed the session
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat_then_freeze)
+    thread.start()
+    assert frozen.wait(5)
+    time.sleep(1.2)  # past half a lease
+    with transaction.atomic():
+        free = Job.objects.select_for_update(nowait=True).filter(pk=held.pk).values_list("pk", flat=True)
+        assert list(free) == [held.pk]  # not locked any more
+    thread.join(10)
+    assert errors, "the frozen transaction should have been ended by the server"
+    report = services.requeue_expired(now=timezone.now() + timedelta(seconds=5))
+    assert report.requeued == [held.pk] and not report.skipped

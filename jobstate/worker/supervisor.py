@@ -235,14 +235,23 @@ class Supervisor:
     @contextlib.contextmanager
     def _bounded_waits(self) -> Iterator[None]:
         """On PostgreSQL, run the block in a transaction whose lock waits end after
-        half of HEARTBEAT_SECONDS (``SET LOCAL``: nothing stays on the connection)."""
+        half of HEARTBEAT_SECONDS, and which the server ends if this process stops
+        between two of its statements for half of LEASE_SECONDS (a process frozen
+        there, say by SIGSTOP or a paused machine, would hold the job's row, and the
+        reaper, which leaves held rows for its next sweep, would never take the job
+        back). ``SET LOCAL``: nothing stays on the connection."""
         if not self.bounded_waits:
             yield
             return
         ms = max(1, round(float(conf.get("HEARTBEAT_SECONDS")) * 500))
+        idle = max(1, round(float(conf.get("LEASE_SECONDS")) * 500))
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{ms}ms"])
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true),"
+                    " set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [f"{ms}ms", f"{idle}ms"],
+                )
             yield
 
     def _beat_job(self, slot: Slot) -> None:
