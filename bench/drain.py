@@ -100,7 +100,7 @@ def parse() -> argparse.Namespace:
         help="initdb and start a private PostgreSQL (default config, but no checkpoint during "
         "the run) on PORT so that no other client's WAL or commits are counted; removed at the end",
     )
-    parser.add_argument("--db", default="jobstate_bench_drain", help="benchmark database name")
+    parser.add_argument("--db", default="jobstate_bench_drain", help="benchmark database name (dropped and created afresh by each run)")
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--django6-python", default="/work/main/.venv-django6/bin/python")
     parser.add_argument(
@@ -222,9 +222,11 @@ def create_database() -> None:
         return
     import psycopg
 
+    # Afresh each run: a --schema-sql experiment of an earlier run must not stay in the
+    # schema that a later run measures as jobstate's own.
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [ARGS.db]).fetchone():
-            conn.execute(f'CREATE DATABASE "{ARGS.db}"')
+        conn.execute(f'DROP DATABASE IF EXISTS "{ARGS.db}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{ARGS.db}"')
         conn.execute(f"ALTER DATABASE \"{ARGS.db}\" SET timezone TO 'UTC'")
 
 
