@@ -174,6 +174,9 @@ def takes_no_context() -> None:
         ({"kind": "x" * 201}, "longer than 200 characters"),
         ({"priority": 101}, "priority must be a whole number between -100 and 100"),
         ({"priority": -101}, "priority must be a whole number between -100 and 100"),
+        ({"priority": 1.0}, "priority must be a whole number between -100 and 100 (got 1.0)"),
+        ({"priority": True}, "priority must be a whole number between -100 and 100 (got True)"),
+        ({"priority": "1"}, "priority must be a whole number between -100 and 100 (got '1')"),
         ({"queue_name": "nope"}, "Queue 'nope' is not valid for backend"),
         ({"takes_context": True}, "Task takes context but does not have a first argument of 'context'"),
     ],
@@ -195,6 +198,15 @@ def test_invalid_tasks_from_django_tests():
         task()(print)
     with pytest.raises(InvalidTask, match="aware datetime"):
         t.noop_task.using(run_after=timezone.now().replace(tzinfo=None))
+
+
+@pytest.mark.parametrize("priority", [1.0, True, "1"])
+def test_a_priority_that_is_no_whole_number_is_refused_by_using(priority):
+    # It passed Django's range check and failed at enqueue as a database error
+    # (1.0, True) or a TypeError ("1"), with nothing saying which option was wrong.
+    with pytest.raises(InvalidTask, match="priority must be a whole number"):
+        t.noop_task.using(priority=priority)
+    assert not Job.objects.exists()
 
 
 def test_kind_taken_by_a_handler_is_refused(temp_handler):

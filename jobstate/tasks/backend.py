@@ -298,8 +298,8 @@ class JobstateBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Task[..., Any]) -> None:
-        super().validate_task(task)
         validate_options(task)
+        super().validate_task(task)
         register(task)
         # Workers must know the task's kind in every queue it may be sent to,
         # though only the enqueuing process ever calls .using(queue_name=...).

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from jobstate.models import Job
-from jobstate.tasks.compat import DEFAULT_TASK_QUEUE_NAME, InvalidTask, Task
+from jobstate.tasks.compat import (
+    DEFAULT_TASK_QUEUE_NAME,
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    InvalidTask,
+    Task,
+)
 
 KIND_MAX_LENGTH = Job._meta.get_field("kind").max_length or 200
 MAX_ATTEMPTS_LIMIT = 1000
@@ -41,6 +47,13 @@ def _number(value: Any) -> bool:
 
 def validate_options(task: Task[..., Any]) -> None:
     """Raise ``InvalidTask`` naming the first jobstate option that is wrong."""
+    # Before Django's own range check, which compares a string with numbers (a
+    # TypeError) and lets 1.0 and True through to fail as a database error at enqueue.
+    if not isinstance(task.priority, int) or isinstance(task.priority, bool):
+        raise InvalidTask(
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY} "
+            f"(got {task.priority!r})."
+        )
     max_attempts = option(task, "max_attempts")
     if max_attempts is not None and (
         not _number(max_attempts) or int(max_attempts) != max_attempts or not 1 <= max_attempts <= 1000
