@@ -1,0 +1,1 @@
+DROP INDEX jobstate_job_processing_idx;
