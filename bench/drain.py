@@ -100,7 +100,11 @@ def parse() -> argparse.Namespace:
         help="initdb and start a private PostgreSQL (default config, but no checkpoint during "
         "the run) on PORT so that no other client's WAL or commits are counted; removed at the end",
     )
-    parser.add_argument("--db", default="jobstate_bench_drain", help="benchmark database name (dropped and created afresh by each run)")
+    parser.add_argument(
+        "--db",
+        default="jobstate_bench_drain",
+        help="benchmark database name (dropped and created afresh by each run)",
+    )
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--django6-python", default="/work/main/.venv-django6/bin/python")
     parser.add_argument(

@@ -110,6 +110,21 @@ def test_download_is_checked(
     assert client.get(download(link)).status_code == 404  # an external link has no stored file
 
 
+def test_staff_with_change_job_may_download_what_the_job_page_links(
+    client: Any, django_user_model: Any
+) -> None:
+    # The job page shows its assets to view_job or change_job (may_view_all); the
+    # download answered 403 to change_job alone.
+    job, report, *_ = make_assets()
+    staff = grant(
+        django_user_model.objects.create_user("cj", password="pw-123456", is_staff=True), "change_job"
+    )
+    client.force_login(staff)
+    page = client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert download(report) in page
+    assert client.get(download(report)).status_code == 200
+
+
 def test_missing_file_is_a_404(client: Any, django_user_model: Any, media: Any) -> None:
     _, report, *_ = make_assets()
     report.file.storage.delete(report.file.name)

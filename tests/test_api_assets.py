@@ -72,6 +72,16 @@ def test_download_with_a_unicode_name(user):
     assert read(response) == b"hi"
 
 
+def test_a_long_name_is_cut_to_what_a_file_system_stores(user):
+    # 150 accented characters passed the 200-character cap as 300 bytes, over the
+    # 255 bytes of a file name: "File name too long" in add_asset.
+    asset = add_file(running(user), "\u00e9" * 150 + ".txt", b"x")
+    assert asset.file.read() == b"x"
+    assert asset.name == "\u00e9" * 98 + ".txt" and len(asset.name.encode()) == 200
+    long = add_file(running(user), "\u00e9" * 150, b"y")
+    assert long.name == "\u00e9" * 100
+
+
 def test_download_of_someone_elses_asset_is_a_404(user, other_user):
     asset = add_file(running(other_user))
     assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")

@@ -63,6 +63,32 @@ def test_a_completed_job_is_delivered_signed_and_verifies(user, receiver):
 
 
 @override_settings(JOBSTATE=ALLOW)
+def test_a_2xx_answer_with_a_nul_is_one_delivery(user, receiver):
+    # PostgreSQL's text refused the stored answer after the receiver had taken the
+    # message: the delivery failed, was sent again up to every attempt, and ended failed.
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    receiver.reply = b"ok\x00"
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (sent,) = deliveries()
+    assert (len(receiver.requests), sent.status) == (1, "completed"), sent.error_message
+    (row,) = WebhookDelivery.objects.all()
+    assert row.ok and row.response_body == "ok\ufffd"
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_stored_url_that_is_not_ascii_fails_its_delivery_once(user, receiver):
+    # http.client sends ASCII only: each of the 8 attempts failed with a
+    # UnicodeEncodeError, sending nothing. (The API and the admin refuse such a URL.)
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/caf\u00e9")
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (sent,) = deliveries()
+    assert sent.status == "failed" and sent.attempts == 1 and "not an ASCII URL" in sent.error_message
+    assert receiver.requests == []
+
+
+@override_settings(JOBSTATE=ALLOW)
 def test_a_500_is_retried_with_the_same_webhook_id(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     receiver.statuses = [500]

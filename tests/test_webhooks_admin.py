@@ -64,6 +64,7 @@ def test_a_valid_endpoint_is_saved(admin_client):
         ("events", '[["job.completed"]]'),
         ("kinds", '"x"'),
         ("kinds", '["a\\u0000b"]'),
+        ("kinds", '["\\ud800"]'),  # a lone surrogate: jsonb refused it, a 500 on PostgreSQL
         ("kinds", '[""]'),
         ("kinds", "[5]"),
         ("kinds", '{"x": 1}'),
@@ -72,6 +73,7 @@ def test_a_valid_endpoint_is_saved(admin_client):
         ("url", "http://127.0.0.1/"),
         ("url", "http://[::1]/x"),
         ("url", "ftp://example.com/"),
+        ("url", "https://hooks.example.com/caf\u00e9"),
     ],
 )
 def test_what_the_api_refuses_the_admin_refuses(admin_client, field, value):

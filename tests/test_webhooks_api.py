@@ -234,7 +234,14 @@ def test_staff_with_the_model_permissions_manage_others_endpoints(user, staff_us
 
 @pytest.mark.parametrize(
     "url",
-    ["http://example.com:99999/", "https://example.com:0/x", "http://example.com:-1/", "http://[::1/x"],
+    [
+        "http://example.com:99999/",
+        "https://example.com:0/x",
+        "http://example.com:-1/",
+        "http://[::1/x",
+        "https://hooks.example.com/caf\u00e9",  # was accepted, then never delivered
+        "https://b\u00fccher.example/x",
+    ],
 )
 def test_a_url_with_a_bad_port_is_a_400_on_url(user, url):
     client = client_for(user)

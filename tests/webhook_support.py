@@ -34,6 +34,8 @@ class Receiver:
     drip: float = 0.0
     # Drip only the body (the status line and headers come at once).
     drip_body_only: bool = False
+    # The body of a 2xx answer.
+    reply: bytes = b"thanks"
 
 
 DRIPPED_BODY = b"x" * 200
@@ -69,7 +71,7 @@ def receiver() -> Iterator[Receiver]:
                 drip_answer(self.wfile, state.drip, state.drip_body_only)
                 return
             code = state.statuses.pop(0) if state.statuses else 200
-            reply = b"thanks" if code < 300 else b"nope"
+            reply = state.reply if code < 300 else b"nope"
             self.send_response(code)
             self.send_header("Content-Length", str(len(reply)))
             self.end_headers()

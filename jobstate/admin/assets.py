@@ -20,6 +20,7 @@ from jobstate.admin.inlines import download_link
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import short
 from jobstate.models import Asset
+from jobstate.models.job import may_view_all
 from jobstate.services import safe_name
 from jobstate.stuck import distinct_values
 
@@ -114,7 +115,8 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         """Stream a stored file to staff who may view it (or to its owner)."""
         asset = get_object_or_404(Asset, pk=asset_id)
         user = request.user
-        allowed = self.has_view_permission(request, asset) or user.has_perm("jobstate.view_job")
+        # The job page's rule (may_view_all: view_job or change_job), which shows the link.
+        allowed = self.has_view_permission(request, asset) or may_view_all(user)
         if not (allowed or (asset.owner_id is not None and asset.owner_id == user.pk)):
             raise PermissionDenied
         if not asset.file:

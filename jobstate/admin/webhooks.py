@@ -11,6 +11,7 @@ from django.db import models
 from django.http import HttpRequest
 
 from jobstate.admin.changelist import SafeListAdmin
+from jobstate.storable import text
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 
@@ -35,6 +36,14 @@ def _https_by_default(field: models.Field[Any, Any], **kwargs: Any) -> forms.Fie
     return field.formfield(**kwargs)
 
 
+class _ShownJSON(forms.JSONField):
+    """A JSON field whose refused value is shown again as UTF-8 can carry it: a lone
+    surrogate (``"\\ud800"`` in the submitted JSON) made the page a 500."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return text(super().prepare_value(value))
+
+
 class WebhookEndpointForm(forms.ModelForm):
     """The API's rules (``jobstate.webhooks.validation``): the outbox reads these
     fields inside every job's transition."""
@@ -44,6 +53,7 @@ class WebhookEndpointForm(forms.ModelForm):
         fields = ("owner", "url", "description", "events", "kinds", "enabled")
         # As the admin's formfield_overrides, for the form on its own (Django 6's default).
         formfield_callback = staticmethod(_https_by_default)
+        field_classes = {"events": _ShownJSON, "kinds": _ShownJSON}
 
     def clean_url(self) -> str:
         return validation.url(self.cleaned_data["url"])

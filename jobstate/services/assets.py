@@ -35,7 +35,24 @@ def safe_name(name: str) -> str:
         cleaned = get_valid_filename(base)
     except Exception:  # SuspiciousFileOperation for "", ".", ".."
         cleaned = ""
-    return cleaned[:200] or "file"
+    return _fit(cleaned[:200]) or "file"
+
+
+NAME_MAX_BYTES = 200  # of a file system's 255 per name: room for the storage's "_abc1234"
+
+
+def _fit(name: str) -> str:
+    """``name`` cut to NAME_MAX_BYTES in UTF-8, its extension kept (200 accented
+    characters were 400 bytes: "File name too long" when the file was saved)."""
+    if len(name.encode()) <= NAME_MAX_BYTES:
+        return name
+    stem, dot, extension = name.rpartition(".")
+    if not dot or not stem or len(extension.encode()) > 20:
+        stem, extension = name, ""
+    else:
+        extension = "." + extension
+    room = NAME_MAX_BYTES - len(extension.encode())
+    return stem.encode()[:room].decode("utf-8", "ignore") + extension
 
 
 def add_asset(

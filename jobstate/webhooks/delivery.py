@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from jobstate import conf, registry
 from jobstate.exceptions import NonRetryable
+from jobstate.storable import text
 from jobstate.webhooks import signing, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.webhooks.outbox import KIND
@@ -95,7 +96,9 @@ def deliver(ctx: Any) -> dict[str, Any]:
         _failed(record, endpoint, f"{type(exc).__name__}: {exc}", started)
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
     record.status_code = response.status
-    record.response_body = response.body[:1024].decode("utf-8", "replace")
+    # As text PostgreSQL stores: a NUL in a 2xx answer failed the save, and the
+    # delivered message was sent again up to every attempt.
+    record.response_body = text(response.body[:1024].decode("utf-8", "replace"))
     if 200 <= response.status < 300:
         record.ok = True
         _save(record, started)
@@ -113,11 +116,11 @@ def _save(record: WebhookDelivery, started: float) -> None:
 
 
 def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, started: float) -> None:
-    record.error = error[:2000]
+    record.error = text(error)[:2000]
     _save(record, started)
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
-    reason = f"disabled after {limit} failed attempts in a row; the last: {error}"[:2000]
+    reason = text(f"disabled after {limit} failed attempts in a row; the last: {error}")[:2000]
     if WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit).update(
         enabled=False, disabled_at=timezone.now(), disabled_reason=reason
     ):

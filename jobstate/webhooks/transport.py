@@ -74,7 +74,14 @@ def resolve(host: str, port: int) -> str:
 
 def check_url(url: str) -> tuple[str, str, int, str]:
     """The scheme, host, port and request target of ``url``; ``Blocked`` if it is
-    not an http(s) URL with a host and a port from 1 to 65535."""
+    not an http(s) URL with a host and a port from 1 to 65535, in ASCII."""
+    if not url.isascii():
+        # http.client sends the request line and Host header in ASCII only: such a
+        # URL failed every attempt with UnicodeEncodeError, sending nothing.
+        raise Blocked(
+            f"{url!r} is not an ASCII URL: percent-encode the path and query, and give an "
+            "internationalized host name in its punycode form (xn--...)"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port  # ValueError when out of range or not a number

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 
 from jobstate import conf
+from jobstate.storable import text
 from jobstate.webhooks import transport
 from jobstate.webhooks.models import EVENTS
 
@@ -58,7 +59,7 @@ def events(value: Any) -> list[str]:
 
 def kinds(value: Any) -> list[str]:
     """A list of job kinds (empty or none: every kind): non-blank strings of at
-    most 200 characters without NUL, stripped of surrounding whitespace."""
+    most 200 characters without NUL or lone surrogates, stripped of surrounding whitespace."""
     if value is None:
         return []
     if not isinstance(value, list):
@@ -66,9 +67,12 @@ def kinds(value: Any) -> list[str]:
     cleaned = []
     for item in value:
         kind = item.strip() if isinstance(item, str) else None
-        if not kind or len(kind) > KIND_MAX_LENGTH or "\x00" in kind:
+        # text() changes a NUL or a lone surrogate (which the admin's JSON field lets
+        # through, and a jsonb column refuses: a 500).
+        if not kind or len(kind) > KIND_MAX_LENGTH or text(kind) != kind:
             raise ValidationError(
-                "Not a job kind: %(item)s (a non-blank name of at most %(max)s characters, no NUL).",
+                "Not a job kind: %(item)s (a non-blank name of at most %(max)s characters, "
+                "no NUL or lone surrogate).",
                 code="invalid",
                 params={"item": repr(item)[:100], "max": KIND_MAX_LENGTH},
             )
