@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
@@ -68,19 +70,79 @@ def test_nothing_moves_when_something_would_be_lost_with_a_column():
     scratch()
     with connection.cursor() as cursor:
         cursor.execute("COMMENT ON COLUMN layout_t.hot1 IS 'kept by the operator'")
-        cursor.execute("CREATE INDEX layout_t_hot2 ON layout_t (hot2)")
+        cursor.execute("ALTER TABLE layout_t ADD CONSTRAINT layout_t_one_b UNIQUE (hot2, b)")
         cursor.execute("CREATE VIEW layout_v AS SELECT hot2 FROM layout_t")
         cursor.execute("ALTER TABLE layout_t ALTER hot2 SET STATISTICS 500")
     outcome = layout.move_last(connection, "layout_t", ("hot1", "hot2"))
     assert outcome.startswith("refused: ")
-    for named in ("comment on column 2", "index layout_t_hot2", "view layout_v", "statistics target on hot2"):
+    for named in (
+        "comment on column 2",
+        "constraint layout_t_one_b",
+        "view layout_v",
+        "statistics target on hot2",
+    ):
         assert named in outcome
     assert layout.column_order(connection, "layout_t") == ["id", "hot1", "a", "hot2", "b"]
 
 
+def index_definitions(table: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = %s::regclass", [table]
+        )
+        return sorted(definition for (definition,) in cursor.fetchall())
+
+
+def check_definitions(table: str) -> list[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = %s::regclass",
+            [table],
+        )
+        return sorted(cursor.fetchall())
+
+
+def test_the_indexes_that_name_a_moved_column_are_built_again():
+    scratch()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE INDEX layout_t_hot2 ON layout_t (hot2)")
+        cursor.execute("CREATE INDEX layout_t_b_where ON layout_t (b) WHERE hot1 > 1")
+        cursor.execute("CREATE UNIQUE INDEX layout_t_one ON layout_t (a) WHERE hot2 IS NOT NULL")
+        cursor.execute("CREATE INDEX layout_t_a ON layout_t (a)")  # names no moved column
+    indexes = index_definitions("layout_t")
+    assert layout.move_last(connection, "layout_t", ("hot1", "hot2")) == "moved"
+    assert layout.column_order(connection, "layout_t") == ["id", "a", "b", "hot1", "hot2"]
+    assert index_definitions("layout_t") == indexes
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE layout_t SET a = 5 WHERE id = 3")  # the unique partial index holds
+
+
+def shape(definition: str) -> tuple[str, list[str]]:
+    """A definition without its casts and parentheses, and the constants it names:
+    a definition read back and run again can nest its casts differently
+    (``ARRAY['a'::varchar, ...]::text[]`` becomes ``ARRAY[('a'::varchar)::text, ...]``)."""
+    literals = sorted(set(re.findall(r"'([^']*)'", definition)))
+    bare = re.sub(r"'[^']*'|::[\w ]+(\[\])?|[()]", "", definition)
+    return " ".join(bare.split()), literals
+
+
+def test_the_job_table_moves_back_in_place_with_every_index_and_check():
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobstate_job ADD COLUMN added_later int")  # now they are not last
+    assert not layout.in_place(connection)
+    indexes, checks = index_definitions(layout.TABLE), check_definitions(layout.TABLE)
+    assert layout.move_last(connection) == "moved"
+    assert layout.in_place(connection)
+    order = layout.column_order(connection)
+    assert order[-len(layout.WRITTEN_COLUMNS_LAST) :] == list(layout.WRITTEN_COLUMNS_LAST)
+    assert order.index("parameters") < order.index("status")
+    assert [shape(d) for d in index_definitions(layout.TABLE)] == [shape(d) for d in indexes]
+    assert [(n, shape(d)) for n, d in check_definitions(layout.TABLE)] == [(n, shape(d)) for n, d in checks]
+
+
 def test_the_job_table_has_them_last_and_nothing_a_move_would_lose():
     assert layout.in_place(connection)
-    assert layout.attached(connection, layout.TABLE, layout.HOT_COLUMNS_LAST) == []
+    assert layout.attached(connection, layout.TABLE, layout.WRITTEN_COLUMNS_LAST) == []
     call_command("jobstate_move_hot_columns", "--check")
     call_command("jobstate_move_hot_columns")  # in place already: nothing to do
 

@@ -1,4 +1,4 @@
-"""Where the columns a running job writes sit in ``jobstate_job`` (PostgreSQL).
+"""Where the columns a job's writes change sit in ``jobstate_job`` (PostgreSQL).
 
 An update whose new row version stays on its page logs only the bytes between
 the first and the last column it changed (PostgreSQL compresses the common
@@ -6,16 +6,21 @@ prefix and suffix of the two versions, unless ``wal_level`` is ``logical`` or
 the page needs a full image). A progress write changes ``progress``, its message,
 the heartbeat, the lease expiry and ``updated_at``: spread over the row, each
 write logged about 200 bytes of WAL; side by side at the end of the row, about
-110.
+110. The claim and the outcome also change ``status``, the lease token, the
+finish time, the result and the error: placed just before those, after the
+parameters, so that neither logs the job's parameters again (with 500 bytes of
+parameters, a claim and its outcome logged about 1,800 bytes of WAL with
+``status`` at the start of the row, and 760 with it at the end).
 
 PostgreSQL cannot reorder columns, so each column moves: renamed aside, added
 again at the end with the same type, copied, and the old one dropped, with the
-CHECK constraints that named it added again. That rewrites every row once under
-an exclusive lock, so migration 0015 does it only on a small table (a new
-install's is empty) and ``manage.py jobstate_move_hot_columns`` does it on a
-large one when the operator chooses. Anything else attached to a column (an
-index, a comment, a view, column privileges or statistics) would be lost with
-it: then nothing is moved, and the objects are named.
+CHECK constraints and the indexes that named it made again. That rewrites every
+row (and rebuilds those indexes) once under an exclusive lock, so migrations 0015
+and 0017 do it only on a small table (a new install's is empty) and ``manage.py
+jobstate_move_hot_columns`` does it on a large one when the operator chooses.
+Anything else attached to a column (a constraint other than a CHECK, a comment,
+a view, column privileges or statistics) would be lost with it: then nothing is
+moved, and the objects are named.
 """
 
 from __future__ import annotations
@@ -36,6 +41,18 @@ HOT_COLUMNS_LAST = (
     "progress_message",
     "current_step",
 )
+# What the claim and the outcome write besides those, in the order they precede them.
+OUTCOME_COLUMNS = (
+    "status",
+    "lease_token",
+    "finished_at",
+    "result",
+    "error_type",
+    "error_message",
+    "traceback",
+)
+# The end of the row, as migration 0017 and the command leave it.
+WRITTEN_COLUMNS_LAST = OUTCOME_COLUMNS + HOT_COLUMNS_LAST
 TABLE = "jobstate_job"
 # Migration 0015 moves the columns of a table with at most this many rows.
 MIGRATION_MAX_ROWS = 10_000
@@ -51,15 +68,15 @@ def column_order(connection: Any, table: str = TABLE) -> list[str]:
         return [name for (name,) in cursor.fetchall()]
 
 
-def in_place(connection: Any, table: str = TABLE, columns: tuple[str, ...] = HOT_COLUMNS_LAST) -> bool:
+def in_place(connection: Any, table: str = TABLE, columns: tuple[str, ...] = WRITTEN_COLUMNS_LAST) -> bool:
     """Whether ``columns`` end the row, in this order."""
     return column_order(connection, table)[-len(columns) :] == list(columns)
 
 
 def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]:
-    """What a move would lose: anything on ``columns`` but CHECK constraints
-    (indexes, other constraints, defaults, views, triggers, statistics objects,
-    comments, column privileges, statistics targets, collations)."""
+    """What a move would lose: anything on ``columns`` but CHECK constraints and
+    indexes, which it makes again (other constraints, defaults, views, triggers,
+    statistics objects, comments, column privileges, statistics targets, collations)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT attnum, attname, attacl IS NOT NULL, attstattarget > 0,"
@@ -84,9 +101,11 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
             " WHERE refclassid = 'pg_class'::regclass AND refobjid = %s::regclass AND refobjsubid = ANY(%s)"
             " AND NOT (classid = 'pg_constraint'::regclass"
             "  AND objid IN (SELECT oid FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'))"
+            " AND NOT (classid = 'pg_class'::regclass AND objid IN (SELECT indexrelid FROM pg_index"
+            "  WHERE indrelid = %s::regclass AND indexrelid NOT IN (SELECT conindid FROM pg_constraint)))"
             " UNION SELECT 'comment on column ' || objsubid FROM pg_description"
             " WHERE classoid = 'pg_class'::regclass AND objoid = %s::regclass AND objsubid = ANY(%s)",
-            [table, numbers, table, table, numbers],
+            [table, numbers, table, table, table, numbers],
         )
         found += sorted(name for (name,) in cursor.fetchall())
     return found
@@ -95,7 +114,7 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
 def move_last(
     connection: Any,
     table: str = TABLE,
-    columns: tuple[str, ...] = HOT_COLUMNS_LAST,
+    columns: tuple[str, ...] = WRITTEN_COLUMNS_LAST,
     *,
     max_rows: int | None = None,
 ) -> str:
@@ -131,6 +150,16 @@ def move_last(
             [table, table, list(columns)],
         )
         checks = cursor.fetchall()
+        # Indexes (a unique constraint with a condition is one) go with the column
+        # they name when it is dropped: their definitions, taken before the renames.
+        cursor.execute(
+            "SELECT DISTINCT pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid"
+            " WHERE i.indrelid = %s::regclass AND d.refobjid = %s::regclass AND d.refobjsubid IN"
+            "  (SELECT attnum FROM pg_attribute WHERE attrelid = %s::regclass AND attname = ANY(%s))",
+            [table, table, table, list(columns)],
+        )
+        indexes = [definition for (definition,) in cursor.fetchall()]
         for name in columns:
             cursor.execute(f"ALTER TABLE {qn(table)} RENAME COLUMN {qn(name)} TO {qn(name + '__moving')}")
         adds = ", ".join(f"ADD COLUMN {qn(name)} {definitions[name][0]}" for name in columns)
@@ -141,5 +170,7 @@ def move_last(
         changes += [f"ALTER COLUMN {qn(name)} SET NOT NULL" for name in columns if definitions[name][1]]
         changes += [f"ADD CONSTRAINT {qn(name)} {definition}" for name, definition in checks]
         cursor.execute(f"ALTER TABLE {qn(table)} {', '.join(changes)}")
+        for definition in indexes:
+            cursor.execute(definition)
         cursor.execute(f"ANALYZE {qn(table)}")
     return "moved"

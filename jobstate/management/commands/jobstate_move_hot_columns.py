@@ -1,10 +1,12 @@
 """``manage.py jobstate_move_hot_columns``: on PostgreSQL, move the columns a
-running job writes to the end of ``jobstate_job``'s rows, where migration 0015
-left them in place (a table of more than ``layout.MIGRATION_MAX_ROWS`` jobs).
+running job, its claim and its outcome write to the end of ``jobstate_job``'s
+rows, where migrations 0015 and 0017 left them in place (a table of more than
+``layout.MIGRATION_MAX_ROWS`` jobs).
 
-Rewrites every row once under an exclusive lock on the table: reads and writes
-wait until it ends. Run it when workers, the admin and the API may pause, then
-``VACUUM FULL jobstate_job`` (or pg_repack) to give back the old row versions.
+Rewrites every row once, and builds the indexes that name those columns again,
+under an exclusive lock on the table: reads and writes wait until it ends. Run it
+when workers, the admin and the API may pause, then ``VACUUM FULL jobstate_job``
+(or pg_repack) to give back the old row versions.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from jobstate.models import layout
 
 
 class Command(BaseCommand):
-    help = "Move the columns a running job writes to the end of jobstate_job's rows (PostgreSQL)."
+    help = (
+        "Move the columns a running job, its claim and its outcome write to the end of "
+        "jobstate_job's rows (PostgreSQL)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
@@ -35,7 +40,10 @@ class Command(BaseCommand):
             return
         if options["check"]:
             if not layout.in_place(connection):
-                raise CommandError("The columns of running jobs are not at the end of jobstate_job's rows.")
+                raise CommandError(
+                    "The columns that running jobs, claims and outcomes write are not at the end of "
+                    "jobstate_job's rows."
+                )
             self.stdout.write("In place.")
             return
         with transaction.atomic(using=options["database"]):
