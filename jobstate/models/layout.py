@@ -10,7 +10,8 @@ write logged about 200 bytes of WAL; side by side at the end of the row, about
 finish time, the result and the error: placed just before those, after the
 parameters, so that neither logs the job's parameters again (with 500 bytes of
 parameters, a claim and its outcome logged about 1,800 bytes of WAL with
-``status`` at the start of the row, and 760 with it at the end).
+``status`` at the start of the row, and 770 with it at the end:
+``bench/experiments/row_order.py``).
 
 PostgreSQL cannot reorder columns, so each column moves: renamed aside, added
 again at the end with the same type, copied, and the old one dropped, with the
