@@ -112,6 +112,63 @@ def test_a_worker_lost_after_the_last_step_gets_its_job_completed():
     assert labels(job) == ["one", "two", "died"]  # no step ran again, nothing was undone
 
 
+def test_a_step_added_by_a_deploy_while_the_worker_was_lost_is_compensated_for():
+    # The reaper picked the new step, which had no row yet, to fail: JobStep.DoesNotExist
+    # escaped requeue_expired at every sweep, and this job and every expired job after
+    # it stayed processing.
+    class V1(jobstate.Workflow):
+        @jobstate.step(undo="undo_one")
+        def one(self, ctx: Any) -> int:
+            effect(ctx, "one")
+            return 1
+
+        def undo_one(self, ctx: Any, output: int) -> None:
+            effect(ctx, "undo:one")
+
+        def result(self, outputs: dict[str, Any]) -> Any:
+            raise SimulatedCrash("after the last step")
+
+    class V2(V1):  # the next deploy adds a step
+        @jobstate.step()
+        def two(self, ctx: Any, one: int) -> int:
+            effect(ctx, "two")
+            return one + 1
+
+    jobstate.workflow("t.deployed", max_attempts=1)(V1)
+    try:
+        job = services.enqueue("t.deployed", {})
+        crash(job)
+        registry.unregister("t.deployed")
+        jobstate.workflow("t.deployed", max_attempts=1)(V2)
+        assert reap().requeued == [job.pk]
+        assert statuses(job) == {"one": "completed", "two": "failed"}
+        assert rerun(job) == "failed"
+    finally:
+        registry.unregister("t.deployed")
+    job = fresh(job)
+    assert job.error_message == "step 'two' failed: worker lost; undone: one"
+    assert labels(job) == ["one", "undo:one"]  # the new step never ran
+
+
+def test_a_reaping_that_raises_leaves_that_job_and_reaps_the_others(monkeypatch, caplog):
+    first = services.enqueue("test.echo", {}, max_attempts=1)
+    second = services.enqueue("test.echo", {}, max_attempts=1)
+    for job in (first, second):
+        services.start(job.pk, "w1")
+    real = services.control.move
+
+    def move(pk: Any, *args: Any, **kwargs: Any) -> Any:
+        if pk == first.pk:
+            raise KeyError("a hook's bug")
+        return real(pk, *args, **kwargs)
+
+    monkeypatch.setattr(services.control, "move", move)
+    report = reap()
+    assert report.errors == [first.pk] and report.failed == [second.pk]
+    assert fresh(first).status == Status.PROCESSING and fresh(second).status == Status.FAILED
+    assert f"Reaping expired job {first.pk} failed" in caplog.text
+
+
 def test_a_worker_lost_on_the_last_attempt_with_nothing_to_undo_fails_as_before():
     job = services.enqueue("wf.five", {"crash_at": "s3"}, max_attempts=1)
     crash(job)

@@ -209,6 +209,7 @@ def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     report = services.requeue_expired()
     held = f" {len(report.skipped)} left for the next sweep (held by a transaction)." * bool(report.skipped)
+    held += f" {len(report.errors)} not reaped (an error, logged)." * bool(report.errors)
     messages.success(
         request,
         f"Reaper ran: {len(report.requeued)} requeued, {len(report.failed)} failed (no attempt left), "

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -23,6 +24,8 @@ from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
 from jobstate.services.transitions import lock_parent, move, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
+
+logger = logging.getLogger("jobstate")
 
 __all__ = [
     "DuplicateActiveKey",  # re-exported: it lives in jobstate.exceptions
@@ -196,6 +199,9 @@ class ReapReport:
     # Expired, but their row was held by a transaction (PostgreSQL): left for the
     # next sweep.
     skipped: list[Any] = field(default_factory=list)
+    # Expired, but reaping them raised (logged; a hook's bug, say): left as they are,
+    # so that one job cannot stop the sweep of the others.
+    errors: list[Any] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -305,6 +311,11 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
                     report.failed.append(pk)
         except (LeaseLost, InvalidTransition):
             continue  # a heartbeat or the worker itself got there first
+        except DatabaseError:
+            raise  # the database's trouble, not this job's: the sweep stops here
+        except Exception:
+            logger.exception("Reaping expired job %s failed; it is left as it is", pk)
+            report.errors.append(pk)
     return report
 
 

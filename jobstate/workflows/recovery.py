@@ -41,6 +41,7 @@ class Plan:
     reason: str = ""  # of the requeue, in the job's history
     error: str = ""  # the job's error when it fails now
     lost_step: str | None = None  # failed for good by the requeue
+    steps: tuple[str, ...] = ()  # the workflow's steps, in order (a deploy may have added some)
 
     @property
     def run(self) -> bool:
@@ -73,13 +74,13 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
     runs = JobEvent.objects.filter(job_id=job_id, transition="requeue", metadata__has_key="recovery").count()
     if runs >= RECOVERY_RUNS:
         return Plan("", error=f"{LOST} again after {runs} recovery runs; {summary}")
-    return Plan(action, reason, lost_step=lost_step)
+    return Plan(action, reason, lost_step=lost_step, steps=tuple(s.name for s in cls.steps))
 
 
 def apply(plan: Plan, job_id: Any, actor: Actor, now: datetime) -> None:
     """Inside the reaper's transaction, after it requeued the job."""
     if plan.lost_step is not None:
-        steps.lost(job_id, plan.lost_step, LOST, actor=actor, now=now)
+        steps.lost(job_id, plan.lost_step, LOST, actor=actor, now=now, names=plan.steps)
 
 
 def reaping(expired: hooks.Expired) -> hooks.Reaping | None:

@@ -34,7 +34,7 @@ def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: s
         locked = _lock_job(pk)
         if locked.status not in (Status.QUEUED, Status.WAITING):
             raise InvalidTransition(locked.status, Status.QUEUED, "skip_step")
-        _ensure_rows(locked, names)
+        _ensure_rows(locked.pk, names)
         row = JobStep.objects.select_for_update().get(job_id=pk, name=name)
         if JobStep.objects.filter(job_id=pk, detail__has_key=COMPENSATING).exists():
             raise StepStateError(

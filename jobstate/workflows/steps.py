@@ -87,18 +87,18 @@ def ensure(job: Job, token: Any, names: Iterable[str], *, cancel_ok: bool = Fals
     Raises ``CancelRequested`` on a pending cancel unless ``cancel_ok``."""
     with transaction.atomic():
         _hold(job, token, cancel_ok=cancel_ok)
-        return _ensure_rows(job, names)
+        return _ensure_rows(job.pk, names)
 
 
-def _ensure_rows(job: Job, names: Iterable[str]) -> dict[str, JobStep]:
-    rows = {row.name: row for row in JobStep.objects.filter(job_id=job.pk)}
+def _ensure_rows(job_id: Any, names: Iterable[str]) -> dict[str, JobStep]:
+    rows = {row.name: row for row in JobStep.objects.filter(job_id=job_id)}
     missing = [n for n in names if n not in rows]
     if missing:
         start = max((r.position for r in rows.values()), default=-1) + 1
         now = timezone.now()
         created = JobStep.objects.bulk_create(
             [
-                JobStep(job_id=job.pk, name=n, position=start + i, updated_at=now)
+                JobStep(job_id=job_id, name=n, position=start + i, updated_at=now)
                 for i, n in enumerate(missing)
             ]
         )
@@ -198,11 +198,16 @@ def fail(
     row.detail = detail
 
 
-def lost(job_id: Any, name: str, error: str, *, actor: Actor, now: datetime) -> None:
+def lost(
+    job_id: Any, name: str, error: str, *, actor: Actor, now: datetime, names: Iterable[str] = ()
+) -> None:
     """The reaper, in the transaction that requeued the job (its lease had expired on
     the last attempt): step ``name``, where the worker was lost (or the next one to
-    run), fails for good and the job's next run compensates."""
+    run), fails for good and the job's next run compensates. ``names``: the
+    workflow's steps, whose missing rows are made first (a step a deploy added
+    after the job's last run has none yet)."""
     error = text(error)
+    _ensure_rows(job_id, dict.fromkeys([*names, name]))
     row = JobStep.objects.select_for_update().get(job_id=job_id, name=name)
     detail = {**row.detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
     move_step(

@@ -15,6 +15,8 @@ class Command(BaseCommand):
         outcomes = {"requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}
         if report.skipped:  # held by a transaction (the handler's own, often): next time
             outcomes["left for the next sweep"] = report.skipped
+        if report.errors:  # reaping them raised: see the log
+            outcomes["not reaped (an error, logged)"] = report.errors
         self.stdout.write(", ".join(f"{label} {len(ids)}" for label, ids in outcomes.items()))
         for label, ids in outcomes.items():
             for pk in ids:
