@@ -14,9 +14,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, NonRetryable, Partial, Suspend
+from django.core.exceptions import ValidationError
+
+from jobstate.exceptions import (
+    CancelRequested,
+    Interrupted,
+    LeaseLost,
+    NonRetryable,
+    Partial,
+    StepStateError,
+    Suspend,
+)
 from jobstate.models import JobStep
-from jobstate.models.step import StepStatus
+from jobstate.models.step import STEP_DONE, StepStatus
+from jobstate.storable import json_value
 from jobstate.workflows import compensation, fanout, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow
@@ -101,11 +112,22 @@ class Run:
                 if sctx.spawned:
                     spawning = True
                     fanout.start(self, spec, sctx, output)  # raises Suspend
-            steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
+            try:
+                steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
+            except ValidationError as bad:
+                raise _unstorable(name, "an output", bad) from bad
         except (Suspend, CancelRequested, LeaseLost):
             raise
         except Partial as exc:
-            steps.fail(self.job, self.token, row, f"partial: {exc}", output=exc.result)
+            try:
+                result = json_value(exc.result, "output")
+            except ValidationError as bad:
+                # As a handler's unstorable result: a property of the step, not of the
+                # attempt (running it again would repeat its effects for the same result).
+                failure = _unstorable(name, "a partial result", bad)
+                self._failed(spec, failure, str(failure))
+                raise failure from exc
+            steps.fail(self.job, self.token, row, f"partial: {exc}", output=result)
             raise
         except Interrupted as exc:
             if exc.why == "timeout" and spawning and fanout.is_waiting(row):
@@ -130,12 +152,40 @@ class Run:
 
     def _failed(self, spec: StepSpec, exc: BaseException, error: str) -> None:
         final = self.final(exc)
-        steps.fail(self.job, self.token, self.rows[spec.name], error, compensating=final)
-        if not final:
+        try:
+            marked = steps.fail(self.job, self.token, self.rows[spec.name], error, compensating=final)
+        except StepStateError:
+            # The timeout's interrupt (or a database error) came inside this run's own
+            # bookkeeping, next to a commit: begin()'s (the step never started) or
+            # complete()'s (it completed). Go by the stored rows.
+            unstarted = self._unstarted(spec)
+            if unstarted is None:
+                return
+            spec = unstarted
+            row = self.rows[spec.name]
+            marked = steps.fail(self.job, self.token, row, error, compensating=final, started=False)
+        if not marked:  # attempts left, or a cancel is pending (no undo runs then)
             return
         report = self._compensate(spec.name, error)
         if report:
             raise WorkflowFailed(report.message(spec.name, error), report) from exc
+
+    def _unstarted(self, spec: StepSpec) -> StepSpec | None:
+        """``spec`` if its stored row shows it did not start; the next step not done
+        if it completed (None when there is none: nothing fails then)."""
+        self._reload()
+        if self.rows[spec.name].status != S.COMPLETED:
+            return spec
+        self.outputs[spec.name] = self.rows[spec.name].output
+        later = self.specs[self.specs.index(spec) + 1 :]
+        return next((s for s in later if self.rows[s.name].status not in STEP_DONE), None)
+
+    def _reload(self) -> None:
+        """Read the step rows again (an interrupt may have come after a commit and
+        before this run noted it)."""
+        for row in JobStep.objects.filter(job_id=self.job.pk):
+            if row.name in self.rows:
+                self.rows[row.name] = row
 
     def _resume_compensation(self, step: str, error: str) -> None:
         """A run after the workflow failed for good (its worker was lost meanwhile):
@@ -155,8 +205,15 @@ class Run:
         except Interrupted as exc:
             if exc.why == "lease":
                 raise
-            # The heartbeat interrupts a run once, here between two undos: go on.
+            # The heartbeat interrupts a run once, here between two undos: go on, from
+            # the stored rows (it may have come right after an undo was recorded).
+            self._reload()
             return compensation.compensate(self, step, error)
+
+
+def _unstorable(name: str, what: str, exc: ValidationError) -> NonRetryable:
+    detail = "; ".join(exc.messages) or str(exc)
+    return NonRetryable(f"step '{name}' returned {what} that cannot be stored: {detail}"[:1000])
 
 
 def run(cls: type[Workflow], ctx: JobContext) -> Any:

@@ -64,10 +64,11 @@ def _hold(
     message: str | None = None,
     step: str | None = None,
     cancel_ok: bool = False,
-) -> None:
+) -> bool:
     """Prove (inside the caller's transaction) that ``token`` still owns ``job``,
     renewing its lease and moving its progress. Raises ``LeaseLost``, or
-    ``CancelRequested`` unless ``cancel_ok`` (finishing a step that already ran)."""
+    ``CancelRequested`` unless ``cancel_ok`` (finishing a step that already ran);
+    returns whether a cancel is pending."""
     if percent is not None:
         percent = min(100.0, max(0.0, float(percent)))
     try:
@@ -76,6 +77,8 @@ def _hold(
         if not cancel_ok:
             raise
         services.heartbeat(job, token)
+        return True
+    return False
 
 
 def _worker(job: Job) -> Actor:
@@ -169,23 +172,34 @@ def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float)
 
 
 def fail(
-    job: Job, token: Any, row: JobStep, error: str, *, output: Any = None, compensating: bool = False
-) -> None:
+    job: Job,
+    token: Any,
+    row: JobStep,
+    error: str,
+    *,
+    output: Any = None,
+    compensating: bool = False,
+    started: bool = True,
+) -> bool:
     """The step raised: ``failed`` with the error (a retry resumes it from its cursor).
     ``compensating``: the workflow failed for good; from this commit on, every run of
-    the job only finishes the undos (see ``jobstate.workflows.compensation``)."""
+    the job only finishes the undos (see ``jobstate.workflows.compensation``), unless
+    a cancel is pending (a cancel is no failure and runs no undo: the job ends
+    cancelled). Returns whether it marked the workflow compensating. ``started=False``:
+    the step had not started (pending, or failed by an earlier attempt)."""
     output = json_value(output, "output")
     now = timezone.now()
     error = text((error or "failed")[:10000])
     with transaction.atomic():
-        _hold(job, token, step=row.name, cancel_ok=True)
+        cancelling = _hold(job, token, step=row.name, cancel_ok=True)
+        compensating = compensating and not cancelling
         detail = JobStep.objects.select_for_update().values_list("detail", flat=True).get(pk=row.pk)
         if compensating:
             detail = {**detail, COMPENSATING: {"error": error[:2000], "at": now.isoformat()}}
         move_step(
             job.pk,
             row.name,
-            "fail",
+            "fail" if started else "lose",
             actor=_worker(job),
             job_status=Status.PROCESSING,
             fields={"error_message": error, "output": output, "detail": detail, "finished_at": now},
@@ -196,6 +210,7 @@ def fail(
         )
     row.status, row.error_message, row.output, row.finished_at = S.FAILED, error, output, now
     row.detail = detail
+    return compensating
 
 
 def lost(

@@ -1,0 +1,215 @@
+"""Workflows at the edges: an interrupt (the timeout's, or a database error) landing
+inside a run's own bookkeeping, next to a commit; a partial result that cannot be
+stored; a failure while a cancel is pending. (From a review: each test failed before.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+
+import jobstate
+from jobstate import registry, services
+from jobstate.exceptions import Interrupted, Partial
+from jobstate.models import Job, JobStep
+from jobstate.states import Status
+from jobstate.worker.runner import drain
+from jobstate.workflows import steps as wf_steps
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def saga():
+    """Register a two-step workflow (a, b; each with an undo) under a kind; returns
+    the list its undos append to."""
+    kinds: list[str] = []
+
+    def make(kind: str, *, b_raises: BaseException | None = None) -> list[str]:
+        undone: list[str] = []
+
+        class Saga(jobstate.Workflow):
+            @jobstate.step(undo="undo_a")
+            def a(self, ctx: Any) -> str:
+                return "A1"
+
+            @jobstate.step(undo="undo_b")
+            def b(self, ctx: Any, a: str) -> str:
+                if b_raises is not None:
+                    raise b_raises
+                return "B1"
+
+            def undo_a(self, ctx: Any, output: str) -> None:
+                undone.append(output)
+
+            def undo_b(self, ctx: Any, output: str) -> None:
+                undone.append(output)
+
+        jobstate.workflow(kind, max_attempts=1, retry_backoff=0)(Saga)
+        kinds.append(kind)
+        return undone
+
+    yield make
+    for kind in kinds:
+        registry.unregister(kind)
+
+
+def statuses(job: Job) -> dict[str, str]:
+    return dict(JobStep.objects.filter(job_id=job.pk).values_list("name", "status"))
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (Interrupted("timeout"), "step 'b' failed: timed out; undone: a"),
+        (
+            OperationalError("database is locked"),
+            "step 'b' failed: OperationalError: database is locked; undone: a",
+        ),
+    ],
+    ids=["timeout", "database-error"],
+)
+def test_a_failure_inside_a_steps_begin_on_the_last_attempt_compensates(saga, monkeypatch, error, expected):
+    # steps.fail refused the step, still pending: StepStateError replaced the error
+    # and no undo ran.
+    undone = saga("t.edge_begin")
+    real = wf_steps.begin
+
+    def begin(job: Any, token: Any, row: Any, *, percent: float) -> Any:
+        if row.name == "b":
+            raise error  # as if it came inside begin's transaction, rolled back
+        return real(job, token, row, percent=percent)
+
+    monkeypatch.setattr(wf_steps, "begin", begin)
+    job = services.enqueue("t.edge_begin", {})
+    drain()
+    job.refresh_from_db()
+    assert (job.status, job.error_type, job.error_message) == (Status.FAILED, "WorkflowFailed", expected)
+    assert undone == ["A1"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
+
+
+def test_a_timeout_right_after_a_step_completed_on_the_last_attempt_compensates(saga, monkeypatch):
+    undone = saga("t.edge_after")
+    real = wf_steps.complete
+
+    def complete(job: Any, token: Any, row: Any, output: Any, *, percent: float) -> None:
+        real(job, token, row, output, percent=percent)
+        if row.name == "a":
+            raise Interrupted("timeout")  # right after the commit
+
+    monkeypatch.setattr(wf_steps, "complete", complete)
+    job = services.enqueue("t.edge_after", {})
+    drain()
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.FAILED, "WorkflowFailed"), job.error_message
+    assert job.error_message == "step 'b' failed: timed out; undone: a"
+    assert undone == ["A1"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
+
+
+def test_a_partial_result_that_cannot_be_stored_fails_the_step_for_good_and_compensates(saga):
+    # json_value raised inside the Partial handler: the step stayed running, the
+    # attempt was retried as a ValidationError, and no undo ran on the last one.
+    undone = saga("t.edge_partial", b_raises=Partial("half done", result={1, 2}))
+    job = services.enqueue("t.edge_partial", {})
+    drain()
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.FAILED, "WorkflowFailed"), job.error_message
+    assert job.error_message.startswith("step 'b' failed: step 'b' returned a partial result that cannot")
+    assert undone == ["A1"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
+
+
+def test_an_output_that_cannot_be_stored_fails_the_step_for_good(saga):
+    # Retried before (its effects again, for the same output) while attempts remained.
+    calls: list[str] = []
+
+    class Unstorable(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> Any:
+            calls.append("a")
+            return {1, 2}
+
+    jobstate.workflow("t.edge_output", max_attempts=3, retry_backoff=0)(Unstorable)
+    try:
+        job = services.enqueue("t.edge_output", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_output")
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.attempts == 1 and calls == ["a"]
+    assert "step 'a' returned an output that cannot be stored" in job.error_message
+
+
+def test_an_interrupt_right_after_an_undo_neither_repeats_it_nor_skips_the_others(monkeypatch):
+    calls: list[str] = []
+
+    class Three(jobstate.Workflow):
+        @jobstate.step(undo="undo_a")
+        def a(self, ctx: Any) -> str:
+            return "A1"
+
+        @jobstate.step(undo="undo_b")
+        def b(self, ctx: Any) -> str:
+            return "B1"
+
+        @jobstate.step()
+        def c(self, ctx: Any) -> None:
+            raise RuntimeError("carrier down")
+
+        def undo_a(self, ctx: Any, output: str) -> None:
+            calls.append(output)
+
+        def undo_b(self, ctx: Any, output: str) -> None:
+            calls.append(output)
+
+    jobstate.workflow("t.edge_undo", max_attempts=1, retry_backoff=0)(Three)
+    real = wf_steps.undone
+    fired: list[bool] = []
+
+    def undone(job: Any, token: Any, name: str, *, because: str) -> None:
+        real(job, token, name, because=because)
+        if name == "b" and not fired:
+            fired.append(True)
+            raise Interrupted("timeout")  # right after the commit
+
+    monkeypatch.setattr(wf_steps, "undone", undone)
+    try:
+        job = services.enqueue("t.edge_undo", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_undo")
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and calls == ["B1", "A1"], job.error_message
+    assert statuses(job) == {"a": "undone", "b": "undone", "c": "failed"}
+
+
+def test_a_failure_while_a_cancel_is_pending_runs_no_undo_even_on_the_last_attempt():
+    # "A cancel is not a failure and runs no undo": on the last attempt the undos
+    # ran, then the job ended cancelled.
+    undone: list[str] = []
+
+    class Cancelled(jobstate.Workflow):
+        @jobstate.step(undo="undo_a")
+        def a(self, ctx: Any) -> str:
+            return "A1"
+
+        @jobstate.step()
+        def b(self, ctx: Any, a: str) -> None:
+            services.request_cancel(ctx.job.pk, "ops", "stop it")  # an operator, meanwhile
+            raise RuntimeError("broke while being cancelled")
+
+        def undo_a(self, ctx: Any, output: str) -> None:
+            undone.append(output)
+
+    jobstate.workflow("t.edge_cancel", max_attempts=1, retry_backoff=0)(Cancelled)
+    try:
+        job = services.enqueue("t.edge_cancel", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_cancel")
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and undone == []
+    assert statuses(job) == {"a": "completed", "b": "failed"}
