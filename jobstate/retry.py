@@ -35,5 +35,7 @@ def backoff_seconds(attempt: int, spec: HandlerSpec | None = None) -> float:
             logger.exception("retry_backoff of %s failed; the default backoff applies", spec and spec.name)
             custom = None
     base = float(custom) if custom is not None else float(conf.get("RETRY_BACKOFF_BASE"))
-    delay: float = min(base * 2 ** max(attempt - 1, 0), float(conf.get("RETRY_BACKOFF_MAX")))
+    # A float power with a bounded exponent: 2 ** 1024 as an int overflowed the float
+    # product (attempt 1025 of a "retry forever" handler), before the cap applied.
+    delay: float = min(base * 2.0 ** min(max(attempt - 1, 0), 64), float(conf.get("RETRY_BACKOFF_MAX")))
     return delay + random.uniform(0, delay * float(conf.get("RETRY_JITTER")))

@@ -18,7 +18,7 @@ from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from jobstate import Partial, hooks, services
+from jobstate import Partial, conf, hooks, services
 from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job, WorkerProcess
 from jobstate.states import Status
@@ -211,6 +211,49 @@ def test_a_cancel_before_the_handler_started_ends_it_cancelled_unrun(temp_handle
     assert run_job(claimed, "w1:1") == "cancelled"
     job.refresh_from_db()
     assert job.status == Status.CANCELLED and job.attempts == 0 and ran == [] and job.started_at is None
+
+
+def test_an_error_before_the_handler_starts_charges_no_attempt(monkeypatch):
+    # begin() had charged the attempt: a one-attempt job ended failed, never run.
+    from jobstate.worker import runner
+
+    job = services.enqueue("test.echo", {}, max_attempts=1)
+    (claimed,) = services.claim("w1")
+
+    def no_slot(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(runner, "Slot", no_slot)
+    with pytest.raises(RuntimeError):
+        run_job(claimed, "w1:1")
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.started_at) == (Status.QUEUED, 0, None)
+    assert job.error_message == "the handler could not be started: can't start new thread"
+    requeue = job.events.get(transition="requeue")
+    assert requeue.reason.startswith("not started (no attempt charged)")
+    monkeypatch.undo()
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())  # past its backoff
+    assert drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.COMPLETED, 1)
+
+
+def test_a_failure_past_attempt_1024_is_retried_with_the_capped_backoff(temp_handler):
+    # 2 ** 1024 as an int overflowed the float product before the cap applied: the
+    # outcome could not be stored, and the job waited for the reaper, error lost.
+    def boom(ctx: object) -> None:
+        raise ValueError("boom")
+
+    temp_handler("t.forever", boom, max_attempts=100_000)
+    job = services.enqueue("t.forever", {})
+    Job.objects.filter(pk=job.pk).update(attempts=1024)
+    (claimed,) = services.claim("w1")
+    before = timezone.now()
+    assert run_job(claimed, "w1:1") == "retrying"
+    job.refresh_from_db()
+    assert (job.status, job.error_message, job.attempts) == (Status.QUEUED, "boom", 1025)
+    cap = float(conf.get("RETRY_BACKOFF_MAX")) * (1 + float(conf.get("RETRY_JITTER")))
+    assert job.run_after <= before + timedelta(seconds=cap + 5)
 
 
 def test_the_reaper_requeues_a_reserved_job_without_charging_an_attempt():

@@ -182,10 +182,12 @@ def fail(
     actor: Actor | None = None,
     progress: dict[str, Any] | None = None,
     now: datetime | None = None,
+    unstarted: bool = False,
 ) -> Job | None:
     """Fail the current attempt: requeue with backoff while attempts remain
     (and ``retry``), else end the job ``failed`` with the error. ``progress``:
-    progress fields not yet written, stored with the outcome."""
+    progress fields not yet written, stored with the outcome. ``unstarted``: the
+    handler never started, though ``begin`` charged the attempt: it is refunded."""
     now = now or timezone.now()
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
@@ -215,6 +217,9 @@ def fail(
             "error_type": error_type[:200],
             "traceback": traceback,
         }
+        if unstarted and started_at is not None:  # the row is locked: a plain value
+            attempts, started_at = attempts - 1, None
+            fields.update(attempts=attempts, started_at=None)
         if retry and status == Status.PROCESSING and attempts < max_attempts:
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)

@@ -56,6 +56,7 @@ def end_attempt(
     retry: bool = True,
     retry_delay: float | None = None,
     progress: dict[str, Any] | None = None,
+    unstarted: bool = False,
 ) -> str:
     """End an attempt that failed or was interrupted: ``cancelled`` if a cancel
     was requested (a retry would be cancelled anyway, and the last attempt must
@@ -83,15 +84,17 @@ def end_attempt(
             retry=retry,
             retry_delay=retry_delay,
             progress=progress,
+            unstarted=unstarted,
         )
     # No re-read: fail() moved this Job object to its new status.
     return "retrying" if moved is not None and moved.status == Status.QUEUED else "failed"
 
 
-def release(job: Job, exc: BaseException, why: str) -> str:
+def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> str:
     """Hand back a job whose handler never started (say, the database failed):
     requeued or failed through the service layer, or cancelled if that was
-    requested. If even that fails, the lease runs out into the reaper."""
+    requested. If even that fails, the lease runs out into the reaper. ``begun``:
+    ``begin`` had charged the attempt, which is refunded."""
     usable_connection(math.inf)
     try:
         return end_attempt(
@@ -100,6 +103,7 @@ def release(job: Job, exc: BaseException, why: str) -> str:
             f"{why}: {exc}"[:1000],
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
+            unstarted=begun,
         )
     except (LeaseLost, InvalidTransition):
         return "lost"

@@ -81,6 +81,7 @@ from jobstate.worker.endings import (
 from jobstate.worker.supervisor import (
     HandlerCall,
     Slot,
+    Supervisor,
     close_quietly,
     hard_limit_for,
     install_signal,
@@ -133,9 +134,10 @@ def _copy_row(source: Job, target: Job) -> None:
 
 def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) -> str:
     interruptible = threading.current_thread() is threading.main_thread()
-    sup = supervisor()
+    sup: Supervisor | None = None
     slot: Slot | None = None
     try:
+        sup = supervisor()
         ctx = JobContext(job, spec, worker_id)
         slot = Slot(ctx, timeout_for(spec), interruptible)
         call = slot.call = HandlerCall(spec.func, slot)
@@ -143,9 +145,10 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
             install_signal()
         sup.begin(slot)
     except Exception as exc:
-        if slot is not None:
+        if sup is not None and slot is not None:
             sup.end(slot)
-        release(job, exc, "the handler could not be started")
+        # begin() charged the attempt; the handler never used it.
+        release(job, exc, "the handler could not be started", begun=True)
         raise
     started = time.monotonic()
     _observe(hooks.attempt_started, ctx)
