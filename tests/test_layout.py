@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -156,3 +157,90 @@ def test_the_command_refuses_and_names_what_would_be_lost():
     with pytest.raises(CommandError, match="view layout_progress"):
         call_command("jobstate_move_hot_columns")
     assert layout.column_order(connection)[-1] == "added_later"
+
+
+@pytest.mark.parametrize(
+    ("setup", "named"),
+    [
+        (
+            [
+                "CREATE FUNCTION layout_touch() RETURNS trigger LANGUAGE plpgsql"
+                " AS $$ BEGIN NEW.b := 'touched'; RETURN NEW; END $$",
+                "CREATE TRIGGER layout_touch BEFORE UPDATE ON layout_t FOR EACH ROW"
+                " EXECUTE FUNCTION layout_touch()",
+            ],
+            "trigger layout_touch",  # the copying UPDATE fired it on every row
+        ),
+        (["CREATE RULE layout_also AS ON UPDATE TO layout_t DO ALSO NOTIFY layout"], "rule layout_also"),
+        (["ALTER TABLE layout_t ALTER COLUMN hot2 SET (n_distinct = 7)"], "column options on hot2"),
+        (["ALTER TABLE layout_t ALTER COLUMN b SET STORAGE EXTERNAL"], None),  # b is not moved
+        (["ALTER TABLE layout_t ALTER COLUMN hot2 SET STORAGE EXTERNAL"], "a storage setting on hot2"),
+        (["ALTER TABLE layout_t ALTER COLUMN hot2 SET COMPRESSION pglz"], "a compression setting on hot2"),
+        (
+            [
+                "CREATE UNIQUE INDEX layout_t_ri ON layout_t (id, hot1)",
+                "ALTER TABLE layout_t REPLICA IDENTITY USING INDEX layout_t_ri",
+            ],
+            "the replica identity of index layout_t_ri",  # every later UPDATE failed under a publication
+        ),
+        (
+            ["CREATE INDEX layout_t_h ON layout_t (hot1)", "ALTER TABLE layout_t CLUSTER ON layout_t_h"],
+            "the cluster mark of index layout_t_h",
+        ),
+        (
+            ["CREATE INDEX layout_t_h ON layout_t (hot1)", "COMMENT ON INDEX layout_t_h IS 'kept'"],
+            "a comment of index layout_t_h",
+        ),
+        (["COMMENT ON CONSTRAINT hot1_small ON layout_t IS 'kept'"], "comment on constraint hot1_small"),
+    ],
+)
+def test_nothing_moves_when_a_rebuild_or_the_copy_would_change_something(setup, named):
+    scratch()
+    with connection.cursor() as cursor:
+        for statement in setup:
+            cursor.execute(statement)
+    before = rows()
+    outcome = layout.move_last(connection, "layout_t", ("hot1", "hot2"))
+    if named is None:
+        assert outcome == "moved"
+        return
+    assert outcome.startswith("refused: ") and named in outcome, outcome
+    assert layout.column_order(connection, "layout_t") == ["id", "hot1", "a", "hot2", "b"]
+    assert rows() == before
+
+
+@pytest.fixture
+def committed_scratch():
+    """layout_t, committed, so that another connection can hold it."""
+    scratch()
+    with connection.cursor() as cursor:
+        cursor.execute("COMMIT")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS layout_t")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_moves_nothing_and_waits_little_on_a_table_in_use(committed_scratch):
+    import psycopg
+
+    settings = connection.settings_dict
+    dsn = (
+        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
+        f" user={settings['USER']} dbname={settings['NAME']}"
+    )
+    with psycopg.connect(dsn) as reader:  # a long query on the table: its lock is held
+        reader.execute("SELECT count(*) FROM layout_t")
+        with transaction.atomic(), connection.cursor() as cursor:
+            # The old order locked first and waited for the reader before deciding
+            # anything, with every later query on the table queued behind it.
+            cursor.execute("SET LOCAL lock_timeout = '10s'")
+            started = time.monotonic()
+            skipped = layout.move_last(connection, "layout_t", ("hot1", "hot2"), max_rows=2)
+            busy = layout.move_last(connection, "layout_t", ("hot1", "hot2"), max_rows=10)
+            waited = time.monotonic() - started
+        assert skipped == "skipped: more than 2 rows"
+        assert busy == f"skipped: the table was in use for {layout.MIGRATION_LOCK_WAIT}"
+        assert waited < 9, waited
+        reader.rollback()
+    assert layout.column_order(connection, "layout_t") == ["id", "hot1", "a", "hot2", "b"]

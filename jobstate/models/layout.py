@@ -75,26 +75,40 @@ def in_place(connection: Any, table: str = TABLE, columns: tuple[str, ...] = WRI
 
 
 def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]:
-    """What a move would lose: anything on ``columns`` but CHECK constraints and
-    indexes, which it makes again (other constraints, defaults, views, triggers,
-    statistics objects, comments, column privileges, statistics targets, collations)."""
+    """What a move would lose or change: anything on ``columns`` but CHECK
+    constraints and plain indexes, which it makes again (other constraints,
+    defaults, views, statistics objects, comments, column privileges, options,
+    storage, compression, statistics targets, collations); a rebuilt index's or
+    CHECK's own settings (tablespace, replica identity, cluster mark, comment); and
+    the table's triggers and rules, which the copying UPDATE would fire."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT attnum, attname, attacl IS NOT NULL, attstattarget > 0,"
-            " attcollation <> (SELECT typcollation FROM pg_type WHERE oid = atttypid)"
+            " attcollation <> (SELECT typcollation FROM pg_type WHERE oid = atttypid),"
+            # The planner's per-column options (other entries may be the server's own).
+            " EXISTS (SELECT 1 FROM unnest(attoptions) o WHERE o LIKE 'n\\_distinct%%'),"
+            " attstorage <> (SELECT typstorage FROM pg_type WHERE oid = atttypid),"
+            " attcompression <> ''"
             " FROM pg_attribute WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
             [table, list(columns)],
         )
         rows = cursor.fetchall()
         found = [
             f"{what} on {name}"
-            for _, name, acl, target, collation in rows
-            for what, present in (
-                ("column privileges", acl),
-                ("a statistics target", target),
-                ("a collation", collation),
+            for _, name, *present in rows
+            for what, there in zip(
+                (
+                    "column privileges",
+                    "a statistics target",
+                    "a collation",
+                    "column options",
+                    "a storage setting",
+                    "a compression setting",
+                ),
+                present,
+                strict=True,
             )
-            if present
+            if there
         ]
         numbers = [row[0] for row in rows]
         cursor.execute(
@@ -109,7 +123,68 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
             [table, numbers, table, table, table, numbers],
         )
         found += sorted(name for (name,) in cursor.fetchall())
+        # What a rebuilt index or CHECK would not take with it.
+        cursor.execute(
+            "SELECT c.relname, c.reltablespace <> 0, i.indisreplident, i.indisclustered,"
+            " obj_description(i.indexrelid, 'pg_class') IS NOT NULL,"
+            " EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)"
+            " FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = %s::regclass AND i.indexrelid IN (SELECT objid FROM pg_depend"
+            "  WHERE classid = 'pg_class'::regclass AND refobjid = %s::regclass AND refobjsubid = ANY(%s))",
+            [table, table, numbers],
+        )
+        for name, *present in cursor.fetchall():
+            for what, there in zip(
+                INDEX_SETTINGS,
+                present,
+                strict=True,
+            ):
+                if there:
+                    found.append(f"{what} of index {name}")
+        cursor.execute(
+            "SELECT 'comment on constraint ' || conname FROM pg_constraint"
+            " WHERE conrelid = %s::regclass AND contype = 'c' AND conkey && %s::smallint[]"
+            " AND obj_description(oid, 'pg_constraint') IS NOT NULL"
+            " UNION SELECT 'trigger ' || tgname FROM pg_trigger"
+            " WHERE tgrelid = %s::regclass AND NOT tgisinternal"
+            " UNION SELECT 'rule ' || rulename FROM pg_rewrite WHERE ev_class = %s::regclass"
+            " AND rulename <> '_RETURN'",
+            [table, numbers, table, table],
+        )
+        found += sorted(name for (name,) in cursor.fetchall())
     return found
+
+
+# What a rebuilt index would lose (pg_get_indexdef gives none of them).
+INDEX_SETTINGS = (
+    "a tablespace",
+    "the replica identity",
+    "the cluster mark",
+    "a comment",
+    "a statistics target",
+)
+
+
+def _refusal(connection: Any, table: str, columns: tuple[str, ...], max_rows: int | None) -> str | None:
+    """Why nothing moves ("in place", "refused: ...", "skipped: ..."), or None."""
+    if in_place(connection, table, columns):
+        return "in place"
+    lost = attached(connection, table, columns)
+    if lost:
+        return "refused: " + "; ".join(lost)
+    if max_rows is not None:
+        with connection.cursor() as cursor:
+            qn = connection.ops.quote_name
+            cursor.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM {qn(table)} LIMIT %s) t", [max_rows + 1])
+            (rows,) = cursor.fetchone()
+        if rows > max_rows:
+            return f"skipped: more than {max_rows} rows"
+    return None
+
+
+# How long a migration waits for the table (a long query holds it): then it moves
+# nothing, as on a large table, instead of stalling every query queued behind it.
+MIGRATION_LOCK_WAIT = "2s"
 
 
 def move_last(
@@ -120,24 +195,25 @@ def move_last(
     max_rows: int | None = None,
 ) -> str:
     """Move ``columns`` to the end of ``table``'s rows, in this order; returns what
-    happened: "moved", "in place", "skipped: ..." (more than ``max_rows`` rows)
-    or "refused: ..." (objects the move would lose). Runs in the caller's
-    transaction, which it must be inside of; does nothing but on PostgreSQL."""
+    happened: "moved", "in place", "skipped: ..." (more than ``max_rows`` rows, or,
+    with ``max_rows`` (a migration), the table busy for MIGRATION_LOCK_WAIT) or
+    "refused: ..." (objects the move would lose). Runs in the caller's transaction,
+    which it must be inside of; does nothing but on PostgreSQL. The exclusive lock
+    is taken only for a move, and everything is checked again under it."""
     if connection.vendor != "postgresql":
         return "in place"
     qn = connection.ops.quote_name
+    early = _refusal(connection, table, columns, max_rows)
+    if early is not None:
+        return early
     with connection.cursor() as cursor:
-        cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
-        if in_place(connection, table, columns):
-            return "in place"
-        lost = attached(connection, table, columns)
-        if lost:
-            return "refused: " + "; ".join(lost)
-        if max_rows is not None:
-            cursor.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM {qn(table)} LIMIT %s) t", [max_rows + 1])
-            (rows,) = cursor.fetchone()
-            if rows > max_rows:
-                return f"skipped: more than {max_rows} rows"
+        if max_rows is None:
+            cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
+        elif not _lock_briefly(connection, table):
+            return f"skipped: the table was in use for {MIGRATION_LOCK_WAIT}"
+        early = _refusal(connection, table, columns, max_rows)
+        if early is not None:
+            return early
         cursor.execute(
             "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute"
             " WHERE attrelid = %s::regclass AND attname = ANY(%s) AND NOT attisdropped",
@@ -175,3 +251,21 @@ def move_last(
             cursor.execute(definition)
         cursor.execute(f"ANALYZE {qn(table)}")
     return "moved"
+
+
+def _lock_briefly(connection: Any, table: str) -> bool:
+    """The exclusive lock within MIGRATION_LOCK_WAIT, or False (nothing held)."""
+    from django.db import OperationalError, transaction
+
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (before,) = cursor.fetchone()
+    try:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [MIGRATION_LOCK_WAIT])
+            cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
+    except OperationalError:
+        return False
+    return True
