@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import mimetypes
@@ -219,13 +220,32 @@ def remove_orphan_files(*, older_than: timedelta = timedelta(hours=1), dry_run: 
             continue
         names = [f"{root}/{job_dir}/{f}" for f in files]
         known = set(Asset.objects.filter(file__in=names).values_list("file", flat=True))
+        left = len(names)
         for name in names:
             if name in known or not _older(storage, name, cutoff):
                 continue
             if not dry_run:
                 storage.delete(name)
+                left -= 1
             removed.append(name)
+        if not dry_run and not left and not _sub:
+            _remove_empty_dir(storage, f"{root}/{job_dir}", job_dir)
     return removed
+
+
+def _remove_empty_dir(storage: Any, name: str, job_dir: str) -> None:
+    """A file system's directory of a job that is gone (pruned: it can store no
+    more files), left empty once its files were deleted: each would otherwise be
+    listed again by every later clean-up."""
+    try:
+        pk = UUID(job_dir)
+        path = storage.path(name)
+    except (ValueError, NotImplementedError):  # not a job's directory; no local paths
+        return
+    if Job.objects.filter(pk=pk).exists():
+        return
+    with contextlib.suppress(OSError):  # not empty after all, or gone already
+        os.rmdir(path)
 
 
 def _older(storage: Any, name: str, cutoff: datetime) -> bool:

@@ -5,9 +5,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import conf
-from jobstate.worker.retention import prune
+from jobstate.worker.retention import MAX_DAYS, prune
 
-MAX_DAYS = 36_500  # a century: an older cutoff is before any job
 MAX_BATCH = 100_000
 
 
@@ -26,9 +25,8 @@ class Command(BaseCommand):
             return
         if options["days"] is not None and not 0 <= days <= MAX_DAYS:  # NaN fails too
             raise CommandError(f"--days must be between 0 and {MAX_DAYS}")
-        if days < 0:
+        if not days >= 0:  # NaN fails too
             raise CommandError("RETENTION_DAYS must be zero or more")
-        days = min(days, MAX_DAYS)  # a longer retention deletes the same (no) jobs
         if options["batch"] is not None and not 1 <= options["batch"] <= MAX_BATCH:
             raise CommandError(f"--batch must be between 1 and {MAX_BATCH}")
         report = prune(days, dry_run=options["dry_run"], batch=options["batch"])
