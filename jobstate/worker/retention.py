@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.apps import apps
 from django.db import connection, models, transaction
@@ -93,6 +94,20 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     return old_enough(days, now).exclude(pk__in=kept_above)
 
 
+def _still_childless(pks: list[Any]) -> list[Any]:
+    """On PostgreSQL, lock the batch's jobs, then keep those that still have no
+    child: a child committed since the batch was read is seen now, and one added
+    from now on waits for the batch (its foreign key check shares the parent's
+    row), then fails; none is ever deleted with its parent unseen. (A lock taken
+    by the batch's own read made PostgreSQL sort every candidate: 3x slower.)"""
+    if not connection.features.has_select_for_update_skip_locked:
+        return pks  # SQLite: one writer at a time
+    locked = Job.objects.filter(pk__in=pks).select_for_update(skip_locked=True).values_list("pk", flat=True)
+    children = Job.objects.filter(parent_id=OuterRef("pk"))
+    childless = Job.objects.filter(pk__in=list(locked)).exclude(Exists(children))
+    return list(childless.values_list("pk", flat=True))
+
+
 def prunable_deliveries(days: float, now: datetime | None = None) -> QuerySet[models.Model]:
     """Webhook delivery records older than ``days``, but for deliveries still under way.
 
@@ -144,15 +159,10 @@ def prune(
     size = int(batch or conf.get("PRUNE_BATCH"))
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
-            batch_qs = prunable(days, now)
-            if connection.features.has_select_for_update_skip_locked:
-                # Locked until deleted: a child being added to one (its foreign key
-                # check shares the row) makes the batch skip it, or waits and then
-                # fails; it is never deleted with its parent unseen.
-                batch_qs = batch_qs.select_for_update(skip_locked=True, of=("self",))
-            pks = list(batch_qs.values_list("pk", flat=True)[:size])
+            pks = list(prunable(days, now).values_list("pk", flat=True)[:size])
             if not pks:
                 break
+            pks = _still_childless(pks)
             _total, counts = Job.objects.filter(pk__in=pks).delete()
         report.jobs += counts.get("jobstate.Job", 0)
         report.events += counts.get("jobstate.JobEvent", 0)
