@@ -115,6 +115,25 @@ def test_rotating_the_secret_keeps_the_old_one_for_the_overlap(user):
     assert "previous_secret" not in response.data
 
 
+def test_a_second_rotation_within_the_overlap_is_refused_unless_it_ends_the_overlap(user):
+    # The second rotation replaced the previous secret at once: receivers still on
+    # the first, promised its overlap, rejected every message.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    first = endpoint.secret
+    api = client_for(user)
+    rotate = f"{URL}{endpoint.pk}/rotate-secret/"
+    assert api.post(rotate, {"overlap_seconds": 86400}, format="json").status_code == 200
+    again = api.post(rotate, {"overlap_seconds": 86400}, format="json")
+    assert again.status_code == 409 and again.data["error"]["code"] == "conflict"
+    assert "overlap_seconds 0" in again.data["error"]["message"]
+    endpoint.refresh_from_db()
+    assert first in endpoint.signing_secrets()
+    now = api.post(rotate, {"overlap_seconds": 0}, format="json")  # a leaked secret: stop them all
+    assert now.status_code == 200
+    endpoint.refresh_from_db()
+    assert endpoint.signing_secrets() == [now.data["secret"]]
+
+
 def test_a_disabled_endpoint_shows_why_and_re_enabling_resets_it(user):
     endpoint = WebhookEndpoint.objects.create(
         owner=user,

@@ -30,6 +30,7 @@ from rest_framework.response import Response
 
 from jobstate import conf
 from jobstate.api.base import JobstateAPIView
+from jobstate.api.errors import Conflict
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
@@ -210,6 +211,15 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         body = RotateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         overlap = body.validated_data.get("overlap_seconds", conf.get("WEBHOOK_SECRET_OVERLAP_SECONDS"))
+        signing_until = endpoint.previous_secret_expires_at
+        if overlap > 0 and endpoint.previous_secret and signing_until and signing_until > timezone.now():
+            # One previous secret is kept: rotating again would stop the one whose
+            # overlap receivers were promised at once.
+            raise Conflict(
+                f"The previous secret signs until {signing_until.isoformat()} (the last rotation's "
+                "overlap): rotate again after that, or with overlap_seconds 0 to stop every older "
+                "secret signing now."
+            )
         endpoint.previous_secret = endpoint.secret
         endpoint.previous_secret_expires_at = timezone.now() + timedelta(seconds=overlap)
         endpoint.secret = new_secret()
