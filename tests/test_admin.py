@@ -397,9 +397,20 @@ def test_refused_operation_shows_invalid_transition(admin_client: Any) -> None:
     job = completed()
     response = admin_client.post(act_url(job, "cancel"), {"reason": "too late"})
     assert response.status_code == 302
-    assert any("Cannot move job from 'completed' to 'cancelled'" in t for t in texts(response))
+    assert any("Cancel is not possible now: the job is completed" in t for t in texts(response))
     assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
     assert not JobEvent.objects.filter(job=job, reason="too late").exists()
+
+
+def test_an_operation_the_page_does_not_offer_is_refused_on_post(admin_client: Any) -> None:
+    # Force cancel is offered once a cancel was requested; a crafted POST on a running
+    # job without one cancelled it at once, its handler never asked to stop.
+    job = processing()
+    response = admin_client.post(act_url(job, "force_cancel"), {"reason": "crafted"})
+    assert response.status_code == 302
+    assert any("Force cancel is not possible now" in t for t in texts(response))
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and not job.events.filter(transition="cancel").exists()
 
 
 def test_stale_get_of_disallowed_operation_redirects_with_message(admin_client: Any) -> None:

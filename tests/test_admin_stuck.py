@@ -264,10 +264,12 @@ def test_one_click_wakes_a_job_waiting_for_children_that_all_ended(
 def test_one_click_force_cancel_and_retry(admin_client: Any, admin_user: Any) -> None:
     hung = processing(lease_seconds=3600)
     services.request_cancel(hung, "ops", "stop")
+    Job.objects.filter(pk=hung.pk).update(cancel_requested_at=ago(minutes=10))  # unhonoured since
     remedy(admin_client, hung, "force_cancel")
     assert Job.objects.get(pk=hung.pk).status == Status.CANCELLED
     dead = failed()
     remedy(admin_client, dead, "retry")
+    remedy(admin_client, dead, "retry")  # a second click, from the same page: refused
     new = Job.objects.get(retry_of=dead)
     assert JobEvent.objects.get(job=new).actor == admin_user
     assert str(dead.pk) not in {str(f.job.pk) for f in stuck.find_stuck()}
@@ -315,7 +317,18 @@ def test_remedy_refused_when_state_moved_on(admin_client: Any) -> None:
     job = completed()
     response = remedy(admin_client, job, "requeue")
     messages = [str(m) for m in get_messages(response.wsgi_request)]
-    assert any("Requeue refused: Cannot move job from 'completed' to 'queued'" in m for m in messages)
+    assert any("This job is no longer stuck that way" in m for m in messages)
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+
+
+def test_a_remedy_that_is_not_the_jobs_own_is_refused(admin_client: Any) -> None:
+    # Force cancel on a healthy running job (no cancel requested): it ended at once,
+    # its handler never asked to stop.
+    job = processing(lease_seconds=3600)
+    response = remedy(admin_client, job, "force_cancel")
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and not JobEvent.objects.filter(job=job, transition="cancel")
 
 
 def test_remedy_needs_post_permission_and_a_real_job(client: Any, viewer: Any, operator: Any) -> None:

@@ -98,11 +98,13 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
     if not model_admin.has_view_permission(request, job) or not op.has_permission(request.user):
         raise PermissionDenied
     form = ReasonForm(request.POST or None)
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST" and form.is_valid() and op.allowed(job):
         after = _perform(request, op, job, form.cleaned_data["reason"])
         target = after if after is not None and op.name == "retry" else job
         return HttpResponseRedirect(job_url(target))
-    if request.method != "POST" and not op.allowed(job):
+    # Not offered in the job's state (a POST crafted, or made from a page read
+    # before the job changed): the button's own rule holds, nothing is written.
+    if not op.allowed(job):
         messages.warning(
             request, f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."
         )
@@ -192,7 +194,12 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         messages.error(request, f"Cancel refused: the job is {label} now; open it to cancel it.")
         return back
     finding = stuck.check(job)
-    title = finding.title.lower() if finding else "stuck"
+    if finding is None or REMEDY_OPERATION.get(finding.remedy) != op.name:
+        # A page read before the job changed (a second click, another operator):
+        # acting now would, say, retry it twice or requeue a job whose worker is back.
+        messages.error(request, "This job is no longer stuck that way; open it to act on it.")
+        return back
+    title = finding.title.lower()
     note = posted_text(request, "note")
     reason = f"stuck remedy ({title})" + (f": {note}" if note else "")
     after = _perform(request, op, job, reason[:REASON_MAX_LENGTH])
