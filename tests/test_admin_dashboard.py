@@ -105,6 +105,22 @@ def test_throughput_buckets_and_failure_rate() -> None:
 
 
 @pytest.mark.django_db
+def test_the_totals_cover_the_whole_window_before_its_first_bucket(admin_client: Any) -> None:
+    # The hourly bars start at the top of the hour 23 hours ago: the "last 24 h" tile,
+    # the failure rate and the status bars left out up to an hour of finished jobs.
+    now = timezone.now().replace(minute=30, second=0, microsecond=0)
+    early, inside = failed(), completed()
+    finished_at(early, now - timedelta(hours=23, minutes=50), 1)  # before the first bar
+    finished_at(inside, now - timedelta(hours=1), 1)
+    day = stats.throughput(now, span=timedelta(days=1), bucket="hour")
+    assert len(day.times) == 24 and sum(map(sum, day.by_status.values())) == 1
+    assert (day.finished, day.failed, day.failure_rate) == (2, 1, 0.5)
+    assert day.total(Status.FAILED) == 1
+    minute = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
+    assert minute.finished == 1  # the job of an hour ago is in the hour's window too
+
+
+@pytest.mark.django_db
 def test_durations_per_kind() -> None:
     now = timezone.now()
     for seconds in (1, 2, 3, 4, 100):

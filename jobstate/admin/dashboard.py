@@ -75,9 +75,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         charts.Bar(Status(s).label, n, colours[s], href=f"{changelist}?status={s}", note="now")
         for s, n in active.items()
     ] + [
-        charts.Bar(
-            Status(s).label, sum(hour.by_status[s]), colours[s], href=f"{changelist}?status={s}", note="24 h"
-        )
+        charts.Bar(Status(s).label, hour.total(s), colours[s], href=f"{changelist}?status={s}", note="24 h")
         for s in FINISHED
     ]
     top_p95 = max((d.p95 or 0 for d in times), default=0)
