@@ -301,3 +301,56 @@ def test_a_long_poll_whose_wait_fails_answers_with_the_detail_and_frees_its_slot
     response = client_for(user).get(job_url(job), {"wait": 3})
     assert response.status_code == 200 and response.json()["id"] == str(job.pk)
     assert throttling.hold_stream_slot(user) is not None  # the slot came back
+
+
+@pytest.mark.parametrize("where", ["jobs", "events", "assets", "job-assets", "webhooks"])
+def test_a_cursor_that_decodes_to_deeply_nested_json_is_a_400(user, where):
+    # json.loads of the cursor raised RecursionError: a 500 on every paged list.
+    import base64
+
+    job = make_job(user)
+    url = {
+        "jobs": JOBS,
+        "events": job_url(job, "events/"),
+        "assets": "/api/assets/",
+        "job-assets": job_url(job, "assets/"),
+        "webhooks": "/api/webhooks/",
+    }[where]
+    for depth in (400, 1500):  # 1,500 levels: a 2,000-character cursor, a normal URL
+        cursor = base64.urlsafe_b64encode(b"[" * depth + b"]" * depth).decode().rstrip("=")
+        response = client_for(user).get(url, {"cursor": cursor})
+        assert "cursor" in assert_error(response, 400, "invalid")["fields"]
+
+
+def test_a_body_nested_a_little_less_deep_than_the_parser_allows_is_a_400(user):
+    # Parsed, then a serializer's error message (the repr of the value) recursed too
+    # deep: a 500 on POST /api/webhooks/ for depths just under the parser's limit.
+    from jobstate.webhooks.models import WebhookEndpoint
+
+    client = client_for(user)
+    for depth in (201, 850, 915, 990):
+        events = "[" * depth + '"job.completed"' + "]" * depth
+        body = '{"url": "https://example.org/x", "events": ' + events + "}"
+        response = client.post("/api/webhooks/", body, content_type="application/json")
+        assert assert_error(response, 400, "parse_error")
+    assert not WebhookEndpoint.objects.exists()
+    # A job's parameters may still hold 100 levels inside the body.
+    deep: Any = {}
+    for _ in range(99):
+        deep = {"a": deep}
+    assert client.post(JOBS, {"kind": "test.echo", "parameters": deep}, format="json").status_code == 201
+
+
+@override_settings(REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"jobstate_enqueue": "2/minute"}})
+def test_a_retry_counts_against_the_enqueue_rate(user):
+    # POST /jobs/{id}/retry/ makes a new job each time, and went around the limit.
+    from tests.api_support import failed
+
+    client = client_for(user)
+    dead = failed(user)
+    assert client.post(JOBS, {"kind": "test.echo"}, format="json").status_code == 201
+    assert client.post(job_url(dead, "retry/"), {}, format="json").status_code == 201
+    before = Job.objects.count()
+    assert_error(client.post(job_url(dead, "retry/"), {}, format="json"), 429, "throttled")
+    assert_error(client.post(JOBS, {"kind": "test.echo"}, format="json"), 429, "throttled")
+    assert Job.objects.count() == before

@@ -32,6 +32,10 @@ from rest_framework.utils.urls import replace_query_param
 Ordering = tuple[str, ...]
 
 
+# A cursor decodes to nested JSON: a long one could nest deep enough to be a 500.
+CURSOR_MAX_LENGTH = 1024
+
+
 class KeysetPagination(BasePagination):
     """Subclasses declare ``orderings`` (name -> fields, the last one unique and
     every one non-null) and ``default_ordering``; clients pick with ``?ordering=``."""
@@ -96,6 +100,8 @@ class KeysetPagination(BasePagination):
         if not raw:
             return None, False
         try:
+            if len(raw) > CURSOR_MAX_LENGTH:  # ours are a few dozen characters
+                raise ValueError("cursor too long")
             payload = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
             if not isinstance(payload, dict) or payload.get("o") != self.ordering_name:
                 raise ValueError("cursor from another ordering")
@@ -116,6 +122,7 @@ class KeysetPagination(BasePagination):
             KeyError,
             TypeError,
             OverflowError,
+            RecursionError,
             binascii.Error,
             DjangoValidationError,
             UnicodeDecodeError,

@@ -10,6 +10,10 @@ from rest_framework.parsers import JSONParser
 
 from jobstate import conf
 from jobstate.api.errors import PayloadTooLarge
+from jobstate.storable import MAX_DEPTH, too_deep
+
+# Room for a field that may hold MAX_DEPTH levels (parameters) inside the body.
+BODY_MAX_DEPTH = 2 * MAX_DEPTH
 
 
 class LimitedJSONParser(JSONParser):
@@ -32,6 +36,10 @@ class LimitedJSONParser(JSONParser):
         encoding = (parser_context or {}).get("encoding") or "utf-8"
         try:
             text = raw.decode(encoding)
+            if too_deep(text, BODY_MAX_DEPTH):
+                # Parsed, a body nested a little less deep than the parser's own
+                # limit made a serializer's error message (repr of the value) a 500.
+                raise ParseError(f"JSON parse error - nested more than {BODY_MAX_DEPTH} levels deep.")
             # Always strict (whatever REST_FRAMEWORK["STRICT_JSON"] says): PostgreSQL
             # refuses NaN and Infinity in JSON.
             return json.loads(text, parse_constant=_reject_constant)

@@ -130,7 +130,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
     def get_throttles(self) -> list[Any]:
         if self._waited():
             return []  # the long-poll's own request, counted before it waited
-        self.throttle_scope = "jobstate_enqueue" if self.action == "create" else "jobstate"
+        # A retry makes a new job too: it counts as an enqueue.
+        self.throttle_scope = "jobstate_enqueue" if self.action in ("create", "retry") else "jobstate"
         throttles = super().get_throttles()
         if self.action == "stream" or (self.action == "retrieve" and self._long_poll()):
             throttles.append(StreamThrottle())
