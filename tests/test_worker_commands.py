@@ -246,3 +246,32 @@ def test_prune_takes_a_long_retention_from_the_settings(settings):
     old = finished()
     assert command("jobstate_prune").startswith("deleted 0 job(s)")
     assert Job.objects.filter(pk=old.pk).exists()
+
+
+def test_a_batch_held_by_another_transaction_ends_the_prune_instead_of_spinning():
+    # Reading again found the same held jobs at once, for as long as they were held.
+    import threading
+    import time
+
+    import psycopg
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks of another connection: PostgreSQL")
+    held = finished()
+    settings = connection.settings_dict
+    dsn = (
+        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
+        f" user={settings['USER']} dbname={settings['NAME']}"
+    )
+    with psycopg.connect(dsn) as other:
+        other.execute("SELECT 1 FROM jobstate_job WHERE id = %s FOR UPDATE", [held.pk])
+        timer = threading.Timer(5, other.rollback)  # the old loop spun until then
+        timer.start()
+        started = time.monotonic()
+        out = command("jobstate_prune")
+        elapsed = time.monotonic() - started
+        timer.cancel()
+        other.rollback()
+    assert out.startswith("deleted 0 job(s)") and elapsed < 3, (out, elapsed)
+    assert Job.objects.filter(pk=held.pk).exists()

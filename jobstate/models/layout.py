@@ -20,8 +20,9 @@ row (and rebuilds those indexes) once under an exclusive lock, so migrations 001
 and 0017 do it only on a small table (a new install's is empty) and ``manage.py
 jobstate_move_hot_columns`` does it on a large one when the operator chooses.
 Anything else attached to a column (a constraint other than a CHECK, a comment,
-a view, column privileges or statistics) would be lost with it: then nothing is
-moved, and the objects are named.
+a view, column privileges, options or statistics), a rebuilt index's own settings,
+and the table's triggers and rules (the copy would fire them) would be lost or
+changed: then nothing is moved, and the objects are named (``attached``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ OUTCOME_COLUMNS = (
 # The end of the row, as migration 0017 and the command leave it.
 WRITTEN_COLUMNS_LAST = OUTCOME_COLUMNS + HOT_COLUMNS_LAST
 TABLE = "jobstate_job"
-# Migration 0015 moves the columns of a table with at most this many rows.
+# Migrations 0015 and 0017 move the columns of a table with at most this many rows.
 MIGRATION_MAX_ROWS = 10_000
 
 
@@ -133,14 +134,12 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
             "  WHERE classid = 'pg_class'::regclass AND refobjid = %s::regclass AND refobjsubid = ANY(%s))",
             [table, table, numbers],
         )
-        for name, *present in cursor.fetchall():
-            for what, there in zip(
-                INDEX_SETTINGS,
-                present,
-                strict=True,
-            ):
-                if there:
-                    found.append(f"{what} of index {name}")
+        found += [
+            f"{what} of index {name}"
+            for name, *present in cursor.fetchall()
+            for what, there in zip(INDEX_SETTINGS, present, strict=True)
+            if there
+        ]
         cursor.execute(
             "SELECT 'comment on constraint ' || conname FROM pg_constraint"
             " WHERE conrelid = %s::regclass AND contype = 'c' AND conkey && %s::smallint[]"

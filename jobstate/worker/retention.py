@@ -163,6 +163,10 @@ def prune(
             if not pks:
                 break
             pks = _still_childless(pks)
+            if not pks:
+                # All held by another transaction (another prune, say) or given a
+                # child meanwhile: reading again would find the same ones at once.
+                break
             _total, counts = Job.objects.filter(pk__in=pks).delete()
         report.jobs += counts.get("jobstate.Job", 0)
         report.events += counts.get("jobstate.JobEvent", 0)
