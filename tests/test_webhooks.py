@@ -126,7 +126,23 @@ def test_no_delivery_to_loopback_unless_allowed(user, receiver):
 
 @pytest.mark.parametrize(
     "address",
-    ["127.0.0.1", "10.1.2.3", "192.168.0.5", "169.254.169.254", "::1", "fe80::1", "::ffff:10.0.0.1"],
+    [
+        "127.0.0.1",
+        "10.1.2.3",
+        "192.168.0.5",
+        "169.254.169.254",
+        "::1",
+        "fe80::1",
+        "::ffff:10.0.0.1",
+        # IPv6 addresses that carry a private IPv4 one: 6to4 (2002::/16, the IPv4
+        # address in bits 16-48) and NAT64 (64:ff9b::/96), and NAT64's local-use prefix.
+        "2002:7f00:1::",
+        "2002:a9fe:a9fe::1",
+        "2002:c0a8:5::",
+        "64:ff9b::7f00:1",
+        "64:ff9b::a9fe:a9fe",
+        "64:ff9b:1::5db8:d822",
+    ],
 )
 def test_private_addresses_are_forbidden(address):
     assert transport.forbidden(address)
@@ -134,6 +150,8 @@ def test_private_addresses_are_forbidden(address):
 
 def test_public_addresses_are_allowed():
     assert not transport.forbidden("93.184.216.34") and not transport.forbidden("2606:4700::1111")
+    # 6to4 and NAT64 addresses of a public IPv4 address are public.
+    assert not transport.forbidden("2002:5db8:d822::1") and not transport.forbidden("64:ff9b::5db8:d822")
 
 
 def test_a_name_that_resolves_to_loopback_is_refused(monkeypatch):

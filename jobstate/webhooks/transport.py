@@ -42,10 +42,26 @@ class Response:
     seconds: float
 
 
+# IPv6 prefixes that carry an IPv4 address in their low 32 bits (NAT64's
+# well-known prefix) or reach a local IPv4 network (NAT64's local-use prefix).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
+
+
 def forbidden(address: str) -> bool:
+    """Whether ``address`` is not a public one: private, loopback, link-local,
+    multicast, reserved, unspecified or otherwise not global; an IPv6 address
+    that embeds an IPv4 one (mapped, 6to4, NAT64) is judged by that address,
+    which a relay or gateway on the way would reach."""
     ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _NAT64_LOCAL:
+            return True
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None:
+            ip = embedded
     return (
         ip.is_private
         or ip.is_loopback
