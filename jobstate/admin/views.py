@@ -30,6 +30,7 @@ from jobstate.admin.actions import (
 )
 from jobstate.ids import short
 from jobstate.models import Job
+from jobstate.services import Actor
 from jobstate.states import Status
 
 # The stuck page counts each reason up to this many jobs ("1,000+").
@@ -214,7 +215,7 @@ def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         return HttpResponseNotAllowed(["POST"])
     if not request.user.has_perm("jobstate.requeue_job"):
         raise PermissionDenied
-    report = services.requeue_expired()
+    report = services.requeue_expired(actor=Actor.admin(request.user))
     held = f" {len(report.skipped)} left for the next sweep (held by a transaction)." * bool(report.skipped)
     held += f" {len(report.errors)} not reaped (an error, logged)." * bool(report.errors)
     messages.success(

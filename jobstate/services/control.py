@@ -208,7 +208,9 @@ class ReapReport:
         return len(self.requeued) + len(self.failed) + len(self.cancelled)
 
 
-def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapReport:
+def requeue_expired(
+    now: datetime | None = None, *, limit: int = 500, actor: Actor | None = None
+) -> ReapReport:
     """The reaper: processing jobs whose lease expired go back to the queue
     (attempts left), or end ``failed`` with "worker lost" (none left), or
     ``cancelled`` when a cancel had been requested. The ``hooks.reaping`` hook may
@@ -219,10 +221,13 @@ def requeue_expired(now: datetime | None = None, *, limit: int = 500) -> ReapRep
     A job that was only reserved (claimed by a cluster that stopped before one
     of its worker processes began it: ``started_at`` NULL) never ran: it goes
     back to the queue as it was, no attempt charged, never failed for lack of
-    attempts (``cancelled`` if a cancel was requested)."""
+    attempts (``cancelled`` if a cancel was requested).
+
+    The history rows name ``actor``: the system's reaper unless given (the
+    admin's "Run the reaper now" names the admin user)."""
     now = now or timezone.now()
     report = ReapReport()
-    reaper = Actor.system("reaper")
+    reaper = actor or Actor.system("reaper")
     rows = (
         Job.objects.expired(now)
         .values_list(
