@@ -481,3 +481,52 @@ def test_a_retry_after_a_failed_fan_in_waits_for_the_same_children(monkeypatch):
         "children": 3,
         "resumed": True,
     }
+
+
+def test_a_child_retried_by_an_operator_counts_by_its_retry():
+    """An operator retries a failed child (after fixing its cause) while the parent
+    still waits: the parent waits for the retry too and fans in its outcome."""
+    parent = services.enqueue("wf.fan", {"n": 3, "fail": [1]})
+    run_next("w1")  # split: starts three children
+    first, failing, last = Job.objects.filter(parent=parent).order_by("created_at", "id")
+    assert run_next("w2", kinds=["wf.child"]).pk == first.pk
+    assert run_next("w2", kinds=["wf.child"]).pk == failing.pk
+    failing.refresh_from_db()
+    assert failing.status == Status.FAILED
+    Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})  # the cause, fixed
+    again = services.retry(failing, "ops", "fixed")
+    assert again.parent_id == parent.pk
+    drain()  # the last child, the retry, then the parent
+    parent.refresh_from_db()
+    assert parent.status == Status.COMPLETED, (parent.error_type, parent.error_message)
+    split = step(parent, "split")
+    assert split.output["completed"] == 3 and split.output["failed"] == 0
+    assert split.output["jobs"] == [str(first.pk), str(again.pk), str(last.pk)]
+    assert split.output["retried"] == {str(failing.pk): str(again.pk)}
+
+
+def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():
+    parent = services.enqueue("wf.fan", {"n": 2, "fail": [0]})
+    run_next("w1")
+    failing, other = Job.objects.filter(parent=parent).order_by("created_at", "id")
+    assert run_next("w2", kinds=["wf.child"]).pk == failing.pk
+    second = services.retry(failing, "ops")  # fails again (same parameters)
+    assert {run_next("w2", kinds=["wf.child"]).pk for _ in range(2)} == {other.pk, second.pk}
+    second.refresh_from_db()
+    parent.refresh_from_db()
+    assert second.status == Status.FAILED and parent.status == Status.QUEUED  # woken: no child active
+    # A retry under no parent (as another tool might make) is not this workflow's.
+    Job.objects.create(
+        kind="wf.child",
+        parameters={"i": 0},
+        retry_of=second,
+        status=Status.COMPLETED,
+        finished_at=timezone.now(),
+    )
+    Job.objects.filter(pk=second.pk).update(parameters={"i": 0})
+    third = services.retry(second, "ops")  # before the woken parent fans in: it waits again
+    drain()
+    parent.refresh_from_db()
+    assert parent.status == Status.COMPLETED, (parent.error_type, parent.error_message)
+    assert step(parent, "split").output["retried"] == {str(failing.pk): str(third.pk)}
+    assert step(parent, "split").output["jobs"] == [str(third.pk), str(other.pk)]

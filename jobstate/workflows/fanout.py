@@ -62,11 +62,47 @@ def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]
         yield from Job.objects.filter(pk__in=ids[i : i + CHUNK]).values("pk", *fields)
 
 
+def retried(parent_id: Any, ids: list[str]) -> dict[str, str]:
+    """The newest retry (``services.retry``, a retry of a retry followed) of each of
+    ``ids`` that an operator retried under the same parent: that retry stands for
+    the child in the fan-in."""
+    newest: dict[str, str] = {}
+    looked, look = set(ids), ids
+    while look:
+        found = {
+            str(old): str(new)
+            for old, new in Job.objects.filter(parent_id=parent_id, retry_of_id__in=look)
+            .order_by("created_at", "id")
+            .values_list("retry_of_id", "pk")
+        }  # the newest retry of each wins
+        newest.update(found)
+        look = [new for new in found.values() if new not in looked]
+        looked.update(look)
+    latest = {}
+    for pk in ids:
+        current, seen = pk, {pk}
+        while current in newest and newest[current] not in seen:
+            current = newest[current]
+            seen.add(current)
+        if current != pk:
+            latest[pk] = current
+    return latest
+
+
 def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
-    """The step's output once all its children ended (else wait again)."""
+    """The step's output once all its children ended (else wait again). A child
+    that did not complete and that an operator retried counts by its newest retry
+    (waited for while it runs)."""
     ids: list[str] = list(row.detail.get("children", []))
     fields = ("status", "error_message", "result") if spec.collect_results else ("status", "error_message")
     by_id = {str(r["pk"]): r for r in rows_of(ids, fields)}
+    unfinished = [
+        pk for pk in ids if (by_id.get(pk) or {}).get("status", Status.CANCELLED) != Status.COMPLETED
+    ]
+    replaced = retried(run.job.pk, unfinished) if unfinished else {}
+    if replaced:
+        ids = [replaced.get(pk, pk) for pk in ids]
+        by_id.update((str(r["pk"]), r) for r in rows_of(list(replaced.values()), fields))
     active = sum(1 for r in by_id.values() if r["status"] in ACTIVE)
     if active:
         raise Suspend(f"step '{spec.name}': {active} of {len(ids)} child jobs still running")
@@ -82,6 +118,7 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
         "total": len(ids),
         **{str(k): v for k, v in counts.items()},
         "jobs": ids,
+        **({"retried": replaced} if replaced else {}),
         "failures": failures,
         "value": row.detail.get("value"),
     }
