@@ -10,6 +10,7 @@ step's ``on_child_failure`` policy.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -69,12 +70,15 @@ def retried(parent_id: Any, ids: list[str]) -> dict[str, str]:
     newest: dict[str, str] = {}
     looked, look = set(ids), ids
     while look:
-        found = {
-            str(old): str(new)
-            for old, new in Job.objects.filter(parent_id=parent_id, retry_of_id__in=look)
-            .order_by("created_at", "id")
-            .values_list("retry_of_id", "pk")
-        }  # the newest retry of each wins
+        found: dict[str, str] = {}
+        for i in range(0, len(look), CHUNK):
+            chunk = [uuid.UUID(pk) for pk in look[i : i + CHUNK]]
+            rows = (
+                Job.objects.filter(parent_id=parent_id, retry_of_id__in=chunk)
+                .order_by("created_at", "id")
+                .values_list("retry_of_id", "pk")
+            )
+            found.update((str(old), str(new)) for old, new in rows)  # the newest retry of each wins
         newest.update(found)
         look = [new for new in found.values() if new not in looked]
         looked.update(look)
