@@ -530,3 +530,32 @@ def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():
     assert parent.status == Status.COMPLETED, (parent.error_type, parent.error_message)
     assert step(parent, "split").output["retried"] == {str(failing.pk): str(third.pk)}
     assert step(parent, "split").output["jobs"] == [str(third.pk), str(other.pk)]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"priority": "high"}, {"max_attempts": 0}, {"run_after": "tomorrow"}, {"parameters_too": 1}],
+)
+def test_bad_child_options_fail_the_workflow_at_the_spawn_call_once(options):
+    """Bad options are a programming error: the step stops at the spawn() call, no
+    later line runs, and the workflow fails at once instead of running the step's
+    body again on each attempt."""
+
+    class BadOptions(jobstate.Workflow):
+        @jobstate.step()
+        def split(self, ctx: Any) -> None:
+            Effect.objects.create(job_id=ctx.job.pk, label="before")
+            ctx.spawn("wf.child", {"i": 1}, **options)
+            Effect.objects.create(job_id=ctx.job.pk, label="after")
+
+    jobstate.workflow("t.badoptions", max_attempts=3)(BadOptions)
+    try:
+        parent = services.enqueue("t.badoptions", {})
+        drain()
+    finally:
+        registry.unregister("t.badoptions")
+    parent.refresh_from_db()
+    assert parent.status == Status.FAILED and parent.attempts == 1, parent.error_message
+    assert list(Effect.objects.filter(job_id=parent.pk).values_list("label", flat=True)) == ["before"]
+    assert next(iter(options)) in parent.error_message
+    assert not Job.objects.filter(parent=parent).exists()

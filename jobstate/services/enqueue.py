@@ -79,6 +79,27 @@ def _clean(
     return spec, cleaned
 
 
+def check(
+    kind: str,
+    parameters: Any = None,
+    *,
+    priority: int = 0,
+    run_after: datetime | None = None,
+    max_attempts: int | None = None,
+) -> dict[str, Any]:
+    """What ``enqueue`` would check, writing nothing: the cleaned parameters, or
+    ``ValidationError`` (``UnknownKind`` for a kind not registered here)."""
+    return _clean(
+        kind,
+        parameters,
+        key=None,
+        watermark=None,
+        priority=priority,
+        run_after=run_after,
+        max_attempts=max_attempts,
+    )[1]
+
+
 def _storable_time(moment: datetime) -> bool:
     try:
         moment.astimezone(UTC)  # raises past year 9999 or before year 1

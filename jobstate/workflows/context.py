@@ -10,12 +10,13 @@ from itertools import islice
 from types import MappingProxyType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.db import transaction
 from django.db.models import Q
 
-from jobstate import conf, registry, services
-from jobstate.exceptions import CancelRequested
+from jobstate import conf, services
+from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.workflows import steps
 from jobstate.workflows.steps import ChildSpec
@@ -185,10 +186,18 @@ class StepContext:
         the workflow then waits for them without holding a worker). ``options``:
         priority, run_after, max_attempts."""
         self._active("spawn")
+        # Checked here, as enqueue() will: a bad child is the step's own error, which
+        # another attempt would only repeat, after running the body again. (A kind
+        # not registered in this process is retried: another worker may have it.)
         unknown = set(options) - CHILD_OPTIONS
         if unknown:
-            raise TypeError(f"spawn() got unknown options: {', '.join(sorted(unknown))}")
-        cleaned = registry.get_handler(kind).validate(parameters)  # bad input fails the step now
+            raise NonRetryable(f"spawn({kind!r}) got unknown options: {', '.join(sorted(unknown))}")
+        try:
+            cleaned = services.check_job(kind, parameters, **options)
+        except UnknownKind:
+            raise
+        except ValidationError as invalid:
+            raise NonRetryable(f"spawn({kind!r}): {_messages(invalid)}") from invalid
         self.spawned.append(ChildSpec(kind, cleaned, options))
 
     def child_jobs(self, step: str | None = None) -> Any:
@@ -298,3 +307,9 @@ def _from(items: Iterable[Any], start: int) -> Iterable[Any]:
         except TypeError:
             pass
     return islice(iter(items), start, None)
+
+
+def _messages(invalid: ValidationError) -> str:
+    if hasattr(invalid, "error_dict"):
+        return "; ".join(f"{field}: {' '.join(m)}" for field, m in invalid.message_dict.items())
+    return " ".join(invalid.messages)
