@@ -1,7 +1,7 @@
 """The shared-memory counters of one django-q2 cluster running jobstate jobs.
 
 Created by the broker in the sentinel, before it forks the pusher and the
-worker processes (``q2.Counter``; without ``fork`` they are off and the broker
+worker processes (``jobstate.worker.shared``; without ``fork`` they are off and the broker
 falls back to its database checks):
 
 - ``pending``: job packages handed to django-q2 and not yet picked up by a
@@ -20,26 +20,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from jobstate.worker import q2
+from jobstate.worker import q2, shared
 
 # The django-q2 ack id of a job package (plain tasks have their OrmQ id).
 JOB_ACK_PREFIX = "job:"
 
-pending: q2.Counter | None = None
-plain: q2.Counter | None = None
-busy: q2.Slots | None = None
+pending: shared.Counter | None = None
+plain: shared.Counter | None = None
+busy: shared.Slots | None = None
 
 
 def create() -> None:
     """In the sentinel (the broker's constructor): the counters, once."""
     global pending, plain, busy
     if pending is None:
-        pending = q2.Counter()
+        pending = shared.Counter()
     if plain is None:
-        plain = q2.Counter()
+        plain = shared.Counter()
     if busy is None:
         # Room for every worker process and the replacements of killed ones.
-        busy = q2.Slots(max(8, 4 * q2.workers()))
+        busy = shared.Slots(max(8, 4 * q2.workers()))
 
 
 def is_job(task_id: Any) -> bool:

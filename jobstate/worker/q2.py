@@ -14,9 +14,6 @@ takes from django-q2, and why:
   cluster's settings as django-q2 resolved them (``Conf``). The pusher never
   hands out more than ``queue_limit`` packages: a full ``multiprocessing``
   queue would block it, and with it the renewal of waiting jobs' leases.
-- ``Counter``: a counter in shared memory, created in the sentinel before it
-  forks the pusher and the workers (django-q2 forks them; without ``fork``
-  the counter is off and the broker falls back to its database checks).
 - ``on_task_start``: django-q2's ``pre_execute`` signal, sent in a worker
   process as it takes a task off the queue; jobstate counts plain tasks with it.
 - ``on_worker_spawn``: django-q2's ``post_spawn`` signal, sent in a worker
@@ -30,8 +27,6 @@ takes from django-q2, and why:
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -47,7 +42,6 @@ from django_q.signing import SignedPackage
 
 __all__ = [
     "TESTED",
-    "Counter",
     "OrmBroker",
     "OrmQ",
     "SignedPackage",
@@ -95,99 +89,6 @@ def orm_alias() -> str:
 
 def sign(package: dict[str, Any]) -> str:
     return cast(str, SignedPackage.dumps(package))
-
-
-class Counter:
-    """An integer in shared memory, never below zero (see the module docstring)."""
-
-    def __init__(self) -> None:
-        shared = "fork" in multiprocessing.get_all_start_methods()
-        self.value = multiprocessing.get_context("fork").Value("i", 0) if shared else None
-
-    @property
-    def shared(self) -> bool:
-        return self.value is not None
-
-    def add(self, n: int) -> None:
-        if self.value is not None:
-            with self.value.get_lock():
-                # Never below zero: after a correction (lower_to) the packages
-                # still queued are picked up without having been counted.
-                self.value.value = max(0, self.value.value + n)
-
-    def get(self) -> int:
-        return self.value.value if self.value is not None else 0
-
-    def lower_to(self, n: int) -> None:
-        if self.value is not None:
-            with self.value.get_lock():
-                self.value.value = min(self.value.value, n)
-
-
-class Slots:
-    """Process ids in shared memory, one slot each (created in the sentinel before
-    it forks; without ``fork`` it is off and counts nothing): who is inside
-    ``execute`` right now. A slot whose process is gone (killed, or recycled
-    without leaving) is cleared by ``forget_dead``."""
-
-    def __init__(self, size: int) -> None:
-        shared = "fork" in multiprocessing.get_all_start_methods()
-        self.pids: Any = multiprocessing.get_context("fork").Array("i", size) if shared else None
-
-    @property
-    def shared(self) -> bool:
-        return self.pids is not None
-
-    def enter(self, pid: int) -> None:
-        if self.pids is None:
-            return
-        with self.pids.get_lock():
-            for i, held in enumerate(self.pids):
-                if held == 0:
-                    self.pids[i] = pid
-                    return
-
-    def leave(self, pid: int) -> None:
-        if self.pids is None:
-            return
-        with self.pids.get_lock():
-            for i, held in enumerate(self.pids):
-                if held == pid:
-                    self.pids[i] = 0
-                    return
-
-    def count(self) -> int:
-        if self.pids is None:
-            return 0
-        return sum(1 for held in self.pids if held)
-
-    def forget_dead(self) -> int:
-        """Clear the slots of processes that no longer run; returns how many."""
-        if self.pids is None:
-            return 0
-        cleared = 0
-        with self.pids.get_lock():
-            for i, held in enumerate(self.pids):
-                if held and not _running(held):
-                    self.pids[i] = 0
-                    cleared += 1
-        return cleared
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (a killed worker its
-    sentinel has not reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return True
 
 
 def take_plain(broker: OrmBroker, limit: int) -> list[tuple[Any, str]]:
