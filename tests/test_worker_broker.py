@@ -587,3 +587,21 @@ def test_a_last_attempt_whose_start_fails_is_requeued_and_still_runs_once(broker
     assert run(package) == "completed"
     job.refresh_from_db()
     assert ran == [1] and job.status == Status.COMPLETED and job.attempts == 1
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_package_without_a_lease_token_ends_no_job(temp_handler, held):
+    """Every write after the claim carries its lease token: a package that names
+    only a job id (a hand-made ``async_task(EXECUTE, job_id)``) neither runs nor
+    ends the job, whether it waits in the queue or another worker runs it."""
+    temp_handler("t.tokenless", lambda ctx: None)
+    job = services.enqueue("t.tokenless", {})
+    token = None
+    if held:
+        (claimed,) = services.claim("host:1")
+        services.begin(claimed, claimed.lease_token, "host:1:2")
+        token = claimed.lease_token
+    assert tasks.execute(str(job.pk)) == "skipped"
+    job.refresh_from_db()
+    assert (job.status, job.lease_token) == ((Status.PROCESSING, token) if held else (Status.QUEUED, None))
+    assert job.error_type == ""

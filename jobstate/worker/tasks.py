@@ -95,6 +95,12 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
     try:
         if isinstance(job_id, Job):  # a package from before the slim format
             job_id, token, kind = job_id.pk, job_id.lease_token, job_id.kind
+        if token is None:
+            # Not the broker's package (each carries the claim's lease token): a
+            # hand-made async_task(EXECUTE, job_id). Whatever the job is doing, it is
+            # not this process's to run or to end.
+            logger.warning("Job %s: a package without a lease token was skipped; nothing ran", job_id)
+            return "skipped"
         cluster = broker.cluster_id()
         me = worker_id(cluster)
         _serve(me, cluster)
