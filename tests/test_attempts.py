@@ -614,6 +614,47 @@ def test_a_progress_report_the_heartbeat_could_not_write_is_kept_for_the_next_tr
     assert (job.progress, job.progress_message) == (30, "second")
 
 
+@pytest.mark.parametrize("flush", [0, 0.25])
+def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_handler, monkeypatch, flush):
+    """The handler's own write is kept for the heartbeat, as the heartbeat keeps
+    its own; the report is stored in the end."""
+    real = services.report_progress
+    calls: list[int] = []
+
+    def refused_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "report_progress", refused_once)
+
+    def handler(ctx):  # type: ignore[no-untyped-def]
+        ctx.progress(10, "starting")
+        return {"ok": True}
+
+    temp_handler("t.refused_progress", handler, max_attempts=1)
+    with override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": flush}):
+        outcome, job = run_one("t.refused_progress")
+    assert (outcome, job.status, job.result) == ("completed", Status.COMPLETED, {"ok": True})
+    assert job.progress_message == "starting"
+
+
+def test_a_progress_write_refused_inside_the_handlers_transaction_is_the_handlers_error(
+    temp_handler, monkeypatch
+):
+    monkeypatch.setattr(services, "report_progress", _unreachable)
+
+    def handler(ctx):  # type: ignore[no-untyped-def]
+        with transaction.atomic():
+            ctx.progress(10, "starting")
+
+    temp_handler("t.refused_in_atomic", handler, max_attempts=1)
+    with override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 0}):
+        _outcome, job = run_one("t.refused_in_atomic")
+    assert job.status == Status.FAILED and job.error_type == "OperationalError"
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

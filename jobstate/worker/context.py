@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -9,13 +10,15 @@ from typing import IO, Any, cast
 from uuid import UUID
 
 from django.core.files import File
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.registry import HandlerSpec
+
+logger = logging.getLogger("jobstate.worker")
 
 
 def lease_token(job: Job) -> UUID:
@@ -82,7 +85,7 @@ class JobContext:
         }
         flush = float(conf.get("PROGRESS_FLUSH_SECONDS") or 0)
         if flush <= 0:
-            self._write(report)
+            self._write_or_keep(report, flush)
             return
         notify = False
         with self._state:
@@ -99,9 +102,28 @@ class JobContext:
                 self.on_pending()
             return
         try:
-            self._write(report)
+            self._write_or_keep(report, flush)
         finally:
             self._writing.release()
+
+    def _write_or_keep(self, report: dict[str, Any], flush: float) -> None:
+        """The handler's write: one the database refuses (unreachable, a lock wait
+        ended) is kept for the heartbeat to write, as the heartbeat keeps its own,
+        rather than failing the attempt. Inside the handler's own transaction the
+        error is the handler's: that transaction can go no further."""
+        try:
+            self._write(report)
+        except DatabaseError:
+            if connection.in_atomic_block:
+                raise
+            logger.warning(
+                "Job %s: progress not written; the heartbeat will retry", self.job.pk, exc_info=True
+            )
+            with self._state:
+                self._pending = {**report, **(self._pending or {})}
+                self._due = time.monotonic() + max(flush, 1.0)
+            if self.on_pending is not None:
+                self.on_pending()
 
     def _write(self, report: dict[str, Any]) -> None:
         since = time.monotonic()
