@@ -168,8 +168,10 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
         outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
     except BaseException:
         # django-q2's hard time limit (TimeoutException, a SystemExit) or a
-        # shutdown: the caller records it; the connection may be mid-query.
+        # shutdown: the caller records it; the connection may be mid-query. The
+        # observers still hear that the attempt ended (its trace span ends).
         close_quietly()
+        _observe(hooks.attempt_ended, ctx, "lost")
         raise
     if slot.delivered:
         close_quietly()  # the interrupt may have left it mid-command
