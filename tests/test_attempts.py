@@ -655,6 +655,38 @@ def test_a_progress_write_refused_inside_the_handlers_transaction_is_the_handler
     assert job.status == Status.FAILED and job.error_type == "OperationalError"
 
 
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="only PostgreSQL bounds the heartbeat's lock waits"
+)
+@override_settings(JOBSTATE={"LEASE_SECONDS": 1, "HEARTBEAT_SECONDS": 0.2, "RETRY_JITTER": 0})
+def test_a_heartbeat_stuck_in_a_call_loses_its_job_but_not_the_next(temp_handler, monkeypatch):
+    """A heartbeat call that never returns (a connection that no longer answers)
+    loses the job it renews, by design; the process's next job gets a heartbeat
+    that works instead of being lost the same way."""
+    from jobstate.worker import supervisor as supervisor_module
+
+    real = services.heartbeat
+    release = threading.Event()
+    calls: list[int] = []
+
+    def hangs_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(supervisor_module.services, "heartbeat", hangs_once)
+    temp_handler("t.hung_beat", lambda ctx: time.sleep(2.0), max_attempts=3)  # twice the lease
+    outcomes = []
+    try:
+        for _ in range(2):
+            outcomes.append(run_one("t.hung_beat")[0])
+    finally:
+        release.set()
+    assert outcomes == ["lost", "completed"]
+    assert len(calls) > 2  # the new heartbeat renewed the second job's lease
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

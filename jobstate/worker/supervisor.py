@@ -18,7 +18,10 @@ stays on a pooled connection), so a call that lasts longer than twice that is a
 connection that no longer answers; on SQLite every wait is a lock wait on a file
 the reaper shares. The reaper itself (PostgreSQL) leaves a job whose row a
 transaction holds for its next sweep (``services.requeue_expired``), so that the
-heartbeat can renew the lease once the handler's transaction ends.
+heartbeat can renew the lease once the handler's transaction ends. A heartbeat
+stuck in such a call costs the job it renews; the next job this process begins
+gets a new heartbeat thread (and connection), and the stuck one leaves when its
+call returns.
 """
 
 from __future__ import annotations
@@ -96,10 +99,29 @@ class Supervisor:
         # for long is a connection that no longer answers (module docstring).
         self.bounded_waits = connection.vendor == "postgresql"
         self._next_process_beat = 0.0
-        self.heart = threading.Thread(target=self._heartbeat_loop, name="jobstate-heartbeat", daemon=True)
+        self._generation = 0
+        self.heart = self._start_heart()
         self.watch = threading.Thread(target=self._watchdog_loop, name="jobstate-watchdog", daemon=True)
-        self.heart.start()
         self.watch.start()
+
+    def _start_heart(self) -> threading.Thread:
+        """A heartbeat thread (with a database connection of its own, Django's being
+        per thread); a new one retires the one before it."""
+        self._generation += 1
+        self.busy_since = None
+        heart = threading.Thread(
+            target=self._heartbeat_loop, args=(self._generation,), name="jobstate-heartbeat", daemon=True
+        )
+        heart.start()
+        return heart
+
+    def _heart_hung(self, now: float) -> bool:
+        """Is the heartbeat stuck in a call on a connection that no longer answers
+        (PostgreSQL, where its lock waits are bounded)?"""
+        busy = self.busy_since
+        return (
+            self.bounded_waits and busy is not None and now - busy >= 2 * float(conf.get("HEARTBEAT_SECONDS"))
+        )
 
     # -- what run_job calls ------------------------------------------------------
 
@@ -111,6 +133,12 @@ class Supervisor:
             self.beat_wake.set()
 
     def begin(self, slot: Slot) -> None:
+        if self._heart_hung(time.monotonic()):
+            # The job before lost its lease to it; this one gets a heartbeat that
+            # works (this process just reached the database to begin it). The stuck
+            # thread leaves once its call returns.
+            logger.warning("jobstate heartbeat: stuck in a database call; a new heartbeat takes over")
+            self.heart = self._start_heart()
         slot.ctx.on_pending = self.beat_wake.set
         self.slot = slot
         self.watch_wake.set()
@@ -175,9 +203,8 @@ class Supervisor:
 
     def _cut_off(self, slot: Slot, now: float) -> bool:
         """Is the heartbeat unable to reach the database (not waiting on a lock)?"""
-        busy = self.busy_since
-        if busy is not None:
-            return self.bounded_waits and now - busy >= 2 * float(conf.get("HEARTBEAT_SECONDS"))
+        if self.busy_since is not None:
+            return self._heart_hung(now)
         return not slot.blocked
 
     def interrupt(self, slot: Slot, why: str) -> None:
@@ -190,19 +217,23 @@ class Supervisor:
 
     # -- the heartbeat: database work -------------------------------------------
 
-    def _heartbeat_loop(self) -> None:
-        while True:
+    def _heartbeat_loop(self, generation: int) -> None:
+        while generation == self._generation:
             self.beat_wake.clear()
             self.busy_since = time.monotonic()
             try:
                 wait = self._heartbeat()
             except Exception:
+                if generation != self._generation:
+                    break
                 logger.exception("jobstate heartbeat")
                 close_quietly()
                 wait = 1.0
             finally:
-                self.busy_since = None
+                if generation == self._generation:
+                    self.busy_since = None
             self.beat_wake.wait(wait)
+        close_quietly()  # retired: its connection is its own
 
     def _heartbeat(self) -> float | None:
         interval = float(conf.get("HEARTBEAT_SECONDS"))
