@@ -687,6 +687,34 @@ def test_a_heartbeat_stuck_in_a_call_loses_its_job_but_not_the_next(temp_handler
     assert len(calls) > 2  # the new heartbeat renewed the second job's lease
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 0.05})
+def test_a_write_lock_never_given_back_does_not_stop_the_heartbeat(temp_handler):
+    """An interrupt landing in the handler right after ``progress()`` took the
+    write lock, before its try block, leaves the lock taken: the heartbeat's flush
+    gives up for now (the report stays pending, the outcome stores it) rather
+    than wait on it for good."""
+    from jobstate import registry
+    from jobstate.worker.context import JobContext
+
+    temp_handler("t.leaked", lambda ctx: None)
+    services.enqueue("t.leaked", {})
+    (job,) = services.claim("w1")
+    ctx = JobContext(job, registry.get_handler("t.leaked"), "w1:1")
+    ctx.progress(10, "first")
+    ctx.progress(20, "second")  # pending
+    assert ctx._writing.acquire(blocking=False)  # taken, never given back
+    done = threading.Event()
+
+    def flush() -> None:
+        ctx.flush_progress()
+        done.set()
+
+    threading.Thread(target=flush, daemon=True).start()
+    assert done.wait(5), "the heartbeat's flush waits for good"
+    assert ctx.progress_due(time.monotonic()) is not None
+    assert ctx.take_progress()["progress_message"] == "second"
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

@@ -147,7 +147,17 @@ class JobContext:
 
     def flush_progress(self) -> None:
         """Write the pending report now (the heartbeat thread, when it is due)."""
-        with self._writing:
+        retry = max(float(conf.get("PROGRESS_FLUSH_SECONDS") or 0), 1.0)
+        # Bounded: the handler's write holds this lock, and an interrupt landing in
+        # the handler between taking it and its try block would never give it back
+        # (this heartbeat then stuck for every later job). The report stays pending;
+        # the outcome stores it in the end.
+        if not self._writing.acquire(timeout=retry):
+            with self._state:
+                if self._pending:
+                    self._due = time.monotonic() + retry
+            return
+        try:
             with self._state:
                 report, self._pending, self._due = self._pending, None, None
                 self._written_at = time.monotonic()
@@ -162,8 +172,10 @@ class JobContext:
                 # kept for the next try, under any report made since.
                 with self._state:
                     self._pending = {**report, **(self._pending or {})}
-                    self._due = time.monotonic() + max(float(conf.get("PROGRESS_FLUSH_SECONDS") or 0), 1.0)
+                    self._due = time.monotonic() + retry
                 raise
+        finally:
+            self._writing.release()
 
     def take_progress(self) -> dict[str, Any]:
         """The pending report as Job fields, to be stored with the outcome."""
