@@ -19,8 +19,7 @@ from jobstate.services.control import (
     retry,
     suspend,
 )
-from jobstate.services.enqueue import check as check_job
-from jobstate.services.enqueue import enqueue, enqueue_many, get_or_enqueue
+from jobstate.services.enqueue import check_job, enqueue, enqueue_many, get_or_enqueue
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import (
     Beat,

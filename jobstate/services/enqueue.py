@@ -79,7 +79,7 @@ def _clean(
     return spec, cleaned
 
 
-def check(
+def check_job(
     kind: str,
     parameters: Any = None,
     *,
