@@ -10,6 +10,7 @@ The backend itself and validation: test_tasks_backend.py.
 
 from __future__ import annotations
 
+import datetime as dt
 from datetime import timedelta
 
 import pytest
@@ -25,7 +26,13 @@ from jobstate.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from jobstate.tasks.exceptions import OperatorFailed, OperatorRequeued, TaskTimeout, WorkerLost
+from jobstate.tasks.exceptions import (
+    OperatorFailed,
+    OperatorRequeued,
+    TaskTimeout,
+    UnstorableResult,
+    WorkerLost,
+)
 from jobstate.tasks.results import exception_path, status_of
 from jobstate.worker.runner import run_job
 from tests.tasks_app import jobstate_tasks as jt
@@ -33,9 +40,9 @@ from tests.tasks_app import tasks as t
 from tests.tasks_support import run_all
 
 try:
-    from django.tasks import default_task_backend
+    from django.tasks import default_task_backend, task
 except ImportError:
-    from django_tasks import default_task_backend  # type: ignore[no-redef]
+    from django_tasks import default_task_backend, task  # type: ignore[no-redef]
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,7 +129,28 @@ def test_complex_return_value_fails_the_task():
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result._return_value is None
-    assert result.errors[0].exception_class is TypeError
+    assert result.errors[0].exception_class is UnstorableResult
+
+
+CALLS: list[int] = []
+
+
+@task(max_attempts=3, retry_backoff=0)
+def side_effect_then_not_json() -> dt.datetime:
+    CALLS.append(1)  # e.g. an e-mail sent
+    return dt.datetime(2020, 1, 1)
+
+
+def test_a_return_value_that_is_not_json_does_not_run_the_task_again():
+    CALLS.clear()
+    result = side_effect_then_not_json.enqueue()
+    for _ in range(3):
+        Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+        run_all()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(CALLS) == 1
+    assert [e.exception_class_path for e in result.errors] == ["jobstate.tasks.exceptions.UnstorableResult"]
 
 
 def test_non_retryable_and_partial():
@@ -429,8 +457,6 @@ def test_a_job_handed_back_unstarted_shows_no_error():
 
 
 def test_an_unstorable_return_value_fails_with_an_error_class_django_can_import():
-    from jobstate.tasks.exceptions import UnstorableResult
-
     result = jt.returns_nan.enqueue()
     run_all()
     result.refresh()

@@ -75,4 +75,9 @@ def test_the_project_runs_the_same_under_django_tasks_db_and_jobstate(settings, 
     assert drain("inline") == len(CALLS)
     for result in results:
         result.refresh()
+    # One difference, documented: a return value that is not JSON is django-tasks-db's
+    # TypeError, jobstate's UnstorableResult (a NonRetryable: the task is not run again).
+    assert before[-1]["task"].endswith(".complex_return_value")
+    assert before[-1]["errors"] == ["builtins.TypeError"]
+    before[-1]["errors"] = ["jobstate.tasks.exceptions.UnstorableResult"]
     assert [outcome(result) for result in results] == before

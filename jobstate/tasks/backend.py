@@ -41,6 +41,7 @@ from jobstate.tasks.compat import (
     task_finished,
     task_started,
 )
+from jobstate.tasks.exceptions import UnstorableResult
 from jobstate.tasks.options import kind_of, option, split_kind, validate_options
 from jobstate.tasks.results import build_result
 
@@ -189,7 +190,12 @@ def execute(task: Task[..., Any], ctx: JobContext) -> Any:
             value = task.call(*args, **kwargs)
     finally:
         _current.reset(token)
-    value = normalize_json(value)
+    try:
+        value = normalize_json(value)
+    except (TypeError, ValueError) as exc:
+        # A property of the task, not of the attempt: running it again would only
+        # repeat its side effects (as for a value the database refuses).
+        raise UnstorableResult(f"The task returned a value that is not JSON: {exc}") from exc
     attempt = _running.get(ctx.job.pk)
     if attempt is not None:
         attempt.returned, attempt.value = True, value

@@ -3,6 +3,8 @@ attempt can end that are not an exception raised by the task itself."""
 
 from __future__ import annotations
 
+from jobstate.exceptions import NonRetryable
+
 
 class TaskTimeout(TimeoutError):
     """The attempt ran past the task's ``timeout`` (or the worker's hard limit)."""
@@ -20,6 +22,6 @@ class OperatorFailed(Exception):
     """An operator ended the job ``failed``."""
 
 
-class UnstorableResult(Exception):
+class UnstorableResult(NonRetryable):
     """The task returned a value the database cannot store (not JSON, NaN, a NUL
     character...); it is not run again."""
