@@ -456,6 +456,32 @@ def test_a_job_handed_back_unstarted_shows_no_error():
     assert result.status == TaskResultStatus.READY and result.errors == []
 
 
+def test_a_job_handed_back_unstarted_counts_no_attempt_once_it_ran():
+    result = t.noop_task.enqueue()
+    (job,) = services.claim("w", limit=1, start=True)
+    services.hand_back(job, job.lease_token, reason="hard time limit before it started")
+    Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+    assert run_all() == 1
+    result.refresh()
+    assert Job.objects.get(pk=result.id).attempts == 1
+    assert result.worker_ids == ["inline"] and result.attempts == 1 and result.errors == []
+
+
+def test_a_reserved_job_requeued_by_the_reaper_counts_no_attempt_once_it_ran():
+    result = jt.reports_attempt.enqueue()
+    (job,) = services.claim("gone-cluster", limit=1, lease_seconds=1)
+    assert services.requeue_expired(now=timezone.now() + timedelta(seconds=5)).requeued == [job.pk]
+    Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+    assert run_all() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert Job.objects.get(pk=result.id).attempts == 1
+    assert result.return_value == 1  # context.attempt while it ran
+    assert result.attempts == 1
+    assert result.worker_ids == ["inline"]
+    assert result.errors == []
+
+
 def test_an_unstorable_return_value_fails_with_an_error_class_django_can_import():
     result = jt.returns_nan.enqueue()
     run_all()

@@ -77,6 +77,28 @@ def _error(path: str, traceback: str, message: str) -> Any:
     return TaskError(exception_class_path=path, traceback=traceback or f"{path}: {message}\n")
 
 
+def began(rows: list[Row]) -> list[Row]:
+    """The history without the claims that began no attempt: a job a cluster only
+    reserved (the reaper requeued it) or a worker handed back unstarted. Such a
+    claim spent no attempt (``job.attempts``, ``context.attempt``), so it has no
+    worker id or error here; its requeue goes too (a cancel stays: it ended the job)."""
+    kept: list[Row] = []
+    claim: int | None = None
+    for row in rows:
+        transition, metadata = row[0], row[3] or {}
+        if transition == "claim":
+            claim = len(kept)
+        elif claim is not None and transition in ENDS_ATTEMPT:
+            unstarted = metadata.get("reserved") or metadata.get("handed_back")
+            if unstarted:
+                del kept[claim]
+            claim = None
+            if unstarted and transition == "requeue":
+                continue
+        kept.append(row)
+    return kept
+
+
 def errors_of(job: Job, rows: list[Row]) -> list[Any]:
     errors: list[Any] = []
     for transition, actor, reason, metadata, _at in rows:
@@ -140,7 +162,7 @@ def needs_history(job: Job) -> bool:
 def build_result(job: Job, task: Task[..., Any], events: list[Row] | None = None) -> Any:
     """The ``TaskResult`` of ``job`` (its history is read unless ``events`` is given)."""
     if events is None:
-        events = history(job) if needs_history(job) else []
+        events = began(history(job)) if needs_history(job) else []
     claims = [row[4] for row in events if row[0] == "claim"]
     worker_ids = worker_ids_of(job, events)
     if not events and job.status == "processing":  # its first attempt, running

@@ -86,6 +86,11 @@ def cancellable(context: TaskContext, seconds: float) -> str:
     return "not cancelled"
 
 
+@task(takes_context=True)
+def reports_attempt(context: TaskContext) -> int:
+    return context.attempt
+
+
 @task(backend="single")
 def single_fails() -> None:
     raise ValueError("no retries on this backend")
