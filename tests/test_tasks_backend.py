@@ -102,6 +102,22 @@ def test_get_result_equals_the_enqueued_result():
         assert result.task.get_result(result.id) == result
 
 
+def test_get_result_equals_the_enqueued_result_with_non_string_dict_keys():
+    result = t.echo.enqueue({1: "a"})
+    assert result.args == [{"1": "a"}]  # as stored
+    assert default_task_backend.get_result(result.id).args == result.args
+
+
+def test_get_result_keeps_the_tasks_key_and_owner(user):
+    keyed = t.noop_task.using(key="k1").enqueue()
+    assert default_task_backend.get_result(keyed.id) == keyed
+    owned = t.noop_task.using(owner=user).enqueue()
+    assert default_task_backend.get_result(owned.id) == owned
+    assert default_task_backend.get_result(owned.id).task.owner == user
+    by_id = t.noop_task.using(owner=user.pk).enqueue()
+    assert default_task_backend.get_result(by_id.id).task.owner == user
+
+
 def test_get_result_of_a_job_that_is_not_a_task(temp_handler):
     temp_handler("plain.handler")
     job = services.enqueue("plain.handler", {})

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import json
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from django.apps import apps
 from django.core import checks
@@ -259,6 +260,9 @@ def rebuild_task(base: Task[..., Any], job: Job) -> Task[..., Any]:
         "backend": parameters.get("backend", "default"),
         "run_after": datetime.fromisoformat(run_after) if run_after else None,
     }
+    if isinstance(base, JobstateTask):
+        changes["key"] = base.key if callable(base.key) and job.key else job.key
+        changes["owner"] = _owner(base.owner, job)
     if all(getattr(base, name) == value for name, value in changes.items()):
         return base
     # A copy, not dataclasses.replace(): the task was validated when it was enqueued,
@@ -267,6 +271,15 @@ def rebuild_task(base: Task[..., Any], job: Job) -> Task[..., Any]:
     for field in dataclasses.fields(base):
         object.__setattr__(task, field.name, changes.get(field.name, getattr(base, field.name)))
     return task
+
+
+def _owner(given: Any, job: Job) -> Any:
+    """The job's owner, as the task was given it if that is the same user (no query)."""
+    if job.owner_id is None:
+        return None
+    if isinstance(given, Model) and given.pk == job.owner_id:
+        return given
+    return job.owner
 
 
 def task_for_kind(kind: str) -> Task[..., Any] | None:
@@ -315,7 +328,8 @@ class JobstateBackend(BaseTaskBackend):
     def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
-        parameters = cast("dict[str, Any]", normalize_json({"args": args, "kwargs": kwargs}))
+        # What the database will store and get_result() read back (dict keys become strings).
+        parameters = json.loads(json_text(normalize_json({"args": args, "kwargs": kwargs}), "parameters"))
         if task.backend != "default":
             parameters["backend"] = task.backend
         if task.run_after is not None:
@@ -351,7 +365,7 @@ class JobstateBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.filter(pk=pk).first()
+        job = Job.objects.select_related("owner").filter(pk=pk).first()
         task = task_for_kind(job.kind) if job is not None else None
         if job is None or task is None:
             raise TaskResultDoesNotExist(result_id)
