@@ -289,6 +289,19 @@ def test_worker_sends_started_and_finished(worker_signals):
     assert started[0][1].worker_ids == ["inline"] and started[0][1].started_at is not None
 
 
+@task()
+def returns_int_keys() -> dict[int, str]:
+    return {1: "one"}
+
+
+def test_task_finished_return_value_is_the_stored_value(worker_signals):
+    _started, finished = worker_signals
+    result = returns_int_keys.enqueue()
+    run_all()
+    result.refresh()
+    assert finished[0][1].return_value == result.return_value == {"1": "one"}
+
+
 # -- context, progress, assets, keys, owner ------------------------------------------
 
 

@@ -237,7 +237,7 @@ def on_transition(change: Any) -> None:
             errors=list(attempt.result.errors),
             worker_ids=list(attempt.result.worker_ids),
         )
-        object.__setattr__(result, "_return_value", attempt.value)
+        object.__setattr__(result, "_return_value", stored(attempt.value))
         transaction.on_commit(lambda: task_finished.send(JobstateBackend, task_result=result))
         return
 
@@ -247,6 +247,12 @@ def on_transition(change: Any) -> None:
             task_finished.send(JobstateBackend, task_result=build_result(job, attempt.task))
 
     transaction.on_commit(send)
+
+
+def stored(value: Any) -> Any:
+    """``value`` as the database stores it and ``get_result`` reads it back (a dict's
+    keys become strings)."""
+    return json.loads(json.dumps(value)) if isinstance(value, dict | list) else value
 
 
 def rebuild_task(base: Task[..., Any], job: Job) -> Task[..., Any]:
