@@ -84,3 +84,14 @@ def test_outcome_calls_are_still_exported():
     assert services.complete is outcomes.complete
     assert services.fail is outcomes.fail
     assert services.mark_partial is outcomes.mark_partial
+
+
+def test_the_history_keeps_the_exception_line_of_a_traceback_with_a_long_message():
+    from jobstate.services.outcomes import _clipped_traceback
+
+    frames = "Traceback (most recent call last):\n" + '  File "a.py", line 1, in f\n    g()\n' * 50
+    long_frames = frames * 10 + "app.errors.Declined: no\n"
+    assert _clipped_traceback(long_frames, "Declined") == long_frames[-8000:]  # as before
+    long_message = frames + "app.errors.Declined: " + "x" * 9000 + "\n"
+    kept = _clipped_traceback(long_message, "Declined")
+    assert len(kept) <= 8000 and "\napp.errors.Declined: xxx" in kept and kept.startswith(frames[-4000:])

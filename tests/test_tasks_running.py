@@ -123,6 +123,24 @@ def test_custom_and_complex_exceptions():
     assert 'ValueError(ValueError("This task failed"))' in complex_.errors[0].traceback
 
 
+class LongMessageError(Exception):
+    pass
+
+
+@task(max_attempts=1)
+def raises_a_long_message() -> None:
+    raise LongMessageError("x" * 9000)
+
+
+def test_exception_class_path_of_an_exception_with_a_long_message():
+    result = raises_a_long_message.enqueue()
+    run_all()
+    result.refresh()
+    assert result.errors[0].exception_class_path == f"{__name__}.LongMessageError"
+    assert result.errors[0].exception_class is LongMessageError
+    assert "raise LongMessageError" in result.errors[0].traceback  # the frames are kept
+
+
 def test_complex_return_value_fails_the_task():
     result = t.complex_return_value.using(backend="single").enqueue()
     run_all()

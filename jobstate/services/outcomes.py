@@ -7,6 +7,7 @@ call matches no row and is refused with ``LeaseLost``, changing nothing.
 from __future__ import annotations
 
 import logging
+import re
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -209,7 +210,7 @@ def fail(
             "attempt": attempts,
             "error": error,
             "error_type": error_type,
-            "traceback": traceback[-8000:],
+            "traceback": _clipped_traceback(traceback, error_type),
         }
         fields = {
             **(progress or {}),
@@ -257,3 +258,22 @@ def fail(
 def _worker_actor(job: JobRef) -> Actor:
     worker = job.worker_id if isinstance(job, Job) else ""
     return Actor.worker(worker) if worker else Actor("worker")
+
+
+_TRACEBACK_KEPT = 8000
+
+
+def _clipped_traceback(traceback: str, error_type: str) -> str:
+    """The history's copy of a traceback: its last ``_TRACEBACK_KEPT`` characters, unless
+    that cuts the start of its last ``module.Class: message`` line (a long message),
+    which alone names the exception's module: then the frames before that line and
+    the line's start."""
+    if len(traceback) <= _TRACEBACK_KEPT:
+        return traceback
+    cut = len(traceback) - _TRACEBACK_KEPT
+    header = rf"^(?:[A-Za-z_]\w*\.)*{re.escape(error_type)}(?::|$)"
+    starts = [m.start() for m in re.finditer(header, traceback, re.MULTILINE)] if error_type else []
+    if not starts or starts[-1] >= cut:
+        return traceback[cut:]
+    start, half = starts[-1], _TRACEBACK_KEPT // 2
+    return traceback[max(0, start - half) : start] + traceback[start : start + half]
