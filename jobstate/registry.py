@@ -4,6 +4,7 @@ dotted path that came from a client."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,9 +86,10 @@ def handler(
     ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
     validate_api_policy(name, api)
-    if max_attempts is not None and max_attempts < 1:
+    # "not >= 1" and isfinite(): NaN compares false, and int(inf) raises at the first claim.
+    if max_attempts is not None and not (max_attempts >= 1 and math.isfinite(max_attempts)):
         raise ValueError("max_attempts must be at least 1")
-    if concurrency is not None and concurrency < 1:
+    if concurrency is not None and not (concurrency >= 1 and math.isfinite(concurrency)):
         raise ValueError("concurrency must be at least 1")
     if timeout is not None and not timeout > 0:
         raise ValueError("timeout must be a positive number of seconds")

@@ -180,10 +180,16 @@ def takes_no_context() -> None:
         ({"max_attempts": 0}, "max_attempts must be a whole number between 1 and 1000 (got 0)"),
         ({"max_attempts": 1.5}, "max_attempts must be a whole number between 1 and 1000 (got 1.5)"),
         ({"max_attempts": True}, "max_attempts must be a whole number between 1 and 1000 (got True)"),
+        ({"max_attempts": float("inf")}, "max_attempts must be a whole number between 1 and 1000 (got inf)"),
+        ({"max_attempts": float("nan")}, "max_attempts must be a whole number between 1 and 1000 (got nan)"),
         ({"timeout": 0}, "timeout must be a positive number of seconds (got 0)"),
+        ({"timeout": float("nan")}, "timeout must be a positive number of seconds (got nan)"),
         ({"timeout": "10"}, "timeout must be a positive number of seconds (got '10')"),
         ({"concurrency": 0}, "concurrency must be a whole number of at least 1 (got 0)"),
+        ({"concurrency": float("inf")}, "concurrency must be a whole number of at least 1 (got inf)"),
+        ({"concurrency": float("nan")}, "concurrency must be a whole number of at least 1 (got nan)"),
         ({"retry_backoff": -1}, "retry_backoff must be a number of seconds >= 0"),
+        ({"retry_backoff": float("nan")}, "retry_backoff must be a number of seconds >= 0"),
         ({"key": ""}, "key must be a non-empty string of at most 255 characters"),
         ({"key": 5}, "key must be a non-empty string"),
         ({"kind": ""}, "kind must be a non-empty string"),
@@ -253,3 +259,18 @@ def test_good_options_reach_the_registry():
     assert registry.concurrency_limits()["tests.tasks_app.jobstate_tasks.limited"] == 1
     assert registry.get_handler("tests.tasks_app.jobstate_tasks.flaky").retry_backoff == 0
     assert registry.get_handler("reports.progress").func.jobstate_task is jt.with_progress
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_attempts": float("inf")},
+        {"max_attempts": float("nan")},
+        {"concurrency": float("inf")},
+        {"concurrency": float("nan")},
+        {"retry_backoff": float("nan")},
+    ],
+)
+def test_the_registry_refuses_non_finite_options(temp_handler, options):
+    with pytest.raises(ValueError, match=r"(must be|is) a"):
+        temp_handler("test.non_finite", **options)

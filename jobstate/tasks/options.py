@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from jobstate.models import Job
@@ -45,6 +46,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _whole(value: Any) -> bool:
+    """A whole number (1 or 1.0; not inf or NaN, which int() refuses)."""
+    return _number(value) and math.isfinite(value) and int(value) == value
+
+
 def validate_options(task: Task[..., Any]) -> None:
     """Raise ``InvalidTask`` naming the first jobstate option that is wrong."""
     # Before Django's own range check, which compares a string with numbers (a
@@ -55,9 +61,7 @@ def validate_options(task: Task[..., Any]) -> None:
             f"(got {task.priority!r})."
         )
     max_attempts = option(task, "max_attempts")
-    if max_attempts is not None and (
-        not _number(max_attempts) or int(max_attempts) != max_attempts or not 1 <= max_attempts <= 1000
-    ):
+    if max_attempts is not None and (not _whole(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
         raise InvalidTask(
             f"max_attempts must be a whole number between 1 and {MAX_ATTEMPTS_LIMIT} (got {max_attempts!r})."
         )
@@ -65,12 +69,10 @@ def validate_options(task: Task[..., Any]) -> None:
     if timeout is not None and (not _number(timeout) or not timeout > 0):
         raise InvalidTask(f"timeout must be a positive number of seconds (got {timeout!r}).")
     concurrency = option(task, "concurrency")
-    if concurrency is not None and (
-        not _number(concurrency) or int(concurrency) != concurrency or concurrency < 1
-    ):
+    if concurrency is not None and (not _whole(concurrency) or concurrency < 1):
         raise InvalidTask(f"concurrency must be a whole number of at least 1 (got {concurrency!r}).")
     backoff = option(task, "retry_backoff")
-    if backoff is not None and not callable(backoff) and (not _number(backoff) or backoff < 0):
+    if backoff is not None and not callable(backoff) and (not _number(backoff) or not backoff >= 0):
         raise InvalidTask(
             f"retry_backoff must be a number of seconds >= 0 or a callable attempt -> seconds "
             f"(got {backoff!r})."
