@@ -385,6 +385,13 @@ def test_owner(user):
     assert job.events.get().actor_label == "user:alice"
 
 
+def test_an_owner_given_by_id_is_the_enqueue_actor(user):
+    result = t.noop_task.using(owner=user.pk).enqueue()
+    job = Job.objects.get(pk=result.id)
+    assert job.owner == user
+    assert job.events.get().actor_label == "user:alice"
+
+
 # -- jobstate state changes seen through get_result -----------------------------------
 
 

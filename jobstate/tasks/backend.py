@@ -358,7 +358,8 @@ class JobstateBackend(BaseTaskBackend):
             priority=task.priority,
             run_after=task.run_after,
             max_attempts=max_attempts,
-            actor=owner if isinstance(owner, Model) else services.Actor.system(f"tasks:{self.alias}"),
+            # None: the owner (a user or a user id, resolved by the service) is the actor.
+            actor=services.Actor.system(f"tasks:{self.alias}") if owner is None else None,
         )
         if created:
             result = build_result(job, task, events=[])
