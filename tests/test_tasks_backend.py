@@ -125,6 +125,21 @@ def test_get_result_of_a_job_that_is_not_a_task(temp_handler):
         default_task_backend.get_result(str(job.pk))
 
 
+def test_get_result_of_an_unknown_kind_starting_with_a_dot(temp_handler):
+    temp_handler(".hidden.job")
+    job = services.enqueue(".hidden.job", {})
+    registry.unregister(".hidden.job")  # a process that does not register it
+    with pytest.raises(TaskResultDoesNotExist):  # not importlib's TypeError
+        default_task_backend.get_result(str(job.pk))
+
+
+def test_get_result_of_a_task_in_a_queue_registered_elsewhere():
+    # QUEUES empty: the queue is named only in .using(queue_name=...), by the process that enqueued.
+    result = jt.single_queue.using(queue_name="adhoc").enqueue()
+    registry.unregister("adhoc:tests.tasks_app.jobstate_tasks.single_queue")  # as in another process
+    assert task_backends["single"].get_result(result.id) == result
+
+
 @pytest.mark.parametrize("result_id", ["70ee066b-1aec-46a8-84fc-2fe106240867", "123", ""])
 def test_get_missing_or_invalid_result(result_id):
     with pytest.raises(TaskResultDoesNotExist):

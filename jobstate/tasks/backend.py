@@ -294,17 +294,21 @@ def task_for_kind(kind: str) -> Task[..., Any] | None:
     spec = _spec(kind)
     if spec is not None:
         return getattr(spec.func, "jobstate_task", None)
-    _queue, path = split_kind(kind)
+    queue, path = split_kind(kind)
     if "." not in path:
         return None
     try:
         found = import_string(path)
-    except ImportError:
+    except (ImportError, TypeError, ValueError):  # TypeError: a relative path (".x.y")
         return None
     if not isinstance(found, Task):
         return None
     spec = _spec(kind)
-    return getattr(spec.func, "jobstate_task", None) if spec is not None else None
+    if spec is not None:
+        return getattr(spec.func, "jobstate_task", None)
+    # A queue this process never registered the task in (named only in another
+    # process's .using(queue_name=...)): the job is still that task's.
+    return found if kind_of(found, queue) == kind else None
 
 
 class JobstateBackend(BaseTaskBackend):
