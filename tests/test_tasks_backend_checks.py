@@ -7,6 +7,7 @@ tests/test_tasks_backend.py and tests/test_tasks_running.py."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
@@ -62,6 +63,22 @@ def test_a_queue_name_with_a_colon_is_read_back_whole():
         assert result.return_value == "ok" and result.task.queue_name == "eu:emails"
     finally:
         registry.unregister(kind)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_name_with_a_nul_character_is_invalid():
+    # QUEUES empty (any name): it reached the INSERT (DataError on PostgreSQL; stored on SQLite).
+    with pytest.raises(InvalidTask, match="NUL"):
+        jt.single_queue.using(queue_name="a\x00b").enqueue()
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_after_that_cannot_be_stored_is_an_invalid_task():
+    far = datetime(9999, 12, 31, 23, 30, tzinfo=dt_timezone(timedelta(hours=-5)))  # 10000 in UTC
+    with pytest.raises(InvalidTask, match="run_after"):
+        jt.single_queue.using(run_after=far).enqueue()
+    assert not Job.objects.exists()
 
 
 # -- the system check ----------------------------------------------------------------

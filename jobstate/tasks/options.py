@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any
 
@@ -93,8 +94,25 @@ def validate_options(task: Task[..., Any]) -> None:
             f"(\"emails:myapp.tasks.send\"); use another character, such as '.'."
         )
     full = kind_of(task)
+    if "\x00" in full:
+        raise InvalidTask(f"The job kind {full!r} holds a NUL character; the database cannot store it.")
+    _check_run_after(task)
     if len(full) > KIND_MAX_LENGTH:
         raise InvalidTask(
             f"The job kind {full!r} is longer than {KIND_MAX_LENGTH} characters; give the task a "
             f"shorter kind=."
         )
+
+
+def _check_run_after(task: Task[..., Any]) -> None:
+    # The database stores it in UTC: an aware time late on 9999-12-31 in a zone west
+    # of UTC is past the last datetime (a ValidationError at enqueue, not InvalidTask).
+    run_after = task.run_after
+    if run_after is None or run_after.utcoffset() is None:
+        return
+    try:
+        run_after.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidTask(
+            f"run_after {run_after.isoformat()} is past the last time the database can store."
+        ) from None
