@@ -572,3 +572,16 @@ def test_on_commit_enqueue_checks_the_arguments_in_the_callers_transaction(djang
         django_user_model.objects.create(username="bob")
         enqueue_on_commit(t.noop_task, object())
     assert not django_user_model.objects.filter(username="bob").exists() and not Job.objects.exists()
+
+
+def test_enqueue_on_commit_passes_using_and_task_arguments_to_the_task():
+    with transaction.atomic():
+        enqueue_on_commit(t.echo, using="fast", task="x")
+    assert Job.objects.get().parameters == {"args": [], "kwargs": {"using": "fast", "task": "x"}}
+
+
+def test_enqueue_on_commit_still_reads_using_as_the_database_of_a_task_without_that_argument():
+    with pytest.warns(DeprecationWarning, match="using=alias"), transaction.atomic():
+        enqueue_on_commit(t.calculate_meaning_of_life, using="default")
+        assert not Job.objects.exists()
+    assert Job.objects.get().parameters == {"args": [], "kwargs": {}}

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import inspect
 import json
 import uuid
+import warnings
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
@@ -394,16 +396,40 @@ class JobstateBackend(BaseTaskBackend):
             )
 
 
-def enqueue_on_commit(task: Task[..., Any], *args: Any, using: str | None = None, **kwargs: Any) -> None:
-    """Enqueue ``task`` once the current transaction on ``using`` commits (at once
-    outside one); nothing is enqueued if it rolls back. ``jobstate``'s own
-    ``enqueue`` is already part of the transaction it runs in: use this when the
-    job must not exist before the caller's work is committed elsewhere (another
-    database), or to keep enqueueing out of a long transaction. The task's options and
-    whether its arguments can be stored as JSON are checked now, so that those errors
-    raise in the caller's transaction (which then rolls back); the rest (a key callable's
-    value, say) is checked at the commit, as ``enqueue`` checks it."""
+def enqueue_on_commit(task: Task[..., Any], /, *args: Any, **kwargs: Any) -> None:
+    """Enqueue ``task`` with ``args`` and ``kwargs`` (all of them the task's: ``task``
+    is positional-only) once the current transaction commits (at once outside one);
+    nothing is enqueued if it rolls back. ``jobstate``'s own ``enqueue`` is already
+    part of the transaction it runs in: use this when the job must not exist before the
+    caller's work is committed elsewhere (another database), or to keep enqueueing out
+    of a long transaction. The task's options and whether its arguments can be stored
+    as JSON are checked now, so that those errors raise in the caller's transaction
+    (which then rolls back); the rest (a key callable's value, say) is checked at the
+    commit, as ``enqueue`` checks it.
+
+    Earlier versions took ``using=`` as the database whose transaction to wait for; a
+    ``using=`` the task's function cannot receive still means that (deprecated)."""
+    using = None
+    if "using" in kwargs and not _takes_keyword(task, "using"):
+        warnings.warn(
+            "enqueue_on_commit(..., using=alias) is deprecated: use "
+            "transaction.on_commit(functools.partial(task.enqueue, ...), using=alias)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        using = kwargs.pop("using")
     backend = task.get_backend()
     backend.validate_task(task)
     json_text(normalize_json({"args": list(args), "kwargs": kwargs}), "parameters")
     transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using)
+
+
+def _takes_keyword(task: Task[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(task.func).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume it does
+        return True
+    return any(
+        p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in parameters
+    )
