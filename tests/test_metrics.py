@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.test.utils import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,11 +15,14 @@ from jobstate import services
 from jobstate.metrics import gauges, totals
 from jobstate.metrics.models import MetricTotal
 from jobstate.services import workers
+from jobstate.worker.retention import prune
 from jobstate.worker.runner import drain
 
 pytestmark = pytest.mark.django_db
 
 OPEN = {"METRICS_ACCESS": "open", "METRICS_CACHE_SECONDS": 0, "METRICS_SETTLE_SECONDS": 0}
+ENQUEUED = {"from_status": "none", "to_status": "queued", "transition": "enqueue"}
+postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL behaviour")
 
 
 @pytest.fixture(autouse=True)
@@ -148,6 +152,36 @@ def test_folding_is_incremental_and_bounded(client):
     assert value(s, "jobstate_outcomes_total", kind="test.echo", outcome="completed") == 2
     assert value(s, "jobstate_queue_wait_seconds_count", kind="test.echo") == 2
     assert scrape(client) == s
+
+
+@postgres_only
+@override_settings(JOBSTATE={**OPEN, "METRICS_FOLD_BATCH": 3})
+def test_counters_keep_counting_after_a_rolled_back_batch_of_enqueues(client):
+    services.enqueue("test.echo", {})
+    scrape(client)  # cursor placed, first row counted
+    with pytest.raises(RuntimeError), transaction.atomic():
+        for _ in range(5):  # 5 history ids taken from the sequence, never committed
+            services.enqueue("test.echo", {})
+        raise RuntimeError("the import failed")
+    services.enqueue("test.echo", {})
+    for _ in range(5):
+        s = scrape(client)
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **ENQUEUED) == 2
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_FOLD_BATCH": 3})
+def test_counters_keep_counting_after_retention_deleted_unfolded_history(client):
+    services.enqueue("test.echo", {})
+    scrape(client)
+    for _ in range(2):
+        services.enqueue("test.echo", {})
+    drain()  # 8 more history rows, not folded yet (no scrape meanwhile)
+    prune(days=0)  # retention deletes the finished jobs and their history
+    services.enqueue("test.echo", {})
+    for _ in range(5):
+        s = scrape(client)
+    # 1 (folded) + the new one; the pruned rows' enqueues were never folded (batch of 3)
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **ENQUEUED) >= 2
 
 
 @override_settings(JOBSTATE={**OPEN, "LEASE_SECONDS": 0.05})

@@ -129,20 +129,28 @@ def _histogram(qs: Any, name: str, buckets: tuple[float, ...], totals: Totals, *
 def _settled_upto(cursor: int, now: datetime, limit: int) -> int:
     """The highest history id that may be folded in: below the first row younger
     than METRICS_SETTLE_SECONDS (its transaction may not be alone in flight) and
-    at most ``limit`` ids past the cursor."""
+    at most ``limit`` existing rows past the cursor.
+
+    The window is counted in rows, not ids: ids have gaps (a rolled-back
+    transaction's, retention's deletions), and a window of ids inside a gap
+    would find nothing and hold the cursor there for good."""
     young_after = now - timedelta(seconds=float(conf.get("METRICS_SETTLE_SECONDS")))
-    window = JobEvent.objects.filter(id__gt=cursor, id__lte=cursor + limit)
+    past = JobEvent.objects.filter(id__gt=cursor)
+    # The limit-th row past the cursor, by the primary key's index (else the last one).
+    edge = list(past.order_by("id").values_list("id", flat=True)[limit - 1 : limit])
+    last: int | None = edge[0] if edge else past.aggregate(last=Max("id"))["last"]
+    if last is None:
+        return cursor
+    window = past.filter(id__lte=last)
     young: int | None = window.filter(created_at__gte=young_after).aggregate(first=Min("id"))["first"]
-    if young is not None:
-        return young - 1
-    return window.aggregate(last=Max("id"))["last"] or cursor
+    return young - 1 if young is not None else last
 
 
 def fold(now: datetime | None = None) -> Totals:
     """Fold settled history rows into the stored totals (one process at a time;
     a process that finds another folding skips it) and return the stored totals."""
     now = now or timezone.now()
-    limit = int(conf.get("METRICS_FOLD_BATCH"))
+    limit = max(1, int(conf.get("METRICS_FOLD_BATCH")))
     with transaction.atomic():
         lock = MetricTotal.objects.filter(key=CURSOR)
         if connection.features.has_select_for_update_skip_locked:
