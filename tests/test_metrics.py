@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.test.utils import override_settings
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobstate import services
+from jobstate.exceptions import Suspend
 from jobstate.metrics import gauges, totals
 from jobstate.metrics.models import MetricTotal
 from jobstate.services import workers
@@ -274,3 +276,27 @@ def test_access_by_token(client, staff_user):
     client.force_login(staff_user)
     assert client.get("/metrics/").status_code == 403  # token mode: staff is not enough
     assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
+
+
+@pytest.mark.parametrize("until", [True, False], ids=["until", "children"])
+@override_settings(JOBSTATE=OPEN)
+def test_a_suspended_job_is_not_a_retry_and_waits_once(client, temp_handler, until):
+    calls: list[int] = []
+
+    def poll(ctx: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Suspend("not ready yet", until=timezone.now() if until else None)
+
+    temp_handler("test.poll", poll)
+    services.enqueue("test.poll", {})
+    scrape(client)
+    drain()
+    drain()
+    assert len(calls) == 2
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.poll", status="completed") == 1
+    # "retried": an attempt failed and the job went back to the queue
+    assert value(s, "jobstate_outcomes_total", kind="test.poll", outcome="retried") is None
+    # "Enqueue to the first attempt's claim": one job, one sample
+    assert value(s, "jobstate_queue_wait_seconds_count", kind="test.poll") == 1

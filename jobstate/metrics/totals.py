@@ -31,12 +31,13 @@ from django.db.models import (
     Case,
     Count,
     DurationField,
+    Exists,
     ExpressionWrapper,
     F,
     IntegerField,
     Max,
     Min,
-    Q,
+    OuterRef,
     Sum,
     Value,
     When,
@@ -89,23 +90,31 @@ def _count(after: int, upto: int, totals: Totals) -> None:
     queries over that id range, nothing per row in Python."""
     events = JobEvent.objects.filter(id__gt=after, id__lte=upto).order_by()
     reaper = Case(When(actor_label="system:reaper", then=Value(True)), default=Value(False))
+    # An attempt that failed and will run again (services.fail with a retry left)
+    # records its error; a Suspend, a hand-back or an operator's requeue do not.
+    failed = Case(When(metadata__has_key="error_type", then=Value(True)), default=Value(False))
     grouped = (
-        events.annotate(by_reaper=reaper)
-        .values_list("job__kind", "from_status", "to_status", "transition", "by_reaper")
+        events.annotate(by_reaper=reaper, failed=failed)
+        .values_list("job__kind", "from_status", "to_status", "transition", "by_reaper", "failed")
         .annotate(n=Count("id"))
     )
-    for kind, from_status, to_status, name, by_reaper, n in grouped:
+    for kind, from_status, to_status, name, by_reaper, failed_attempt, n in grouped:
         totals.add(key("transitions", kind, from_status or "none", to_status, name), n)
         if by_reaper:
             totals.add(key("reaper", kind, name), n)
         if to_status in TERMINAL:
             totals.add(key("outcomes", kind, to_status), n)
         elif from_status == Status.PROCESSING and to_status == Status.QUEUED:
-            totals.add(key("outcomes", kind, "rescued" if by_reaper else "retried"), n)
-    # Queue wait: enqueue to the first attempt's claim.
-    first_claims = events.filter(transition="claim").filter(
-        Q(metadata__attempt=1) | (Q(metadata__attempt__isnull=True) & Q(job__attempts=1))
+            if by_reaper:
+                totals.add(key("outcomes", kind, "rescued"), n)
+            elif failed_attempt:
+                totals.add(key("outcomes", kind, "retried"), n)
+    # Queue wait: enqueue to the job's first claim (an attempt refunded by a
+    # Suspend or a hand-back is claimed again as attempt 1: not a first claim).
+    earlier_claim = JobEvent.objects.filter(
+        job_id=OuterRef("job_id"), id__lt=OuterRef("id"), transition="claim"
     )
+    first_claims = events.filter(transition="claim").exclude(Exists(earlier_claim))
     waited = first_claims.annotate(
         d=ExpressionWrapper(F("created_at") - F("job__created_at"), output_field=DurationField())
     )
