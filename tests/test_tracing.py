@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,17 @@ def test_a_job_queued_outside_a_trace_gets_a_trace_per_attempt(exporter, temp_ha
     assert [o.parent.span_id for o in outcomes] == [a.context.span_id for a in attempts]
     assert outcomes[0].context.trace_id != outcomes[1].context.trace_id
     assert "jobstate.enqueue" not in by_name(finished)
+
+
+def test_transition_spans_do_not_end_before_they_start(exporter, temp_handler):
+    temp_handler("test.traced", lambda ctx: time.sleep(0.01))
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request"):
+        services.enqueue("test.traced", {})
+    drain()
+    finished = exporter.get_finished_spans()
+    assert {"jobstate.claim", "jobstate.complete"} <= {s.name for s in finished}
+    backwards = [(s.name, (s.end_time - s.start_time) / 1e6) for s in finished if s.end_time < s.start_time]
+    assert backwards == []
 
 
 def test_without_a_provider_nothing_is_traced_or_queried(user):

@@ -123,10 +123,16 @@ def _on_transition(change: hooks.Transition) -> None:
         attributes["jobstate.step"] = step
     if change.reason:
         attributes["jobstate.reason"] = change.reason[:500]
+    # A transition is a moment (a step's span runs from the step's start): never
+    # end a span before its start, which an exporter would show as a negative duration.
+    end = _ns(change.at)
+    start = start if start is not None else end
+    if start is not None and end is not None:
+        end = max(start, end)
     span = _tracer().start_span(name, context=parent, attributes=attributes, start_time=start)
     if change.transition in FAILED:
         span.set_status(StatusCode.ERROR, change.reason[:500] or None)
-    span.end(end_time=_ns(change.at))
+    span.end(end_time=end)
 
 
 def _step(job_id: Any) -> tuple[str, int | None]:
