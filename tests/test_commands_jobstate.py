@@ -103,6 +103,27 @@ def test_bad_options_are_a_command_error_and_write_nothing(args: tuple[str, ...]
     assert not Job.objects.exists()
 
 
+# argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("jobstate", "enqueue", "test.echo", "--owner", "\udcff"), "no user"),
+        (("jobstate", "enqueue", "test.echo", "--key", "k\udcff"), "key"),
+        (("jobstate", "enqueue", "test.echo", "--reason", "\udcff"), "reason"),
+        (("jobstate", "enqueue", "test.echo", "--reason", "a\x00b"), "reason"),
+        (("jobstate", "enqueue", "test.\udcff"), "kind"),
+        (("jobstate", "show", "\udcff"), "job"),
+        (("jobstate_workflow", "start", "wf.\udcff"), "kind"),
+        (("jobstate_workflow", "skip", "3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43", "\udcff"), "step"),
+        (("jobstate_move_hot_columns", "--database", "\udcff"), "database"),
+    ],
+)
+def test_undecodable_text_is_a_command_error(args: tuple[str, ...], says: str) -> None:
+    message = refused(*args)
+    assert says in message and "UTF-8" in message
+    assert not Job.objects.exists()
+
+
 def test_cancel_queued_and_running_jobs() -> None:
     waiting, running = queued(), processing()
     out, _ = run("jobstate", "cancel", str(waiting.pk), "--reason", "not needed")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import getpass
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError
@@ -20,6 +22,34 @@ def cli_actor() -> services.Actor:
     except Exception:  # no user name in this environment (some containers)
         who = "unknown"
     return services.Actor(f"cli:{who}")
+
+
+# What a bad value can never match, for a clearer error than "bad text".
+_NO_MATCH = {"owner": "; no user has such a name"}
+
+
+def usable_text(value: str) -> bool:
+    """Text a database can store: no NUL (PostgreSQL refuses it) and no lone
+    surrogate (argv bytes that are not UTF-8 reach Python as those)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(options: Mapping[str, Any]) -> None:
+    """Refuse, as a CommandError, any string argument (or item of a repeated
+    one) that is not ``usable_text``: it would be a traceback further on."""
+    for name, value in options.items():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str) and not usable_text(item):
+                raise CommandError(
+                    f"{name.replace('_', '-')}: {item!r} holds a NUL character or bytes that are not "
+                    f"UTF-8{_NO_MATCH.get(name, '')}"
+                )
 
 
 def job_id(raw: str) -> uuid.UUID:

@@ -25,7 +25,7 @@ from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError
-from jobstate.management.commands._common import cli_actor, fail, get_job
+from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
 from jobstate.models import Job
 from jobstate.states import Status
 
@@ -65,6 +65,7 @@ class Command(BaseCommand):
         show.add_argument("--json", action="store_true", help="Print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        check_text(options)
         action = options["action"]
         try:
             getattr(self, f"do_{action}")(options)
@@ -184,8 +185,6 @@ class Command(BaseCommand):
         if not name:
             return None
         User = get_user_model()
-        if "\x00" in name:  # PostgreSQL refuses it in a query: no user has one
-            raise CommandError(f"--owner: no user {name!r}")
         try:
             return User.objects.get(**{User.USERNAME_FIELD: name})
         except User.DoesNotExist:

@@ -16,6 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from jobstate.management.commands._common import check_text
 from jobstate.models import layout
 
 
@@ -32,6 +33,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        check_text(options)
         if options["database"] not in connections:
             raise CommandError(f"--database: no database {options['database']!r} in settings.DATABASES")
         connection = connections[options["database"]]

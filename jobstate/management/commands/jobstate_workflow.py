@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import JobStateError
-from jobstate.management.commands._common import cli_actor, fail, get_job
+from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
 from jobstate.models import JobStep
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
@@ -41,6 +41,7 @@ class Command(BaseCommand):
         stop.add_argument("--reason", default="")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        check_text(options)
         actor = cli_actor()
         action = options["action"]
         try:
