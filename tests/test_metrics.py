@@ -300,3 +300,18 @@ def test_a_suspended_job_is_not_a_retry_and_waits_once(client, temp_handler, unt
     assert value(s, "jobstate_outcomes_total", kind="test.poll", outcome="retried") is None
     # "Enqueue to the first attempt's claim": one job, one sample
     assert value(s, "jobstate_queue_wait_seconds_count", kind="test.poll") == 1
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_a_status_that_empties_reads_zero(client, temp_handler):
+    services.enqueue("test.echo", {})
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 1
+    assert value(s, "jobstate_jobs", kind="test.echo", status="failed") == 0
+    drain()
+    s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 0
+    assert value(s, "jobstate_jobs", kind="test.echo", status="completed") == 1
+    # A registered kind without jobs reads 0 too: its series exist from the start.
+    temp_handler("test.idle", lambda ctx: None)
+    assert value(scrape(client), "jobstate_jobs", kind="test.idle", status="queued") == 0

@@ -21,7 +21,7 @@ from django.db import close_old_connections, connection
 from django.db.models import Count, Max, Min
 from django.utils import timezone
 
-from jobstate import conf
+from jobstate import conf, registry
 from jobstate.metrics import totals
 from jobstate.models import Job
 from jobstate.services import workers
@@ -50,12 +50,22 @@ def stuck_counts(now: datetime) -> dict[str, int]:
     return count_stuck(now)
 
 
+def job_counts() -> dict[tuple[str, str], int]:
+    """Jobs per (kind, status), with a 0 for every status of every registered
+    kind or kind with jobs: a status that empties reads 0 rather than vanishing
+    from the scrape (series bounded by kinds x statuses)."""
+    found: dict[tuple[str, str], int] = {}
+    for kind, status, n in Job.objects.order_by().values_list("kind", "status").annotate(n=Count("pk")):
+        found[(kind, status)] = n
+    kinds = set(registry.all_handlers()) | {kind for kind, _ in found}
+    return {(kind, status): found.get((kind, status), 0) for kind in kinds for status in Status.values}
+
+
 def take(now: datetime | None = None) -> Snapshot:
     started = time.monotonic()
     now = now or timezone.now()
     snap = Snapshot(taken_at=now.timestamp())
-    for kind, status, n in Job.objects.order_by().values_list("kind", "status").annotate(n=Count("pk")):
-        snap.jobs[(kind, status)] = n
+    snap.jobs = job_counts()
     ready = (
         Job.objects.filter(status=Status.QUEUED, run_after__lte=now)
         .order_by()
