@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,7 @@ def handler(
     (any authenticated user) or a permission name such as
     ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
+    validate_name(name)
     validate_api_policy(name, api)
     # "not >= 1" and isfinite(): NaN compares false, and int(inf) raises at the first claim.
     if max_attempts is not None and not (max_attempts >= 1 and math.isfinite(max_attempts)):
@@ -122,6 +124,13 @@ def handler(
         return func
 
     return register
+
+
+def validate_name(name: str) -> None:
+    """A kind name is text without control characters: they cannot be typed, the
+    admin and logs show them badly, and the metrics join labels with one (\\x1f)."""
+    if not isinstance(name, str) or not name or any(unicodedata.category(c) == "Cc" for c in name):
+        raise ValueError(f"A job kind is a non-empty name without control characters, not {name!r}")
 
 
 def validate_api_policy(name: str, api: Any) -> None:

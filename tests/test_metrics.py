@@ -12,7 +12,7 @@ from django.test.utils import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobstate import services
+from jobstate import registry, services
 from jobstate.exceptions import Suspend
 from jobstate.metrics import gauges, totals
 from jobstate.metrics.models import MetricTotal
@@ -315,3 +315,20 @@ def test_a_status_that_empties_reads_zero(client, temp_handler):
     # A registered kind without jobs reads 0 too: its series exist from the start.
     temp_handler("test.idle", lambda ctx: None)
     assert value(scrape(client), "jobstate_jobs", kind="test.idle", status="queued") == 0
+
+
+@pytest.mark.parametrize("kind", ["odd\x1fkind", "tab\tkind", "nul\x00", "del\x7f", ""])
+def test_a_kind_with_a_control_character_is_refused_when_registered(kind, temp_handler):
+    # The metrics' stored keys join labels with \x1f: such a kind got wrong labels.
+    with pytest.raises(ValueError, match="control characters"):
+        temp_handler(kind, lambda ctx: None)
+    assert kind not in registry.all_handlers()
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_an_unusual_kind_keeps_its_labels(client, temp_handler):
+    kind = 'odd kind/ü "quoted" \\ back'
+    temp_handler(kind, lambda ctx: None)
+    services.enqueue(kind, {})
+    drain()
+    assert value(scrape(client), "jobstate_outcomes_total", kind=kind, outcome="completed") == 1
