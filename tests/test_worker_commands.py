@@ -275,3 +275,22 @@ def test_a_batch_held_by_another_transaction_ends_the_prune_instead_of_spinning(
         other.rollback()
     assert out.startswith("deleted 0 job(s)") and elapsed < 3, (out, elapsed)
     assert Job.objects.filter(pk=held.pk).exists()
+
+
+def test_prune_reports_the_webhook_deliveries_it_deletes(user):
+    from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    WebhookDelivery.objects.create(
+        endpoint=endpoint,
+        webhook_id="msg_old",
+        event="job.completed",
+        job_id="8d6f3c52-4f0c-4b8e-9d0a-0c3f1f0a1b2c",
+        created_at=timezone.now() - timedelta(days=400),
+    )
+    dry = command("jobstate_prune", "--days", "30", "--dry-run")
+    assert WebhookDelivery.objects.count() == 1
+    assert "; 1 webhook delivery record(s) older than that;" in dry, dry
+    out = command("jobstate_prune", "--days", "30")
+    assert WebhookDelivery.objects.count() == 0
+    assert "; 1 webhook delivery record(s) older than that;" in out, out

@@ -33,5 +33,7 @@ class Command(BaseCommand):
         verb = "would delete" if report.dry_run else "deleted"
         self.stdout.write(
             f"{verb} {report.jobs} job(s), {report.events} event(s), {report.assets} asset(s) "
-            f"finished before {report.cutoff:%Y-%m-%d %H:%M:%S %Z}; {len(report.orphan_files)} orphan file(s)"
+            f"finished before {report.cutoff:%Y-%m-%d %H:%M:%S %Z}; "
+            f"{report.deliveries} webhook delivery record(s) older than that; "
+            f"{len(report.orphan_files)} orphan file(s)"
         )
