@@ -52,6 +52,25 @@ def test_reap_once_requeues_or_fails_lost_jobs():
     assert command("jobstate_reap").startswith("requeued 0, failed 0, cancelled 0")
 
 
+def test_reap_exits_non_zero_when_a_job_could_not_be_reaped(monkeypatch):
+    from jobstate.services import control
+
+    lost = services.enqueue("test.echo", {})
+    (claimed,) = services.claim("lost:1")
+    services.begin(claimed, claimed.lease_token, "lost:1:1")
+    expire(claimed)
+
+    def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("a hook failed")
+
+    monkeypatch.setattr(control, "move", broken)
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 expired job"):
+        call_command("jobstate_reap", stdout=out)
+    assert f"not reaped (an error, logged) {lost.pk}" in out.getvalue()
+    assert Job.objects.get(pk=lost.pk).status == Status.PROCESSING
+
+
 def finished(kind: str = "test.echo", days_ago: float = 40, **options) -> Job:  # type: ignore[no-untyped-def]
     job = services.enqueue(kind, {}, **options)
     drain(kinds=[kind])

@@ -2,13 +2,16 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from jobstate import services
 
 
 class Command(BaseCommand):
-    help = "Requeue or fail processing jobs whose worker was lost (lease expired), once."
+    help = (
+        "Requeue or fail processing jobs whose worker was lost (lease expired), once. "
+        "Exits with status 1 if reaping a job raised an error (logged)."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         report = services.requeue_expired()
@@ -21,3 +24,5 @@ class Command(BaseCommand):
         for label, ids in outcomes.items():
             for pk in ids:
                 self.stdout.write(f"  {label} {pk}", self.style.WARNING)
+        if report.errors:  # exit status 1: a cron job or a deploy script should notice
+            raise CommandError(f"{len(report.errors)} expired job(s) not reaped: an error each, see the log")
