@@ -7,9 +7,11 @@ by id, incrementally, into ``MetricTotal`` rows. So:
 - the job hot path pays nothing (no extra write, no shared memory);
 - every web process answers with the same totals, whatever worker process
   made the transitions, and a restart of any process resets nothing;
-- a row whose transaction commits late is not lost: a fold stops before the
-  first row younger than METRICS_SETTLE_SECONDS (ids are taken at insert, rows
-  become visible at commit), so counters lag real time by that many seconds;
+- a row whose transaction commits late is not skipped if it commits within
+  METRICS_SETTLE_SECONDS of its insert: a fold stops before the first row
+  younger than that (ids are taken at insert, rows become visible at commit),
+  so counters lag real time by that many seconds (a longer transaction's rows
+  can be missed: docs/howto/metrics.md);
 - the work per scrape is three grouped queries over the rows since the last
   fold, whatever the size of the history.
 
