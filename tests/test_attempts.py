@@ -640,6 +640,39 @@ def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_ha
     assert job.progress_message == "starting"
 
 
+@pytest.mark.parametrize("flush", [0, 0.25])
+def test_a_kept_progress_report_never_lands_over_a_newer_one(temp_handler, monkeypatch, flush):
+    """A refused report is kept; the next report, written, carries it (latest
+    values win), so neither the heartbeat nor the outcome writes the older one later."""
+    real = services.report_progress
+    calls: list[int] = []
+
+    def refused_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("database is locked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "report_progress", refused_once)
+    seen = []
+
+    def handler(ctx):  # type: ignore[no-untyped-def]
+        ctx.progress(10, "first", step="a")  # refused: kept
+        time.sleep(flush)
+        ctx.progress(50, "second")  # written, with the kept step
+        time.sleep(1.6)  # past the kept report's retry (1 s)
+        seen.append(
+            Job.objects.values_list("progress", "progress_message", "current_step").get(pk=ctx.job.pk)
+        )
+        raise ValueError("boom")
+
+    temp_handler("t.stale_progress", handler, max_attempts=1)
+    with override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": flush}):
+        _outcome, job = run_one("t.stale_progress")
+    assert seen == [(50, "second", "a")]
+    assert job.status == Status.FAILED and (job.progress, job.progress_message) == (50, "second")
+
+
 def test_a_progress_write_refused_inside_the_handlers_transaction_is_the_handlers_error(
     temp_handler, monkeypatch
 ):

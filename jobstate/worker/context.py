@@ -85,7 +85,10 @@ class JobContext:
         }
         flush = float(conf.get("PROGRESS_FLUSH_SECONDS") or 0)
         if flush <= 0:
-            self._write_or_keep(report, flush)
+            # Serialised with the heartbeat's flush of a kept report: that older
+            # report must not land after this newer one.
+            with self._writing:
+                self._write_or_keep(report, flush)
             return
         notify = False
         with self._state:
@@ -111,17 +114,20 @@ class JobContext:
         ended) is kept for the heartbeat to write, as the heartbeat keeps its own,
         rather than failing the attempt. Inside the handler's own transaction the
         error is the handler's: that transaction can go no further."""
+        with self._state:
+            if self._pending:  # kept from a refused write: this newer report goes with it
+                report, self._pending, self._due = {**self._pending, **report}, None, None
         try:
             self._write(report)
         except DatabaseError:
+            with self._state:
+                self._pending = {**report, **(self._pending or {})}
+                self._due = time.monotonic() + max(flush, 1.0)
             if connection.in_atomic_block:
                 raise
             logger.warning(
                 "Job %s: progress not written; the heartbeat will retry", self.job.pk, exc_info=True
             )
-            with self._state:
-                self._pending = {**report, **(self._pending or {})}
-                self._due = time.monotonic() + max(flush, 1.0)
             if self.on_pending is not None:
                 self.on_pending()
 
