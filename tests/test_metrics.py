@@ -332,3 +332,18 @@ def test_an_unusual_kind_keeps_its_labels(client, temp_handler):
     services.enqueue(kind, {})
     drain()
     assert value(scrape(client), "jobstate_outcomes_total", kind=kind, outcome="completed") == 1
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_the_admins_reap_button_is_counted_as_the_reapers(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    from tests.admin_support import expired
+
+    job = expired()
+    scrape(admin_client)  # counting starts at the first scrape
+    assert admin_client.post(reverse("admin:jobstate_job_reap")).status_code == 302
+    gauges.reset()
+    s = scrape(admin_client)
+    assert value(s, "jobstate_reaper_actions_total", kind=job.kind, action="requeue") == 1
+    assert value(s, "jobstate_outcomes_total", kind=job.kind, outcome="rescued") == 1
