@@ -54,6 +54,27 @@ def test_a_counter_outlives_a_process_killed_while_writing_it(target: Any) -> No
     assert counter.get() == 1
 
 
+def _take_as_a_live_process_and_die(guard: Any) -> None:
+    guard._lock.acquire()
+    guard._holder.value = os.getppid()  # as if the dead holder's pid now named a live process
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_lock_held_for_too_long_is_taken_over_whoever_holds_it(monkeypatch: Any) -> None:
+    monkeypatch.setattr(shared, "TAKEOVER_MAX_SECONDS", 1.0, raising=False)
+    counter = shared.Counter()
+    _killed_holding(counter._guard, _take_as_a_live_process_and_die)
+    done = threading.Event()
+
+    def write() -> None:
+        counter.add(2)
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    assert done.wait(5), "a write waits forever on a lock whose holder's pid was reused"
+    assert counter.get() == 2
+
+
 def test_slots_outlive_a_process_killed_while_writing_them() -> None:
     slots = shared.Slots(4)
     slots.enter(os.getpid())

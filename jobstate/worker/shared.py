@@ -15,14 +15,18 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["Counter", "Slots", "running"]
 
 # How long a write waits for the lock before it looks at the holder (a live
-# holder keeps it for microseconds; a loaded machine may deschedule it a while).
+# holder keeps it for microseconds; a loaded machine may deschedule it a while),
+# and after how long it takes the lock over whoever holds it (a dead holder's pid
+# may have been given to a new process meanwhile).
 TAKEOVER_SECONDS = 0.5
+TAKEOVER_MAX_SECONDS = 5.0
 
 
 def _fork() -> Any:
@@ -39,16 +43,21 @@ class _Guard:
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         unknown = 0  # timeouts with no holder recorded (killed between taking and recording)
+        since = time.monotonic()
         while not self._lock.acquire(timeout=TAKEOVER_SECONDS):
             holder = self._holder.value
             unknown = unknown + 1 if holder == 0 else 0
-            if (holder and not running(holder)) or unknown >= 2:
+            gone = (holder and not running(holder)) or unknown >= 2
+            if gone or time.monotonic() - since >= TAKEOVER_MAX_SECONDS:
+                if self._holder.value != holder:
+                    continue  # another waiter took it over first, and someone holds it now
                 self._holder.value = 0
                 # The dead holder's lock, released on its behalf (a semaphore: any
                 # process may). Should it release late after all, that is one
                 # count lost, which the broker's reconciliation corrects.
                 with contextlib.suppress(ValueError):
                     self._lock.release()
+                since = time.monotonic()
         self._holder.value = os.getpid()
         try:
             yield
