@@ -222,7 +222,7 @@ class Supervisor:
             self.beat_wake.clear()
             self.busy_since = time.monotonic()
             try:
-                wait = self._heartbeat()
+                wait = self._heartbeat(generation)
             except Exception:
                 if generation != self._generation:
                     break
@@ -235,7 +235,7 @@ class Supervisor:
             self.beat_wake.wait(wait)
         close_quietly()  # retired: its connection is its own
 
-    def _heartbeat(self) -> float | None:
+    def _heartbeat(self, generation: int) -> float | None:
         interval = float(conf.get("HEARTBEAT_SECONDS"))
         now = time.monotonic()
         slot = self.slot
@@ -245,6 +245,8 @@ class Supervisor:
                 slot.next_beat = now + interval
                 if not slot.ctx.lease_lost.is_set():  # lost is lost: no query, no warning, every beat
                     self._beat_job(slot)
+                if generation != self._generation:
+                    return None  # retired while stuck in that call: its successor beats now
             due = slot.ctx.progress_due(now)
             if due is not None and now >= due:
                 self._flush(slot)
