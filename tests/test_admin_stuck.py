@@ -430,3 +430,31 @@ def test_list_button_counts_stuck_jobs_up_to_a_cap(admin_client: Any, monkeypatc
     expired()
     monkeypatch.setattr(jobs, "BADGE_CAP", 2)
     assert "Stuck jobs (2+)" in admin_client.get(changelist).content.decode()
+
+
+def test_a_reserved_job_its_cluster_keeps_is_not_flagged_no_heartbeat(admin_client: Any) -> None:
+    """A cluster reserved a job 10 minutes ago and keeps renewing its lease while it
+    waits behind a long job: healthy, for the job list and the remedy view as for the
+    stuck page."""
+    job = queued(run_after=ago(minutes=11))
+    [claimed] = services.claim("cluster-a", limit=1, lease_seconds=60, now=ago(minutes=10))
+    assert claimed.pk == job.pk and claimed.started_at is None
+    services.extend_leases("cluster-a", [(claimed.pk, claimed.lease_token)])
+    job.refresh_from_db()
+    ctx = stuck.Context()
+    assert [
+        r.code for r in stuck.REASONS if Job.objects.filter(pk=job.pk).filter(r.query(ctx)).exists()
+    ] == []
+    assert stuck.check(job, ctx=ctx) is None
+    html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
+    assert str(job.pk)[-8:] in html and "no heartbeat" not in html
+
+
+def test_cancelling_one_unserved_job_keeps_the_others_of_its_kind_reported(temp_handler: Any) -> None:
+    """A job cancelled before it ever ran says nothing of a worker serving its kind."""
+    temp_handler("test.orphan")
+    a = queued(kind="test.orphan", run_after=ago(hours=1))
+    b = queued(kind="test.orphan", run_after=ago(hours=1))
+    assert {f.job.pk for f in stuck.find_stuck()} == {a.pk, b.pk}
+    services.request_cancel(a, "ops", "stuck remedy")
+    assert {f.job.pk: f.reason for f in stuck.find_stuck()} == {b.pk: "queued_no_worker"}

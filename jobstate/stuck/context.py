@@ -137,9 +137,10 @@ def fresh_heartbeat_q(now: datetime) -> Q:
 
 
 def finished_kinds(now: datetime) -> frozenset[str]:
-    """Kinds of which a job finished within the queued-past-due window."""
+    """Kinds of which a worker finished a job within the queued-past-due window (a
+    job cancelled or failed before it ever started says nothing of a worker)."""
     window = now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
-    finished = Job.objects.filter(status__in=TERMINAL, finished_at__gte=window)
+    finished = Job.objects.filter(status__in=TERMINAL, finished_at__gte=window, started_at__isnull=False)
     return frozenset(finished.order_by().values_list("kind", flat=True).distinct())
 
 

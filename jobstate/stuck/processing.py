@@ -78,8 +78,15 @@ def _q_no_heartbeat(ctx: Context) -> Q:
 
 
 def _is_no_heartbeat(job: Job, ctx: Context) -> bool:
+    # Begun jobs only, as the query's rule: a job its cluster only reserved has no
+    # worker to beat yet; the cluster renews its lease (lease_expired otherwise).
     limit = ctx.now - _seconds("STUCK_NO_HEARTBEAT_SECONDS")
-    return job.status == Status.PROCESSING and job.heartbeat_at is not None and job.heartbeat_at < limit
+    return (
+        job.status == Status.PROCESSING
+        and job.started_at is not None
+        and job.heartbeat_at is not None
+        and job.heartbeat_at < limit
+    )
 
 
 def _describe_cancel(job: Job, ctx: Context) -> str:
