@@ -458,3 +458,12 @@ def test_cancelling_one_unserved_job_keeps_the_others_of_its_kind_reported(temp_
     assert {f.job.pk for f in stuck.find_stuck()} == {a.pk, b.pk}
     services.request_cancel(a, "ops", "stuck remedy")
     assert {f.job.pk: f.reason for f in stuck.find_stuck()} == {b.pk: "queued_no_worker"}
+
+
+def test_queued_no_worker_is_found_beyond_the_first_200_kinds(temp_handler: Any) -> None:
+    temp_handler("zz.orphan")
+    for i in range(201):
+        temp_handler(f"a.k{i:03d}")
+        queued(kind=f"a.k{i:03d}", run_after=timezone.now() + timedelta(hours=1))
+    late = queued(kind="zz.orphan", run_after=ago(hours=1))
+    assert {f.job.pk: f.reason for f in stuck.find_stuck()} == {late.pk: "queued_no_worker"}

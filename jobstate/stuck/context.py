@@ -28,6 +28,11 @@ def _ago(moment: datetime | None, now: datetime) -> str:
     return f"{timesince(moment, now)} ago" if moment <= now else "in the future"
 
 
+# Stored kinds looked at for queued_no_worker: one index probe each, so all of any
+# real project's (the first 200 only, before: a later kind was never reported).
+KINDS_MAX = 10_000
+
+
 class Context:
     """Per-call values shared by the reasons: the time, and (lazily) which kinds a
     worker is serving right now."""
@@ -61,7 +66,8 @@ class Context:
         """Stored kinds that finished no job lately: a worker serves them only if one
         of their jobs is running (usually there is none)."""
         if self._idle is None:
-            self._idle = frozenset(distinct_values(Job, "kind")) - self.finished_kinds
+            kinds = distinct_values(Job, "kind", limit=KINDS_MAX)
+            self._idle = frozenset(kinds) - self.finished_kinds
         return self._idle
 
     @property
