@@ -614,10 +614,7 @@ def test_a_progress_report_the_heartbeat_could_not_write_is_kept_for_the_next_tr
     assert (job.progress, job.progress_message) == (30, "second")
 
 
-@pytest.mark.parametrize("flush", [0, 0.25])
-def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_handler, monkeypatch, flush):
-    """The handler's own write is kept for the heartbeat, as the heartbeat keeps
-    its own; the report is stored in the end."""
+def _refuse_first_progress_write(monkeypatch):  # type: ignore[no-untyped-def]
     real = services.report_progress
     calls: list[int] = []
 
@@ -628,6 +625,13 @@ def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_ha
         return real(*args, **kwargs)
 
     monkeypatch.setattr(services, "report_progress", refused_once)
+
+
+@pytest.mark.parametrize("flush", [0, 0.25])
+def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_handler, monkeypatch, flush):
+    """The handler's own write is kept for the heartbeat, as the heartbeat keeps
+    its own; the report is stored in the end."""
+    _refuse_first_progress_write(monkeypatch)
 
     def handler(ctx):  # type: ignore[no-untyped-def]
         ctx.progress(10, "starting")
@@ -644,16 +648,7 @@ def test_a_progress_write_the_database_refuses_does_not_fail_the_attempt(temp_ha
 def test_a_kept_progress_report_never_lands_over_a_newer_one(temp_handler, monkeypatch, flush):
     """A refused report is kept; the next report, written, carries it (latest
     values win), so neither the heartbeat nor the outcome writes the older one later."""
-    real = services.report_progress
-    calls: list[int] = []
-
-    def refused_once(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        if len(calls) == 1:
-            raise OperationalError("database is locked")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "report_progress", refused_once)
+    _refuse_first_progress_write(monkeypatch)
     seen = []
 
     def handler(ctx):  # type: ignore[no-untyped-def]
