@@ -9,7 +9,17 @@ tasks framework; its names are loaded on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real types for type checkers; at runtime, loaded on first use
+    from jobstate.tasks.backend import (
+        JobstateBackend,
+        JobstateTask,
+        JobstateTaskContext,
+        current,
+        enqueue_on_commit,
+    )
+    from jobstate.tasks.decorator import task
 
 __all__ = [
     "JobstateBackend",
@@ -18,12 +28,17 @@ __all__ = [
     "current",
     "enqueue_on_commit",
     "install",
+    "task",
 ]
 
 _LAZY = {"JobstateBackend", "JobstateTask", "JobstateTaskContext", "current", "enqueue_on_commit"}
 
 
 def __getattr__(name: str) -> Any:
+    if name == "task":
+        from jobstate.tasks.decorator import task
+
+        return task
     if name in _LAZY:
         from jobstate.tasks import backend
 

@@ -18,7 +18,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.core import checks
@@ -53,11 +53,23 @@ from jobstate.tasks.results import build_result
 JobContext = Any
 
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("jobstate_task", default=None)
 
 
+if TYPE_CHECKING:
+    _GenericTask = Task
+else:
+    # Django 6's Task is generic in the stubs only (the backport's at runtime too):
+    # Generic makes JobstateTask[P, T] valid at runtime on both.
+    class _GenericTask(Task, Generic[P, T]):
+        __slots__ = ()
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class JobstateTask(Task):  # type: ignore[type-arg]  # generic in the stubs only
+class JobstateTask(_GenericTask[P, T]):
     """A ``Task`` with jobstate's per-task options (``@task(max_attempts=5, ...)``).
 
     ``kind``: the job kind (default: the function's module path). ``max_attempts``,
@@ -86,7 +98,7 @@ class JobstateTask(Task):  # type: ignore[type-arg]  # generic in the stubs only
         backend: str | None = None,
         owner: Any = None,
         key: Any = None,
-    ) -> JobstateTask:
+    ) -> JobstateTask[P, T]:
         changes: dict[str, Any] = {}
         for name, value in (
             ("priority", priority),

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from jobstate.exceptions import NonRetryable, Partial
-from jobstate.tasks import current
+from jobstate.tasks import JobstateTaskContext, current
+from jobstate.tasks import task as typed_task
 from jobstate.tasks.compat import TaskContext
 
 try:
@@ -115,3 +116,22 @@ def sleeper(seconds: float) -> float:
 @task()
 def returns_nan() -> float:
     return float("nan")
+
+
+# Declared with jobstate.tasks.task, the typed decorator (tests/test_tasks_typed.py).
+@typed_task(max_attempts=2, retry_backoff=0, key=lambda n: f"typed-{n}", kind="typed.keyed")
+def typed_keyed(n: int) -> int:
+    if current().job.attempts == 1:
+        raise RuntimeError("first attempt fails")
+    return n * 2
+
+
+@typed_task
+def typed_bare(n: int) -> int:
+    return n + 1
+
+
+@typed_task(takes_context=True, timeout=30, concurrency=3)
+def typed_context(context: JobstateTaskContext, steps: int) -> int:
+    context.jobstate.progress(50, "half way")
+    return context.attempt + steps
