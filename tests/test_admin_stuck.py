@@ -76,6 +76,10 @@ def scenario(temp_handler: Any) -> dict[str, Job]:
     retried = failed(error="flaky")
     services.retry(retried, "ops", "again")
     jobs["ok_retried"] = retried
+    # Failed with an idempotency key that a later enqueue took: that job carries on.
+    superseded = failed(error="flaky", key="nightly")
+    services.enqueue(superseded.kind, {"n": 2}, key="nightly")
+    jobs["ok_superseded"] = superseded
     return jobs
 
 
@@ -85,6 +89,21 @@ def test_each_reason_is_found_once(temp_handler: Any) -> None:
     expected = {str(j.pk): name.split(":")[0] for name, j in jobs.items() if not name.startswith("ok_")}
     # The retry of ok_retried is a fresh queued job: not stuck either.
     assert found == expected
+
+
+def test_a_keyed_failure_stays_reported_until_a_later_job_takes_its_key(django_user_model: Any) -> None:
+    # Keys are scoped per owner: another owner's job with the same key supersedes nothing.
+    alice, bob = (django_user_model.objects.create_user(name) for name in ("alice", "bob"))
+    mine = failed(alice, key="report")
+    system = failed(key="report")
+    services.enqueue(mine.kind, {"n": 2}, owner=bob, key="report")
+    assert reasons() == {str(mine.pk): "recently_failed", str(system.pk): "recently_failed"}
+    assert [stuck.check(job) is not None for job in (mine, system)] == [True, True]
+    services.enqueue(mine.kind, {"n": 2}, owner=alice, key="report")
+    assert reasons() == {str(system.pk): "recently_failed"}
+    services.enqueue(system.kind, {"n": 2}, key="report")
+    assert reasons() == {}
+    assert [stuck.check(job) for job in (mine, system)] == [None, None]
 
 
 def test_python_check_agrees_with_the_queries(temp_handler: Any) -> None:

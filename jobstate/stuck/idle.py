@@ -4,6 +4,8 @@ good and not retried."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import Exists, OuterRef, Q
 
 from jobstate.models import Job
@@ -37,10 +39,36 @@ def _is_waiting_no_children(job: Job, ctx: Context) -> bool:
     )
 
 
+def _later_with_key(**owner: Any) -> Q:
+    return Q(
+        Exists(
+            Job.objects.filter(
+                kind=OuterRef("kind"), key=OuterRef("key"), created_at__gt=OuterRef("created_at"), **owner
+            )
+        )
+    )
+
+
+def _not_superseded() -> Q:
+    """No later job took the failed job's idempotency key (an enqueue with the key
+    replaces a failed job): else the key's work goes on there, and a retry of this
+    one would be refused while that job is active. Keys are scoped per owner."""
+    return (
+        Q(key__isnull=True)
+        | (Q(owner__isnull=True) & ~_later_with_key(owner__isnull=True))
+        | (Q(owner__isnull=False) & ~_later_with_key(owner_id=OuterRef("owner_id")))
+    )
+
+
 def _q_recently_failed(ctx: Context) -> Q:
     since = ctx.now - _seconds("STUCK_RECENT_FAILURE_SECONDS")
     retried = Exists(Job.objects.filter(retry_of=OuterRef("pk")))
-    return Q(status=Status.FAILED, finished_at__gte=since) & ~Q(error_type=OPERATOR_FAILED) & ~Q(retried)
+    return (
+        Q(status=Status.FAILED, finished_at__gte=since)
+        & ~Q(error_type=OPERATOR_FAILED)
+        & ~Q(retried)
+        & _not_superseded()
+    )
 
 
 def _is_recently_failed(job: Job, ctx: Context) -> bool:
@@ -51,6 +79,12 @@ def _is_recently_failed(job: Job, ctx: Context) -> bool:
         and job.finished_at >= since
         and job.error_type != OPERATOR_FAILED
         and not Job.objects.filter(retry_of=job.pk).exists()
+        and not (
+            job.key is not None
+            and Job.objects.filter(
+                kind=job.kind, key=job.key, owner_id=job.owner_id, created_at__gt=job.created_at
+            ).exists()
+        )
     )
 
 
