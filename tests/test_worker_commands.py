@@ -313,3 +313,26 @@ def test_prune_reports_the_webhook_deliveries_it_deletes(user):
     out = command("jobstate_prune", "--days", "30")
     assert WebhookDelivery.objects.count() == 0
     assert "; 1 webhook delivery record(s) older than that;" in out, out
+
+
+def test_two_schedule_installs_at_once_create_one_reaper_schedule(monkeypatch):
+    # Both read "no reaper schedule" and both created one: the reaper ran twice a minute.
+    import threading
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("two connections at once: PostgreSQL (SQLite's IMMEDIATE transactions queue)")
+    create = Schedule.objects.create
+    other = threading.Thread(target=lambda: (schedules.install(prune=False), connection.close()))
+
+    def create_after_the_other(**fields: object) -> Schedule:
+        if not other.is_alive() and threading.current_thread() is threading.main_thread():
+            other.start()
+            other.join(timeout=3)  # it installed meanwhile, unless it waits for this one
+        return create(**fields)
+
+    monkeypatch.setattr(Schedule.objects, "create", create_after_the_other)
+    schedules.install(prune=False)
+    other.join(timeout=10)
+    assert Schedule.objects.filter(name=schedules.REAPER).count() == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django_q.models import Schedule
 
@@ -37,6 +37,7 @@ def install(prune: bool = True) -> dict[str, str]:
     outcome: dict[str, str] = {}
     keep = wanted(prune)
     with transaction.atomic():
+        _serialize()
         for item in keep:
             existing = Schedule.objects.filter(name=item.name).order_by("pk")
             current = existing.first()
@@ -73,6 +74,16 @@ def install(prune: bool = True) -> dict[str, str]:
             if name not in names and Schedule.objects.filter(name=name).delete()[0]:
                 outcome[name] = "removed"
     return outcome
+
+
+def _serialize() -> None:
+    """PostgreSQL: two installs at once (a deploy's replicas each running the command)
+    take turns, so that the second sees the first's schedules instead of adding its
+    own copies (no unique name in django-q2's table). SQLite's IMMEDIATE transaction
+    holds the write lock already."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('jobstate:schedules'))")
 
 
 def uninstall() -> int:
