@@ -375,3 +375,43 @@ def test_a_malformed_stored_endpoint_is_skipped_and_logged(user, caplog, events,
 def test_a_url_without_a_valid_port_is_blocked(url):
     with pytest.raises(transport.Blocked, match="not a valid URL"):
         transport.check_url(url)
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_an_ipv6_url_sends_a_valid_host_header():
+    # "Host: ::1:8080" (no brackets), which receivers refuse with a 400: every
+    # delivery to an IPv6 address failed. A port other than the scheme's default
+    # was left out too (http on 443), naming another site to a virtual host.
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hosts: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            hosts.append(self.headers["Host"])
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    try:
+        server = Server(("::1", 0), Handler)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        assert transport.post(f"http://[::1]:{port}/hook", b"{}", {}).status == 204
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert hosts == [f"[::1]:{port}"]
+    assert transport.host_header("http", "example.com", 443) == "example.com:443"
+    assert transport.host_header("https", "example.com", 443) == "example.com"
+    assert transport.host_header("https", "2001:db8::1", 443) == "[2001:db8::1]"

@@ -197,7 +197,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Response:
         conn = http.client.HTTPConnection(address, port, timeout=left)
     try:
         try:
-            response = _exchange(conn, guard, host, port, target, body, headers, cap)
+            response = _exchange(conn, guard, host_header(scheme, host, port), target, body, headers, cap)
         except Exception as exc:
             if guard.finish():
                 raise DeadlineExceeded(late) from exc
@@ -211,11 +211,17 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Response:
         conn.close()
 
 
+def host_header(scheme: str, host: str, port: int) -> str:
+    """The Host header of a request to ``host``: an IPv6 address in brackets, the port
+    unless it is the scheme's default (as http.client writes it)."""
+    name = f"[{host}]" if ":" in host else host
+    return name if port == (443 if scheme == "https" else 80) else f"{name}:{port}"
+
+
 def _exchange(
     conn: http.client.HTTPConnection,
     guard: _Deadline,
-    host: str,
-    port: int,
+    host_header: str,
     target: str,
     body: bytes,
     headers: dict[str, str],
@@ -224,7 +230,7 @@ def _exchange(
     conn.connect()
     guard.watch(conn.sock)  # kept: a ``Connection: close`` answer takes it from ``conn``
     conn.putrequest("POST", target, skip_host=True, skip_accept_encoding=True)
-    conn.putheader("Host", host if port in (80, 443) else f"{host}:{port}")
+    conn.putheader("Host", host_header)
     all_headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
