@@ -158,3 +158,24 @@ def test_without_retention_deliveries_are_kept(user):
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
     record(endpoint, 4000)
     assert prune().deliveries == 0 and WebhookDelivery.objects.count() == 1
+
+
+@override_settings(JOBSTATE={**ALLOW, "RETENTION_DAYS": 30})
+def test_prune_keeps_a_job_until_the_deliveries_about_it_end(user, receiver):
+    # The job went with the prune and its pending delivery ended "job deleted",
+    # sending nothing: the message was lost without an error.
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    job = services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])
+    (pending,) = Job.objects.filter(kind=outbox.KIND)  # queued, not yet sent (a worker is late)
+    older = services.enqueue("test.echo", {})  # not announced: a batch of 1 goes on past the kept job
+    drain(kinds=["test.echo"])
+    Job.objects.filter(pk=older.pk).update(finished_at=timezone.now() - timedelta(days=50))
+    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=60))
+    dry = prune(dry_run=True)
+    report = prune(batch=1)
+    assert (dry.jobs, report.jobs) == (1, 1) and Job.objects.filter(pk=job.pk).exists()
+    assert not Job.objects.filter(pk=older.pk).exists()
+    drain()
+    assert Job.objects.get(pk=pending.pk).status == "completed" and len(receiver.requests) == 1
+    assert prune().jobs == 1 and not Job.objects.filter(pk=job.pk).exists()  # delivered: it goes

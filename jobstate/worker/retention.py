@@ -13,14 +13,17 @@ parent is active is kept until that work ends, and so are its ancestors.
 Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
 their own age: they point at jobs by id, not by foreign key, so deleting a job
 leaves them. The records of a delivery still under way (its ``jobstate.webhook``
-job queued for a retry) are kept until it ends, like the job.
+job queued for a retry) are kept until it ends, like the job. So is the job such
+a delivery is about: its message shows the job, and would be dropped unsent.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.apps import apps
 from django.db import connection, models, transaction
@@ -33,6 +36,8 @@ from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, TERMINAL
 
 MAX_DAYS = 36_500  # a century: an older cutoff is before any job
+# The webhook deliveries' kind (jobstate.webhooks.outbox.KIND: a sibling package).
+WEBHOOK_KIND = "jobstate.webhook"
 
 
 @dataclass
@@ -91,7 +96,28 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
         f") SELECT id FROM kept",
         [*(str(s) for s in TERMINAL), _finished_at.get_db_prep_value(cutoff, connection)],
     )
-    return old_enough(days, now).exclude(pk__in=kept_above)
+    return old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=_announced())
+
+
+def _pending_deliveries() -> QuerySet[Job]:
+    return Job.objects.filter(kind=WEBHOOK_KIND, status__in=ACTIVE)
+
+
+def _announced() -> list[UUID]:
+    """The jobs some webhook delivery still under way is about (its parameters name
+    the job by id): deleted, the delivery would find nothing to send."""
+    found = []
+    for pk in _pending_deliveries().values_list("parameters__job", flat=True):
+        with contextlib.suppress(ValueError):  # not a job id: about no job
+            found.append(UUID(str(pk)))
+    return found
+
+
+def _announced_of(pks: list[Any]) -> list[Any]:
+    """Those of ``pks`` that are ``_announced`` (looked up for these only)."""
+    pending = _pending_deliveries().filter(parameters__job__in=[str(pk) for pk in pks])
+    named = {str(pk) for pk in pending.values_list("parameters__job", flat=True)}
+    return [pk for pk in pks if str(pk) in named]
 
 
 def _still_childless(pks: list[Any]) -> list[Any]:
@@ -157,13 +183,18 @@ def prune(
         report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
     size = int(batch or conf.get("PRUNE_BATCH"))
+    announced: list[Any] = []  # kept for a delivery under way, and not read again
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
-            pks = list(prunable(days, now).values_list("pk", flat=True)[:size])
+            pks = list(prunable(days, now).exclude(pk__in=announced).values_list("pk", flat=True)[:size])
             if not pks:
                 break
-            pks = _still_childless(pks)
+            kept = _announced_of(pks)
+            announced += kept
+            pks = _still_childless([pk for pk in pks if pk not in kept])
             if not pks:
+                if kept:
+                    continue
                 # All held by another transaction (another prune, say) or given a
                 # child meanwhile: reading again would find the same ones at once.
                 break
