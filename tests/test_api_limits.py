@@ -5,6 +5,7 @@ user: a default rate and a cap on how many are open at once."""
 from __future__ import annotations
 
 import gc
+import time
 from typing import Any
 
 import pytest
@@ -205,6 +206,24 @@ def test_a_stream_nobody_closes_gives_its_slot_back_when_collected(user: Any) ->
     again.release()
     again.release()  # idempotent: the count does not go below what is open
     assert throttling.hold_stream_slot(user) is not None
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 0.3, "SSE_POLL_SECONDS": 0.05})
+def test_a_stream_read_past_its_slots_time_stops_without_another_poll(user: Any, monkeypatch: Any) -> None:
+    # A slow reader: the WSGI server's write of a chunk blocks until the slot's time
+    # is over. The stream then polled once more and wrote its end, a write that could
+    # block as long again, after the slot had expired and let the user's next stream in.
+    polls: list[Any] = []
+    read = stream_module.snapshot
+    monkeypatch.setattr(stream_module, "snapshot", lambda job_id: polls.append(job_id) or read(job_id))
+    job = make_job(user)  # queued: the stream stays open
+    response = stream(client_for(user), job)
+    chunks = iter(response.streaming_content)
+    assert next(chunks).startswith(b"retry:") and next(chunks).startswith(b"event: job")
+    time.sleep(throttling.stream_seconds() + 0.05)  # the write of that chunk returns late
+    assert list(chunks) == [] and len(polls) == 1
+    hang_up(response)
+    assert throttling.hold_stream_slot(user) is not None  # given back
 
 
 @override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": None})

@@ -233,7 +233,14 @@ class HeldStream:
             weakref.finalize(self, slot.release)
 
     def __iter__(self) -> Iterator[bytes]:
-        return self.events
+        for chunk in self.events:
+            yield chunk
+            if self.slot is not None and self.slot.expired():
+                # Read so slowly that the slot's time ran out while the server wrote
+                # this chunk: stop here, with no further poll or write (the next write
+                # could block as long again, past the slot's expiry, with the user's
+                # next stream already let in). The client reconnects.
+                return
 
     def close(self) -> None:
         close = getattr(self.events, "close", None)
@@ -258,6 +265,8 @@ class AsyncHeldStream:
         try:
             async for chunk in self.events:
                 yield chunk
+                if self.slot is not None and self.slot.expired():
+                    return  # as HeldStream: no poll or write past the slot's time
         finally:
             self.close()
 

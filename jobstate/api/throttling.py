@@ -89,12 +89,18 @@ def long_poll_seconds(wait: float) -> float:
 
 class StreamSlot:
     """One of a user's open streams or long-polls; ``release`` is idempotent and
-    frees only this slot (never one another request took after it expired)."""
+    frees only this slot (never one another request took after it expired).
+    ``ends_at`` (``time.monotonic``) is when its hold is over; the cache keeps it a
+    little longer (``SLOT_GRACE_SECONDS``)."""
 
-    def __init__(self, key: str, token: str) -> None:
+    def __init__(self, key: str, token: str, ends_at: float = math.inf) -> None:
         self.key = key
         self.token = token
+        self.ends_at = ends_at
         self.held = True
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.ends_at
 
     def release(self) -> None:
         if self.held:
@@ -120,10 +126,11 @@ def hold_stream_slot(user: Any, seconds: float | None = None) -> StreamSlot | No
     hold = stream_seconds() if seconds is None else float(seconds)
     ttl = hold + SLOT_GRACE_SECONDS
     token = uuid.uuid4().hex
+    ends_at = time.monotonic() + hold
     keys = [f"jobstate_stream_{user.pk}_{i}" for i in range(limit)]
     for key in keys:
         if cache.add(key, [token, time.time() + ttl], math.ceil(ttl)):
-            return StreamSlot(key, token)
+            return StreamSlot(key, token, ends_at)
     held = cache.get_many(keys)
     ends = [v[1] for v in held.values() if isinstance(v, list | tuple) and len(v) == 2]
     # Free by now (expired between add and get_many): try again at once.
