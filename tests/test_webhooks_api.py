@@ -3,9 +3,16 @@ deliveries and re-enabling; and the admin pages."""
 
 from __future__ import annotations
 
-import pytest
-from django.test.utils import override_settings
+import threading
+import time
+from typing import Any
 
+import pytest
+from django.db import connection
+from django.test.utils import override_settings
+from django.utils import timezone
+
+from jobstate.api import webhooks as webhooks_api
 from jobstate.models import Job
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
@@ -132,6 +139,77 @@ def test_a_second_rotation_within_the_overlap_is_refused_unless_it_ends_the_over
     assert now.status_code == 200
     endpoint.refresh_from_db()
     assert endpoint.signing_secrets() == [now.data["secret"]]
+
+
+def in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``call`` in a thread with its own database connection; its result lands in the list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def held_after_read(monkeypatch: Any, name: str, target: Any = webhooks_api) -> threading.Event:
+    """Make the first call of ``target.name`` (made after the endpoint was read) wait
+    0.5 s, uncommitted; the event is set when it starts waiting."""
+    reached = threading.Event()
+    real = getattr(target, name)
+
+    def slow(*args: Any) -> Any:
+        if not reached.is_set():
+            reached.set()
+            time.sleep(0.5)
+        return real(*args)
+
+    monkeypatch.setattr(target, name, slow)
+    return reached
+
+
+POSTGRES_LOCKS = pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks are PostgreSQL's")
+
+
+@POSTGRES_LOCKS
+@pytest.mark.django_db(transaction=True)
+def test_two_rotations_at_once_do_not_both_pass_the_overlap_check(user, monkeypatch):
+    # Both read the endpoint before either wrote: both answered 200, and the second's
+    # save dropped the secret the first had just returned (its receivers rejected everything).
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    api = client_for(user)
+    rotate = f"{URL}{endpoint.pk}/rotate-secret/"
+    reached = held_after_read(monkeypatch, "new_secret")
+    first, got_first = in_thread(lambda: api.post(rotate, {"overlap_seconds": 600}, format="json"))
+    assert reached.wait(5)
+    second, got_second = in_thread(lambda: api.post(rotate, {"overlap_seconds": 600}, format="json"))
+    first.join(10), second.join(10)
+    responses = [*got_first, *got_second]
+    assert sorted(r.status_code for r in responses) == [200, 409]
+    endpoint.refresh_from_db()
+    assert endpoint.secret == next(r.data["secret"] for r in responses if r.status_code == 200)
+
+
+@POSTGRES_LOCKS
+@pytest.mark.django_db(transaction=True)
+def test_an_update_does_not_undo_a_delivery_that_disabled_the_endpoint_meanwhile(user, monkeypatch):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    api = client_for(user)
+    reached = held_after_read(monkeypatch, "validate", webhooks_api.WebhookEndpointSerializer)
+    patch, got = in_thread(lambda: api.patch(f"{URL}{endpoint.pk}/", {"description": "x"}, format="json"))
+    assert reached.wait(5)
+    # A delivery's failure disables it (jobstate.webhooks.delivery) while the PATCH runs.
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+        enabled=False, consecutive_failures=20, disabled_at=timezone.now(), disabled_reason="failing"
+    )
+    patch.join(10)
+    assert got[0].status_code == 200
+    endpoint.refresh_from_db()
+    assert (endpoint.description, endpoint.enabled, endpoint.consecutive_failures) == ("x", False, 20)
 
 
 def test_a_disabled_endpoint_shows_why_and_re_enabling_resets_it(user):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import serializers, status, viewsets
@@ -154,6 +155,13 @@ class NewestFirst(KeysetPagination):
     default_ordering = "-id"
 
 
+# Actions that read the endpoint locked, in the transaction that writes it: two
+# rotations at once both passed the overlap check, and the second's save dropped
+# the secret the first had just returned; an update's or a rotation's full-row
+# save from a stale read undid a delivery's failure count or auto-disable.
+LOCKED_ACTIONS = frozenset({"update", "partial_update", "rotate_secret"})
+
+
 class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pages deliveries too
     """Webhook endpoints: where job events are posted, signed (Standard Webhooks)."""
 
@@ -165,6 +173,9 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
     def get_queryset(self) -> QuerySet[WebhookEndpoint]:
         user = self.request.user
         qs = WebhookEndpoint.objects.select_related("owner")
+        if self.action in LOCKED_ACTIONS:
+            # Read under the row lock that the write keeps (see ``update``).
+            qs = qs.select_for_update(of=("self",))
         if may_view_all(user):
             return qs
         if not getattr(user, "is_authenticated", False):
@@ -181,6 +192,12 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
                     "this endpoint."
                 )
         return endpoint
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # The row is locked from its read to its write: a full-row save from a stale
+        # read undid what a delivery wrote meanwhile (failure count, auto-disable).
+        with transaction.atomic():
+            return super().update(request, *args, **kwargs)
 
     def perform_create(self, serializer: serializers.BaseSerializer[WebhookEndpoint]) -> None:
         is_global = serializer.validated_data.pop("is_global", False)
@@ -207,6 +224,10 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
     @extend_schema(summary="Rotate the signing secret", request=RotateSerializer)
     @action(detail=True, methods=["post"], url_path="rotate-secret")
     def rotate_secret(self, request: Request, pk: str | None = None) -> Response:
+        with transaction.atomic():  # one rotation at a time (see LOCKED_ACTIONS)
+            return self._rotate(request)
+
+    def _rotate(self, request: Request) -> Response:
         endpoint = self.get_object()
         body = RotateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
