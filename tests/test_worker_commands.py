@@ -248,9 +248,16 @@ def test_schedule_installs_updates_and_removes():
     assert (prune.func, prune.schedule_type) == ("jobstate.worker.tasks.prune", Schedule.DAILY)
 
     assert f"unchanged: {schedules.REAPER}" in command("jobstate_schedule")
-    Schedule.objects.filter(name=schedules.REAPER).update(minutes=30)
+    later = timezone.now() + timedelta(minutes=30)
+    Schedule.objects.filter(name=schedules.REAPER).update(minutes=30, next_run=later)
     assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
-    assert Schedule.objects.get(name=schedules.REAPER).minutes == 1
+    reaper = Schedule.objects.get(name=schedules.REAPER)
+    # The new cadence starts now, not at the stale row's next run.
+    assert reaper.minutes == 1 and reaper.next_run <= timezone.now()
+    # A change that keeps the cadence keeps the next run.
+    Schedule.objects.filter(name=schedules.REAPER).update(cluster="other", next_run=later)
+    assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
+    assert Schedule.objects.get(name=schedules.REAPER).next_run == later
     assert Schedule.objects.count() == 2
 
     assert f"removed: {schedules.PRUNE}" in command("jobstate_schedule", "--no-prune")
