@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -103,6 +105,34 @@ def test_prune_deletes_old_finished_jobs_with_history_assets_and_files(temp_hand
 
     assert command("jobstate_prune", "--days", "0.5").startswith("deleted 1 job(s)")
     assert list(Job.objects.values_list("pk", flat=True)) == [running.pk]
+
+
+def test_a_storage_that_fails_to_delete_a_file_does_not_stop_the_prune(
+    temp_handler, settings, tmp_path, caplog
+):
+    # The error escaped the batch's commit: later files, batches and the orphan sweep never ran.
+    from django.core.files.storage import FileSystemStorage
+
+    settings.MEDIA_ROOT = tmp_path
+    temp_handler("t.file", lambda ctx: ctx.add_asset("report", b"a,b\n", name="r.csv"))
+    olds = [finished("t.file") for _ in range(3)]
+    names = [job.assets.get().file.name for job in olds]
+    real_delete = FileSystemStorage.delete
+
+    def flaky_delete(self, name):  # type: ignore[no-untyped-def]
+        if name == names[0]:
+            raise OSError("storage unavailable")
+        real_delete(self, name)
+
+    settings.JOBSTATE = {"PRUNE_BATCH": 2}
+    with mock.patch.object(FileSystemStorage, "delete", flaky_delete):
+        out = command("jobstate_prune")
+    assert out.startswith("deleted 3 job(s), 9 event(s), 3 asset(s)")
+    assert [(Path(tmp_path) / name).exists() for name in names] == [True, False, False]
+    assert "storage unavailable" in caplog.text
+    os.utime(Path(tmp_path, names[0]), (0, 0))  # the leftover file, an hour old: the sweep's
+    assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    assert not (Path(tmp_path) / names[0]).exists()
 
 
 def test_prune_works_in_batches_and_keeps_jobs_tied_to_active_work(temp_handler):

@@ -172,12 +172,16 @@ def _as_file(content: bytes | str | IO[bytes] | File[bytes], name: str) -> File[
 
 
 def delete_stored_file(asset: Asset) -> None:
-    """Remove an asset's stored file once the deleting transaction commits."""
+    """Remove an asset's stored file once the deleting transaction commits.
+
+    ``robust``: a storage that fails (a network error, a permission) is logged, and
+    the rest goes on (the next files of a pruned batch, the next batch, the request
+    that deleted the job); the file is left to ``remove_orphan_files``."""
     name = asset.file.name
     if not name:  # (a FieldFile is false exactly when it has no name)
         return
     storage = asset.file.storage
-    transaction.on_commit(lambda: storage.delete(name))
+    transaction.on_commit(lambda: storage.delete(name), robust=True)
 
 
 def result_assets(job: Job | UUID | str) -> Any:
