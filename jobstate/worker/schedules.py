@@ -63,7 +63,7 @@ def install(prune: bool = True) -> dict[str, str]:
                 "kwargs": None,
                 "cluster": None,
             }
-            changed = {k: v for k, v in fields.items() if getattr(current, k) != v}
+            changed: dict[str, object] = {k: v for k, v in fields.items() if getattr(current, k) != v}
             now = timezone.now()
             if changed.keys() & {"schedule_type", "minutes", "repeats"} and current.next_run > now:
                 # The stale row's next run (a day away for an old daily schedule) would
