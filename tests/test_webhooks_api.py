@@ -83,6 +83,21 @@ def test_only_staff_with_view_job_create_global_endpoints(user, staff_user):
     assert len(client_for(user).get(URL).data["results"]) == 1
 
 
+def test_a_full_update_that_leaves_out_is_global_keeps_it(user, staff_user):
+    # Its default (false) applied to a PUT: the global endpoint became its editor's own.
+    viewer = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    made = viewer.post(URL, {"url": "https://hooks.example.com/all", "is_global": True}, format="json")
+    body = {"url": "https://hooks.example.com/all-v2", "events": ["job.failed"]}
+    put = viewer.put(f"{URL}{made.data['id']}/", body, format="json")
+    assert put.status_code == 200 and put.data["is_global"] is True
+    assert WebhookEndpoint.objects.get(pk=made.data["id"]).owner is None
+    mine = client_for(user).post(URL, {"url": "https://hooks.example.com/a"}, format="json")
+    assert mine.data["is_global"] is False and mine.data["owner"] == "alice"
+    body = {"url": "https://hooks.example.com/b"}
+    put = client_for(user).put(f"{URL}{mine.data['id']}/", body, format="json")
+    assert put.status_code == 200 and put.data["is_global"] is False
+
+
 def test_staff_without_view_job_are_ordinary_owners(user, staff_user):
     """is_staff alone neither lists other people's endpoints nor makes global ones
     (a global endpoint hears about every job: that is seeing every job)."""

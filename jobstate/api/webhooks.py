@@ -54,10 +54,12 @@ def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bo
 
 class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
     owner = serializers.SerializerMethodField()
+    # No default: an update that leaves it out keeps it (a PUT turned a global
+    # endpoint into its editor's own); a new endpoint is the caller's unless asked.
     is_global = serializers.BooleanField(
         required=False,
-        default=False,
-        help_text="Staff with jobstate.view_job only: hear about every job, not only your own.",
+        help_text="Staff with jobstate.view_job only: hear about every job, not only your own "
+        "(default false).",
     )
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
