@@ -79,3 +79,13 @@ def test_bad_options_are_refused_as_djangos_decorator_refuses_them(options, mess
     with pytest.raises(InvalidTask) as info:
         task(**options)(plain)
     assert message in str(info.value)
+
+
+def test_a_backend_that_is_not_jobstates_is_refused():
+    # Its Task takes no jobstate option: .using(owner=...) failed at runtime (a
+    # TypeError), and jobstate's options a TypeError from Task itself.
+    with pytest.raises(InvalidTask, match=r"needs a jobstate backend; 'dummy' is .*DummyBackend"):
+        task(backend="dummy")(plain)
+    with pytest.raises(InvalidTask, match="needs a jobstate backend"):
+        task(backend="dummy", max_attempts=3)(plain)
+    assert isinstance(task(backend="single")(plain), JobstateTask)

@@ -61,8 +61,18 @@ def task(function: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) and
     jobstate's (``kind``, ``max_attempts``, ``timeout``, ``concurrency``,
     ``retry_backoff``, ``key``), validated as Django's decorator validates them.
-    An option left at None keeps its default."""
+    An option left at None keeps its default. ``InvalidTask`` for a backend that
+    is not jobstate's."""
     given = {name: value for name, value in options.items() if value is not None}
+    alias = given.get("backend", compat.DEFAULT_TASK_BACKEND_ALIAS)
+    backend = compat.task_backends[alias]
+    if not issubclass(backend.task_class, JobstateTask):
+        # Its tasks take none of jobstate's options nor .using(owner=...), which
+        # this decorator's type promises (Django's own @task suits that backend).
+        raise compat.InvalidTask(
+            f"jobstate.tasks.task needs a jobstate backend; {alias!r} is "
+            f"{type(backend).__module__}.{type(backend).__qualname__}."
+        )
     if function is not None:
         return compat.task(function, **given)
     return compat.task(**given)
