@@ -179,3 +179,17 @@ def test_prune_keeps_a_job_until_the_deliveries_about_it_end(user, receiver):
     drain()
     assert Job.objects.get(pk=pending.pk).status == "completed" and len(receiver.requests) == 1
     assert prune().jobs == 1 and not Job.objects.filter(pk=job.pk).exists()  # delivered: it goes
+
+
+def test_the_dry_run_keeps_the_parent_of_a_job_a_delivery_is_about(user):
+    # The dry run left out the announced child but counted its parent, which the
+    # prune keeps (it still has a child): 1 would go, 0 went.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    parent = services.enqueue("test.echo", {})
+    child = services.enqueue("test.echo", {}, parent=parent)
+    drain(kinds=["test.echo"])
+    Job.objects.filter(pk__in=[parent.pk, child.pk]).update(finished_at=timezone.now() - timedelta(days=60))
+    Job.objects.filter(kind=outbox.KIND).delete()  # none from the run itself: one queued below
+    outbox.queue_delivery(endpoint.pk, child.pk, "job.completed")
+    assert (prune(dry_run=True).jobs, prune().jobs) == (0, 0)
+    assert Job.objects.filter(pk__in=[parent.pk, child.pk]).count() == 2

@@ -79,6 +79,7 @@ def prunable(days: float, now: datetime | None = None) -> QuerySet[Job]:
 
 
 _finished_at = Job._meta.get_field("finished_at")
+_pk = Job._meta.get_field("id")
 
 
 def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
@@ -87,16 +88,23 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     cutoff = (now or timezone.now()) - timedelta(days=days)
     table = connection.ops.quote_name(Job._meta.db_table)
     terminal = ", ".join(["%s"] * len(TERMINAL))
+    announced = _announced()
+    # A job a delivery is about stays too (as in ``prune``), and so keeps its parent.
+    also_kept = f" OR id IN ({', '.join(['%s'] * len(announced))})" if announced else ""
     # Each job that stays keeps its parent, whose parent stays, and so on up.
     kept_above = RawSQL(
         f"WITH RECURSIVE kept(id) AS ("
         f"SELECT parent_id FROM {table} WHERE parent_id IS NOT NULL"
-        f" AND NOT (status IN ({terminal}) AND finished_at < %s)"
+        f" AND (NOT (status IN ({terminal}) AND finished_at < %s){also_kept})"
         f" UNION SELECT j.parent_id FROM {table} j JOIN kept ON j.id = kept.id WHERE j.parent_id IS NOT NULL"
         f") SELECT id FROM kept",
-        [*(str(s) for s in TERMINAL), _finished_at.get_db_prep_value(cutoff, connection)],
+        [
+            *(str(s) for s in TERMINAL),
+            _finished_at.get_db_prep_value(cutoff, connection),
+            *(_pk.get_db_prep_value(pk, connection) for pk in announced),
+        ],
     )
-    return old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=_announced())
+    return old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=announced)
 
 
 def _pending_deliveries() -> QuerySet[Job]:

@@ -85,10 +85,10 @@ def _serialize() -> None:
     """PostgreSQL: two installs at once (a deploy's replicas each running the command)
     take turns, so that the second sees the first's schedules instead of adding its
     own copies (no unique name in django-q2's table). SQLite's IMMEDIATE transaction
-    holds the write lock already."""
+    holds the write lock already. (Not "jobstate:...": claims lock "jobstate:<kind>".)"""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('jobstate:schedules'))")
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext('jobstate-schedules'))")
 
 
 def uninstall() -> int:
