@@ -265,6 +265,24 @@ def test_a_cluster_runs_the_recovery_of_undos_despite_the_cancel_request():
     assert job.status == Status.CANCELLED
 
 
+def test_a_recovery_run_reserved_by_a_cluster_that_stopped_is_not_cancelled():
+    # The reaper cancelled a reserved job with a cancel request, recovery run or not:
+    # the undos left were never run (book stayed completed, the job cancelled).
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_once": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)
+    services.request_cancel(job, "ops", "give up")
+    assert reap().requeued == [job.pk]
+    later = timezone.now() + timedelta(hours=2)
+    assert services.claim("w2", now=later)  # reserved; the cluster stops before beginning it
+    assert services.requeue_expired(now=later + timedelta(hours=1)).requeued == [job.pk]
+    (claimed,) = services.claim("w3", now=later + timedelta(hours=2))
+    assert run_job(claimed, "w3") == "cancelled"  # the undos ran first
+    job = fresh(job)
+    assert statuses(job)["book"] == "undone" and labels(job).count("undo:book:B1") == 1
+    assert job.status == Status.CANCELLED
+
+
 def test_a_run_that_is_not_compensating_stops_at_once_on_a_cancel():
     job = services.enqueue("wf.saga", {})
     (claimed,) = services.claim("w1")

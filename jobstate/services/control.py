@@ -22,6 +22,7 @@ from jobstate.services._rows import JobRef, create_job, record_event
 from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
+from jobstate.services.lease import recovering
 from jobstate.services.transitions import lock_parent, move, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
 
@@ -221,7 +222,8 @@ def requeue_expired(
     A job that was only reserved (claimed by a cluster that stopped before one
     of its worker processes began it: ``started_at`` NULL) never ran: it goes
     back to the queue as it was, no attempt charged, never failed for lack of
-    attempts (``cancelled`` if a cancel was requested).
+    attempts (``cancelled`` if a cancel was requested, unless it is the recovery
+    run of a workflow's undos, which a cancel does not stop: ``lease.recovering``).
 
     The history rows name ``actor``: the system's reaper unless given (the
     admin's "Run the reaper now" names the admin user)."""
@@ -260,7 +262,7 @@ def requeue_expired(
                 if started is None:
                     reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
                     meta["reserved"] = True
-                    if cancelling:
+                    if cancelling and not recovering(pk):
                         move(pk, "cancel", reason=f"{reserved}; cancel requested", metadata=meta, **guard)
                         report.cancelled.append(pk)
                     else:

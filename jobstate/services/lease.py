@@ -148,6 +148,7 @@ def recovering(pk: Any) -> bool:
     last = (
         JobEvent.objects.filter(job_id=pk, transition="requeue")
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
+        .exclude(metadata__has_key="reserved")  # as does the reaper's, of a run never begun
         .order_by("-id")
         .values_list("metadata", flat=True)
         .first()
