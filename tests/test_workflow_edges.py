@@ -143,6 +143,29 @@ def test_an_output_that_cannot_be_stored_fails_the_step_for_good(saga):
     assert "step 'a' returned an output that cannot be stored" in job.error_message
 
 
+def test_a_fan_out_step_whose_output_cannot_be_stored_fails_for_good_starting_no_child():
+    # Retried before (its body again, for the same output) while attempts remained.
+    calls: list[str] = []
+
+    class Unstorable(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> Any:
+            calls.append("a")
+            ctx.spawn("wf.child", {"i": 1})
+            return {1, 2}
+
+    jobstate.workflow("t.edge_fan_output", max_attempts=3, retry_backoff=0)(Unstorable)
+    try:
+        job = services.enqueue("t.edge_fan_output", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_fan_output")
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.attempts == 1 and calls == ["a"]
+    assert "step 'a' returned an output that cannot be stored" in job.error_message
+    assert not Job.objects.filter(parent=job).exists()
+
+
 def test_an_interrupt_right_after_an_undo_neither_repeats_it_nor_skips_the_others(monkeypatch):
     calls: list[str] = []
 

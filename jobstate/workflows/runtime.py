@@ -111,6 +111,10 @@ class Run:
                 output = self._call(spec, sctx)
                 if sctx.spawned:
                     spawning = True
+                    try:
+                        json_value(output, "output")  # kept with the children: stored once
+                    except ValidationError as bad:
+                        raise _unstorable(name, "an output", bad) from bad
                     fanout.start(self, spec, sctx, output)  # raises Suspend
             try:
                 steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
