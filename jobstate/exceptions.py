@@ -35,6 +35,16 @@ class DuplicateActiveKey(JobStateError):
     """Another active job already holds this (kind, key)."""
 
 
+class ParentEnded(JobStateError):
+    """A child cannot be queued under a parent that failed, was cancelled, or is
+    being cancelled: that parent ended its children (``services.cascade``)."""
+
+    def __init__(self, parent_id: object, status: str) -> None:
+        self.parent_id = parent_id
+        self.status = status
+        super().__init__(f"Its parent job {parent_id} is {status}: retry the parent instead.")
+
+
 class ConcurrencyLimitReached(JobStateError):
     """A job of this kind cannot start now: as many as its concurrency limit run."""
 

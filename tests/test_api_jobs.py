@@ -475,3 +475,15 @@ def test_times_are_utc_iso_8601(user):
     body = client_for(user).get(job_url(job)).json()
     assert body["created_at"].endswith("Z")
     assert dt.datetime.fromisoformat(body["created_at"]) == job.created_at
+
+
+def test_a_child_under_a_cancelling_parent_is_not_retried(user):
+    parent = services.enqueue("test.echo", {}, owner=user)
+    services.start(parent, "w")
+    child = services.enqueue("test.echo", {}, owner=user, parent=parent, max_attempts=1)
+    services.request_cancel(child, "ops", "stop")  # queued: cancelled at once
+    services.request_cancel(parent, "ops", "stop")
+    response = client_for(user).post(f"{job_url(child)}retry/", {}, format="json")
+    assert_error(response, 409, "parent_ended")
+    assert "being cancelled" in response.json()["error"]["message"]
+    assert not Job.objects.filter(retry_of=child.pk).exists()

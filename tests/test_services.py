@@ -186,6 +186,34 @@ def test_retry_creates_linked_job():
     assert job.status == Status.CANCELLED
 
 
+def test_a_child_is_not_retried_under_a_parent_that_failed_or_is_cancelling():
+    # The cancel's cascade had ended the parent's children; a retry queued a new one
+    # that ran under the cancelled parent (and one queued while the cascade ran was missed).
+    from jobstate.exceptions import ParentEnded
+
+    def failed_child(parent: Job) -> Job:
+        child = services.enqueue("test.echo", {}, parent=parent, max_attempts=1)
+        services.start(child, "w")
+        child.refresh_from_db()
+        services.fail(child, child.lease_token, "boom")
+        return child
+
+    parent = services.enqueue("test.echo", {})
+    services.start(parent, "w")
+    parent.refresh_from_db()
+    first = failed_child(parent)
+    assert services.retry(first).parent_id == parent.pk  # a running parent: it goes on
+    second = failed_child(parent)
+    services.request_cancel(parent, "ops", "stop")
+    with pytest.raises(ParentEnded, match=f"Its parent job {parent.pk} is being cancelled"):
+        services.retry(second)
+    services.cancel_now(parent, parent.lease_token, reason="now")
+    before = Job.objects.count()
+    with pytest.raises(ParentEnded, match="is cancelled: retry the parent instead"):
+        services.retry(second)
+    assert Job.objects.count() == before
+
+
 def test_idempotent_key_and_watermark():
     a, created = services.get_or_enqueue("test.echo", {}, key="k", watermark=1)
     b, created_b = services.get_or_enqueue("test.echo", {}, key="k", watermark=5)

@@ -14,7 +14,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobstate import hooks
-from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost, sqlstate
+from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost, ParentEnded, sqlstate
 from jobstate.models import Job, JobEvent
 from jobstate.registry import get_handler
 from jobstate.services import cascade
@@ -151,6 +151,7 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
         raise InvalidTransition(old.status, Status.QUEUED, "retry")
     try:
         with transaction.atomic():
+            _check_parent_goes_on(old)
             new, _created = (
                 get_or_enqueue(
                     old.kind,
@@ -169,6 +170,20 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
     except IntegrityError:
         raise DuplicateActiveKey(f"An active '{old.kind}' job already has key '{old.key}'") from None
     return new
+
+
+def _check_parent_goes_on(old: Job) -> None:
+    """Under the parent's row lock (parents before children), refuse a child's retry
+    once its parent failed, was cancelled or was asked to cancel: that ended its
+    active children, and the cancel's cascade would not see a child queued meanwhile."""
+    parent_id = lock_parent(old)
+    if parent_id is None:
+        return
+    status, requested = Job.objects.filter(pk=parent_id).values_list("status", "cancel_requested_at").get()
+    if status in (Status.FAILED, Status.CANCELLED):
+        raise ParentEnded(parent_id, status)
+    if requested is not None and status in ACTIVE:
+        raise ParentEnded(parent_id, "being cancelled")
 
 
 def _retry_keyed(old: Job, actor: Any, reason: str) -> tuple[Job, bool]:
