@@ -136,3 +136,29 @@ def test_the_admin_shows_the_secret_only_to_staff_who_may_change_the_endpoint(cl
     assert response.status_code == 200 and endpoint.secret not in response.content.decode()
     client.force_login(grant(staff_user, "change_webhookendpoint"))
     assert endpoint.secret in client.get(page).content.decode()
+
+
+def test_the_endpoint_page_shows_its_latest_deliveries_and_links_to_all(admin_client, user):
+    # An endpoint makes a delivery row per job it hears about (and per attempt):
+    # its page rendered every one of them as an inline form.
+    import uuid
+
+    from jobstate.webhooks.models import WebhookDelivery
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    other = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/b")
+    for i in range(60):
+        WebhookDelivery.objects.create(
+            endpoint=endpoint, webhook_id=f"msg_{i:03d}", event="e", job_id=uuid.uuid4()
+        )
+    WebhookDelivery.objects.create(endpoint=other, webhook_id="msg_other", event="e", job_id=uuid.uuid4())
+    html = admin_client.get(f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/").content.decode()
+    assert html.count('class="field-webhook_id"') == 50
+    assert "msg_059" in html and "msg_010" in html and "msg_009" not in html  # the newest, newest first
+    assert html.index("msg_059") < html.index("msg_010")
+    assert "Showing the latest 50 of 60 deliveries." in " ".join(html.split())
+    link = f"/admin/jobstate/webhookdelivery/?endpoint__id__exact={endpoint.pk}"
+    assert link in html
+    full = admin_client.get(link)
+    assert full.status_code == 200
+    assert "msg_000" in full.content.decode() and "msg_other" not in full.content.decode()

@@ -47,18 +47,21 @@ class ReadOnlyInline(admin.TabularInline):
 
 
 class CappedInlineFormSet(BaseInlineFormSet):
-    """The latest ``limit`` rows of the inline's ordering, still in that order."""
+    """The latest ``limit`` rows of the inline's ordering, still in that order
+    (its first rows when the ordering puts the newest first: ``newest_first``)."""
 
     limit = 50
+    newest_first = False
     full_list_url = ""
-    noun: str  # (set by CappedInline.get_formset)
+    noun: str  # (these two set by CappedInline.get_formset)
+    parent_noun: str
 
     def get_queryset(self) -> Any:
         if not hasattr(self, "_capped"):
             qs = super().get_queryset()
-            newest = list(qs.reverse()[: self.limit + 1])
+            newest = list((qs if self.newest_first else qs.reverse())[: self.limit + 1])
             self.truncated = len(newest) > self.limit
-            rows = newest[: self.limit][::-1]
+            rows = newest[: self.limit] if self.newest_first else newest[: self.limit][::-1]
             self.total = qs.count() if self.truncated else len(rows)
             self.total_label = f"{self.total:,}"
             self._capped = rows
@@ -69,21 +72,26 @@ class CappedInline(ReadOnlyInline):
     formset = CappedInlineFormSet
     template = "admin/jobstate/job/capped_tabular.html"
     limit = 50
+    newest_first = False  # the inline's ordering puts the newest rows first
     noun = "rows"
-    full_list = ""  # admin URL name of the list that the ``job`` filter narrows
+    parent_noun = "job"
+    full_list = ""  # admin URL name of the list that the ``full_list_param`` filter narrows
+    full_list_param = "job"
 
     def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> Any:
         formset = cast("type[CappedInlineFormSet]", super().get_formset(request, obj, **kwargs))
         formset.limit = self.limit
+        formset.newest_first = self.newest_first
         formset.noun = self.noun
+        formset.parent_noun = self.parent_noun
         formset.full_list_url = self.full_list_url(obj)
         return formset
 
-    def full_list_url(self, job: Any) -> str:
-        if job is None or not self.full_list:
+    def full_list_url(self, parent: Any) -> str:
+        if parent is None or not self.full_list:
             return ""
         try:
-            return f"{reverse(self.full_list)}?{urlencode({'job': job.pk})}"
+            return f"{reverse(self.full_list)}?{urlencode({self.full_list_param: parent.pk})}"
         except NoReverseMatch:  # that ModelAdmin is not registered
             return ""
 

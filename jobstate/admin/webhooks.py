@@ -11,20 +11,27 @@ from django.db import models
 from django.http import HttpRequest
 
 from jobstate.admin.changelist import SafeListAdmin
+from jobstate.admin.inlines import CappedInline
 from jobstate.storable import text
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
-class DeliveryInline(admin.TabularInline):
+class DeliveryInline(CappedInline):
+    """The endpoint's latest deliveries (an endpoint makes one or more per job it
+    hears about), with a link to all of them."""
+
     model = WebhookDelivery
-    extra = 0
-    max_num = 0
-    can_delete = False
-    ordering = ("-id",)
     fields = ("created_at", "event", "webhook_id", "attempt", "ok", "status_code", "duration_ms", "error")
-    readonly_fields = fields
     show_change_link = True
+    newest_first = True
+    noun = "deliveries"
+    parent_noun = "endpoint"
+    full_list = "admin:jobstate_webhookdelivery_changelist"
+    full_list_param = "endpoint__id__exact"
+
+    def has_view_permission(self, request: Any, obj: Any = None) -> bool:
+        return admin.TabularInline.has_view_permission(self, request, obj)  # the model's own
 
     def get_queryset(self, request: HttpRequest) -> Any:
         return super().get_queryset(request).order_by("-id")
@@ -126,6 +133,7 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     )
     list_filter = ("ok", "event")
     search_fields = ("webhook_id", "job_id")
+    extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
 
