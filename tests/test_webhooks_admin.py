@@ -162,3 +162,30 @@ def test_the_endpoint_page_shows_its_latest_deliveries_and_links_to_all(admin_cl
     full = admin_client.get(link)
     assert full.status_code == 200
     assert "msg_000" in full.content.decode() and "msg_other" not in full.content.decode()
+
+
+def test_the_delivery_list_never_counts_or_scans_every_delivery(admin_client, user):
+    # One or more rows per job an endpoint hears about: as the job list, no COUNT(*)
+    # without a LIMIT and no SELECT DISTINCT over the table for the event choices.
+    import uuid
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobstate.webhooks.models import WebhookDelivery
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    for event in ("job.completed", "job.failed"):
+        WebhookDelivery.objects.create(endpoint=endpoint, webhook_id=event, event=event, job_id=uuid.uuid4())
+    for query in ("", "?event=job.failed", "?ok__exact=0"):
+        with CaptureQueriesContext(connection) as queries:
+            response = admin_client.get(f"/admin/jobstate/webhookdelivery/{query}")
+        assert response.status_code == 200, query
+        for q in queries.captured_queries:
+            sql = q["sql"].upper()
+            if "JOBSTATE_WEBHOOKDELIVERY" in sql:
+                assert "DISTINCT" not in sql, q["sql"]
+                assert "COUNT(" not in sql or "LIMIT" in sql, q["sql"]
+    response = admin_client.get("/admin/jobstate/webhookdelivery/?event=job.failed")
+    assert response.context["cl"].result_count == 1
+    assert "?event=job.completed" in response.content.decode()  # still a choice

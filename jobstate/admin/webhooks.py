@@ -8,13 +8,15 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db import models
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
+from jobstate.admin.paginator import CappedPaginator
 from jobstate.storable import text
 from jobstate.webhooks import validation
-from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
 class DeliveryInline(CappedInline):
@@ -118,8 +120,26 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         super().save_model(request, obj, form, change)
 
 
+class DeliveryEventFilter(admin.SimpleListFilter):
+    """The event types an endpoint can hear (Django's field filter reads them with a
+    ``SELECT DISTINCT`` over every delivery)."""
+
+    title = "event"
+    parameter_name = "event"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [(e, e) for e in sorted(EVENTS)]
+
+    def queryset(self, request: Any, queryset: QuerySet[WebhookDelivery]) -> QuerySet[WebhookDelivery]:
+        value = self.value()
+        return queryset if value is None else queryset.filter(event=value)
+
+
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
+    # One row or more per job an endpoint hears about: counted as the job list is.
+    paginator = CappedPaginator
+    show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_display = (
         "created_at",
@@ -131,7 +151,7 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
         "status_code",
         "duration_ms",
     )
-    list_filter = ("ok", "event")
+    list_filter = ("ok", DeliveryEventFilter)
     search_fields = ("webhook_id", "job_id")
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
