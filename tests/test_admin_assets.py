@@ -140,3 +140,20 @@ def test_operator_sees_assets_on_the_job_page(client: Any, operator: Any) -> Non
     client.force_login(operator)
     html = client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
     assert download(report) in html
+
+
+def test_the_list_reads_no_heavy_column_of_the_jobs(admin_client: Any) -> None:
+    # Each row names its job's kind: the join read the job's parameters, result and
+    # traceback too (the job list defers them), up to 50 jobs' worth a page.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_assets()
+    with CaptureQueriesContext(connection) as queries:
+        html = admin_client.get(LIST).content.decode()
+    assert "test.echo" in html
+    rows = [q["sql"] for q in queries.captured_queries if '"jobstate_asset"' in q["sql"]]
+    assert rows
+    for sql in rows:
+        for column in ("parameters", "result", "traceback", "error_message"):
+            assert f'"jobstate_job"."{column}"' not in sql, sql

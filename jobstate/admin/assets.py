@@ -17,6 +17,7 @@ from jobstate.admin import display
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import download_link
+from jobstate.admin.jobs import LIST_DEFERRED
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import short
 from jobstate.models import Asset
@@ -77,6 +78,10 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         "download",
     )
     readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Asset]:
+        # The job is joined for its kind: not its heavy columns (as the job list).
+        return super().get_queryset(request).defer(*(f"job__{f}" for f in LIST_DEFERRED))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # assets are added by jobs, through jobstate.services.add_asset
