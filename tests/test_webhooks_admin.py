@@ -103,12 +103,43 @@ def test_only_staff_who_may_view_every_job_may_leave_the_owner_empty(client, dja
     staff.user_permissions.add(*Permission.objects.filter(codename__endswith="_webhookendpoint"))
     client.force_login(staff)
     assert "owner" in errors(client.post(ADD, GOOD))
-    assert client.post(ADD, {**GOOD, "owner": str(user.pk)}).status_code == 302  # someone's: fine
+    # Another owner's endpoint, pointed at one's own URL, would hear about their jobs.
+    assert "name another owner" in str(errors(client.post(ADD, {**GOOD, "owner": str(user.pk)}))["owner"])
+    assert client.post(ADD, {**GOOD, "owner": str(staff.pk)}).status_code == 302  # one's own: fine
     staff.user_permissions.add(Permission.objects.get(codename="view_job"))
     staff = django_user_model.objects.get(pk=staff.pk)  # permissions are cached per object
     client.force_login(staff)
     assert client.post(ADD, GOOD).status_code == 302
+    assert client.post(ADD, {**GOOD, "owner": str(user.pk)}).status_code == 302
     assert WebhookEndpoint.objects.filter(owner=None).count() == 1
+
+
+def test_without_view_job_staff_see_and_change_only_their_own_endpoints(client, django_user_model, user):
+    # As in the API: another user's endpoint could be pointed at one's own URL.
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("hooks-admin", password="x", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_webhookendpoint", "change_webhookendpoint"]),
+        Permission.objects.get(codename="view_webhookdelivery"),
+    )
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    mine = WebhookEndpoint.objects.create(owner=staff, url="https://hooks.example.com/mine")
+    from jobstate.webhooks.models import WebhookDelivery
+
+    for endpoint in (theirs, mine):
+        WebhookDelivery.objects.create(
+            endpoint=endpoint, webhook_id="msg", event="job.completed", job_id=services_job(user).pk
+        )
+    client.force_login(staff)
+    listed = client.get("/admin/jobstate/webhookendpoint/").context["cl"].result_list
+    assert [e.pk for e in listed] == [mine.pk]
+    change = f"/admin/jobstate/webhookendpoint/{theirs.pk}/change/"
+    evil = {**GOOD, "owner": str(user.pk), "url": "https://evil.example.com/"}
+    assert client.post(change, evil).status_code == 302  # to the list: no such endpoint here
+    assert WebhookEndpoint.objects.get(pk=theirs.pk).url == "https://hooks.example.com/alice"
+    deliveries = client.get("/admin/jobstate/webhookdelivery/").context["cl"].result_list
+    assert [d.endpoint_id for d in deliveries] == [mine.pk]
 
 
 @pytest.mark.parametrize("query", ["?url__regex=(", "?owner=99999999999999999999999", "?webhook_id__regex=("])

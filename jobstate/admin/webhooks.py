@@ -75,16 +75,25 @@ class WebhookEndpointForm(forms.ModelForm):
 
     # Set by WebhookEndpointAdmin.get_form from the user who fills it in.
     may_make_global = False
+    editor_pk: Any = None
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        # As in the API: an endpoint without an owner hears about every job, so only
-        # those who may see every job may leave the owner empty.
-        if not cleaned.get("owner") and not self.may_make_global:
+        # As in the API: an endpoint hears about its owner's jobs (without an owner,
+        # about every job), so only those who may see every job name another owner
+        # or none.
+        owner = cleaned.get("owner")
+        if not owner and not self.may_make_global:
             self.add_error(
                 "owner",
                 "An endpoint without an owner hears about every job: only staff who may view "
                 "every job (jobstate.view_job) may make one. Name its owner.",
+            )
+        elif owner and owner.pk != self.editor_pk and not self.may_make_global:
+            self.add_error(
+                "owner",
+                "An endpoint hears about its owner's jobs: only staff who may view every job "
+                "(jobstate.view_job) name another owner than themselves.",
             )
         return cleaned
 
@@ -109,9 +118,15 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
             fields = [f for f in fields if f != "secret"]
         return fields
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookEndpoint]:
+        # As in the API: without jobstate.view_job, one's own endpoints only.
+        qs = super().get_queryset(request)
+        return qs if request.user.has_perm("jobstate.view_job") else qs.filter(owner=request.user.pk)
+
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
         form.may_make_global = request.user.has_perm("jobstate.view_job")  # type: ignore[attr-defined]
+        form.editor_pk = request.user.pk  # type: ignore[attr-defined]
         return form
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
@@ -156,6 +171,13 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
+        # As the endpoints: without jobstate.view_job, those of one's own endpoints only.
+        qs = super().get_queryset(request)
+        if request.user.has_perm("jobstate.view_job"):
+            return qs
+        return qs.filter(endpoint__owner=request.user.pk)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
