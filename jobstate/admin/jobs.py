@@ -237,7 +237,6 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         if job is not None:
             extra["operations"] = actions.available(job, request.user)
             extra["finding"] = stuck.check(job)
-            extra["history_count"] = job.events.count()
             extra["live_active"] = job.status in ACTIVE
         return super().change_view(request, object_id, form_url, extra)
 
