@@ -4,9 +4,11 @@ these fields inside every job's transition."""
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import pytest
-from django.test.utils import override_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
 
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookEndpoint
@@ -114,6 +116,21 @@ def test_only_staff_who_may_view_every_job_may_leave_the_owner_empty(client, dja
     assert WebhookEndpoint.objects.filter(owner=None).count() == 1
 
 
+def test_staff_with_change_job_see_every_endpoint_as_in_the_api(client, django_user_model, user):
+    # "May see every job" is view_job or change_job everywhere (models.job.may_view_all).
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("job-editor", password="x", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_webhookendpoint", "add_webhookendpoint", "change_job"])
+    )
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    client.force_login(staff)
+    listed = client.get("/admin/jobstate/webhookendpoint/").context["cl"].result_list
+    assert [e.pk for e in listed] == [theirs.pk]
+    assert client.post(ADD, GOOD).status_code == 302  # global: as the API allows them
+
+
 def test_without_view_job_staff_see_and_change_only_their_own_endpoints(client, django_user_model, user):
     # As in the API: another user's endpoint could be pointed at one's own URL.
     from django.contrib.auth.models import Permission
@@ -193,6 +210,18 @@ def test_the_endpoint_page_shows_its_latest_deliveries_and_links_to_all(admin_cl
     full = admin_client.get(link)
     assert full.status_code == 200
     assert "msg_000" in full.content.decode() and "msg_other" not in full.content.decode()
+    # The total is counted up to a cap (a global endpoint's deliveries grow without bound).
+    from jobstate.admin.webhooks import DeliveryInline
+
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    with (
+        mock.patch.object(DeliveryInline, "count_cap", 55, create=True),
+        CaptureQueriesContext(connection) as queries,
+    ):
+        html = admin_client.get(page).content.decode()
+    assert "Showing the latest 50 of more than 55 deliveries." in " ".join(html.split())
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"] and "webhookdelivery" in q["sql"]]
+    assert counts and all("LIMIT 56" in sql for sql in counts), counts
 
 
 def test_the_delivery_list_never_counts_or_scans_every_delivery(admin_client, user):

@@ -284,6 +284,10 @@ def test_schedule_installs_updates_and_removes():
     reaper = Schedule.objects.get(name=schedules.REAPER)
     # The new cadence starts now, not at the stale row's next run.
     assert reaper.minutes == 1 and reaper.next_run <= timezone.now()
+    # A row with no next run (written by other code) never ran: it gets one.
+    Schedule.objects.filter(name=schedules.REAPER).update(minutes=5, next_run=None)
+    assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
+    assert Schedule.objects.get(name=schedules.REAPER).next_run is not None
     # A change that keeps the cadence keeps the next run.
     Schedule.objects.filter(name=schedules.REAPER).update(cluster="other", next_run=later)
     assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")

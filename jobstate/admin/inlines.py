@@ -51,6 +51,9 @@ class CappedInlineFormSet(BaseInlineFormSet):
     (its first rows when the ordering puts the newest first: ``newest_first``)."""
 
     limit = 50
+    # The total is counted up to here: a global webhook endpoint's deliveries grow
+    # without bound, and an uncapped COUNT read every one on each page view.
+    count_cap = 10_000
     newest_first = False
     full_list_url = ""
     noun: str  # (these two set by CappedInline.get_formset)
@@ -62,8 +65,9 @@ class CappedInlineFormSet(BaseInlineFormSet):
             newest = list((qs if self.newest_first else qs.reverse())[: self.limit + 1])
             self.truncated = len(newest) > self.limit
             rows = newest[: self.limit] if self.newest_first else newest[: self.limit][::-1]
-            self.total = qs.count() if self.truncated else len(rows)
-            self.total_label = f"{self.total:,}"
+            self.total = qs.order_by()[: self.count_cap + 1].count() if self.truncated else len(rows)
+            over = self.total > self.count_cap
+            self.total_label = f"more than {self.count_cap:,}" if over else f"{self.total:,}"
             self._capped = rows
         return self._capped
 
@@ -72,6 +76,7 @@ class CappedInline(ReadOnlyInline):
     formset = CappedInlineFormSet
     template = "admin/jobstate/job/capped_tabular.html"
     limit = 50
+    count_cap = 10_000
     newest_first = False  # the inline's ordering puts the newest rows first
     noun = "rows"
     parent_noun = "job"
@@ -81,6 +86,7 @@ class CappedInline(ReadOnlyInline):
     def get_formset(self, request: Any, obj: Any = None, **kwargs: Any) -> Any:
         formset = cast("type[CappedInlineFormSet]", super().get_formset(request, obj, **kwargs))
         formset.limit = self.limit
+        formset.count_cap = self.count_cap
         formset.newest_first = self.newest_first
         formset.noun = self.noun
         formset.parent_noun = self.parent_noun

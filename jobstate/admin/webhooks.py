@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
+from jobstate.models.job import may_view_all
 from jobstate.storable import text
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
@@ -119,13 +120,13 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         return fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookEndpoint]:
-        # As in the API: without jobstate.view_job, one's own endpoints only.
+        # As in the API: without jobstate.view_job (or change_job), one's own endpoints only.
         qs = super().get_queryset(request)
-        return qs if request.user.has_perm("jobstate.view_job") else qs.filter(owner=request.user.pk)
+        return qs if may_view_all(request.user) else qs.filter(owner=request.user.pk)
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
-        form.may_make_global = request.user.has_perm("jobstate.view_job")  # type: ignore[attr-defined]
+        form.may_make_global = may_view_all(request.user)  # type: ignore[attr-defined]
         form.editor_pk = request.user.pk  # type: ignore[attr-defined]
         return form
 
@@ -175,9 +176,12 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
         # As the endpoints: without jobstate.view_job, those of one's own endpoints only.
         qs = super().get_queryset(request)
-        if request.user.has_perm("jobstate.view_job"):
+        if may_view_all(request.user):
             return qs
-        return qs.filter(endpoint__owner=request.user.pk)
+        # The endpoints' ids, not a join: with a join PostgreSQL walked every delivery
+        # newest first to find the few of this user's endpoints.
+        own = list(WebhookEndpoint.objects.filter(owner=request.user.pk).values_list("pk", flat=True))
+        return qs.filter(endpoint_id__in=own)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

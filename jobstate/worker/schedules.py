@@ -65,9 +65,11 @@ def install(prune: bool = True) -> dict[str, str]:
             }
             changed: dict[str, object] = {k: v for k, v in fields.items() if getattr(current, k) != v}
             now = timezone.now()
-            if changed.keys() & {"schedule_type", "minutes", "repeats"} and current.next_run > now:
+            if current.next_run is None or (
+                changed.keys() & {"schedule_type", "minutes", "repeats"} and current.next_run > now
+            ):
                 # The stale row's next run (a day away for an old daily schedule) would
-                # hold off the new cadence until then.
+                # hold off the new cadence until then; a row without one never runs.
                 changed["next_run"] = now
             if changed:
                 for key, value in changed.items():
