@@ -54,3 +54,12 @@ def test_rows_match_what_the_orm_would_have_written(user):
     assert stored["status"] == Status.QUEUED and stored["parameters"] == {"a": [1, "b"], "n": None}
     job.refresh_from_db()  # the returned instances are saved ones
     assert job._state.adding is False
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_one_is_refused_before_anything_is_written(batch_size):
+    # PostgreSQL wrote no job and returned them all as queued; SQLite raised
+    # from inside the insert.
+    with pytest.raises(ValueError, match="batch_size"):
+        services.enqueue_many([("test.echo", {"i": i}) for i in range(3)], batch_size=batch_size)
+    assert not Job.objects.exists()

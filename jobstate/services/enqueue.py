@@ -230,6 +230,8 @@ def enqueue_many(
     """Queue many keyless jobs at once: all validated first, then bulk inserted
     with their history rows in one transaction (on PostgreSQL one statement per
     ``batch_size`` jobs writes both the jobs and their enqueue events)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError("batch_size is a positive integer.")
     now = timezone.now()
     owner = user_of(owner)
     who = Actor.of(actor if actor is not None else owner)
@@ -310,7 +312,7 @@ def _insert_with_events(jobs: list[Job], who: Actor, now: datetime, batch_size: 
     )
     encoder = Job._meta.get_field("parameters").encoder
     with connection.cursor() as cursor:
-        for start in range(0, len(jobs), max(1, batch_size)):
+        for start in range(0, len(jobs), batch_size):
             document = json.dumps(
                 [
                     {
