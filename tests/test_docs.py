@@ -52,7 +52,7 @@ def test_readme_quick_start_configures_the_worker_and_says_how_to_install():
         assert not [m.id for m in run_checks(tags=["jobstate"]) if m.id.startswith("jobstate.W")]
     assert section.index("Q_CLUSTER = {") < section.index("manage.py qcluster")
     install = code_blocks(section, "sh")[0]
-    assert "python -m pip install ./jobstate " in install
+    assert "python -m pip install ./jobstate-src " in install  # the clone's root, not its package
     assert "dist/django_jobstate-*.whl" in install
     assert "django-jobstate" not in install, "not on PyPI yet"
 

@@ -161,3 +161,30 @@ def test_started_at_is_when_the_first_attempt_began():
     assert result.started_at == first_claim and result.last_attempted_at == second_start
     assert result.worker_ids == ["w1", "w2"]
     assert result.finished_at >= second_start
+
+
+def test_a_missing_module_in_options_modules_names_the_setting(settings, tmp_path, monkeypatch):
+    # It was a bare ModuleNotFoundError from AppConfig.ready(), naming no setting.
+    from django.core.exceptions import ImproperlyConfigured
+
+    import jobstate.tasks
+
+    settings.TASKS = {
+        **settings.TASKS,
+        "default": {**settings.TASKS["default"], "OPTIONS": {"MODULES": ["myproject.jobs.tasks"]}},
+    }
+    with pytest.raises(
+        ImproperlyConfigured,
+        match=r"TASKS\['default'\]\['OPTIONS'\]\['MODULES'\] names "
+        r"'myproject.jobs.tasks', which cannot be imported: no module named 'myproject'",
+    ):
+        jobstate.tasks.install()
+    # A module that exists but imports a missing one keeps its own error.
+    (tmp_path / "broken_tasks_module.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    settings.TASKS = {
+        **settings.TASKS,
+        "default": {**settings.TASKS["default"], "OPTIONS": {"MODULES": ["broken_tasks_module"]}},
+    }
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+        jobstate.tasks.install()

@@ -79,4 +79,14 @@ def install() -> None:
     autodiscover_modules("tasks")
     for alias in aliases:
         for module in settings.TASKS[alias].get("OPTIONS", {}).get("MODULES", []):
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not (module == exc.name or module.startswith(f"{exc.name}.")):
+                    raise  # a module the task module imports: its own error
+                from django.core.exceptions import ImproperlyConfigured
+
+                raise ImproperlyConfigured(
+                    f"TASKS[{alias!r}]['OPTIONS']['MODULES'] names {module!r}, which cannot be "
+                    f"imported: no module named {exc.name!r}."
+                ) from exc
