@@ -413,3 +413,13 @@ def test_extend_leases_renews_only_the_listed_leases_still_held_by_that_worker()
     assert expiry[b.pk] < later and expiry[c.pk] < later
     assert services.extend_leases("cluster-2", [(c.pk, c.lease_token)], now=later) == 0
     assert services.extend_leases("cluster-1", []) == 0
+
+
+def test_extend_leases_renews_the_jobs_of_a_worker_id_stored_cut_to_200_characters():
+    # The claim stored the id cut to 200 characters; the renewal compared it whole and
+    # never matched, so the reserved jobs of a long cluster id (host name) expired.
+    long_id = "host-" + "x" * 300
+    services.enqueue("test.echo", {})
+    (job,) = services.claim(long_id, lease_seconds=1)
+    later = timezone.now() + timedelta(minutes=5)
+    assert services.extend_leases(long_id, [(job.pk, job.lease_token)], lease_seconds=60, now=later) == 1

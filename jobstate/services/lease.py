@@ -305,7 +305,7 @@ def extend_leases(
     held = Q()
     for pk, token in leases:
         held |= Q(pk=pk, lease_token=token)
-    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id).update(
+    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id[:200]).update(
         lease_expires_at=_lease(now, lease_seconds)
     )
 

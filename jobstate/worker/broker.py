@@ -254,7 +254,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         if now < self._next_reconcile or counters.pending is None or counters.plain is None:
             return
         self._next_reconcile = now + max(q2.poll(), 1.0)
-        waiting = Job.objects.filter(status=Status.PROCESSING, worker_id=cluster_id()).count()
+        waiting = Job.objects.filter(status=Status.PROCESSING, worker_id=cluster_id()[:200]).count()
         counters.pending.lower_to(waiting)
         counters.plain.lower_to(q2.plain_locked(self))
 
