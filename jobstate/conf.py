@@ -239,13 +239,35 @@ def check_storage(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     from django.core.files.storage import storages
 
     alias = get("STORAGE")
-    if not isinstance(alias, str) or alias in storages.backends:
+    if not isinstance(alias, str):
         return []  # a wrong type is E003's
+    if alias in storages.backends:
+        return _relative_files(alias)
     return [
         Error(
             f"settings.JOBSTATE['STORAGE'] is {alias!r}, which is not a key of settings.STORAGES "
             f"({', '.join(sorted(storages.backends))}).",
             hint=f"Name one of settings.STORAGES, or add {alias!r} to it. {CHECKS_DOCS}",
             id="jobstate.E004",
+        )
+    ]
+
+
+def _relative_files(alias: str) -> list[CheckMessage]:
+    """A file-system storage with no location and no ``MEDIA_ROOT`` stores each asset
+    under the current directory of the process that writes it (a worker's, the web
+    server's): files a download then looks for elsewhere."""
+    from django.core.files.storage import FileSystemStorage, storages
+
+    storage = storages[alias]
+    if not isinstance(storage, FileSystemStorage) or storage.base_location:
+        return []
+    return [
+        Warning(
+            f"Job assets go to settings.STORAGES[{alias!r}], a FileSystemStorage with no location, and "
+            "settings.MEDIA_ROOT is empty: each process would store files under its own current "
+            "directory.",
+            hint=f"Set MEDIA_ROOT (or the storage's OPTIONS location) to an absolute path. {CHECKS_DOCS}",
+            id="jobstate.W011",
         )
     ]

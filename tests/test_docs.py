@@ -99,6 +99,8 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
         found += conf.check_storage()  # E004
+    with override_settings(MEDIA_ROOT=""):
+        found += conf.check_storage()  # W011
     from jobstate.tasks.compat import task_backends
 
     with mock.patch("jobstate.tasks.backend.apps.is_installed", return_value=False):

@@ -94,3 +94,28 @@ def test_a_storage_alias_missing_from_storages_is_an_error_not_a_crash_at_import
     }
     with override_settings(JOBSTATE={"STORAGE": "assets"}, STORAGES=storages):
         assert errors() == []
+
+
+def test_a_file_system_storage_with_no_location_and_no_media_root_warns(tmp_path):
+    # Each process (a worker, the web server) stored assets under its own current directory.
+    from jobstate import conf
+
+    def w011() -> list[str]:
+        return [m.id for m in conf.check_storage() if m.id == "jobstate.W011"]
+
+    with override_settings(MEDIA_ROOT=""):
+        assert w011() == ["jobstate.W011"]
+        located = {
+            "default": {
+                "BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(tmp_path)},
+            },
+            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+        }
+        with override_settings(STORAGES=located):
+            assert w011() == []
+        in_memory = {**located, "default": {"BACKEND": "django.core.files.storage.InMemoryStorage"}}
+        with override_settings(STORAGES=in_memory):
+            assert w011() == []
+    with override_settings(MEDIA_ROOT=str(tmp_path)):
+        assert w011() == []
