@@ -75,7 +75,7 @@ class WebhookEndpointForm(forms.ModelForm):
         return validation.kinds(self.cleaned_data.get("kinds"))
 
     # Set by WebhookEndpointAdmin.get_form from the user who fills it in.
-    may_make_global = False
+    sees_every_job = False
     editor_pk: Any = None
 
     def clean(self) -> dict[str, Any]:
@@ -84,13 +84,13 @@ class WebhookEndpointForm(forms.ModelForm):
         # about every job), so only those who may see every job name another owner
         # or none.
         owner = cleaned.get("owner")
-        if not owner and not self.may_make_global:
+        if not owner and not self.sees_every_job:
             self.add_error(
                 "owner",
                 "An endpoint without an owner hears about every job: only staff who may view "
                 "every job (jobstate.view_job) may make one. Name its owner.",
             )
-        elif owner and owner.pk != self.editor_pk and not self.may_make_global:
+        elif owner and owner.pk != self.editor_pk and not self.sees_every_job:
             self.add_error(
                 "owner",
                 "An endpoint hears about its owner's jobs: only staff who may view every job "
@@ -126,7 +126,7 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         form = super().get_form(request, obj, change, **kwargs)
-        form.may_make_global = may_view_all(request.user)  # type: ignore[attr-defined]
+        form.sees_every_job = may_view_all(request.user)  # type: ignore[attr-defined]
         form.editor_pk = request.user.pk  # type: ignore[attr-defined]
         return form
 
@@ -174,7 +174,7 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
-        # As the endpoints: without jobstate.view_job, those of one's own endpoints only.
+        # As the endpoints: without jobstate.view_job (or change_job), those of one's own only.
         qs = super().get_queryset(request)
         if may_view_all(request.user):
             return qs
