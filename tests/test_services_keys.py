@@ -80,3 +80,19 @@ def test_deleting_a_user_keeps_their_jobs_but_forgets_their_keys(user):
     assert created and job.pk != done.pk
     again, created_again = services.get_or_enqueue("test.echo", {}, key="k")
     assert not created_again and again.pk == system.pk
+
+
+@pytest.mark.parametrize("watermark", [None, 7])
+def test_a_key_whose_active_job_is_being_cancelled_is_refused(user, watermark):
+    """That job ends cancelled: answering with it would drop this request's work."""
+    job = services.enqueue("test.echo", {}, owner=user, key="k", watermark=1)
+    services.start(job, "w")
+    services.request_cancel(job, reason="stop it")
+    with pytest.raises(services.DuplicateActiveKey, match="being cancelled"):
+        services.get_or_enqueue("test.echo", {}, owner=user, key="k", watermark=watermark)
+    job.refresh_from_db()
+    assert job.input_watermark == 1 and Job.objects.count() == 1
+    # Once it has ended, the key takes a new job.
+    services.cancel_now(job, job.lease_token)
+    again, created = services.get_or_enqueue("test.echo", {}, owner=user, key="k", watermark=watermark)
+    assert created and again.pk != job.pk

@@ -131,7 +131,8 @@ def get_or_enqueue(
     with that key has processed input at least as new as ``watermark``, that
     job is returned and nothing runs; else a new job is queued. Returns
     ``(job, created)``. Raises ``DuplicateActiveKey`` (never ``IntegrityError``)
-    if the key keeps changing hands under it.
+    if the key keeps changing hands under it, or if its active job is being
+    cancelled (it would end cancelled with this request's work).
     """
     spec, cleaned = _clean(
         kind,
@@ -206,6 +207,12 @@ def _existing_for_key(kind: str, key: str, watermark: int | None, owner_id: Any)
     same_key = Job.objects.filter(kind=kind, key=key, owner_id=owner_id)  # owner_id=None: IS NULL
     active = same_key.select_for_update().filter(status__in=ACTIVE).first()
     if active is not None:
+        if active.cancel_requested_at is not None:
+            # It ends cancelled: answering with it (or raising its watermark) would
+            # drop this request's work without a word.
+            raise DuplicateActiveKey(
+                f"The active '{kind}' job holding key '{key}' is being cancelled; try again once it has ended"
+            )
         if watermark is not None and (active.input_watermark is None or active.input_watermark < watermark):
             Job.objects.filter(pk=active.pk).update(input_watermark=watermark)
             active.input_watermark = watermark
