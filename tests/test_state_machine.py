@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from jobstate import InvalidTransition, LeaseLost, services
-from jobstate.exceptions import CancelRequested
+from jobstate.exceptions import CancelRequested, DuplicateActiveKey
 from jobstate.models import Job, JobEvent
 from jobstate.states import TERMINAL, Status
 
@@ -84,6 +84,14 @@ class JobLifecycle(RuleBasedStateMachine):
     ) -> None:
         before = set(self._ids())
         owner = self.owner if owned else None
+        holder = Job.objects.filter(key=key, owner=owner, status__in=["queued", "processing"]).first()
+        if key is not None and holder is not None and holder.cancel_requested_at is not None:
+            # Its key's active job ends cancelled: refused, nothing written.
+            with pytest.raises(DuplicateActiveKey):
+                services.get_or_enqueue("test.echo", {}, key=key, watermark=watermark, owner=owner)
+            assert set(self._ids()) == before
+            assert Job.objects.get(pk=holder.pk).input_watermark == holder.input_watermark
+            return
         job, created = services.get_or_enqueue(
             "test.echo",
             {"n": len(before)},
@@ -109,11 +117,19 @@ class JobLifecycle(RuleBasedStateMachine):
         self._input_changes(data.draw(st.sampled_from(list(self.tokens))), bump)
 
     def _input_changes(self, pk: Any, bump: int) -> None:
-        """An enqueue with the running job's key: it raises that job's watermark."""
+        """An enqueue with the running job's key: it raises that job's watermark
+        (refused, nothing written, while a cancel request stands)."""
         running = Job.objects.get(pk=pk)
         if running.key is None:
             return
         watermark = (running.input_watermark or 0) + bump
+        if running.cancel_requested_at is not None:
+            with pytest.raises(DuplicateActiveKey):
+                services.get_or_enqueue(
+                    running.kind, {}, key=running.key, watermark=watermark, owner=running.owner
+                )
+            assert Job.objects.get(pk=pk).input_watermark == running.input_watermark
+            return
         job, created = services.get_or_enqueue(
             running.kind, {}, key=running.key, watermark=watermark, owner=running.owner
         )
