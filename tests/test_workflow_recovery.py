@@ -169,6 +169,29 @@ def test_a_reaping_that_raises_leaves_that_job_and_reaps_the_others(monkeypatch,
     assert f"Reaping expired job {first.pk} failed" in caplog.text
 
 
+def test_jobs_whose_reaping_raises_do_not_hide_the_others_from_a_limited_sweep(monkeypatch, caplog):
+    """The oldest expired jobs keep failing to reap (a hook's bug): a sweep limited to
+    two moves still reaches the job behind them."""
+    jobs = [services.enqueue("test.echo", {}, max_attempts=1) for _ in range(3)]
+    for job in jobs:
+        services.start(job.pk, "w1")
+    base = timezone.now()
+    for offset, job in enumerate(jobs):  # expiry order: jobs[0], jobs[1], jobs[2]
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=base + timedelta(seconds=offset))
+    broken = {jobs[0].pk, jobs[1].pk}
+    real = services.control.move
+
+    def move(pk: Any, *args: Any, **kwargs: Any) -> Any:
+        if pk in broken:
+            raise KeyError("a hook's bug")
+        return real(pk, *args, **kwargs)
+
+    monkeypatch.setattr(services.control, "move", move)
+    report = services.requeue_expired(now=base + timedelta(hours=1), limit=2)
+    assert report.failed == [jobs[2].pk] and set(report.errors) == broken
+    assert fresh(jobs[2]).status == Status.FAILED
+
+
 def test_a_worker_lost_on_the_last_attempt_with_nothing_to_undo_fails_as_before():
     job = services.enqueue("wf.five", {"crash_at": "s3"}, max_attempts=1)
     crash(job)

@@ -245,100 +245,119 @@ def requeue_expired(
     now = now or timezone.now()
     report = ReapReport()
     reaper = actor or Actor.system("reaper")
-    rows = (
-        Job.objects.expired(now)
-        .values_list(
-            "pk",
-            "kind",
-            "lease_token",
-            "attempts",
-            "max_attempts",
-            "cancel_requested_at",
-            "worker_id",
-            "started_at",
-        )
-        .order_by("lease_expires_at")[:limit]
-    )
-    for pk, kind, token, attempts, max_attempts, cancel_at, worker, started in rows:
-        guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
-        meta = {"attempt": attempts, "worker": worker}
-        lost = f"lease expired (worker {worker or '?'} lost)"
-        last, cancelling = attempts >= max_attempts, cancel_at is not None
-        try:
-            with transaction.atomic():
-                # The parent's row first (parents before children: see
-                # transitions.lock_parent), as a move that ends this job would. A
-                # job whose row someone holds is left for the next sweep: often the
-                # handler's own transaction, after which its heartbeat renews the
-                # lease; taking the job the moment that commits would run it twice.
-                if not _lock_parent_briefly(pk) or not _lock_unless_held(pk):
-                    report.skipped.append(pk)
-                    continue
-                if started is None:
-                    reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
-                    meta["reserved"] = True
-                    if cancelling and not recovering(pk):
-                        move(pk, "cancel", reason=f"{reserved}; cancel requested", metadata=meta, **guard)
-                        report.cancelled.append(pk)
-                    else:
-                        fields = {"run_after": now, "worker_id": ""}
-                        move(pk, "requeue", reason=reserved, fields=fields, metadata=meta, **guard)
-                        report.requeued.append(pk)
-                    continue
-                plan = hooks.reaping.ask(hooks.Expired(pk, kind, last=last, cancelling=cancelling))
-                if plan is not None and plan.action:
-                    move(
-                        pk,
-                        "requeue",
-                        reason=f"{lost}: {plan.reason}",
-                        fields={"run_after": now, "worker_id": "", "attempts": F("attempts") - 1},
-                        metadata={**meta, "recovery": plan.action},
-                        **guard,
-                    )
-                    if plan.then is not None:
-                        plan.then(pk, reaper, now)
-                    report.requeued.append(pk)
-                elif plan is not None:
-                    move(
-                        pk,
-                        "fail",
-                        reason=plan.error[:1000],
-                        metadata=meta,
-                        fields={"error_message": plan.error, "error_type": "WorkerLost"},
-                        **guard,
-                    )
-                    report.failed.append(pk)
-                elif cancel_at is not None:
-                    move(pk, "cancel", reason="worker lost while cancelling", metadata=meta, **guard)
-                    report.cancelled.append(pk)
-                elif attempts < max_attempts:
-                    move(
-                        pk,
-                        "requeue",
-                        reason=lost,
-                        fields={"run_after": now, "worker_id": ""},
-                        metadata=meta,
-                        **guard,
-                    )
-                    report.requeued.append(pk)
-                else:
-                    move(
-                        pk,
-                        "fail",
-                        reason="worker lost",
-                        metadata=meta,
-                        fields={"error_message": "worker lost", "error_type": "WorkerLost"},
-                        **guard,
-                    )
-                    report.failed.append(pk)
-        except (LeaseLost, InvalidTransition):
-            continue  # a heartbeat or the worker itself got there first
-        except DatabaseError:
-            raise  # the database's trouble, not this job's: the sweep stops here
-        except Exception:
-            logger.exception("Reaping expired job %s failed; it is left as it is", pk)
-            report.errors.append(pk)
+    # Oldest expiry first, a page at a time: the jobs left as they were (a row held,
+    # a hook that raises) do not count against ``limit``, and the next page starts
+    # after them, so a batch of jobs that cannot be reaped never hides the others.
+    after: tuple[datetime, Any] | None = None
+    while report.total < limit:
+        page = Job.objects.expired(now)
+        if after is not None:
+            expiry, pk = after
+            page = page.filter(Q(lease_expires_at__gt=expiry) | Q(lease_expires_at=expiry, pk__gt=pk))
+        size = limit - report.total
+        rows = list(page.values_list(*_REAP_COLUMNS).order_by("lease_expires_at", "pk")[:size])
+        for row in rows:
+            _reap(row, report, reaper, now)
+        if len(rows) < size:
+            break
+        after = (rows[-1][-1], rows[-1][0])
     return report
+
+
+_REAP_COLUMNS = (
+    "pk",
+    "kind",
+    "lease_token",
+    "attempts",
+    "max_attempts",
+    "cancel_requested_at",
+    "worker_id",
+    "started_at",
+    "lease_expires_at",
+)
+
+
+def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime) -> None:
+    """One expired job's move (see ``requeue_expired``), recorded in ``report``."""
+    pk, kind, token, attempts, max_attempts, cancel_at, worker, started, _expiry = row
+    guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
+    meta = {"attempt": attempts, "worker": worker}
+    lost = f"lease expired (worker {worker or '?'} lost)"
+    last, cancelling = attempts >= max_attempts, cancel_at is not None
+    try:
+        with transaction.atomic():
+            # The parent's row first (parents before children: see
+            # transitions.lock_parent), as a move that ends this job would. A
+            # job whose row someone holds is left for the next sweep: often the
+            # handler's own transaction, after which its heartbeat renews the
+            # lease; taking the job the moment that commits would run it twice.
+            if not _lock_parent_briefly(pk) or not _lock_unless_held(pk):
+                report.skipped.append(pk)
+                return
+            if started is None:
+                reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
+                meta["reserved"] = True
+                if cancelling and not recovering(pk):
+                    move(pk, "cancel", reason=f"{reserved}; cancel requested", metadata=meta, **guard)
+                    report.cancelled.append(pk)
+                else:
+                    fields = {"run_after": now, "worker_id": ""}
+                    move(pk, "requeue", reason=reserved, fields=fields, metadata=meta, **guard)
+                    report.requeued.append(pk)
+                return
+            plan = hooks.reaping.ask(hooks.Expired(pk, kind, last=last, cancelling=cancelling))
+            if plan is not None and plan.action:
+                move(
+                    pk,
+                    "requeue",
+                    reason=f"{lost}: {plan.reason}",
+                    fields={"run_after": now, "worker_id": "", "attempts": F("attempts") - 1},
+                    metadata={**meta, "recovery": plan.action},
+                    **guard,
+                )
+                if plan.then is not None:
+                    plan.then(pk, reaper, now)
+                report.requeued.append(pk)
+            elif plan is not None:
+                move(
+                    pk,
+                    "fail",
+                    reason=plan.error[:1000],
+                    metadata=meta,
+                    fields={"error_message": plan.error, "error_type": "WorkerLost"},
+                    **guard,
+                )
+                report.failed.append(pk)
+            elif cancel_at is not None:
+                move(pk, "cancel", reason="worker lost while cancelling", metadata=meta, **guard)
+                report.cancelled.append(pk)
+            elif attempts < max_attempts:
+                move(
+                    pk,
+                    "requeue",
+                    reason=lost,
+                    fields={"run_after": now, "worker_id": ""},
+                    metadata=meta,
+                    **guard,
+                )
+                report.requeued.append(pk)
+            else:
+                move(
+                    pk,
+                    "fail",
+                    reason="worker lost",
+                    metadata=meta,
+                    fields={"error_message": "worker lost", "error_type": "WorkerLost"},
+                    **guard,
+                )
+                report.failed.append(pk)
+    except (LeaseLost, InvalidTransition):
+        pass  # a heartbeat or the worker itself got there first
+    except DatabaseError:
+        raise  # the database's trouble, not this job's: the sweep stops here
+    except Exception:
+        logger.exception("Reaping expired job %s failed; it is left as it is", pk)
+        report.errors.append(pk)
 
 
 # How long the reaper waits for an expired job's parent row (PostgreSQL): long
