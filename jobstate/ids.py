@@ -64,3 +64,15 @@ def short(pk: object) -> str:
     the same for every job made in one window of 65.5 seconds; its end is random,
     as all of a version 4 id is)."""
     return str(pk)[-8:]
+
+
+HEX = "0123456789abcdef"
+
+
+def prefix_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The ids that begin with ``term`` (4 to 32 hex digits, dashes ignored) as a
+    range an index serves; None when ``term`` is no such prefix."""
+    hexed = term.replace("-", "").lower()
+    if not 4 <= len(hexed) <= 32 or any(c not in HEX for c in hexed):
+        return None
+    return uuid.UUID(hexed.ljust(32, "0")), uuid.UUID(hexed.ljust(32, "f"))

@@ -249,3 +249,31 @@ def test_the_delivery_list_never_counts_or_scans_every_delivery(admin_client, us
     response = admin_client.get("/admin/jobstate/webhookdelivery/?event=job.failed")
     assert response.context["cl"].result_count == 1
     assert "?event=job.completed" in response.content.decode()  # still a choice
+
+
+def test_the_delivery_search_finds_a_job_or_a_message_by_an_index(admin_client, user):
+    # icontains on both columns read every delivery kept: now a job id (or its first
+    # digits) and a webhook-id are matched exactly, by the deliveries' indexes.
+    import uuid
+
+    from jobstate.webhooks.models import WebhookDelivery
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    job_a, job_b = uuid.UUID("0193aaaa-0000-7000-8000-000000000001"), uuid.uuid4()
+    WebhookDelivery.objects.create(endpoint=endpoint, webhook_id="msg_a", event="e", job_id=job_a)
+    WebhookDelivery.objects.create(endpoint=endpoint, webhook_id="msg_b", event="e", job_id=job_b)
+
+    def found(term: str) -> set[str]:
+        with CaptureQueriesContext(connection) as queries:
+            response = admin_client.get("/admin/jobstate/webhookdelivery/", {"q": term})
+        assert response.status_code == 200
+        for q in queries.captured_queries:
+            if "jobstate_webhookdelivery" in q["sql"].lower():
+                assert " LIKE " not in q["sql"].upper(), q["sql"]
+        return {d.webhook_id for d in response.context["cl"].result_list}
+
+    assert found(str(job_a)) == {"msg_a"}
+    assert found(f" {str(job_b).upper()} ") == {"msg_b"}
+    assert found("0193aaaa") == {"msg_a"}  # the start of an id
+    assert found("msg_b") == {"msg_b"}
+    assert found("msg") == set() and found("0193") == {"msg_a"}

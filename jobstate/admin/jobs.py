@@ -23,26 +23,17 @@ from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
 from jobstate.admin.job_columns import JobColumns
 from jobstate.admin.job_page import JobPageFields
 from jobstate.admin.paginator import CappedPaginator
-from jobstate.ids import short
+from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
 from jobstate.states import ACTIVE
 
 # Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
 BADGE_CAP = 100
 
-HEX = "0123456789abcdef"
 SHORT = len(short(uuid.UUID(int=0)))
 
 # Heavy columns the list never shows.
 LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
-
-
-def _uuid_range(term: str) -> tuple[uuid.UUID, uuid.UUID] | None:
-    """A hex prefix of an id as an index-friendly range."""
-    hexed = term.replace("-", "").lower()
-    if not 4 <= len(hexed) <= 32 or any(c not in HEX for c in hexed):
-        return None
-    return uuid.UUID(hexed.ljust(32, "0")), uuid.UUID(hexed.ljust(32, "f"))
 
 
 def _looks_short(term: str) -> bool:
@@ -176,7 +167,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         q = Q(key=term)
         if owners:
             q |= Q(owner_id__in=owners)
-        span = _uuid_range(term)
+        span = prefix_range(term)
         if span is not None:
             q |= Q(pk__gte=span[0], pk__lte=span[1])
         found = queryset.filter(q)

@@ -8,12 +8,13 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db import models
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
+from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import text
 from jobstate.webhooks import validation
@@ -168,7 +169,8 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
         "duration_ms",
     )
     list_filter = ("ok", DeliveryEventFilter)
-    search_fields = ("webhook_id", "job_id")
+    search_fields = ("webhook_id", "job_id")  # see get_search_results
+    search_help_text = "A job's id (or its first digits, at least 4) or a webhook-id (msg_...), exactly."
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
@@ -182,6 +184,19 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
         # newest first to find the few of this user's endpoints.
         own = list(WebhookEndpoint.objects.filter(owner=request.user.pk).values_list("pk", flat=True))
         return qs.filter(endpoint_id__in=own)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WebhookDelivery], search_term: str
+    ) -> tuple[QuerySet[WebhookDelivery], bool]:
+        # Exact values and id prefixes, each an index lookup: the default
+        # ``icontains`` read every delivery ever kept.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        span = prefix_range(term)
+        if span is None:
+            return queryset.filter(webhook_id=term), False
+        return queryset.filter(Q(webhook_id=term) | Q(job_id__gte=span[0], job_id__lte=span[1])), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

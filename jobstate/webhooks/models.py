@@ -130,6 +130,8 @@ class WebhookDelivery(models.Model):
         indexes = [
             models.Index(fields=["endpoint", "-id"], name="jobstate_delivery_ep_idx"),
             models.Index(fields=["webhook_id"], name="jobstate_delivery_msg_idx"),
+            # The admin's search by a job's id (a delivery row is written once: one entry).
+            models.Index(fields=["job_id"], name="jobstate_delivery_job_idx"),
         ]
         verbose_name = "webhook delivery"
         verbose_name_plural = "webhook deliveries"
