@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from jobstate import services
 from jobstate.models import Asset
@@ -95,8 +96,36 @@ def test_external_assets_redirect(user):
     assert client_for(user).get(f"/api/assets/{asset.pk}/").json()["url"] == asset.url
 
 
-def test_an_external_asset_with_an_unsafe_scheme_is_not_followed(user):
-    asset = services.add_asset(running(user), asset_type="link", url="javascript:alert(1)")
+@pytest.mark.parametrize(
+    "url",
+    [
+        "javascript:alert(1)",
+        "data:text/html,<script>x</script>",
+        "//evil.example/x",
+        "https://",
+        "ftp://h/x",
+        "http://[x/",
+    ],
+)
+def test_an_external_url_must_be_an_absolute_http_one(user, url):
+    # The API hands `url` to clients, which may show it as a link: javascript: ran there.
+    job = running(user)
+    with pytest.raises(ValidationError) as caught:
+        services.add_asset(job, asset_type="link", url=url)
+    assert "url" in caught.value.message_dict
+    assert not Asset.objects.filter(job=job).exists()
+
+
+def test_an_external_url_may_name_any_host(user):
+    asset = services.add_asset(running(user), asset_type="link", url="http://minio:9000/out/x.png")
+    assert asset.url == "http://minio:9000/out/x.png"
+
+
+def test_an_external_asset_with_an_unsafe_scheme_is_neither_shown_nor_followed(user):
+    job = running(user)
+    # A row stored before add_asset checked the scheme.
+    asset = Asset.objects.create(job=job, owner=user, asset_type="link", name="x", url="javascript:alert(1)")
+    assert client_for(user).get(f"/api/assets/{asset.pk}/").json()["url"] is None
     error = assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
     assert "no stored file" in error["message"]
 

@@ -9,6 +9,7 @@ import mimetypes
 import os
 from datetime import datetime, timedelta
 from typing import IO, Any, cast
+from urllib.parse import urlsplit
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
@@ -82,6 +83,8 @@ def add_asset(
     """
     _check_line(asset_type, "asset_type", 100, required=True)
     _check_line(url, "url", 2000)
+    if url:
+        _check_url(url)
     if content_type:
         _check_line(content_type, "content_type", 200)
         if not content_type.isascii() or "/" not in content_type:
@@ -145,6 +148,19 @@ def _check_line(value: Any, field: str, limit: int, *, required: bool = False) -
         raise ValidationError({field: [f"At most {limit} characters."]})
     if text(value) != value or any(c < " " or c == "\x7f" for c in value):
         raise ValidationError({field: ["No control characters, NUL or lone surrogates."]})
+
+
+def _check_url(url: str) -> None:
+    """An absolute http(s) URL: the API hands ``url`` to clients, which may show
+    it as a link (``javascript:`` or ``data:`` would run there). Any host name,
+    as object storage inside a cluster has (``http://minio:9000/...``)."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed host or port
+        ok = False
+    if not ok:
+        raise ValidationError({"url": ["An absolute http or https URL."]})
 
 
 def _lock_if_held(pk: Any, token: UUID | str) -> bool:
