@@ -83,6 +83,7 @@ def test_download_streams_the_file_with_a_safe_name(admin_client: Any) -> None:
     disposition = response["Content-Disposition"]
     assert disposition.startswith("attachment;") and "/" not in disposition.split("filename=")[1]
     assert response["X-Content-Type-Options"] == "nosniff"
+    assert "private" in response["Cache-Control"]  # no shared cache keeps it
 
 
 def test_download_is_checked(

@@ -65,6 +65,18 @@ def test_download_streams_the_file_with_type_length_and_safe_name(user):
     assert read(response) == content
 
 
+def test_download_is_never_sniffed_nor_kept_by_a_shared_cache(user, settings):
+    # Whatever the project's middleware: the API relied on SecurityMiddleware for
+    # nosniff, and no download said private.
+    settings.SECURE_CONTENT_TYPE_NOSNIFF = False
+    asset = add_file(running(user), "page.html", b"<script>alert(1)</script>")
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response.status_code == 200
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert "private" in response["Cache-Control"]
+    assert response["Content-Disposition"] == 'attachment; filename="page.html"'
+
+
 def test_download_with_a_unicode_name(user):
     asset = add_file(running(user), "résumé.txt", b"hi")
     response = client_for(user).get(f"/api/assets/{asset.pk}/download/", HTTP_ACCEPT="application/pdf")

@@ -22,7 +22,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import short
 from jobstate.models import Asset
 from jobstate.models.job import may_view_all
-from jobstate.services import safe_name
+from jobstate.services import file_response
 from jobstate.stuck import distinct_values
 
 
@@ -127,14 +127,6 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         if not asset.file:
             raise Http404("This asset has no stored file.")
         try:
-            handle = asset.file.open("rb")
-        except (FileNotFoundError, OSError):
+            return file_response(asset)
+        except OSError:
             raise Http404("The stored file is missing.") from None
-        response = FileResponse(
-            handle,
-            as_attachment=True,
-            filename=safe_name(asset.name),
-            content_type=asset.content_type or "application/octet-stream",
-        )
-        response["X-Content-Type-Options"] = "nosniff"
-        return response

@@ -6,7 +6,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
-from django.http import FileResponse, HttpResponseRedirect
+from django.http import HttpResponseRedirect
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema_view
 from rest_framework import viewsets
@@ -66,12 +66,6 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
                 return HttpResponseRedirect(asset.url)
             raise NotFound("This asset has no stored file.")
         try:
-            handle = asset.file.open("rb")
+            return services.file_response(asset)
         except OSError:
             raise NotFound("The asset's file is missing from storage.") from None
-        return FileResponse(
-            handle,
-            as_attachment=True,
-            filename=services.safe_name(asset.name),
-            content_type=asset.content_type or "application/octet-stream",
-        )

@@ -5,7 +5,13 @@ conditional UPDATE plus its JobEvent in one transaction.
 """
 
 from jobstate.services.actors import Actor
-from jobstate.services.assets import add_asset, remove_orphan_files, result_assets, safe_name
+from jobstate.services.assets import (
+    add_asset,
+    file_response,
+    remove_orphan_files,
+    result_assets,
+    safe_name,
+)
 from jobstate.services.control import (
     DuplicateActiveKey,
     ReapReport,
@@ -56,6 +62,7 @@ __all__ = [
     "enqueue_many",
     "extend_leases",
     "fail",
+    "file_response",
     "force_fail",
     "get_or_enqueue",
     "hand_back",

@@ -17,7 +17,9 @@ from django.core.files.base import ContentFile, File
 from django.core.files.storage import Storage
 from django.db import transaction
 from django.db.models import Subquery
+from django.http import FileResponse
 from django.utils import timezone
+from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
 from jobstate.exceptions import LeaseLost
@@ -198,6 +200,22 @@ def delete_stored_file(asset: Asset) -> None:
         return
     storage = asset.file.storage
     transaction.on_commit(lambda: storage.delete(name), robust=True)
+
+
+def file_response(asset: Asset) -> FileResponse:
+    """Stream ``asset``'s stored file as an attachment under its safe name (OSError
+    when the storage cannot open it). Whatever the project's middleware: ``nosniff``,
+    so a browser keeps the stored type (an HTML or SVG file is not run as a page),
+    and ``private``, so no shared cache keeps one user's file for another."""
+    response = FileResponse(
+        asset.file.open("rb"),
+        as_attachment=True,
+        filename=safe_name(asset.name),
+        content_type=asset.content_type or "application/octet-stream",
+    )
+    response["X-Content-Type-Options"] = "nosniff"
+    patch_cache_control(response, private=True)
+    return response
 
 
 def result_assets(job: Job | UUID | str) -> Any:
