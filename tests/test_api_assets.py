@@ -85,6 +85,18 @@ def test_download_with_a_unicode_name(user):
     assert read(response) == b"hi"
 
 
+@pytest.mark.parametrize(
+    ("name", "safe"),
+    [(".htaccess", "file.htaccess"), ("\U0001f600.txt", "file.txt"), ("-rf", "file-rf"), ("..", "file")],
+)
+def test_a_name_is_neither_hidden_nor_an_option(user, name, safe):
+    asset = add_file(running(user), name, b"x")
+    assert asset.name == safe
+    assert asset.file.name.rsplit("/", 1)[1] == safe
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response["Content-Disposition"] == f'attachment; filename="{safe}"'
+
+
 def test_a_long_name_is_cut_to_what_a_file_system_stores(user):
     # 150 accented characters passed the 200-character cap as 300 bytes, over the
     # 255 bytes of a file name: "File name too long" in add_asset.

@@ -39,6 +39,10 @@ def safe_name(name: str) -> str:
         cleaned = get_valid_filename(base)
     except Exception:  # SuspiciousFileOperation for "", ".", ".."
         cleaned = ""
+    if cleaned.startswith((".", "-")):
+        # Not a hidden file (".htaccess" in a served directory; "😀.txt" became
+        # ".txt") nor one a command reads as an option ("-rf").
+        cleaned = "file" + cleaned
     return _fit(cleaned[:200]) or "file"
 
 
