@@ -246,6 +246,17 @@ def test_a_priority_that_is_no_whole_number_is_refused_by_using(priority):
     assert not Job.objects.exists()
 
 
+def max_attempts_given_as_a_float() -> None:
+    pass
+
+
+def test_a_whole_float_max_attempts_is_enqueued():
+    # Accepted as a whole number by the task's validation, then refused at every
+    # enqueue as a ValidationError (the service takes an int).
+    result = task(max_attempts=5.0)(max_attempts_given_as_a_float).enqueue()
+    assert Job.objects.get(pk=result.id).max_attempts == 5
+
+
 def test_kind_taken_by_a_handler_is_refused(temp_handler):
     temp_handler("taken.kind")
     with pytest.raises(InvalidTask, match=r"'taken\.kind' is already registered"):

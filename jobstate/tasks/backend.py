@@ -367,7 +367,9 @@ class JobstateBackend(BaseTaskBackend):
                     f"non-empty string of at most 255 characters."
                 )
         owner = option(task, "owner")
-        max_attempts = option(task, "max_attempts") or self.options.get("MAX_ATTEMPTS")
+        max_attempts = option(task, "max_attempts")
+        # A whole float (5.0) is a valid option; the service takes an int only.
+        max_attempts = int(max_attempts) if max_attempts is not None else self.options.get("MAX_ATTEMPTS")
         job, created = services.get_or_enqueue(
             kind_of(task),
             parameters,
