@@ -520,6 +520,26 @@ def test_a_reserved_job_requeued_by_the_reaper_counts_no_attempt_once_it_ran():
     assert result.errors == []
 
 
+@pytest.mark.parametrize("wait_for_children", [False, True])
+def test_a_run_that_gave_its_worker_back_counts_no_attempt(wait_for_children):
+    # Suspend refunds the attempt (job.attempts, context.attempt): the result counted
+    # the run that suspended as an attempt of its own, with a worker id, once it ended.
+    result = jt.suspends_once.enqueue(wait_for_children)
+    run_all()
+    if not wait_for_children:
+        result.refresh()
+        assert result.status == TaskResultStatus.READY
+        assert (result.attempts, result.worker_ids, result.errors) == (0, [], [])
+        Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+        assert run_all() == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert Job.objects.get(pk=result.id).attempts == 1
+    assert result.return_value == 1  # context.attempt while it ran
+    assert (result.attempts, result.worker_ids, result.errors) == (1, ["inline"], [])
+    assert result.started_at == result.last_attempted_at == Job.objects.get(pk=result.id).started_at
+
+
 def test_an_unstorable_return_value_fails_with_an_error_class_django_can_import():
     result = jt.returns_nan.enqueue()
     run_all()

@@ -78,22 +78,23 @@ def _error(path: str, traceback: str, message: str) -> Any:
 
 
 def began(rows: list[Row]) -> list[Row]:
-    """The history without the claims that began no attempt: a job a cluster only
-    reserved (the reaper requeued it) or a worker handed back unstarted. Such a
-    claim spent no attempt (``job.attempts``, ``context.attempt``), so it has no
-    worker id or error here; its requeue goes too (a cancel stays: it ended the job)."""
+    """The history without the claims whose attempt was not spent: a job a cluster
+    only reserved (the reaper requeued it), a worker handed back unstarted, or one
+    that gave its worker back (``Suspend``: the attempt is refunded). Such a claim
+    counts in neither ``job.attempts`` nor ``context.attempt``, so it has no worker
+    id or error here; its requeue (or suspend) goes too (a cancel stays: it ended the job)."""
     kept: list[Row] = []
     claim: int | None = None
     for row in rows:
         transition, metadata = row[0], row[3] or {}
         if transition == "claim":
             claim = len(kept)
-        elif claim is not None and transition in ENDS_ATTEMPT:
-            unstarted = metadata.get("reserved") or metadata.get("handed_back")
-            if unstarted:
+        elif claim is not None and (transition in ENDS_ATTEMPT or transition == "suspend"):
+            refunded = metadata.get("reserved") or metadata.get("handed_back") or metadata.get("suspended")
+            if refunded:
                 del kept[claim]
             claim = None
-            if unstarted and transition == "requeue":
+            if refunded and transition in ("requeue", "suspend"):
                 continue
         kept.append(row)
     return kept

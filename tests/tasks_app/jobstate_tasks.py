@@ -3,10 +3,11 @@ validate against the second jobstate backend)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
-from jobstate.exceptions import NonRetryable, Partial
+from jobstate.exceptions import NonRetryable, Partial, Suspend
 from jobstate.tasks import JobstateTaskContext, current
 from jobstate.tasks import task as typed_task
 from jobstate.tasks.compat import TaskContext
@@ -89,6 +90,16 @@ def cancellable(context: TaskContext, seconds: float) -> str:
 
 @task(takes_context=True)
 def reports_attempt(context: TaskContext) -> int:
+    return context.attempt
+
+
+@task(takes_context=True)
+def suspends_once(context: TaskContext, wait_for_children: bool) -> int:
+    """Gives its worker back (``Suspend``) on its first run: for an hour, or until its
+    children end (it has none: it is woken at once)."""
+    if not context.jobstate.job.events.filter(transition__in=["suspend", "requeue"]).exists():
+        later = None if wait_for_children else dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        raise Suspend("later", until=later)
     return context.attempt
 
 
