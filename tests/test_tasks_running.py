@@ -14,6 +14,7 @@ import datetime as dt
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -591,6 +592,16 @@ def test_on_commit_enqueue_checks_the_arguments_in_the_callers_transaction(djang
     with pytest.raises(TypeError), transaction.atomic():  # as task.enqueue raises it
         django_user_model.objects.create(username="bob")
         enqueue_on_commit(t.noop_task, object())
+    assert not django_user_model.objects.filter(username="bob").exists() and not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_commit_enqueue_checks_the_size_of_the_arguments_in_the_callers_transaction(django_user_model):
+    # Checked by the service only at the commit: the ValidationError raised out of the
+    # commit, after the caller's rows were committed, with no job for them.
+    with pytest.raises(ValidationError, match="the limit is"), transaction.atomic():
+        django_user_model.objects.create(username="bob")
+        enqueue_on_commit(t.noop_task, "x" * 70_000)
     assert not django_user_model.objects.filter(username="bob").exists() and not Job.objects.exists()
 
 

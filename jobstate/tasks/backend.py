@@ -352,12 +352,7 @@ class JobstateBackend(BaseTaskBackend):
     def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)
         args, kwargs = list(args), dict(kwargs)
-        # What the database will store and get_result() read back (dict keys become strings).
-        parameters = json.loads(json_text(normalize_json({"args": args, "kwargs": kwargs}), "parameters"))
-        if task.backend != "default":
-            parameters["backend"] = task.backend
-        if task.run_after is not None:
-            parameters["run_after"] = task.run_after.isoformat()
+        parameters = self._parameters(task, args, kwargs)
         key = option(task, "key")
         if callable(key):
             key = key(*args, **kwargs)
@@ -367,9 +362,6 @@ class JobstateBackend(BaseTaskBackend):
                     f"non-empty string of at most 255 characters."
                 )
         owner = option(task, "owner")
-        max_attempts = option(task, "max_attempts")
-        # A whole float (5.0) is a valid option; the service takes an int only.
-        max_attempts = int(max_attempts) if max_attempts is not None else self.options.get("MAX_ATTEMPTS")
         job, created = services.get_or_enqueue(
             kind_of(task),
             parameters,
@@ -377,7 +369,7 @@ class JobstateBackend(BaseTaskBackend):
             key=key,
             priority=task.priority,
             run_after=task.run_after,
-            max_attempts=max_attempts,
+            max_attempts=self._max_attempts(task),
             # None: the owner (a user or a user id, resolved by the service) is the actor.
             actor=services.Actor.system(f"tasks:{self.alias}") if owner is None else None,
         )
@@ -386,6 +378,31 @@ class JobstateBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
             return result
         return build_result(job, rebuild_task(task, job))
+
+    def check_job(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> None:
+        """What ``enqueue`` checks of the job it would write (its parameters' size
+        included), writing nothing: ``ValidationError``, as ``enqueue`` raises it."""
+        services.check_job(
+            kind_of(task),
+            self._parameters(task, list(args), dict(kwargs)),
+            priority=task.priority,
+            run_after=task.run_after,
+            max_attempts=self._max_attempts(task),
+        )
+
+    def _parameters(self, task: Task[..., Any], args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        # What the database will store and get_result() read back (dict keys become strings).
+        parameters = json.loads(json_text(normalize_json({"args": args, "kwargs": kwargs}), "parameters"))
+        if task.backend != "default":
+            parameters["backend"] = task.backend
+        if task.run_after is not None:
+            parameters["run_after"] = task.run_after.isoformat()
+        return dict(parameters)
+
+    def _max_attempts(self, task: Task[..., Any]) -> int | None:
+        given = option(task, "max_attempts")
+        # A whole float (5.0) is a valid option; the service takes an int only.
+        return int(given) if given is not None else self.options.get("MAX_ATTEMPTS")
 
     def get_result(self, result_id: str) -> Any:
         try:
@@ -417,9 +434,9 @@ def enqueue_on_commit(task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Non
     part of the transaction it runs in: use this when the job must not exist before the
     caller's work is committed elsewhere (another database), or to keep enqueueing out
     of a long transaction. The task's options and whether its arguments can be stored
-    as JSON are checked now, so that those errors raise in the caller's transaction
-    (which then rolls back); the rest (a key callable's value, say) is checked at the
-    commit, as ``enqueue`` checks it.
+    (as JSON, within the size limit) are checked now, so that those errors raise in the
+    caller's transaction (which then rolls back); the rest (a key callable's value, say)
+    is checked at the commit, as ``enqueue`` checks it.
 
     Earlier versions took ``using=`` as the database whose transaction to wait for; a
     ``using=`` the task's function cannot receive still means that (deprecated)."""
@@ -434,7 +451,10 @@ def enqueue_on_commit(task: Task[..., Any], /, *args: Any, **kwargs: Any) -> Non
         using = kwargs.pop("using")
     backend = task.get_backend()
     backend.validate_task(task)
-    json_text(normalize_json({"args": list(args), "kwargs": kwargs}), "parameters")
+    if isinstance(backend, JobstateBackend):
+        backend.check_job(task, args, kwargs)
+    else:
+        json_text(normalize_json({"args": list(args), "kwargs": kwargs}), "parameters")
     transaction.on_commit(lambda: task.enqueue(*args, **kwargs), using=using)
 
 
