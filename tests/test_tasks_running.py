@@ -377,6 +377,10 @@ def test_key_callable_must_return_a_string():
     bad = jt.sync_account.using(key=lambda account: account)
     with pytest.raises(InvalidTask, match="returned 7"):
         bad.enqueue(7)
+    # The service refused it as a ValidationError, naming no option of the task.
+    with pytest.raises(InvalidTask, match="no NUL character"):
+        jt.sync_account.using(key=lambda account: f"a\x00{account}").enqueue(7)
+    assert not Job.objects.exists()
 
 
 def test_owner(user):

@@ -45,7 +45,7 @@ from jobstate.tasks.compat import (
     task_started,
 )
 from jobstate.tasks.exceptions import UnstorableResult
-from jobstate.tasks.options import kind_of, option, split_kind, validate_options
+from jobstate.tasks.options import KEY_TEXT, kind_of, option, split_kind, storable_key, validate_options
 from jobstate.tasks.results import build_result
 
 # The ``jobstate.worker.context.JobContext`` a worker passes to handlers. Not
@@ -356,10 +356,10 @@ class JobstateBackend(BaseTaskBackend):
         key = option(task, "key")
         if callable(key):
             key = key(*args, **kwargs)
-            if not isinstance(key, str) or not 1 <= len(key) <= 255:
+            if not storable_key(key):
                 raise InvalidTask(
                     f"The key callable of {task.module_path} returned {key!r}; it must return a "
-                    f"non-empty string of at most 255 characters."
+                    f"non-empty string of at most 255 characters ({KEY_TEXT})."
                 )
         owner = option(task, "owner")
         job, created = services.get_or_enqueue(

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from jobstate.models import Job
+from jobstate.storable import text
 from jobstate.tasks.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     TASK_MAX_PRIORITY,
@@ -41,6 +42,14 @@ def split_kind(kind: str) -> tuple[str, str]:
     """A job kind read back as (queue name, the task's own kind)."""
     queue, separator, base = kind.rpartition(QUEUE_SEPARATOR)
     return (queue, base) if separator else (DEFAULT_TASK_QUEUE_NAME, kind)
+
+
+KEY_TEXT = "no NUL character or lone surrogate"
+
+
+def storable_key(key: Any) -> bool:
+    """A key the service stores (else a ValidationError at every enqueue)."""
+    return isinstance(key, str) and 1 <= len(key) <= 255 and text(key) == key
 
 
 def _number(value: Any) -> bool:
@@ -79,10 +88,10 @@ def validate_options(task: Task[..., Any]) -> None:
             f"(got {backoff!r})."
         )
     key = option(task, "key")
-    if key is not None and not callable(key) and (not isinstance(key, str) or not 1 <= len(key) <= 255):
+    if key is not None and not callable(key) and not storable_key(key):
         raise InvalidTask(
-            f"key must be a non-empty string of at most 255 characters, or a callable that "
-            f"receives the task's arguments (got {key!r})."
+            f"key must be a non-empty string of at most 255 characters ({KEY_TEXT}), or a callable "
+            f"that receives the task's arguments (got {key!r})."
         )
     kind = option(task, "kind")
     if kind is not None and (not isinstance(kind, str) or not kind.strip()):
