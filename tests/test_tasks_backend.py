@@ -239,6 +239,13 @@ def test_invalid_tasks_from_django_tests():
         t.noop_task.using(run_after=timezone.now().replace(tzinfo=None))
 
 
+@pytest.mark.parametrize("run_after", [timedelta(hours=1), "2030-01-01T00:00:00+00:00", 1_900_000_000])
+def test_a_run_after_that_is_no_datetime_is_an_invalid_task(run_after):
+    # It raised AttributeError from the checks (a timedelta has no utcoffset()).
+    with pytest.raises(InvalidTask, match="run_after must be a datetime"):
+        t.noop_task.using(run_after=run_after)
+
+
 @pytest.mark.parametrize("priority", [1.0, True, "1"])
 def test_a_priority_that_is_no_whole_number_is_refused_by_using(priority):
     # It passed Django's range check and failed at enqueue as a database error

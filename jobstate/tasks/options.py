@@ -117,6 +117,9 @@ def _check_run_after(task: Task[..., Any]) -> None:
     # The database stores it in UTC: an aware time late on 9999-12-31 in a zone west
     # of UTC is past the last datetime (a ValidationError at enqueue, not InvalidTask).
     run_after = task.run_after
+    if run_after is not None and not isinstance(run_after, dt.datetime):
+        # Before Django's own check, which raises AttributeError for a timedelta, say.
+        raise InvalidTask(f"run_after must be a datetime (got {run_after!r}).")
     if run_after is None or run_after.utcoffset() is None:
         return
     try:
