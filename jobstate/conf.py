@@ -174,6 +174,12 @@ def _accepts(types: tuple[type, ...], value: Any) -> bool:
     return isinstance(value, types)
 
 
+def well_typed(*names: str) -> bool:
+    """Whether these settings have types ``check_settings`` accepts: a check that
+    computes with them leaves a wrong type to E003 rather than crashing ``check``."""
+    return all(_accepts(allowed_types(name), get(name)) for name in names)
+
+
 # Keys of earlier versions: a warning (the project still starts), not E002.
 REMOVED = {
     "PREFETCH_SECONDS": "a busy worker process claims its next job itself and the pusher "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 
@@ -119,3 +121,21 @@ def test_a_file_system_storage_with_no_location_and_no_media_root_warns(tmp_path
             assert w011() == []
     with override_settings(MEDIA_ROOT=str(tmp_path)):
         assert w011() == []
+
+
+@pytest.mark.parametrize(
+    ("jobstate", "q_cluster"),
+    [
+        ({"LEASE_SECONDS": "sixty"}, {}),
+        ({"HEARTBEAT_SECONDS": None}, {}),
+        ({"CANCEL_GRACE_SECONDS": "thirty"}, {"broker_class": None, "timeout": 60, "retry": 90}),
+    ],
+)
+def test_a_wrong_type_is_reported_by_checks_that_compute_with_it(jobstate, q_cluster, temp_handler):
+    """The lease and hard-limit checks leave a wrong type to E003 (``manage.py check``
+    crashed with a traceback in them instead)."""
+    temp_handler("test.checked")
+    q = {k: v for k, v in {**settings.Q_CLUSTER, **q_cluster}.items() if v is not None}
+    with override_settings(JOBSTATE=jobstate, Q_CLUSTER=q):
+        found = checks.run_checks(tags=["jobstate"])
+    assert [m.obj for m in found if m.id == "jobstate.E003"] == list(jobstate)

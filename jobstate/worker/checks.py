@@ -62,7 +62,8 @@ def check_q_cluster(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
                 id="jobstate.W004",
             )
         )
-    if q.get("broker_class") != BROKER and timeout:
+    hard_limit = ("DEFAULT_TIMEOUT", "CANCEL_GRACE_SECONDS", "HARD_KILL_MARGIN_SECONDS")
+    if q.get("broker_class") != BROKER and timeout and conf.well_typed(*hard_limit):
         # Only the id-only path (plain messages) is bound by the cluster timeout:
         # JobBroker packages carry each handler's own hard limit.
         short = [s.name for s in handlers.values() if hard_limit_for(s) > timeout]
@@ -97,6 +98,8 @@ def check_q_cluster(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 @register("jobstate")
 def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    if not conf.well_typed("LEASE_SECONDS", "HEARTBEAT_SECONDS"):
+        return []  # E003 says what is wrong
     lease, beat = float(conf.get("LEASE_SECONDS")), float(conf.get("HEARTBEAT_SECONDS"))
     if beat * 2 > lease:
         return [
