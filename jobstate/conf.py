@@ -180,6 +180,15 @@ def well_typed(*names: str) -> bool:
     return all(_accepts(allowed_types(name), get(name)) for name in names)
 
 
+# The least value a numeric key takes (E005): of the right type, a smaller one would
+# break what reads it.
+MINIMUM: dict[str, float] = {
+    "PRUNE_BATCH": 1,  # 0 made every prune loop for ever, less than 0 raised
+    "ADMIN_COUNT_CAP": 1,  # 0 counted no stuck job (jobstate_stuck exited 0), less than 0 raised
+    "RETENTION_DAYS": 0,  # the daily prune raised
+}
+
+
 # Keys of earlier versions: a warning (the project still starts), not E002.
 REMOVED = {
     "PREFETCH_SECONDS": "a busy worker process claims its next job itself and the pusher "
@@ -228,6 +237,15 @@ def problems(user: Any) -> list[CheckMessage]:
                     hint=f"Default: {DEFAULTS[key]!r}. Allowed keys and types: {table}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E003",
+                )
+            )
+        elif key in MINIMUM and value is not None and not value >= MINIMUM[key]:  # NaN fails too
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be {MINIMUM[key]:g} or more.",
+                    hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.E005",
                 )
             )
     return found

@@ -139,3 +139,13 @@ def test_a_wrong_type_is_reported_by_checks_that_compute_with_it(jobstate, q_clu
     with override_settings(JOBSTATE=jobstate, Q_CLUSTER=q):
         found = checks.run_checks(tags=["jobstate"])
     assert [m.obj for m in found if m.id == "jobstate.E003"] == list(jobstate)
+
+
+def test_a_value_below_its_least_is_an_error():
+    # PRUNE_BATCH 0: every prune looped for ever; ADMIN_COUNT_CAP 0: no stuck job counted.
+    values = {"PRUNE_BATCH": 0, "ADMIN_COUNT_CAP": -1, "RETENTION_DAYS": float("nan")}
+    with override_settings(JOBSTATE=values):
+        found = errors()
+    assert sorted((e.id, e.obj) for e in found) == [("jobstate.E005", key) for key in sorted(values)]
+    with override_settings(JOBSTATE={"PRUNE_BATCH": 1, "ADMIN_COUNT_CAP": 1, "RETENTION_DAYS": 0}):
+        assert errors() == []

@@ -264,6 +264,31 @@ def test_prune_rejects_bad_arguments():
         call_command("jobstate_prune", "--batch", "0")
 
 
+def test_a_prune_batch_below_one_is_refused_not_repeated_for_ever(settings):
+    # A batch of 0 found nothing, and the deliveries' loop asked again, for ever.
+    import threading
+
+    from django.db import connection
+
+    from jobstate.worker.retention import prune
+
+    settings.JOBSTATE = {"PRUNE_BATCH": 0}
+    raised: list[str] = []
+
+    def run() -> None:
+        try:
+            prune()
+        except ValueError as exc:
+            raised.append(str(exc))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert raised == ["batch must be 1 or more"]
+
+
 def test_schedule_installs_updates_and_removes():
     out = command("jobstate_schedule")
     assert f"created: {schedules.REAPER}" in out and f"created: {schedules.PRUNE}" in out

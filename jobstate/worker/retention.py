@@ -191,6 +191,8 @@ def prune(
         report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
     size = int(batch or conf.get("PRUNE_BATCH"))
+    if size < 1:  # each batch would find nothing and the deliveries' loop ask again, for ever
+        raise ValueError("batch must be 1 or more")
     announced: list[Any] = []  # kept for a delivery under way, and not read again
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
