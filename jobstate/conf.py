@@ -189,6 +189,12 @@ MINIMUM: dict[str, float] = {
 }
 
 
+# The values a text key takes (E006).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "METRICS_ACCESS": ("token", "staff", "open"),  # any other refused every scrape but a token's
+}
+
+
 # Keys of earlier versions: a warning (the project still starts), not E002.
 REMOVED = {
     "PREFETCH_SECONDS": "a busy worker process claims its next job itself and the pusher "
@@ -246,6 +252,16 @@ def problems(user: Any) -> list[CheckMessage]:
                     hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E005",
+                )
+            )
+        elif key in CHOICES and value not in CHOICES[key]:
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be one of "
+                    f"{', '.join(map(repr, CHOICES[key]))}.",
+                    hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.E006",
                 )
             )
     return found

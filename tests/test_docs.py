@@ -97,7 +97,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += conf.problems([])  # E001
     found += conf.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
     found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
-    found += conf.problems({"PRUNE_BATCH": 0})  # E005
+    found += conf.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
         found += conf.check_storage()  # E004
     with override_settings(MEDIA_ROOT=""):

@@ -149,3 +149,13 @@ def test_a_value_below_its_least_is_an_error():
     assert sorted((e.id, e.obj) for e in found) == [("jobstate.E005", key) for key in sorted(values)]
     with override_settings(JOBSTATE={"PRUNE_BATCH": 1, "ADMIN_COUNT_CAP": 1, "RETENTION_DAYS": 0}):
         assert errors() == []
+
+
+def test_metrics_access_must_be_one_of_its_modes():
+    # Any other value was taken as "token": every scrape without the token was refused.
+    with override_settings(JOBSTATE={"METRICS_ACCESS": "Open"}):
+        (error,) = errors()
+    assert error.id == "jobstate.E006" and "'token', 'staff', 'open'" in error.msg
+    for mode in ("token", "staff", "open"):
+        with override_settings(JOBSTATE={"METRICS_ACCESS": mode}):
+            assert errors() == []
