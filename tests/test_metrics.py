@@ -4,6 +4,7 @@ history (stable across scrapes and processes), gauges, access control."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -223,6 +224,21 @@ def test_lease_renewals_per_process(client):
     s = scrape(client)
     assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:3") == 5
     assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:2") == 4
+
+
+@override_settings(JOBSTATE=OPEN)
+def test_a_killed_process_s_series_ends_a_day_after_it_was_last_seen(client):
+    # Nothing called forget_dead: every killed process kept its series (and admin row) for good.
+    from jobstate.worker import tasks
+
+    now = timezone.now()
+    workers.beat("h:1:2", cluster="h:1", role="worker", renewed=4, now=now - timedelta(days=1, minutes=1))
+    workers.beat("h:1:3", cluster="h:1", role="worker", renewed=3, now=now - timedelta(hours=23))
+    assert tasks.reap() == {"requeued": 0, "failed": 0, "cancelled": 0, "dead_processes_forgotten": 1}
+    s = scrape(client)
+    assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:2") is None
+    assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:3") == 3
+    assert tasks.reap() == {"requeued": 0, "failed": 0, "cancelled": 0}
 
 
 @override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 60})

@@ -23,6 +23,7 @@ from django.utils import timezone
 from jobstate import conf, registry, services
 from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, LeaseLost
 from jobstate.models import Job
+from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2
 from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
@@ -273,13 +274,19 @@ def run_by_id(job_id: Any) -> str:
 
 
 def reap() -> dict[str, int]:
-    """Scheduled: requeue (or fail) jobs whose worker was lost."""
+    """Scheduled: requeue (or fail) jobs whose worker was lost, and forget the
+    processes not seen for a day (killed ones never remove their row: each kept its
+    ``jobstate_lease_renewals_total`` series and its line in the admin for good)."""
     report = services.requeue_expired()
-    return {
+    done = {
         "requeued": len(report.requeued),
         "failed": len(report.failed),
         "cancelled": len(report.cancelled),
     }
+    forgotten = worker_processes.forget_dead()
+    if forgotten:  # else the result keeps its shape
+        done["dead_processes_forgotten"] = forgotten
+    return done
 
 
 def prune(days: float | None = None) -> dict[str, int]:
