@@ -7,10 +7,12 @@ import json
 from datetime import timedelta
 from io import StringIO
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.contrib.messages import get_messages
 from django.core.management import call_command
+from django.db import DatabaseError
 from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -429,6 +431,29 @@ def test_command_exit_codes_and_output() -> None:
     assert {f["reason"] for f in payload["findings"]} == {"lease_expired", "recently_failed"}
     code, out = run("--counts")
     assert code == 2 and str(job.pk) not in out and "Lease expired (worker lost) [lease_expired]: 1" in out
+
+
+def exit_status(*args: str) -> int:
+    """The status ``manage.py jobstate_stuck ...`` exits with."""
+    from jobstate.management.commands.jobstate_stuck import Command
+
+    try:
+        Command(stdout=StringIO(), stderr=StringIO()).run_from_argv(["manage.py", "jobstate_stuck", *args])
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+@pytest.mark.django_db(transaction=True)  # run_from_argv closes the connections
+def test_a_check_that_cannot_run_exits_3_not_a_finding_s_status(monkeypatch: Any) -> None:
+    # A bad argument exited 2 (argparse), as if jobs were stuck; a CommandError or the
+    # database down exited 1, as if jobs had failed.
+    expired()
+    assert exit_status("--skip-checks") == 2
+    assert exit_status("--reason", "nope") == 3
+    assert exit_status("--limit", "99999") == 3
+    monkeypatch.setattr(stuck, "survey", mock.Mock(side_effect=DatabaseError("server closed")))
+    assert exit_status("--skip-checks") == 3
 
 
 def test_command_marks_capped_counts() -> None:

@@ -1,22 +1,47 @@
 """Print the jobs that need a person; the exit code suits monitoring checks.
 
 Exit codes (Nagios style): 0 nothing to report; 1 only jobs that recently
-failed after their last attempt; 2 at least one active job is stuck.
+failed after their last attempt; 2 at least one active job is stuck; 3 (unknown)
+the check could not run: a bad argument, the database unreachable.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+import traceback
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import conf, stuck
 
+UNKNOWN = 3
+
+
+class Verdict(SystemExit):
+    """The exit status the findings call for (1 or 2)."""
+
 
 class Command(BaseCommand):
-    help = "List stuck jobs with their reason and remedy. Exit 0: none, 1: recent failures only, 2: stuck."
+    help = (
+        "List stuck jobs with their reason and remedy. Exit 0: none, 1: recent failures only, "
+        "2: stuck, 3: the check could not run."
+    )
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # Exit 1 (a CommandError) or 2 (argparse's for a bad argument) would read as
+        # recent failures or stuck jobs to a monitoring system: a failed check is 3.
+        try:
+            super().run_from_argv(argv)
+        except Verdict:
+            raise
+        except SystemExit as stop:
+            if stop.code:
+                raise SystemExit(UNKNOWN) from None
+            raise
+        except Exception:
+            traceback.print_exc()
+            raise SystemExit(UNKNOWN) from None
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -62,7 +87,7 @@ class Command(BaseCommand):
         elif any(counts.values()):
             code = 1
         if code:
-            sys.exit(code)
+            raise Verdict(code)
 
     def _print(self, counts: dict[str, int], findings: list[stuck.Finding]) -> None:
         total = sum(counts.values())
