@@ -111,8 +111,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the gauges (one grouped query each) are served from memory before a
     # refresh; a refresh runs in a background thread while the old values are served.
     "METRICS_CACHE_SECONDS": 10.0,
-    # History rows newer than this many seconds are counted but not yet folded
-    # into the stored totals (a transaction that commits late keeps its row).
+    # History rows newer than this many seconds are not yet folded into the stored
+    # totals, so the counters lag by that much (a transaction that commits that late
+    # keeps its row).
     "METRICS_SETTLE_SECONDS": 10.0,
     # History rows folded into the stored totals per scrape at most (a first
     # scrape of a large database catches up over several scrapes).
