@@ -743,6 +743,52 @@ def test_a_write_lock_never_given_back_does_not_stop_the_heartbeat(temp_handler)
     assert ctx.take_progress()["progress_message"] == "second"
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10})
+def test_the_outcome_waits_for_the_report_the_heartbeat_is_writing(temp_handler, monkeypatch):
+    """The heartbeat took the last report and is writing it as the handler
+    returns: the outcome waits for that write, so the job ends with that report,
+    not an older one (the write, landing after the outcome, would be refused as a
+    lost lease and the report lost)."""
+    from jobstate import registry
+    from jobstate.worker.context import JobContext
+    from jobstate.worker.endings import finish
+
+    temp_handler("t.racing", lambda ctx: None)
+    services.enqueue("t.racing", {})
+    (job,) = services.claim("w1")
+    ctx = JobContext(job, registry.get_handler("t.racing"), "w1:1")
+    ctx.progress(10, "first")  # written at once
+    ctx.progress(90, "last")  # due in 10 s: pending
+    real = services.report_progress
+    writing = threading.Event()
+
+    def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        writing.set()
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "report_progress", slow)
+    flushed: list[str] = []
+
+    def heartbeat() -> None:
+        try:
+            ctx.flush_progress()
+            flushed.append("written")
+        except LeaseLost:
+            flushed.append("lost")
+        finally:
+            connection.close()
+
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    assert writing.wait(5)
+    assert finish(ctx, "ok", {"ok": True}) == "completed"
+    beat.join(5)
+    job.refresh_from_db()
+    assert flushed == ["written"]
+    assert (job.status, job.progress, job.progress_message) == (Status.COMPLETED, 100, "last")
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

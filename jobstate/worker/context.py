@@ -184,9 +184,19 @@ class JobContext:
             self._writing.release()
 
     def take_progress(self) -> dict[str, Any]:
-        """The pending report as Job fields, to be stored with the outcome."""
-        with self._state:
-            report, self._pending, self._due = self._pending, None, None
+        """The pending report as Job fields, to be stored with the outcome.
+
+        Waits for a write the heartbeat has under way: the report it took may be
+        the last one, and once the outcome is stored that write is refused (lease
+        lost) and the report gone. Bounded, as in ``flush_progress``."""
+        wait = max(float(conf.get("PROGRESS_FLUSH_SECONDS") or 0), 1.0)
+        taken = self._writing.acquire(timeout=wait)
+        try:
+            with self._state:
+                report, self._pending, self._due = self._pending, None, None
+        finally:
+            if taken:
+                self._writing.release()
         if not report:
             return {}
         return services.progress_fields(report.get("percent"), report.get("message"), report.get("step"))
