@@ -789,6 +789,50 @@ def test_the_outcome_waits_for_the_report_the_heartbeat_is_writing(temp_handler,
     assert (job.status, job.progress, job.progress_message) == (Status.COMPLETED, 100, "last")
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 0.25})
+def test_the_report_the_heartbeat_is_writing_is_stored_with_an_outcome_that_waited_no_longer(
+    temp_handler, monkeypatch
+):
+    """The heartbeat's write waits on the database longer than the outcome waits
+    for it (SQLite's busy timeout, under load): the report is still pending, and
+    the outcome stores it."""
+    from jobstate import registry
+    from jobstate.worker.context import JobContext
+    from jobstate.worker.endings import finish
+
+    temp_handler("t.slow_beat", lambda ctx: None)
+    services.enqueue("t.slow_beat", {})
+    (job,) = services.claim("w1")
+    ctx = JobContext(job, registry.get_handler("t.slow_beat"), "w1:1")
+    ctx.progress(10, "first")  # written at once
+    ctx.progress(90, "last")  # pending
+    real = services.report_progress
+    writing = threading.Event()
+
+    def slower_than_the_outcome_waits(*args, **kwargs):  # type: ignore[no-untyped-def]
+        writing.set()
+        time.sleep(1.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "report_progress", slower_than_the_outcome_waits)
+
+    def heartbeat() -> None:
+        try:
+            ctx.flush_progress()
+        except LeaseLost:
+            pass
+        finally:
+            connection.close()
+
+    beat = threading.Thread(target=heartbeat)
+    beat.start()
+    assert writing.wait(5)
+    assert finish(ctx, "ok", {"ok": True}) == "completed"
+    beat.join(5)
+    job.refresh_from_db()
+    assert (job.status, job.progress_message) == (Status.COMPLETED, "last")
+
+
 def test_one_heartbeat_and_one_watchdog_per_process(temp_handler):
     temp_handler("t.quick", lambda ctx: None)
     for _ in range(3):

@@ -164,8 +164,10 @@ class JobContext:
                     self._due = time.monotonic() + retry
             return
         try:
+            # The report stays pending until it is written: an outcome stored
+            # meanwhile (which refuses this write) takes it too.
             with self._state:
-                report, self._pending, self._due = self._pending, None, None
+                report, self._due = self._pending, None
                 self._written_at = time.monotonic()
             if not report:
                 return
@@ -175,11 +177,14 @@ class JobContext:
                 raise
             except Exception:
                 # Not written (the database is unreachable, or a lock wait ended):
-                # kept for the next try, under any report made since.
+                # kept for the next try, with any report made since.
                 with self._state:
-                    self._pending = {**report, **(self._pending or {})}
-                    self._due = time.monotonic() + retry
+                    if self._pending:
+                        self._due = time.monotonic() + retry
                 raise
+            with self._state:
+                if self._pending is report:  # no newer report came meanwhile
+                    self._pending = None
         finally:
             self._writing.release()
 
