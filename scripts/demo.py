@@ -1,5 +1,5 @@
 """`make demo`: set up the embedded SQLite database, seed demo jobs, and run the
-web server (127.0.0.1:8000) and a django-q2 worker cluster together.
+web server (127.0.0.1:8000, or DEMO_PORT) and a django-q2 worker cluster together.
 
 Ctrl-C stops both. Within a minute the seeded jobs have gone through their
 states; watch them in the admin.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ PY = sys.executable
 env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
 env.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 env["PYTHONUNBUFFERED"] = "1"
+PORT = os.environ.get("DEMO_PORT") or "8000"
 
 
 SETUP = """
@@ -34,6 +36,11 @@ call_command("jobstate_demo_seed")
 """
 
 
+def port_taken() -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", int(PORT))) == 0
+
+
 def setup() -> None:
     """Migrate, demo user, schedules, seeded jobs: one process (Django starts once)."""
     subprocess.run([PY, "-c", SETUP], cwd=ROOT, env=env, check=True)
@@ -42,7 +49,7 @@ def setup() -> None:
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Signal the process and everything it started (runserver's autoreloader runs
     the server in a child process: signalling the parent alone can leave the child
-    serving port 8000)."""
+    serving its port)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
@@ -67,11 +74,21 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def main() -> int:
+    if not PORT.isdigit() or not 0 < int(PORT) < 65536:
+        print(f"DEMO_PORT={PORT!r} is not a port number.", file=sys.stderr)
+        return 2
+    if port_taken():
+        print(
+            f"Something already serves 127.0.0.1:{PORT}. Stop it, or pick another port: "
+            f"DEMO_PORT={int(PORT) + 1} make demo",
+            file=sys.stderr,
+        )
+        return 1
     setup()
     print(
-        "\nStarting the web server on http://127.0.0.1:8000/admin/ and a worker cluster "
+        f"\nStarting the web server on http://127.0.0.1:{PORT}/admin/ and a worker cluster "
         "(python manage.py qcluster).\n"
-        "Watch the jobs at http://127.0.0.1:8000/admin/jobstate/job/ (log in as above).\n"
+        f"Watch the jobs at http://127.0.0.1:{PORT}/admin/jobstate/job/ (log in as above).\n"
         "Ctrl-C stops both.\n",
         flush=True,
     )
@@ -83,7 +100,7 @@ def main() -> int:
     procs = [
         # Each in its own process group, so that stop() reaches their children too.
         subprocess.Popen(
-            [PY, "manage.py", "runserver", "127.0.0.1:8000"], cwd=ROOT, env=env, start_new_session=True
+            [PY, "manage.py", "runserver", f"127.0.0.1:{PORT}"], cwd=ROOT, env=env, start_new_session=True
         ),
         subprocess.Popen([PY, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True),
     ]

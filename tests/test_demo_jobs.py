@@ -57,3 +57,31 @@ def test_import_ends_partial_with_the_rejected_rows():
     assert job.status == Status.PARTIAL
     assert job.result == {"imported": ["alice", "carol"], "rejected": ["bob", "dave"]}
     assert job.error_message == "2 of 4 rows rejected: bob, dave"
+
+
+def test_make_demo_names_a_taken_port_and_how_to_pick_another():
+    """Before it migrates or starts anything: runserver's own error came after the setup,
+    and the cluster ran on without a web server."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "demo.py"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, str(script)],
+            env={"PATH": "/usr/bin:/bin", "DEMO_PORT": str(port)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert run.returncode == 1, run.stderr
+    assert f"127.0.0.1:{port}" in run.stderr and f"DEMO_PORT={port + 1} make demo" in run.stderr
+    bad = subprocess.run(
+        [sys.executable, str(script)], env={"DEMO_PORT": "http"}, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "not a port number" in bad.stderr

@@ -3,6 +3,7 @@
 Demo only: these credentials exist in the demo project, never in jobstate.
 """
 
+import os
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -11,6 +12,10 @@ from rest_framework.authtoken.models import Token
 
 USERNAME = "demo"
 PASSWORD = "demo-password"
+
+
+# make demo's web server (scripts/demo.py: DEMO_PORT, default 8000).
+BASE = f"http://127.0.0.1:{os.environ.get('DEMO_PORT') or 8000}"
 
 
 class Command(BaseCommand):
@@ -27,5 +32,5 @@ class Command(BaseCommand):
         token, _ = Token.objects.get_or_create(user=user)
         self.stdout.write(
             f"Demo superuser: {USERNAME} / {PASSWORD}\nAPI token: {token.key}\n"
-            "Admin: http://127.0.0.1:8000/admin/   API: http://127.0.0.1:8000/api/"
+            f"Admin: {BASE}/admin/   API: {BASE}/api/"
         )
