@@ -104,3 +104,29 @@ def test_hot_columns_move_to_the_end_of_the_row_with_their_values_and_checks():
     for bad in ({"progress": 101}, {"attempts": 9}, {"lease_expires_at": None}):
         with pytest.raises(IntegrityError), transaction.atomic():
             Job.objects.filter(pk=running.pk).update(**bad)
+
+
+BEFORE_PARTIAL_FK_INDEXES = [("jobstate", "0013_worker_lease_renewals")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL index")
+def test_history_actor_keeps_no_full_index_with_a_string_user_key():
+    # With a user model whose primary key is a string, Django gives the actor
+    # foreign key a second index for LIKE (suffix "_like"); 0014 dropped only the
+    # plain one, so every history row still wrote a full index of actor_id.
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    migrate(BEFORE_PARTIAL_FK_INDEXES)
+    try:
+        with connection.schema_editor() as editor:
+            like = editor._create_index_name("jobstate_jobevent", ["actor_id"], suffix="_like")
+            editor.execute(f'CREATE INDEX "{like}" ON "jobstate_jobevent" ("actor_id")')
+    finally:
+        migrate(latest)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'jobstate_jobevent'")
+        indexes = {name for (name,) in cursor.fetchall()}
+    assert like == "jobstate_jobevent_actor_id_ceac7fe1_like"
+    assert like not in indexes
+    assert "jobstate_event_actor_idx" in indexes
