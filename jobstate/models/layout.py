@@ -22,7 +22,8 @@ jobstate_move_hot_columns`` does it on a large one when the operator chooses.
 Anything else attached to a column (a constraint other than a CHECK, a comment,
 a view, column privileges, options or statistics), a rebuilt index's own settings,
 and the table's triggers and rules (the copy would fire them) would be lost or
-changed: then nothing is moved, and the objects are named (``attached``).
+changed, and a publication's subscribers would get the copy with columns they lack:
+then nothing is moved, and the objects are named (``attached``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
     defaults, views, statistics objects, comments, column privileges, options,
     storage, compression, statistics targets, collations); a rebuilt index's or
     CHECK's own settings (tablespace, replica identity, cluster mark, comment); and
-    the table's triggers and rules, which the copying UPDATE would fire."""
+    the table's triggers and rules, which the copying UPDATE would fire; and the
+    publications that hold the table, whose subscribers would get the copy."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT attnum, attname, attacl IS NOT NULL, attstattarget > 0,"
@@ -147,8 +149,14 @@ def attached(connection: Any, table: str, columns: tuple[str, ...]) -> list[str]
             " UNION SELECT 'trigger ' || tgname FROM pg_trigger"
             " WHERE tgrelid = %s::regclass AND NOT tgisinternal"
             " UNION SELECT 'rule ' || rulename FROM pg_rewrite WHERE ev_class = %s::regclass"
-            " AND rulename <> '_RETURN'",
-            [table, numbers, table, table],
+            " AND rulename <> '_RETURN'"
+            # Logical replication decodes the copy with the columns renamed aside, which a
+            # subscriber's table lacks: its apply would stop there.
+            " UNION SELECT 'publication ' || t.pubname FROM pg_publication_tables t"
+            " JOIN pg_namespace n ON n.nspname = t.schemaname"
+            " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename"
+            " WHERE c.oid = %s::regclass",
+            [table, numbers, table, table, table],
         )
         found += sorted(name for (name,) in cursor.fetchall())
     return found
