@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -334,3 +335,30 @@ def test_interrupts_land_only_inside_the_handler():
     # Back in the calling frame: the handler has returned, too late to interrupt.
     assert call.in_handler(frames["call"]) is False
     assert call.in_handler(sys._getframe()) is False
+
+
+@pytest.mark.parametrize("opens", ["atomic", "autocommit"])
+def test_a_transaction_the_handler_left_open_is_rolled_back_and_fails_the_job(temp_handler, opens):
+    def leaves_open(ctx):
+        if opens == "atomic":
+            transaction.atomic().__enter__()  # never exited
+        else:
+            transaction.set_autocommit(False)  # never committed
+        Job.objects.filter(pk=ctx.job.pk).update(priority=7)
+        return {"done": True}
+
+    temp_handler("t.open", leaves_open, max_attempts=3)
+    job = services.enqueue("t.open", {})
+    (claimed,) = services.claim("w1")
+    # Its outcome was written inside that transaction, never committed (nor was
+    # anything this worker process wrote after it).
+    assert run_job(claimed, "w1") == "failed"
+    assert not connection.in_atomic_block and connection.get_autocommit()
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_type == "TransactionLeftOpen" and job.attempts == 1
+    assert job.priority != 7 and job.result is None
+    # The next job on this connection is written as usual.
+    temp_handler("t.fine", lambda ctx: {"ok": 1})
+    services.enqueue("t.fine", {})
+    assert drain() == 1
+    assert Job.objects.get(kind="t.fine").status == Status.COMPLETED

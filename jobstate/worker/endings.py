@@ -29,7 +29,7 @@ from jobstate.exceptions import (
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker.context import JobContext, lease_token
-from jobstate.worker.supervisor import timeout_for
+from jobstate.worker.supervisor import close_quietly, timeout_for
 
 logger = logging.getLogger("jobstate")
 
@@ -44,6 +44,40 @@ def usable_connection(handler_seconds: float) -> None:
         if not connection.is_usable():
             connection.close()
         connection.errors_occurred = False
+
+
+class TransactionLeftOpen(NonRetryable):
+    """The handler returned inside a transaction it had opened (an ``atomic()``
+    entered and never exited, or autocommit turned off): its writes were rolled
+    back. Never re-run, as for an unstorable result: its other side effects happened."""
+
+
+def transaction_state() -> tuple[int, bool]:
+    """How many atomic blocks this thread's connection is in, and whether it
+    autocommits outside them (without connecting)."""
+    return len(connection.atomic_blocks), connection.connection is None or connection.autocommit
+
+
+def roll_back_left_open(before: tuple[int, bool]) -> bool:
+    """Roll back what the handler left open since ``before`` (``transaction_state``);
+    True if it had. Else the outcome would be written inside that transaction,
+    never committed, and so would every later job of this worker process."""
+    blocks, autocommit = before
+    left = connection.atomic_blocks[blocks:]
+    unset = autocommit and not left and connection.connection is not None and not connection.autocommit
+    if not left and not unset:
+        return False
+    try:
+        error = TransactionLeftOpen("the handler left a transaction open")
+        for block in reversed(left):
+            block.__exit__(TransactionLeftOpen, error, None)  # rolls back, as an exception would
+        if unset:
+            connection.rollback()
+            connection.set_autocommit(True)
+    except Exception:
+        logger.warning("The transaction a handler left open could not be rolled back", exc_info=True)
+        close_quietly()
+    return True
 
 
 def end_attempt(

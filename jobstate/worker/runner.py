@@ -29,6 +29,8 @@ exit                                       recorded outcome
 =========================================  ==========================================
 handler returns a storable result          ``completed`` (pending progress stored)
 handler returns an unstorable result       ``failed`` UnstorableResult, never re-run
+handler leaves its transaction open        ``failed`` TransactionLeftOpen (rolled back),
+                                           never re-run
 ``Partial`` with an unstorable result      ``failed`` UnstorableResult, never re-run
 ``Partial``                                ``partial``
 handler raises                             retry (``queued``) or ``failed``, traceback
@@ -72,9 +74,12 @@ from jobstate.registry import HandlerSpec
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.endings import (
     NextRequest,
+    TransactionLeftOpen,
     cancel_unstarted,
     finish,
     release,
+    roll_back_left_open,
+    transaction_state,
     unknown_kind,
     usable_connection,
 )
@@ -153,11 +158,14 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
     started = time.monotonic()
     _observe(hooks.attempt_started, ctx)
     outcome: tuple[str, Any]
+    before = transaction_state()
+    left_open = False
     try:
         try:
             outcome = ("ok", call(ctx))
         finally:
             sup.end(slot)  # from here on, a late interrupt is ignored
+            left_open = roll_back_left_open(before)
     except Interrupted as exc:
         outcome = ("interrupted", exc.why)
     except Exception as exc:
@@ -173,6 +181,8 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
         close_quietly()
         _observe(hooks.attempt_ended, ctx, "lost")
         raise
+    if left_open and outcome[0] == "ok":
+        outcome = ("error", TransactionLeftOpen("The handler returned inside a transaction it never ended"))
     if slot.delivered:
         close_quietly()  # the interrupt may have left it mid-command
     else:
