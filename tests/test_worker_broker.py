@@ -194,6 +194,18 @@ def test_django_q_hard_timeout_fails_the_attempt_and_recycles_the_worker(broker,
     assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
 
 
+def test_django_q_hard_timeout_of_a_job_run_by_id_fails_the_attempt(temp_handler):
+    def stuck(ctx):
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.stuck", stuck, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.stuck", {})
+    with pytest.raises(TimeoutException):
+        tasks.run_by_id(str(job.pk))
+    job.refresh_from_db()  # not left processing for the reaper
+    assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
+
+
 def test_plain_django_q_tasks_ride_the_orm_queue(broker):
     async_task("jobstate.worker.tasks.reap", broker=broker)
     (row,) = OrmQ.objects.all()

@@ -270,7 +270,7 @@ def run_by_id(job_id: Any) -> str:
         job = services.start(job_id, me)
     except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
         return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
-    return run_job(job, me)
+    return _run_begun(job, me)
 
 
 def reap() -> dict[str, int]:
