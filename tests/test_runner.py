@@ -362,3 +362,18 @@ def test_a_transaction_the_handler_left_open_is_rolled_back_and_fails_the_job(te
     services.enqueue("t.fine", {})
     assert drain() == 1
     assert Job.objects.get(kind="t.fine").status == Status.COMPLETED
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
+def test_a_base_exception_from_the_handler_is_recorded_then_raised(temp_handler, error):
+    def leaves(ctx):
+        raise error
+
+    temp_handler("t.leaves", leaves, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.leaves", {})
+    (claimed,) = services.claim("w1")
+    with pytest.raises(type(error)):
+        run_job(claimed, "w1")  # a worker process then exits
+    job.refresh_from_db()  # not left processing until its lease runs out
+    assert job.status == Status.QUEUED and job.error_type == type(error).__name__ and job.attempts == 1
+    assert type(error).__name__ in job.traceback

@@ -34,6 +34,8 @@ handler leaves its transaction open        ``failed`` TransactionLeftOpen (rolle
 ``Partial`` with an unstorable result      ``failed`` UnstorableResult, never re-run
 ``Partial``                                ``partial``
 handler raises                             retry (``queued``) or ``failed``, traceback
+handler raises SystemExit,                 the same, then it is raised on
+KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled``
 ``Suspend``                                ``queued`` (waiting), attempt refunded
@@ -83,6 +85,7 @@ from jobstate.worker.endings import (
     unknown_kind,
     usable_connection,
 )
+from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.supervisor import (
     HandlerCall,
     Slot,
@@ -97,6 +100,9 @@ from jobstate.worker.supervisor import (
 logger = logging.getLogger("jobstate")
 
 __all__ = ["drain", "hard_limit_for", "run_job", "run_next", "timeout_for"]
+
+# What a handler may raise that is no Exception: recorded, then raised on.
+HANDLER_EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)
 
 
 def run_job(job: Job, worker_id: str, then: NextRequest | None = None) -> str:
@@ -174,12 +180,16 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
         # mid-query) is the interrupt's doing: record the interrupt.
         broken = slot.delivered and isinstance(exc, DatabaseErrors)
         outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
-    except BaseException:
-        # django-q2's hard time limit (TimeoutException, a SystemExit) or a
-        # shutdown: the caller records it; the connection may be mid-query. The
-        # observers still hear that the attempt ended (its trace span ends).
+    except BaseException as exc:
+        # The connection may be mid-query. django-q2's hard time limit
+        # (TimeoutException, a SystemExit): the caller records it. The handler's
+        # own SystemExit, KeyboardInterrupt or GeneratorExit is recorded here as
+        # its error, then goes on up (the process may exit): else the job would
+        # wait for the reaper, its error lost. Any other: the process is dying.
         close_quietly()
-        _observe(hooks.attempt_ended, ctx, "lost")
+        recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
+        ended = finish(ctx, "error", exc) if recorded else "lost"
+        _observe(hooks.attempt_ended, ctx, ended)
         raise
     if left_open and outcome[0] == "ok":
         outcome = ("error", TransactionLeftOpen("The handler returned inside a transaction it never ended"))
