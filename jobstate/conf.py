@@ -51,6 +51,10 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_DAYS": 30,
     # Largest accepted ``parameters`` payload, in bytes of JSON.
     "MAX_PARAMETERS_BYTES": 64 * 1024,
+    # Largest result (and workflow step output) stored, in bytes of JSON: a larger one
+    # fails the job for good (UnstorableResult), as one the database refuses would be
+    # re-run. Larger outputs belong in a file: ctx.add_asset().
+    "MAX_RESULT_BYTES": 16 * 1024 * 1024,
     # Storage alias for asset files.
     "STORAGE": "default",
     # REST API: an SSE progress stream ends after this many seconds (clients reconnect),
@@ -184,7 +188,8 @@ def well_typed(*names: str) -> bool:
 # The least value a numeric key takes (E005): of the right type, a smaller one would
 # break what reads it.
 MINIMUM: dict[str, float] = {
-    "PRUNE_BATCH": 1,  # 0 made every prune loop for ever, less than 0 raised
+    "PRUNE_BATCH": 1,
+    "MAX_RESULT_BYTES": 1,  # 0 made every prune loop for ever, less than 0 raised
     "ADMIN_COUNT_CAP": 1,  # 0 counted no stuck job (jobstate_stuck exited 0), less than 0 raised
     "RETENTION_DAYS": 0,  # the daily prune raised
 }

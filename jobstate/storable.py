@@ -25,6 +25,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 
+from jobstate import conf
+
 # A NUL as json.dumps escapes it (ensure_ascii): ``\u0000`` after an even number
 # of backslashes (an odd number would make it an escaped backslash and text).
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
@@ -85,6 +87,18 @@ def json_value(value: Any, field: str) -> Any:
     """``value`` as the database will give it back (tuples as lists, dates as
     text, ...), or ``ValidationError`` keyed by ``field``."""
     return json.loads(json_text(value, field))
+
+
+def result_value(value: Any, field: str) -> Any:
+    """``json_value`` of a job's result or a step's output, also refused (a
+    ``ValidationError``) over ``JOBSTATE["MAX_RESULT_BYTES"]`` of JSON."""
+    encoded = json_text(value, field)
+    limit = int(conf.get("MAX_RESULT_BYTES"))
+    if len(encoded) > limit:  # bytes: json.dumps escapes every non-ASCII character
+        raise ValidationError(
+            {field: [f"Not storable: {len(encoded)} bytes of JSON, over MAX_RESULT_BYTES ({limit})."]}
+        )
+    return json.loads(encoded)
 
 
 def text(value: str) -> str:

@@ -1035,3 +1035,23 @@ def test_a_process_frozen_inside_the_heartbeats_transaction_does_not_hold_the_jo
     assert errors, "the frozen transaction should have been ended by the server"
     report = services.requeue_expired(now=timezone.now() + timedelta(seconds=5))
     assert report.requeued == [held.pk] and not report.skipped
+
+
+def test_a_result_over_max_result_bytes_fails_the_job_and_is_never_rerun(temp_handler, settings):
+    # A result the database refuses for its size (jsonb stops near 256 MB) was a database
+    # error at the outcome, retried as a crash: the handler ran again on every attempt.
+    settings.JOBSTATE = {"MAX_RESULT_BYTES": 100}
+    calls: list[int] = []
+
+    def returns(ctx, size=200):
+        calls.append(ctx.attempt)
+        return "x" * size
+
+    temp_handler("t.big_result", returns, max_attempts=3, retry_backoff=0)
+    outcome, job = run_one("t.big_result")
+    assert outcome == "failed" and calls == [1] and job.error_type == "UnstorableResult"
+    assert "202 bytes of JSON, over MAX_RESULT_BYTES (100)" in job.error_message
+    assert job.result is None and drain() == 0 and calls == [1]
+    temp_handler("t.small_result", lambda ctx: "x" * 98, max_attempts=3)
+    outcome, job = run_one("t.small_result")
+    assert outcome == "completed" and job.result == "x" * 98  # 100 bytes with its quotes

@@ -143,6 +143,29 @@ def test_an_output_that_cannot_be_stored_fails_the_step_for_good(saga):
     assert "step 'a' returned an output that cannot be stored" in job.error_message
 
 
+def test_a_step_output_over_max_result_bytes_fails_the_step_for_good(saga, settings):
+    # As a job's result: one the database refuses for its size was retried as a crash.
+    settings.JOBSTATE = {"MAX_RESULT_BYTES": 50}
+    calls: list[str] = []
+
+    class Big(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> Any:
+            calls.append("a")
+            return "y" * 60
+
+    jobstate.workflow("t.edge_big_output", max_attempts=3, retry_backoff=0)(Big)
+    try:
+        job = services.enqueue("t.edge_big_output", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_big_output")
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.attempts == 1 and calls == ["a"]
+    assert "step 'a' returned an output that cannot be stored" in job.error_message
+    assert "over MAX_RESULT_BYTES (50)" in job.error_message
+
+
 def test_a_fan_out_step_whose_output_cannot_be_stored_fails_for_good_starting_no_child():
     # Retried before (its body again, for the same output) while attempts remained.
     calls: list[str] = []

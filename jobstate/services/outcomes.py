@@ -27,7 +27,7 @@ from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
-from jobstate.storable import json_value, text
+from jobstate.storable import result_value, text
 
 logger = logging.getLogger("jobstate")
 
@@ -61,7 +61,7 @@ def complete(
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
         **(progress or {}),
-        "result": json_value(result, "result"),
+        "result": result_value(result, "result"),
         "progress": 100,
         "error_message": "",
         "error_type": "",
@@ -156,7 +156,7 @@ def mark_partial(
     ``progress`` as in ``complete``."""
     fields = {
         **(progress or {}),
-        "result": json_value(result, "result"),
+        "result": result_value(result, "result"),
         "progress": 100,
         "error_message": text(error or ""),
     }

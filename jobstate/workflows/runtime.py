@@ -27,7 +27,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
-from jobstate.storable import json_value
+from jobstate.storable import result_value
 from jobstate.workflows import compensation, fanout, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow
@@ -112,7 +112,7 @@ class Run:
                 if sctx.spawned:
                     spawning = True
                     try:
-                        json_value(output, "output")  # kept with the children: stored once
+                        result_value(output, "output")  # kept with the children: stored once
                     except ValidationError as bad:
                         raise _unstorable(name, "an output", bad) from bad
                     fanout.start(self, spec, sctx, output)  # raises Suspend
@@ -124,7 +124,7 @@ class Run:
             raise
         except Partial as exc:
             try:
-                result = json_value(exc.result, "output")
+                result = result_value(exc.result, "output")
             except ValidationError as bad:
                 # As a handler's unstorable result: a property of the step, not of the
                 # attempt (running it again would repeat its effects for the same result).

@@ -29,7 +29,7 @@ from jobstate.models.step import RUNNABLE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
-from jobstate.storable import json_value, text
+from jobstate.storable import json_value, result_value, text
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -153,7 +153,7 @@ def checkpoint(
 
 def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float) -> None:
     """``running``/``serving``/``waiting`` -> ``completed`` with its output."""
-    output = json_value(output, "output")
+    output = result_value(output, "output")
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=percent, step=row.name, cancel_ok=True)
@@ -187,7 +187,7 @@ def fail(
     a cancel is pending (a cancel is no failure and runs no undo: the job ends
     cancelled). Returns whether it marked the workflow compensating. ``started=False``:
     the step had not started (pending, or failed by an earlier attempt)."""
-    output = json_value(output, "output")
+    output = result_value(output, "output")
     now = timezone.now()
     error = text((error or "failed")[:10000])
     with transaction.atomic():
@@ -252,7 +252,7 @@ def wait(
 ) -> list[Job]:
     """Start the step's child jobs and mark it ``waiting``, all in one transaction:
     either every child exists and the step waits for them, or nothing happened."""
-    value = json_value(value, "output")
+    value = result_value(value, "output")
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)
