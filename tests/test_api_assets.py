@@ -178,3 +178,13 @@ def test_assets_of_a_job_without_any(user):
         "previous": None,
         "results": [],
     }
+
+
+def test_a_stored_url_that_does_not_parse_is_neither_shown_nor_followed(user):
+    # urlsplit raises ValueError for it: the scheme check made a 500 of every
+    # listing of the job's assets, and of the download.
+    job = running(user)
+    asset = Asset.objects.create(job=job, owner=user, asset_type="link", name="x", url="http://[x/")
+    assert client_for(user).get(f"/api/assets/{asset.pk}/").json()["url"] is None
+    assert client_for(user).get(f"/api/jobs/{job.pk}/assets/").status_code == 200
+    assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.db.models import QuerySet
 from django.http import HttpResponseRedirect
@@ -62,8 +61,8 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
     def download(self, request: Request, pk: str | None = None) -> Any:
         asset = self.get_object()
         if not asset.file:
-            if asset.url and urlsplit(asset.url).scheme in ("http", "https"):
-                return HttpResponseRedirect(asset.url)
+            if asset.web_url:
+                return HttpResponseRedirect(asset.web_url)
             raise NotFound("This asset has no stored file.")
         try:
             return services.file_response(asset)

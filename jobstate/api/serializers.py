@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from django.db import models
 from django.urls import NoReverseMatch, reverse
@@ -361,9 +360,8 @@ class AssetSerializer(OutputSerializer):
         read_only_fields = fields
 
     def get_url(self, asset: Asset) -> str | None:
-        # Only http(s): a row stored before add_asset checked the scheme may hold
-        # javascript: or data:, which a client showing the link would run.
-        return asset.url if urlsplit(asset.url).scheme in ("http", "https") else None
+        # Only http(s): javascript: or data: would run in a client showing the link.
+        return asset.web_url or None
 
     @extend_schema_field({"type": "string", "format": "uri"})
     def get_download_url(self, asset: Asset) -> str:

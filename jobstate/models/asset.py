@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -100,3 +101,13 @@ class Asset(models.Model):
 
     def __str__(self) -> str:
         return f"{self.asset_type}: {self.name}"
+
+    @property
+    def web_url(self) -> str:
+        """``url`` if it is an http(s) one, else "": a row stored before ``add_asset``
+        checked the scheme may hold ``javascript:``, or a URL that does not parse."""
+        try:
+            scheme = urlsplit(self.url).scheme
+        except ValueError:  # an unclosed IPv6 bracket, say
+            return ""
+        return self.url if scheme in ("http", "https") else ""
