@@ -245,16 +245,17 @@ def requeue_expired(
     now = now or timezone.now()
     report = ReapReport()
     reaper = actor or Actor.system("reaper")
-    # Oldest expiry first, a page at a time: the jobs left as they were (a row held,
-    # a hook that raises) do not count against ``limit``, and the next page starts
-    # after them, so a batch of jobs that cannot be reaped never hides the others.
+    # Oldest expiry first, a page at a time. A job whose reaping raised (a hook's bug,
+    # every sweep again) does not count against ``limit`` and the next page starts
+    # after it, so such jobs never hide the others. A job whose row is held does
+    # count: each can wait REAP_PARENT_WAIT_MS, which bounds the sweep's time.
     after: tuple[datetime, Any] | None = None
-    while report.total < limit:
+    while (used := report.total + len(report.skipped)) < limit:
         page = Job.objects.expired(now)
         if after is not None:
             expiry, pk = after
             page = page.filter(Q(lease_expires_at__gt=expiry) | Q(lease_expires_at=expiry, pk__gt=pk))
-        size = limit - report.total
+        size = limit - used
         rows = list(page.values_list(*_REAP_COLUMNS).order_by("lease_expires_at", "pk")[:size])
         for row in rows:
             _reap(row, report, reaper, now)
