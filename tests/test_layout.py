@@ -248,3 +248,32 @@ def test_a_migration_moves_nothing_and_waits_little_on_a_table_in_use(committed_
         assert waited < 9, waited
         reader.rollback()
     assert layout.column_order(connection, "layout_t") == ["id", "hot1", "a", "hot2", "b"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_gives_up_within_its_lock_timeout_on_a_table_in_use():
+    # Without a limit it waited for the long query, and every later query on the
+    # table (workers, the admin, the API) queued behind it.
+    import psycopg
+
+    settings = connection.settings_dict
+    dsn = (
+        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
+        f" user={settings['USER']} dbname={settings['NAME']}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobstate_job ADD COLUMN added_later int")  # now they are not last
+    try:
+        with psycopg.connect(dsn) as reader:
+            reader.execute("SELECT count(*) FROM jobstate_job")  # holds its lock until rollback
+            started = time.monotonic()
+            with pytest.raises(CommandError, match=r"in use for 0.3 s \(--lock-timeout\)"):
+                call_command("jobstate_move_hot_columns", "--lock-timeout", "0.3")
+            assert time.monotonic() - started < 5
+            reader.rollback()
+        assert layout.column_order(connection)[-1] == "added_later"
+        with pytest.raises(CommandError, match="--lock-timeout: a number of seconds"):
+            call_command("jobstate_move_hot_columns", "--lock-timeout", "0")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobstate_job DROP COLUMN added_later")

@@ -200,10 +200,12 @@ def move_last(
     columns: tuple[str, ...] = WRITTEN_COLUMNS_LAST,
     *,
     max_rows: int | None = None,
+    lock_wait: str | None = None,
 ) -> str:
     """Move ``columns`` to the end of ``table``'s rows, in this order; returns what
-    happened: "moved", "in place", "skipped: ..." (more than ``max_rows`` rows, or,
-    with ``max_rows`` (a migration), the table busy for MIGRATION_LOCK_WAIT) or
+    happened: "moved", "in place", "skipped: ..." (more than ``max_rows`` rows, or
+    the table busy for ``lock_wait``, a PostgreSQL interval such as "2s": with
+    ``max_rows`` (a migration) MIGRATION_LOCK_WAIT unless given, else no limit) or
     "refused: ..." (objects the move would lose). Runs in the caller's transaction,
     which it must be inside of; does nothing but on PostgreSQL. The exclusive lock
     is taken only for a move, and everything is checked again under it."""
@@ -214,10 +216,11 @@ def move_last(
     if early is not None:
         return early
     with connection.cursor() as cursor:
-        if max_rows is None:
+        wait = lock_wait or (MIGRATION_LOCK_WAIT if max_rows is not None else None)
+        if wait is None:
             cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
-        elif not _lock_briefly(connection, table):
-            return f"skipped: the table was in use for {MIGRATION_LOCK_WAIT}"
+        elif not _lock_briefly(connection, table, wait):
+            return f"skipped: the table was in use for {wait}"
         early = _refusal(connection, table, columns, max_rows)
         if early is not None:
             return early
@@ -260,8 +263,8 @@ def move_last(
     return "moved"
 
 
-def _lock_briefly(connection: Any, table: str) -> bool:
-    """The exclusive lock within MIGRATION_LOCK_WAIT, or False (nothing held)."""
+def _lock_briefly(connection: Any, table: str, wait: str) -> bool:
+    """The exclusive lock within ``wait``, or False (nothing held)."""
     from django.db import OperationalError, transaction
 
     qn = connection.ops.quote_name
@@ -270,7 +273,7 @@ def _lock_briefly(connection: Any, table: str) -> bool:
         (before,) = cursor.fetchone()
     try:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [MIGRATION_LOCK_WAIT])
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [wait])
             cursor.execute(f"LOCK TABLE {qn(table)} IN ACCESS EXCLUSIVE MODE")
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [before])
     except OperationalError:

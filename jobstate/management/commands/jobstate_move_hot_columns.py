@@ -31,6 +31,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--check", action="store_true", help="only say whether they are in place (exit 1 when not)"
         )
+        parser.add_argument(
+            "--lock-timeout",
+            type=float,
+            metavar="SECONDS",
+            help="give up, moving nothing, if the table's lock is not had within SECONDS (by default "
+            "it waits for every query on the table, and every later query waits behind it)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         check_text(options)
@@ -48,8 +55,18 @@ class Command(BaseCommand):
                 )
             self.stdout.write("In place.")
             return
+        wait = options["lock_timeout"]
+        if wait is not None and not 0 < wait < 86400:
+            raise CommandError("--lock-timeout: a number of seconds above 0 (and under a day).")
         with transaction.atomic(using=options["database"]):
-            outcome = layout.move_last(connection)
+            outcome = layout.move_last(
+                connection, lock_wait=None if wait is None else f"{max(1, int(wait * 1000))}ms"
+            )
+        if outcome.startswith("skipped"):
+            raise CommandError(
+                f"Nothing moved: the table was in use for {wait:g} s (--lock-timeout). Try again when "
+                "fewer queries run, or with a longer --lock-timeout."
+            )
         if outcome.startswith("refused"):
             raise CommandError(
                 f"Nothing moved: {outcome.removeprefix('refused: ')}. Each would be lost with its column;"
