@@ -876,6 +876,25 @@ def test_the_process_heartbeat_records_the_worker_busy_and_idle(temp_handler):
         time.sleep(0.3)  # a beat under way ends before the tables are flushed
 
 
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.05})
+def test_a_worker_process_that_ends_cleanly_removes_its_row_and_beats_no_more():
+    """``retire`` runs as a django-q2 worker process returns from its loop (the
+    cluster's graceful stop): its row goes, and the heartbeat does not write it again."""
+    from jobstate.worker.supervisor import supervisor
+
+    sup = supervisor()
+    sup.serve_as("host:1:3", "host:1")
+    try:
+        _wait(WorkerProcess.objects.filter(name="host:1:3").exists)
+        sup.retire()
+        assert sup.identity is None
+        time.sleep(0.3)  # several heartbeat intervals
+        assert not WorkerProcess.objects.filter(name="host:1:3").exists()
+    finally:
+        sup.identity = None
+        time.sleep(0.2)  # a beat under way ends before the tables are flushed
+
+
 def _wait(predicate, timeout: float = 5.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not (result := predicate()):

@@ -21,6 +21,7 @@ SQLite.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import os
@@ -75,6 +76,14 @@ def _worker_spawned() -> None:
 q2.on_worker_spawn(_worker_spawned, uid="jobstate.worker.broker.spawned")
 
 
+def _pusher_gone(name: str) -> None:
+    """The pusher ends cleanly (the cluster stops): its WorkerProcess row goes."""
+    try:
+        worker_processes.gone(name)
+    except Exception:
+        logger.warning("jobstate: could not remove the pusher's row %s", name, exc_info=True)
+
+
 class _Handed(NamedTuple):
     pk: Any
     token: Any
@@ -95,6 +104,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
             # Built in the sentinel, whose parent is the qcluster process.
             _cluster_id = f"{socket.gethostname()}:{os.getppid()}"
         self._listener: Listener | None = None
+        self._exit_hooked = 0  # the pid whose pusher row is removed at its clean exit
         self._reset()
 
     def _reset(self) -> None:
@@ -279,11 +289,12 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         before beginning it) is left to the reaper. Also the pusher's own
         WorkerProcess heartbeat."""
         self._next_renew = now + float(conf.get("HEARTBEAT_SECONDS"))
+        name = f"{cluster_id()}:{os.getpid()}"
         try:
-            worker_processes.beat(
-                f"{cluster_id()}:{os.getpid()}", cluster=cluster_id(), role="pusher", renewed=self._renewed
-            )
+            worker_processes.beat(name, cluster=cluster_id(), role="pusher", renewed=self._renewed)
             self._renewed = 0
+            if self._exit_hooked != os.getpid() and q2.at_clean_exit(functools.partial(_pusher_gone, name)):
+                self._exit_hooked = os.getpid()
         except DatabaseError:
             logger.warning("jobstate broker: could not record the pusher's heartbeat", exc_info=True)
         waiting = self._still_waiting(now)

@@ -18,6 +18,10 @@ takes from django-q2, and why:
   process as it takes a task off the queue; jobstate counts plain tasks with it.
 - ``on_worker_spawn``: django-q2's ``post_spawn`` signal, sent in a worker
   process as it starts; jobstate records the process (idle) in WorkerProcess.
+- ``at_clean_exit``: django-q2's worker processes and pusher are
+  ``multiprocessing`` children that end by returning from their loops (the
+  cluster stopping, a worker recycled); jobstate then removes their
+  WorkerProcess rows.
 - ``rearm_hard_limit``: django-q2 enforces a task's ``timeout`` in the worker
   with ``SIGALRM`` (``TimeoutHandler``), armed once per task; a worker that
   chains jobs re-arms it for each job it starts.
@@ -27,6 +31,8 @@ takes from django-q2, and why:
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.util
 import signal
 import threading
 from collections.abc import Callable
@@ -127,6 +133,23 @@ def on_worker_spawn(callback: Callable[[], None], uid: str) -> None:
         callback()
 
     post_spawn.connect(receiver, dispatch_uid=uid, weak=False)
+
+
+# Before multiprocessing's own exit work (it joins the children of the process).
+EXIT_PRIORITY = 10
+
+
+def at_clean_exit(callback: Callable[[], None]) -> bool:
+    """In a django-q2 child process (a worker process, the pusher): call
+    ``callback()`` when the process ends by returning from its loop, as on a
+    cluster's graceful stop (SIGTERM) or a worker's recycling. multiprocessing
+    runs its exit finalizers then (a child leaves with ``os._exit``, so ``atexit``
+    would not); a process killed runs nothing. False (nothing done) outside a
+    child process."""
+    if multiprocessing.parent_process() is None:
+        return False
+    multiprocessing.util.Finalize(None, callback, exitpriority=EXIT_PRIORITY)
+    return True
 
 
 def rearm_hard_limit(seconds: float) -> bool:

@@ -42,6 +42,7 @@ from django.db import connection, transaction
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, waited_on_a_lock
 from jobstate.registry import HandlerSpec
+from jobstate.worker import q2
 from jobstate.worker.context import JobContext
 
 logger = logging.getLogger("jobstate")
@@ -91,6 +92,10 @@ class Supervisor:
         # (process name, cluster) once this process runs cluster jobs: it is then
         # recorded in WorkerProcess, busy or idle.
         self.identity: tuple[str, str] | None = None
+        # Held by a process beat and by ``retire``: no beat writes the row again
+        # once the process ended and removed it.
+        self._beat_lock = threading.Lock()
+        self._exit_hooked = False
         self.finished = 0
         self.renewed = 0  # job heartbeats since the last process beat
         # Since when the heartbeat thread has been in its database work (None: idle).
@@ -131,6 +136,30 @@ class Supervisor:
             self.finished = 0
             self._next_process_beat = 0.0
             self.beat_wake.set()
+        if not self._exit_hooked:
+            self._exit_hooked = q2.at_clean_exit(self.retire)
+
+    def retire(self) -> None:
+        """The process ends cleanly (its django-q2 loop returned): no more process
+        beats, and its WorkerProcess row goes, so that a stopped cluster does not
+        show as alive, busy with the job it last ran, until WORKER_ALIVE_SECONDS
+        pass. A beat under way is waited for (it would write the row again), for
+        a heartbeat interval at most: after that the row is left to age."""
+        from jobstate.services import workers
+
+        if not self._beat_lock.acquire(timeout=float(conf.get("HEARTBEAT_SECONDS"))):
+            logger.warning("jobstate: a process heartbeat is still under way; its row stays")
+            return
+        try:
+            identity, self.identity = self.identity, None
+        finally:
+            self._beat_lock.release()
+        if identity is None:
+            return
+        try:
+            workers.gone(identity[0])
+        except Exception:
+            logger.warning("jobstate: could not remove the row of process %s", identity[0], exc_info=True)
 
     def begin(self, slot: Slot) -> None:
         if self._heart_hung(time.monotonic()):
@@ -336,10 +365,13 @@ class Supervisor:
                 close_quietly()
 
     def _beat_process(self, slot: Slot | None) -> None:
+        with self._beat_lock:
+            if self.identity is not None:  # else retired since the heartbeat looked
+                self._beat_process_as(slot, *self.identity)
+
+    def _beat_process_as(self, slot: Slot | None, name: str, cluster: str) -> None:
         from jobstate.services import workers
 
-        assert self.identity is not None
-        name, cluster = self.identity
         finished, self.finished = self.finished, 0
         renewed, self.renewed = self.renewed, 0
         try:

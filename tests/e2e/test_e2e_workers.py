@@ -301,3 +301,23 @@ def test_a_busy_worker_claims_its_next_jobs_itself(qcluster):
             by_pusher += 1
             assert claim.actor_label == f"worker:{complete.actor_label.split(':')[1]}:{cluster.pid}"
     assert by_pusher <= 2 and by_worker >= 8, (by_pusher, by_worker)
+
+
+def test_a_cluster_stopped_cleanly_leaves_no_worker_process_rows(qcluster):
+    # SIGTERM: the pusher and each worker process remove their WorkerProcess rows as
+    # they end, so that the admin's workers panel, the dashboard and
+    # jobstate_workers_alive do not count a stopped cluster alive (its workers busy
+    # with the jobs they last ran) for WORKER_ALIVE_SECONDS.
+    from jobstate.models import WorkerProcess
+
+    cluster = qcluster(workers=2)
+    mine = WorkerProcess.objects.filter(cluster__endswith=f":{cluster.pid}")
+    job = services.enqueue("e2e.slow", {"seconds": 1, "tick": 0.1})
+    wait_for(lambda: running_in_worker(job), 10, message="job running in a worker")
+    wait_for(lambda: set(mine.values_list("role", flat=True)) == {"pusher", "worker"}, 10)
+    wait_for(lambda: mine.filter(job_id=job.pk).exists(), 10, message="the worker's row names its job")
+
+    cluster.stop()
+    assert cluster.proc is not None and cluster.proc.returncode == 0, cluster.log()[-3000:]
+    assert fresh(job).status == Status.COMPLETED  # it finished its job first
+    assert not mine.exists(), list(mine.values_list("name", "role", "job_id"))
