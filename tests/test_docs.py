@@ -209,3 +209,34 @@ def test_service_reference_documents_every_public_name_where_it_is_defined(hooks
     page = (ROOT / "docs" / "reference" / "services.md").read_text()
     assert "<!-- generated: services -->" in page
     assert hooks.services_reference().count("\n::: ") + 1 == len(services.__all__)
+
+
+def test_deploy_page_names_the_enums_that_silence_drf_spectacular_deploy_check(monkeypatch):
+    """``check --deploy`` in a new project warns (drf_spectacular.W001) about jobstate's two
+    ``status`` enums until SPECTACULAR_SETTINGS names them as the deploy page shows."""
+    from drf_spectacular.checks import schema_check
+    from drf_spectacular.drainage import GENERATOR_STATS
+    from drf_spectacular.plumbing import _load_enum_name_overrides
+    from drf_spectacular.settings import spectacular_settings
+
+    from jobstate.api.schema import ENUM_NAMES
+
+    page = (ROOT / "docs" / "howto" / "deploy.md").read_text()
+    blocks = re.findall(r"^ *```python\n(.*?)^ *```$", page, flags=re.M | re.S)
+    (block,) = [b for b in blocks if "ENUM_NAME" in b]
+    documented = ast.literal_eval(block.split("SPECTACULAR_SETTINGS = ", 1)[1].strip())
+    assert documented["ENUM_NAME_OVERRIDES"] == ENUM_NAMES
+
+    def warnings() -> list[str]:
+        GENERATOR_STATS.reset()  # it keeps every warning it gave
+        _load_enum_name_overrides.cache_clear()  # and the overrides it read first
+        try:
+            return [m.id for m in schema_check(None) if m.id == "drf_spectacular.W001"]
+        finally:
+            GENERATOR_STATS.reset()
+            _load_enum_name_overrides.cache_clear()
+
+    monkeypatch.setattr(spectacular_settings, "ENUM_NAME_OVERRIDES", {})
+    assert warnings(), "the page explains a warning the check gives"
+    monkeypatch.setattr(spectacular_settings, "ENUM_NAME_OVERRIDES", documented["ENUM_NAME_OVERRIDES"])
+    assert not warnings()
