@@ -108,6 +108,32 @@ def test_a_keyed_failure_stays_reported_until_a_later_job_takes_its_key(django_u
     assert [stuck.check(job) for job in (mine, system)] == [None, None]
 
 
+def test_a_failed_child_of_a_failed_parent_is_not_offered_a_retry_that_is_refused(
+    admin_client: Any,
+) -> None:
+    # Its retry is refused ("retry the parent instead"), and the parent's retry makes
+    # new children: listed, it stayed on the page (and in jobstate_stuck) for a day.
+    parent = processing()
+    child = queued(parent=parent)
+    services.suspend(parent, parent.lease_token)
+    child = services.start(child, "w-child")
+    services.fail(child, child.lease_token, "boom", retry=False)
+    parent = services.start(parent, "w-parent")
+    services.fail(parent, parent.lease_token, "a child failed", retry=False)
+    assert reasons() == {str(parent.pk): "recently_failed"}
+    assert stuck.check(Job.objects.get(pk=child.pk)) is None
+    assert stuck.count_stuck()[stuck.RECENTLY_FAILED] == 1
+    # A completed parent lets its failed child be retried: that one stays reported.
+    other = processing()
+    kid = queued(parent=other)
+    kid = services.start(kid, "w-kid")
+    services.fail(kid, kid.lease_token, "boom", retry=False)
+    services.complete(other, other.lease_token, {})
+    assert reasons()[str(kid.pk)] == "recently_failed"
+    response = admin_client.post(REMEDY, {"job": str(kid.pk), "operation": "retry"})
+    assert Job.objects.filter(retry_of=kid).exists(), [str(m) for m in get_messages(response.wsgi_request)]
+
+
 def test_python_check_agrees_with_the_queries(temp_handler: Any) -> None:
     scenario(temp_handler)
     now = timezone.now()

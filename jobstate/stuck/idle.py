@@ -60,13 +60,21 @@ def _not_superseded() -> Q:
     )
 
 
+# A child whose parent failed or was cancelled cannot be retried (``services.retry``
+# refuses it: retry the parent instead), and a retry of the parent makes new children,
+# none linked to it: its remedy could never work, nor would it ever leave the list.
+PARENT_ENDED = (Status.FAILED, Status.CANCELLED)
+
+
 def _q_recently_failed(ctx: Context) -> Q:
     since = ctx.now - _seconds("STUCK_RECENT_FAILURE_SECONDS")
     retried = Exists(Job.objects.filter(retry_of=OuterRef("pk")))
+    parent_ended = Exists(Job.objects.filter(pk=OuterRef("parent_id"), status__in=PARENT_ENDED))
     return (
         Q(status=Status.FAILED, finished_at__gte=since)
         & ~Q(error_type=OPERATOR_FAILED)
         & ~Q(retried)
+        & ~Q(parent_ended)
         & _not_superseded()
     )
 
@@ -79,6 +87,10 @@ def _is_recently_failed(job: Job, ctx: Context) -> bool:
         and job.finished_at >= since
         and job.error_type != OPERATOR_FAILED
         and not Job.objects.filter(retry_of=job.pk).exists()
+        and not (
+            job.parent_id is not None
+            and Job.objects.filter(pk=job.parent_id, status__in=PARENT_ENDED).exists()
+        )
         and not (
             job.key is not None
             and Job.objects.filter(
