@@ -193,3 +193,15 @@ def test_workflow_state_of_a_plain_job_and_bad_ids() -> None:
     assert refused("jobstate_workflow", "skip", "nope", "x").startswith("'nope' is not a job id")
     missing = "3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
     assert refused("jobstate_workflow", "retry", missing) == f"No job {missing}"
+
+
+def test_workflow_stop_says_when_it_cancelled_a_job_that_never_served() -> None:
+    # request_stop cancels a queued job that never served: the command said "stop requested".
+    job = queued()
+    out, _ = run("jobstate_workflow", "stop", str(job.pk), "--reason", "not needed")
+    assert out.strip() == f"cancelled {job.pk}: it had not served yet"
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    running = processing()
+    out, _ = run("jobstate_workflow", "stop", str(running.pk))
+    assert out.strip() == f"stop requested for {running.pk}"
+    assert Job.objects.get(pk=running.pk).stop_requested_at is not None

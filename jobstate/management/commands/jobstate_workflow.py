@@ -14,6 +14,7 @@ from jobstate import services
 from jobstate.exceptions import JobStateError
 from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
 from jobstate.models import JobStep
+from jobstate.states import Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
 
@@ -72,7 +73,10 @@ class Command(BaseCommand):
                 skip_step(job, options["step"], actor=actor, reason=options["reason"])
                 self.stdout.write(f"skipped {options['step']} of {job.pk}")
             elif action == "stop":
-                services.request_stop(job, actor, options["reason"])
-                self.stdout.write(f"stop requested for {job.pk}")
+                stopped = services.request_stop(job, actor, options["reason"])
+                if stopped.status == Status.CANCELLED:  # queued, it had never served: nothing to stop
+                    self.stdout.write(f"cancelled {job.pk}: it had not served yet")
+                else:
+                    self.stdout.write(f"stop requested for {job.pk}")
         except (ValidationError, JobStateError, ValueError) as exc:
             raise fail(exc) from None
