@@ -895,6 +895,35 @@ def test_a_worker_process_that_ends_cleanly_removes_its_row_and_beats_no_more():
         time.sleep(0.2)  # a beat under way ends before the tables are flushed
 
 
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.05})
+def test_a_process_beat_stuck_in_its_call_does_not_stop_the_job_heartbeats(temp_handler):
+    """A heartbeat stuck in its process beat's call (a connection that no longer
+    answers) holds the beat lock; the heartbeat that replaces it must still renew
+    the job's lease, not wait behind that lock."""
+    from jobstate.worker.supervisor import supervisor
+
+    renewals: list[float] = []
+
+    def watch(ctx):
+        start, deadline = ctx.lease_until, time.monotonic() + 3
+        while time.monotonic() < deadline and ctx.lease_until <= start:
+            time.sleep(0.02)
+        renewals.append(ctx.lease_until - start)
+
+    temp_handler("t.renewed", watch)
+    sup = supervisor()
+    sup.serve_as("host:1:4", "host:1")
+    _wait(WorkerProcess.objects.filter(name="host:1:4").exists)
+    sup._beat_lock.acquire()  # the stuck beat
+    try:
+        outcome, _job = run_one("t.renewed")
+        assert outcome == "completed" and renewals[0] > 0, renewals
+    finally:
+        sup._beat_lock.release()
+        sup.identity = None
+        time.sleep(0.2)  # a beat under way ends before the tables are flushed
+
+
 def _wait(predicate, timeout: float = 5.0):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not (result := predicate()):

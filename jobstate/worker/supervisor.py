@@ -365,9 +365,16 @@ class Supervisor:
                 close_quietly()
 
     def _beat_process(self, slot: Slot | None) -> None:
-        with self._beat_lock:
+        # Not waited for: the holder may be a heartbeat stuck in this call on a
+        # connection that no longer answers, and this one must go on renewing
+        # the job's lease. The beat is skipped (its counts kept for the next).
+        if not self._beat_lock.acquire(blocking=False):
+            return
+        try:
             if self.identity is not None:  # else retired since the heartbeat looked
                 self._beat_process_as(slot, *self.identity)
+        finally:
+            self._beat_lock.release()
 
     def _beat_process_as(self, slot: Slot | None, name: str, cluster: str) -> None:
         from jobstate.services import workers
