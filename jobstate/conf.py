@@ -188,8 +188,8 @@ def well_typed(*names: str) -> bool:
 # The least value a numeric key takes (E005): of the right type, a smaller one would
 # break what reads it.
 MINIMUM: dict[str, float] = {
-    "PRUNE_BATCH": 1,
-    "MAX_RESULT_BYTES": 1,  # 0 made every prune loop for ever, less than 0 raised
+    "PRUNE_BATCH": 1,  # 0 made every prune loop for ever, less than 0 raised
+    "MAX_RESULT_BYTES": 1,  # 0 refused every result
     "ADMIN_COUNT_CAP": 1,  # 0 counted no stuck job (jobstate_stuck exited 0), less than 0 raised
     "RETENTION_DAYS": 0,  # the daily prune raised
 }

@@ -82,6 +82,12 @@ def test_every_system_check_id_is_documented():
     assert not [i for i in sorted(ids) if not re.search(rf"^\| {re.escape(i)} \|", page, flags=re.M)]
 
 
+def test_the_checks_page_names_every_key_with_a_least_value():
+    page = (ROOT / CHECKS_PAGE).read_text()
+    (row,) = re.findall(r"^\| jobstate\.E005 \|.*$", page, flags=re.M)
+    assert not [key for key in conf.MINIMUM if f"`{key}`" not in row]
+
+
 def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     """Settings that set off every system check the code defines."""
     temp_handler("docs.long", timeout=900)  # a hard limit above the cluster timeout below (W005)
