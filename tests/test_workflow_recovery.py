@@ -192,15 +192,31 @@ def test_jobs_whose_reaping_raises_do_not_hide_the_others_from_a_limited_sweep(m
     assert fresh(jobs[2]).status == Status.FAILED
 
 
-def test_jobs_whose_row_is_held_still_count_against_the_sweeps_limit(monkeypatch):
-    """Each can wait for its parent's row (REAP_PARENT_WAIT_MS): paging past them
-    would let one sweep (the pusher's, or the admin's request) run without bound."""
+def test_waits_for_a_held_parent_row_count_against_the_sweeps_limit(monkeypatch):
+    """Each waits REAP_PARENT_WAIT_MS: paging past them would let one sweep (the
+    pusher's, or the admin's request) run without bound."""
     jobs = [services.enqueue("test.echo", {}, max_attempts=1) for _ in range(3)]
     for job in jobs:
         services.start(job.pk, "w1")
-    monkeypatch.setattr(services.control, "_lock_unless_held", lambda pk: False)
+    monkeypatch.setattr(services.control, "_lock_parent_briefly", lambda pk: False)
     report = services.requeue_expired(now=timezone.now() + timedelta(hours=1), limit=2)
     assert len(report.skipped) == 2 and report.total == 0
+
+
+def test_jobs_whose_own_row_is_held_do_not_hide_the_others_from_a_limited_sweep(monkeypatch):
+    """A held row costs no wait (SKIP LOCKED): such jobs, oldest first, took the
+    sweep's places and hid the job behind them."""
+    jobs = [services.enqueue("test.echo", {}, max_attempts=1) for _ in range(3)]
+    for job in jobs:
+        services.start(job.pk, "w1")
+    base = timezone.now()
+    for offset, job in enumerate(jobs):
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=base + timedelta(seconds=offset))
+    held = {jobs[0].pk, jobs[1].pk}
+    real = services.control._lock_unless_held
+    monkeypatch.setattr(services.control, "_lock_unless_held", lambda pk: pk not in held and real(pk))
+    report = services.requeue_expired(now=base + timedelta(hours=1), limit=2)
+    assert set(report.skipped) == held and report.failed == [jobs[2].pk]
 
 
 def test_a_worker_lost_on_the_last_attempt_with_nothing_to_undo_fails_as_before():

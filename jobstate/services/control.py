@@ -245,12 +245,14 @@ def requeue_expired(
     now = now or timezone.now()
     report = ReapReport()
     reaper = actor or Actor.system("reaper")
-    # Oldest expiry first, a page at a time. A job whose reaping raised (a hook's bug,
-    # every sweep again) does not count against ``limit`` and the next page starts
-    # after it, so such jobs never hide the others. A job whose row is held does
-    # count: each can wait REAP_PARENT_WAIT_MS, which bounds the sweep's time.
+    # Oldest expiry first, a page at a time. Jobs left as they were (their reaping
+    # raised, a hook's bug, every sweep again; or their row is held) do not count
+    # against ``limit`` and the next page starts after them, so such jobs never hide
+    # the others. A wait for a held parent's row (REAP_PARENT_WAIT_MS) does count:
+    # that bounds the sweep's time.
     after: tuple[datetime, Any] | None = None
-    while (used := report.total + len(report.skipped)) < limit:
+    waits = 0
+    while (used := report.total + waits) < limit:
         page = Job.objects.expired(now)
         if after is not None:
             expiry, pk = after
@@ -258,7 +260,7 @@ def requeue_expired(
         size = limit - used
         rows = list(page.values_list(*_REAP_COLUMNS).order_by("lease_expires_at", "pk")[:size])
         for row in rows:
-            _reap(row, report, reaper, now)
+            waits += _reap(row, report, reaper, now)
         if len(rows) < size:
             break
         after = (rows[-1][-1], rows[-1][0])
@@ -278,8 +280,9 @@ _REAP_COLUMNS = (
 )
 
 
-def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime) -> None:
-    """One expired job's move (see ``requeue_expired``), recorded in ``report``."""
+def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime) -> bool:
+    """One expired job's move (see ``requeue_expired``), recorded in ``report``.
+    True when it waited REAP_PARENT_WAIT_MS for a held parent row (and left the job)."""
     pk, kind, token, attempts, max_attempts, cancel_at, worker, started, _expiry = row
     guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
     meta = {"attempt": attempts, "worker": worker}
@@ -292,9 +295,12 @@ def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime
             # job whose row someone holds is left for the next sweep: often the
             # handler's own transaction, after which its heartbeat renews the
             # lease; taking the job the moment that commits would run it twice.
-            if not _lock_parent_briefly(pk) or not _lock_unless_held(pk):
+            if not _lock_parent_briefly(pk):
                 report.skipped.append(pk)
-                return
+                return True
+            if not _lock_unless_held(pk):
+                report.skipped.append(pk)
+                return False
             if started is None:
                 reserved = f"reserved by a cluster that stopped before starting it ({worker or '?'})"
                 meta["reserved"] = True
@@ -305,7 +311,7 @@ def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime
                     fields = {"run_after": now, "worker_id": ""}
                     move(pk, "requeue", reason=reserved, fields=fields, metadata=meta, **guard)
                     report.requeued.append(pk)
-                return
+                return False
             plan = hooks.reaping.ask(hooks.Expired(pk, kind, last=last, cancelling=cancelling))
             if plan is not None and plan.action:
                 move(
@@ -359,6 +365,7 @@ def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime
     except Exception:
         logger.exception("Reaping expired job %s failed; it is left as it is", pk)
         report.errors.append(pk)
+    return False
 
 
 # How long the reaper waits for an expired job's parent row (PostgreSQL): long
