@@ -1103,3 +1103,19 @@ def test_a_result_over_max_result_bytes_fails_the_job_and_is_never_rerun(temp_ha
     temp_handler("t.small_result", lambda ctx: "x" * 98, max_attempts=3)
     outcome, job = run_one("t.small_result")
     assert outcome == "completed" and job.result == "x" * 98  # 100 bytes with its quotes
+
+
+def test_an_unstorable_result_keeps_the_last_progress_report(temp_handler, settings):
+    # The outcome takes the pending report to store it with the result; an unstorable
+    # result dropped it, and the failed job showed an older message.
+    settings.JOBSTATE = {"PROGRESS_FLUSH_SECONDS": 3600}  # coalesced: the report waits for the outcome
+
+    def reports_then_returns(ctx):
+        ctx.progress(10, "first")
+        ctx.progress(90, "almost there")
+        return {"handle": object()}
+
+    temp_handler("t.unstorable_progress", reports_then_returns, max_attempts=3)
+    outcome, job = run_one("t.unstorable_progress")
+    assert outcome == "failed" and job.error_type == "UnstorableResult"
+    assert (job.progress, job.progress_message) == (90, "almost there")

@@ -190,12 +190,11 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
 def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> str:
     job, token = ctx.job, ctx.token
     if kind == "ok":
+        progress = ctx.take_progress()
         try:
-            services.complete(
-                job, token, value, progress=ctx.take_progress(), then=then() if then is not None else None
-            )
+            services.complete(job, token, value, progress=progress, then=then() if then is not None else None)
         except ValidationError as invalid:
-            return _unstorable(ctx, invalid)
+            return _unstorable(ctx, invalid, progress)
         return "completed"
     if kind == "interrupted":
         if value == "lease":
@@ -223,10 +222,11 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         moved = services.suspend(job, token, until=exc.until, reason=exc.reason)
         return "cancelled" if moved is not None and moved.status == Status.CANCELLED else "suspended"
     if isinstance(exc, Partial):
+        progress = ctx.take_progress()
         try:
-            services.mark_partial(job, token, exc.result, str(exc), progress=ctx.take_progress())
+            services.mark_partial(job, token, exc.result, str(exc), progress=progress)
         except ValidationError as error:
-            return _unstorable(ctx, error)
+            return _unstorable(ctx, error, progress)
         return "partial"
     return end_attempt(
         job,
@@ -247,10 +247,10 @@ def _flush_before(ctx: JobContext) -> None:
             ctx.flush_progress()
 
 
-def _unstorable(ctx: JobContext, exc: ValidationError) -> str:
+def _unstorable(ctx: JobContext, exc: ValidationError, progress: dict[str, Any]) -> str:
     """The handler's result cannot be stored (not JSON): a property of the
     handler, not of the attempt, so the job fails for good (no re-run of its
-    side effects) with that error."""
+    side effects) with that error, and with the progress the outcome would have stored."""
     detail = "; ".join(exc.messages) or str(exc)
     logger.error("Job %s: the handler's result cannot be stored: %s", ctx.job.pk, detail)
     return end_attempt(
@@ -260,6 +260,7 @@ def _unstorable(ctx: JobContext, exc: ValidationError) -> str:
         error_type="UnstorableResult",
         traceback="".join(tb.format_exception(exc)),
         retry=False,
+        progress=progress,
     )
 
 
