@@ -90,7 +90,7 @@ DEFAULTS: dict[str, Any] = {
     # (checked after DNS resolution). Off by default: a user-supplied URL must
     # not reach the intranet or the cloud metadata service.
     "WEBHOOK_ALLOW_PRIVATE": False,
-    # Seconds for connecting and for each read of a delivery.
+    # Seconds a whole delivery request may take (connecting, sending, the answer), in all.
     "WEBHOOK_TIMEOUT": 5.0,
     # Bytes of the receiver's response read (and kept, up to 1 KiB) at most.
     "WEBHOOK_MAX_RESPONSE_BYTES": 64 * 1024,
