@@ -260,7 +260,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
     @extend_schema(
         summary="Requeue a processing job (operators)",
         description="Puts a processing job (e.g. a stuck one) back in the queue now; its worker's "
-        "lease stops working. Needs staff status and the `jobstate.requeue_job` permission.",
+        "lease stops working. A waiting job is woken: it runs again now. Needs staff status and the "
+        "`jobstate.requeue_job` permission.",
         request=ReasonSerializer,
         responses={200: JobDetailSerializer},
     )
@@ -274,7 +275,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
 
     @extend_schema(
         summary="Fail a job with a reason (operators)",
-        description="Ends a queued or processing job `failed`. Needs staff status and the "
+        description="Ends a queued, waiting or processing job `failed`. Needs staff status and the "
         "`jobstate.requeue_job` permission.",
         request=RequiredReasonSerializer,
         responses={200: JobDetailSerializer},
