@@ -162,6 +162,35 @@ def test_nested_workflows_wait_for_grandchildren():
     assert not Job.objects.filter(status__in=ACTIVE).exists()
 
 
+def test_a_child_workflow_waiting_for_its_own_children_is_not_counted_as_finished():
+    class Outer(jobstate.Workflow):
+        @jobstate.step()
+        def fan(self, ctx: Any) -> None:
+            for n in (2, 2):
+                ctx.spawn("wf.fan", {"n": n})
+
+        @jobstate.step()
+        def total(self, ctx: Any, fan: dict[str, Any]) -> int:
+            return sum(r["sum"] for r in fan["results"])
+
+    jobstate.workflow("t.outer_live")(Outer)
+    try:
+        outer = services.enqueue("t.outer_live", {})
+        assert run_next("w1", kinds=["t.outer_live"]) is not None  # outer waits for 2 wf.fan
+        assert run_next("w1", kinds=["wf.fan"]) is not None  # the first waits for its 2 children
+        assert run_next("w1", kinds=["wf.child"]) is not None  # one of them done
+    finally:
+        registry.unregister("t.outer_live")
+    inner = Job.objects.get(parent=outer, status=Status.WAITING)
+    assert inner.progress == 25  # its split (0..50 %) is half done
+    live = state(outer.pk)
+    # Outer's fan (0..50 %): one child 25 % done (waiting, not finished), one not started.
+    assert live["children"]["by_status"] == {"waiting": 1, "queued": 1}
+    assert live["children"]["progress"] == 12.5
+    assert live["progress"] == 6.2
+    assert live["steps"][0]["children"]["progress"] == 12.5
+
+
 def test_retry_after_the_fan_out_reuses_the_children_results():
     parent = services.enqueue("wf.fan_partial", {"n": 4, "fail": [1]})
     drain()

@@ -14,7 +14,7 @@ from typing import Any
 
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
-from jobstate.states import TERMINAL, Status
+from jobstate.states import ACTIVE, TERMINAL, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import rows_of
 
@@ -55,7 +55,9 @@ def _summary(rows: list[Mapping[str, Any]], total: int) -> dict[str, Any]:
     done = 0
     for r in rows:
         by_status[r["status"]] = by_status.get(r["status"], 0) + 1
-        done += r["progress"] if r["status"] in (Status.QUEUED, Status.PROCESSING) else 100
+        # An active child (a nested workflow waiting for its own children too) counts
+        # its progress; an ended one 100 %.
+        done += r["progress"] if r["status"] in ACTIVE else 100
     return {"total": total, "by_status": by_status, "progress": round(done / total, 1) if total else None}
 
 
