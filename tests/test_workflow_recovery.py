@@ -231,6 +231,35 @@ def test_a_worker_lost_on_the_last_attempt_with_nothing_to_undo_fails_as_before(
     assert steps["s2"]["status"] == "completed" and "stored_status" not in steps["s2"]
 
 
+def test_a_worker_lost_on_the_last_attempt_after_its_fan_out_committed_waits_for_the_children(
+    monkeypatch,
+):
+    def dies(*args: Any, **kwargs: Any) -> None:
+        raise SimulatedCrash("between the fan-out's commit and the suspend")
+
+    job = services.enqueue("wf.fan", {"n": 3}, max_attempts=1)
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "suspend", dies)
+        crash(job)  # split started its 3 children and waits; the worker dies before giving the job back
+    assert statuses(job) == {"split": "waiting", "merge": "pending"}
+    assert reap().requeued == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.QUEUED and (job.attempts, job.max_attempts) == (0, 1)
+    requeue = JobEvent.objects.get(job_id=job.pk, transition="requeue")
+    assert requeue.metadata["recovery"] == "wait"
+    children = Job.objects.filter(parent=job)
+    assert set(children.values_list("status", flat=True)) == {Status.QUEUED}  # not cancelled
+
+    assert rerun(job) == "suspended"  # the recovery run waits for the children, starting none
+    assert fresh(job).status == Status.WAITING and children.count() == 3
+    assert drain() == 4  # the 3 children, then the parent, woken by the last
+    job = fresh(job)
+    assert job.status == Status.COMPLETED and (job.attempts, job.max_attempts) == (1, 1)
+    assert job.result == {"total": 3, "sum": 0 + 1 + 4, "value": {"spawned": 3}}
+    assert labels(job) == ["split", "merge"]  # split's body ran once: its children started once
+    assert children.count() == 3
+
+
 def test_recovery_runs_are_bounded():
     params = {"non_retryable": True, "crash_at": "undo:book", "crash_always": True}
     job = services.enqueue("wf.saga", params, max_attempts=1)

@@ -11,6 +11,9 @@ requeue takes one back, the claim spends it again: ``attempts`` never exceeds
   is failed for good with "worker lost", in the same transaction as the requeue.
 - ``finish``: on the last attempt, every step had completed (the worker died
   before storing the job's outcome): the run stores it, running no step.
+- ``wait``: on the last attempt, a fan-out step had started its children and was
+  waiting for them (the worker died before giving the job back): the run waits
+  for them (or fans in), as the lost one would have, and starts no child again.
 
 Each such requeue is a ``requeue`` event with ``recovery`` in its metadata; after
 ``RECOVERY_RUNS`` of them the reaper fails the job, so an undo that keeps killing
@@ -26,7 +29,7 @@ from typing import Any
 
 from jobstate import hooks
 from jobstate.models import JobEvent, JobStep
-from jobstate.models.step import STEP_DONE
+from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.workflows import compensation, steps
 from jobstate.workflows.definition import definition_of
@@ -37,7 +40,7 @@ LOST = "worker lost"
 
 @dataclass(frozen=True)
 class Plan:
-    action: str  # "compensate" or "finish": requeue for one more run; "": fail now
+    action: str  # "compensate", "finish" or "wait": requeue for one more run; "": fail now
     reason: str = ""  # of the requeue, in the job's history
     error: str = ""  # the job's error when it fails now
     lost_step: str | None = None  # failed for good by the requeue
@@ -66,6 +69,11 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
         todo = [s.name for s in cls.steps if getattr(rows.get(s.name), "status", None) not in STEP_DONE]
         if not todo:
             action, reason, summary = "finish", "last attempt, every step done: finishing", LOST
+        elif getattr(rows.get(todo[0]), "status", None) == StepStatus.WAITING:
+            # Its fan-out committed (children started, the step waiting) and the worker
+            # died before giving the job back: the run waits for them, as it would have.
+            action, reason = "wait", "last attempt, its children started: waiting for them"
+            summary = f"step '{todo[0]}' waits for its child jobs; {LOST}"
         elif any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps):
             action, reason, lost_step = "compensate", "last attempt: compensating", todo[0]
             summary = f"step '{lost_step}' failed: {LOST}"
