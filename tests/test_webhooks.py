@@ -323,11 +323,25 @@ def test_event_types_of_transitions():
     assert outbox.event_type(change("", "queued", "enqueue")) is None
     assert outbox.event_type(change("queued", "processing", "claim")) == "job.started"
     assert outbox.event_type(change("processing", "queued", "requeue")) == "job.requeued"
+    assert outbox.event_type(change("waiting", "queued", "wake")) == "job.requeued"
+    assert outbox.event_type(change("processing", "waiting", "suspend")) is None
     assert outbox.event_type(change("processing", "completed", "complete")) == "job.completed"
     assert outbox.event_type(change("queued", "cancelled", "cancel")) == "job.cancelled"
     assert outbox.event_type(change("processing", "processing", "step_completed")) == "job.step"
     assert outbox.event_type(change("processing", "processing", "step_failed")) == "job.step"
     assert outbox.event_type(change("processing", "processing", "note")) is None
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_workflow_woken_by_its_last_child_is_announced_as_requeued(user, receiver):
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url, events=["job.requeued"], kinds=["wf.fan"])
+    job = services.enqueue("wf.fan", {"n": 2}, owner=user)
+    drain()
+    job.refresh_from_db()
+    assert job.status == "completed"
+    bodies = [json.loads(r.body) for r in receiver.requests]
+    # Waiting for its children, then back in the queue once the last one ended.
+    assert [(b["type"], b["data"]["id"]) for b in bodies] == [("job.requeued", str(job.pk))]
 
 
 @override_settings(JOBSTATE=ALLOW)

@@ -22,7 +22,10 @@ EVENTS: dict[str, str] = {
     "job.partial": "The job finished with a result and an error.",
     "job.started": "A worker claimed the job (each attempt).",
     "job.step": "A workflow step ended (completed or failed); the job's steps show which.",
-    "job.requeued": "The job went back to the queue (a retry, a rescue by the reaper, a waiting workflow).",
+    "job.requeued": (
+        "The job went back to the queue (a retry, a rescue by the reaper, a workflow woken once "
+        "its children ended)."
+    ),
 }
 TERMINAL_EVENTS = ["job.completed", "job.failed", "job.cancelled", "job.partial"]
 

@@ -41,7 +41,9 @@ def event_type(change: hooks.Transition) -> str | None:
         return "job.started"
     if change.transition in ("step_completed", "step_failed"):
         return "job.step"
-    if change.from_status == Status.PROCESSING and change.to_status == Status.QUEUED:
+    if change.to_status == Status.QUEUED and change.from_status in (Status.PROCESSING, Status.WAITING):
+        # Back in the queue: a retry, the reaper's rescue, a wait until a time, or a
+        # workflow woken from waiting for its children (``wake``).
         return "job.requeued"
     return None
 
