@@ -173,6 +173,27 @@ def test_an_error_inside_the_outcome_write_is_recorded_with_that_error(temp_hand
     assert job.status == Status.COMPLETED and job.attempts == 2 and job.result == {"ok": True}
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+def test_an_outcome_write_that_fails_keeps_the_last_progress_report(temp_handler, monkeypatch):
+    # The last report (kept in memory, coalesced) was taken for the completion;
+    # that write failed and the failure recorded instead stored no progress: the
+    # job went back to the queue showing the first report, "starting".
+    def reports(ctx):
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(90, "saving the output")  # kept for the outcome
+        return {"ok": True}
+
+    def database_down(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    temp_handler("t.saving", reports, max_attempts=2, retry_backoff=0)
+    monkeypatch.setattr(services, "complete", database_down)
+    outcome, job = run_one("t.saving")
+    assert outcome == "retrying" and job.status == Status.QUEUED
+    assert job.error_type == "OperationalError" and "could not be stored" in job.error_message
+    assert (job.progress, job.progress_message) == (90, "saving the output")
+
+
 # -- claimed is not running -------------------------------------------------------
 
 

@@ -56,6 +56,9 @@ class JobContext:
         self._pending: dict[str, Any] | None = None
         self._due: float | None = None
         self._written_at = -float("inf")
+        # What take_progress handed to an outcome: a failed outcome write is
+        # followed by another (the failure), which must store it too.
+        self._taken: dict[str, Any] = {}
         # Called (by progress) when a report is left for the heartbeat to write.
         self.on_pending: Callable[[], None] | None = None
         # When the lease runs out, on this process's monotonic clock: from the
@@ -193,7 +196,11 @@ class JobContext:
 
         Waits for a write the heartbeat has under way: the report it took may be
         the last one, and once the outcome is stored that write is refused (lease
-        lost) and the report gone. Bounded, as in ``flush_progress``."""
+        lost) and the report gone. Bounded, as in ``flush_progress``.
+
+        What it returns is returned again (with any later report) by the next
+        call: when the outcome's write fails, the failure recorded instead
+        stores the same last report."""
         wait = max(float(conf.get("PROGRESS_FLUSH_SECONDS") or 0), 1.0)
         taken = self._writing.acquire(timeout=wait)
         try:
@@ -202,9 +209,10 @@ class JobContext:
         finally:
             if taken:
                 self._writing.release()
-        if not report:
-            return {}
-        return services.progress_fields(report.get("percent"), report.get("message"), report.get("step"))
+        if report:
+            percent, message, step = report.get("percent"), report.get("message"), report.get("step")
+            self._taken = {**self._taken, **services.progress_fields(percent, message, step)}
+        return dict(self._taken)
 
     def heartbeat(self) -> None:
         """Renew the lease now; raises ``CancelRequested`` when a cancel is pending."""

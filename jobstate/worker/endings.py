@@ -267,7 +267,8 @@ def _unstorable(ctx: JobContext, exc: ValidationError, progress: dict[str, Any])
 def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
     """Writing the outcome raised (a database error, a hook that raised inside
     its transaction...): replace the connection if it broke, then record the
-    attempt as failed with that error (retried while attempts remain)."""
+    attempt as failed with that error (retried while attempts remain), with
+    the progress the outcome would have stored."""
     logger.exception("Job %s: its outcome (%s) could not be stored", ctx.job.pk, kind)
     usable_connection(math.inf)
     try:
@@ -278,6 +279,7 @@ def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
             retry_delay=_delay(ctx),
+            progress=ctx.take_progress(),
         )
     except (LeaseLost, InvalidTransition):
         return "lost"
