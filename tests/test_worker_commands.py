@@ -73,6 +73,45 @@ def test_reap_exits_non_zero_when_a_job_could_not_be_reaped(monkeypatch):
     assert Job.objects.get(pk=lost.pk).status == Status.PROCESSING
 
 
+def lost_jobs(count: int) -> list[Job]:
+    jobs = []
+    for n in range(count):
+        job = services.enqueue("test.echo", {})
+        (claimed,) = services.claim(f"lost:{n}")
+        services.begin(claimed, claimed.lease_token, f"lost:{n}:1")
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=10 - n))
+        jobs.append(job)
+    return jobs
+
+
+def test_reap_says_when_expired_jobs_remain_past_its_limit():
+    # It reaped its limit and said nothing of the jobs it never looked at: the
+    # operator took "requeued 2" for the whole of it.
+    jobs = lost_jobs(3)
+    out = command("jobstate_reap", "--limit", "2")
+    assert out.startswith("requeued 2, failed 0, cancelled 0")
+    assert "more expired jobs remain: this run stopped at its limit (2, --limit); run it again" in out
+    assert Job.objects.get(pk=jobs[2].pk).status == Status.PROCESSING  # the newest expiry: next time
+    out = command("jobstate_reap", "--limit", "2")
+    assert out.startswith("requeued 1,") and "remain" not in out
+    assert not Job.objects.filter(status=Status.PROCESSING).exists()
+
+
+def test_reap_at_exactly_its_limit_says_nothing_remains():
+    lost_jobs(2)
+    report = services.requeue_expired(limit=2)
+    assert len(report.requeued) == 2 and not report.more
+    assert "remain" not in command("jobstate_reap", "--limit", "2")
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "100001"])
+def test_reap_refuses_a_limit_out_of_range(limit):
+    lost = lost_jobs(1)[0]
+    with pytest.raises(CommandError, match="--limit must be between 1 and 100000"):
+        call_command("jobstate_reap", "--limit", limit, stdout=StringIO())
+    assert Job.objects.get(pk=lost.pk).status == Status.PROCESSING
+
+
 def finished(kind: str = "test.echo", days_ago: float = 40, **options) -> Job:  # type: ignore[no-untyped-def]
     job = services.enqueue(kind, {}, **options)
     drain(kinds=[kind])

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import DatabaseError, IntegrityError, OperationalError, connection, transaction
-from django.db.models import Case, F, Q, When
+from django.db.models import Case, F, Q, QuerySet, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -218,6 +218,9 @@ class ReapReport:
     # Expired, but reaping them raised (logged; a hook's bug, say): left as they are,
     # so that one job cannot stop the sweep of the others.
     errors: list[Any] = field(default_factory=list)
+    # The sweep stopped at its limit with expired jobs it never looked at: they
+    # wait for the next sweep.
+    more: bool = False
 
     @property
     def total(self) -> int:
@@ -253,18 +256,25 @@ def requeue_expired(
     after: tuple[datetime, Any] | None = None
     waits = 0
     while (used := report.total + waits) < limit:
-        page = Job.objects.expired(now)
-        if after is not None:
-            expiry, pk = after
-            page = page.filter(Q(lease_expires_at__gt=expiry) | Q(lease_expires_at=expiry, pk__gt=pk))
         size = limit - used
-        rows = list(page.values_list(*_REAP_COLUMNS).order_by("lease_expires_at", "pk")[:size])
+        rows = list(_expired_after(now, after).values_list(*_REAP_COLUMNS)[:size])
         for row in rows:
             waits += _reap(row, report, reaper, now)
         if len(rows) < size:
             break
         after = (rows[-1][-1], rows[-1][0])
+    else:  # stopped by the limit: one more row tells whether any was left unseen
+        report.more = _expired_after(now, after).exists()
     return report
+
+
+def _expired_after(now: datetime, after: tuple[datetime, Any] | None) -> QuerySet[Job]:
+    """The jobs expired at ``now``, oldest expiry first, past ``after`` (expiry, pk)."""
+    page = Job.objects.expired(now)
+    if after is not None:
+        expiry, pk = after
+        page = page.filter(Q(lease_expires_at__gt=expiry) | Q(lease_expires_at=expiry, pk__gt=pk))
+    return page.order_by("lease_expires_at", "pk")
 
 
 _REAP_COLUMNS = (
