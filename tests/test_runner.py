@@ -364,6 +364,35 @@ def test_a_transaction_the_handler_left_open_is_rolled_back_and_fails_the_job(te
     assert Job.objects.get(kind="t.fine").status == Status.COMPLETED
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+def test_ctrl_c_in_an_inline_drain_hands_the_job_back_then_is_raised(temp_handler):
+    # Ctrl-C stops the drain, not the job: it was recorded as the handler's
+    # error, and a job with one attempt ended failed with KeyboardInterrupt.
+    calls: list[int] = []
+
+    def interrupted_once(ctx):
+        calls.append(ctx.attempt)
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(40, "reading")  # pending: written as the job is handed back
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # what Python's SIGINT handler raises
+        return {"done": True}
+
+    temp_handler("t.ctrl_c", interrupted_once, max_attempts=1)
+    job = services.enqueue("t.ctrl_c", {})
+    with pytest.raises(KeyboardInterrupt):
+        drain()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error_type, job.worker_id) == (Status.QUEUED, 0, "", "")
+    assert (job.progress, job.progress_message) == (40, "reading")
+    requeue = job.events.order_by("id").last()
+    assert requeue.transition == "requeue" and requeue.metadata.get("handed_back") is True
+    assert requeue.reason.startswith("stopped by Ctrl-C (KeyboardInterrupt)")
+    assert drain() == 1 and calls == [1, 1]  # the next run is its first counted attempt
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.result) == (Status.COMPLETED, 1, {"done": True})
+
+
 @pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
 def test_a_base_exception_from_the_handler_is_recorded_then_raised(temp_handler, error):
     def leaves(ctx):

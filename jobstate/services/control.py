@@ -472,8 +472,9 @@ def _refund() -> Case:
 
 
 def hand_back(job: Job, token: UUID | str, *, reason: str, actor: Actor | None = None) -> Job | None:
-    """A job its worker claimed but whose handler never started goes back to the
-    queue, ready at once, its attempt (if charged) refunded."""
+    """A job its worker claimed but whose handler never started (or whose inline
+    run the operator stopped: Ctrl-C) goes back to the queue, ready at once, its
+    attempt (if charged) refunded."""
     return move(
         job,
         "requeue",

@@ -161,6 +161,26 @@ def unknown_kind(job: Job) -> str:
     return "failed"
 
 
+STOPPED = "stopped by Ctrl-C (KeyboardInterrupt) while it ran inline; the attempt is not counted"
+
+
+def hand_back_stopped(ctx: JobContext) -> str:
+    """Ctrl-C in an inline run (``runner.drain``): the operator stopped the run,
+    the job did not fail. Its pending progress is written, then it goes back to
+    the queue, ready at once, its attempt refunded (``services.hand_back``). If
+    that fails, the lease runs out into the reaper."""
+    usable_connection(math.inf)
+    try:
+        _flush_before(ctx)
+        services.hand_back(ctx.job, ctx.token, reason=STOPPED)
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    except Exception:
+        logger.exception("Job %s could not be handed back; the reaper will take it", ctx.job.pk)
+        return "lost"
+    return "interrupted"
+
+
 def cancel_unstarted(job: Job) -> str:
     """A cancel was requested before the handler started: it never ran."""
     try:

@@ -36,6 +36,8 @@ handler leaves its transaction open        ``failed`` TransactionLeftOpen (rolle
 handler raises                             retry (``queued``) or ``failed``, traceback
 handler raises SystemExit,                 the same, then it is raised on
 KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
+KeyboardInterrupt in an inline run         ``queued``, attempt refunded (the operator's
+(``drain``, ``run_next``: Ctrl-C)          Ctrl-C stopped the run), then it is raised on
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled``
 ``Suspend``                                ``queued`` (waiting), attempt refunded
@@ -79,6 +81,7 @@ from jobstate.worker.endings import (
     TransactionLeftOpen,
     cancel_unstarted,
     finish,
+    hand_back_stopped,
     release,
     roll_back_left_open,
     transaction_state,
@@ -105,7 +108,7 @@ __all__ = ["drain", "hard_limit_for", "run_job", "run_next", "timeout_for"]
 HANDLER_EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)
 
 
-def run_job(job: Job, worker_id: str, then: NextRequest | None = None) -> str:
+def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline: bool = False) -> str:
     """Run a job this worker holds; return its outcome (completed, partial,
     failed, retrying, cancelled, suspended, lost).
 
@@ -113,7 +116,11 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None) -> str:
     (``services.begin``: the attempt is charged now); one already begun (by
     ``services.start`` or ``tasks.execute``) runs as it is. ``then``: asked,
     as the job completes, which next job this worker process would claim; it
-    may be claimed with the outcome (``services.NextClaim``).
+    may be claimed with the outcome (``services.NextClaim``). ``inline``: run
+    by an operator (``drain``), whose Ctrl-C (``KeyboardInterrupt``) stops the
+    run, not the job: handed back to the queue, its attempt refunded, then
+    raised on. A django-q2 worker process ignores SIGINT: a KeyboardInterrupt
+    there is the handler's own, recorded as its error.
     """
     spec = registry.all_handlers().get(job.kind)
     if spec is None:
@@ -132,7 +139,7 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None) -> str:
         if begun.cancel_requested:
             return cancel_unstarted(job)
         _copy_row(begun.job, job)
-    return _run(job, spec, worker_id, then)
+    return _run(job, spec, worker_id, then, inline)
 
 
 def _copy_row(source: Job, target: Job) -> None:
@@ -143,7 +150,7 @@ def _copy_row(source: Job, target: Job) -> None:
             setattr(target, field.attname, getattr(source, field.attname))
 
 
-def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) -> str:
+def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None, inline: bool) -> str:
     interruptible = threading.current_thread() is threading.main_thread()
     sup: Supervisor | None = None
     slot: Slot | None = None
@@ -188,7 +195,10 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None) 
         # wait for the reaper, its error lost. Any other: the process is dying.
         close_quietly()
         recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
-        ended = finish(ctx, "error", exc) if recorded else "lost"
+        if inline and isinstance(exc, KeyboardInterrupt):
+            ended = hand_back_stopped(ctx)
+        else:
+            ended = finish(ctx, "error", exc) if recorded else "lost"
         _observe(hooks.attempt_ended, ctx, ended)
         raise
     if left_open and outcome[0] == "ok":
@@ -212,11 +222,13 @@ def _observe(hook: hooks.Hook[...], *args: Any) -> None:
 
 
 def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
-    """Claim one ready job and run it inline. Returns the job, or None if none was ready."""
+    """Claim one ready job and run it inline. Returns the job, or None if none was ready.
+    Ctrl-C (``KeyboardInterrupt``) hands the job back to the queue, its attempt
+    refunded, and is raised on (``run_job``'s ``inline``)."""
     claimed = services.claim(worker_id, kinds=kinds, limit=1)
     if not claimed:
         return None
-    run_job(claimed[0], worker_id)
+    run_job(claimed[0], worker_id, inline=True)
     return claimed[0]
 
 
