@@ -916,6 +916,37 @@ def test_a_worker_process_that_ends_cleanly_removes_its_row_and_beats_no_more():
         time.sleep(0.2)  # a beat under way ends before the tables are flushed
 
 
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
+def test_a_clean_exit_waits_for_a_database_that_does_not_answer_a_heartbeat_at_most(monkeypatch, caplog):
+    """A graceful stop's row removals (a worker process's ``retire``, the pusher's)
+    on a database that no longer answers (packets dropped) waited for the TCP
+    timeout, minutes; the process, and the cluster's stop, with them."""
+    from jobstate.services import workers
+    from jobstate.worker import broker
+    from jobstate.worker.supervisor import supervisor
+
+    answered = threading.Event()
+
+    def hangs(name: str) -> None:
+        answered.wait(5)
+
+    sup = supervisor()
+    sup.serve_as("host:1:5", "host:1")
+    try:
+        _wait(WorkerProcess.objects.filter(name="host:1:5").exists)
+        monkeypatch.setattr(workers, "gone", hangs)
+        for exit_hook in (sup.retire, lambda: broker._pusher_gone("host:1:pusher")):
+            started = time.monotonic()
+            exit_hook()
+            assert time.monotonic() - started < 2
+        assert sup.identity is None
+        assert caplog.text.count("the database did not answer in time") == 2
+    finally:
+        answered.set()
+        sup.identity = None
+        time.sleep(0.3)  # a beat under way ends before the tables are flushed
+
+
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.05})
 def test_a_process_beat_stuck_in_its_call_does_not_stop_the_job_heartbeats(temp_handler):
     """A heartbeat stuck in its process beat's call (a connection that no longer

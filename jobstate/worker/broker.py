@@ -40,7 +40,7 @@ from jobstate.worker import counters, q2
 from jobstate.worker.counters import JOB_ACK_PREFIX
 from jobstate.worker.listen import Listener
 from jobstate.worker.packages import EXECUTE, package, task_timeout
-from jobstate.worker.supervisor import supervisor
+from jobstate.worker.supervisor import at_exit, supervisor
 
 __all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait"]
 
@@ -77,11 +77,9 @@ q2.on_worker_spawn(_worker_spawned, uid="jobstate.worker.broker.spawned")
 
 
 def _pusher_gone(name: str) -> None:
-    """The pusher ends cleanly (the cluster stops): its WorkerProcess row goes."""
-    try:
-        worker_processes.gone(name)
-    except Exception:
-        logger.warning("jobstate: could not remove the pusher's row %s", name, exc_info=True)
+    """The pusher ends cleanly (the cluster stops): its WorkerProcess row goes
+    (waited for a heartbeat interval at most: ``supervisor.at_exit``)."""
+    at_exit(worker_processes.gone, name, what="the pusher's row")
 
 
 class _Handed(NamedTuple):

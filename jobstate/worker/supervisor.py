@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -144,7 +144,8 @@ class Supervisor:
         beats, and its WorkerProcess row goes, so that a stopped cluster does not
         show as alive, busy with the job it last ran, until WORKER_ALIVE_SECONDS
         pass. A beat under way is waited for (it would write the row again), for
-        a heartbeat interval at most: after that the row is left to age."""
+        a heartbeat interval at most, and so is the removal (``at_exit``): after
+        that the row is left to age."""
         from jobstate.services import workers
 
         if not self._beat_lock.acquire(timeout=float(conf.get("HEARTBEAT_SECONDS"))):
@@ -156,10 +157,7 @@ class Supervisor:
             self._beat_lock.release()
         if identity is None:
             return
-        try:
-            workers.gone(identity[0])
-        except Exception:
-            logger.warning("jobstate: could not remove the row of process %s", identity[0], exc_info=True)
+        at_exit(workers.gone, identity[0], what="the row of process")
 
     def begin(self, slot: Slot) -> None:
         if self._heart_hung(time.monotonic()):
@@ -416,6 +414,28 @@ def supervisor() -> Supervisor:
 def close_quietly() -> None:
     with contextlib.suppress(Exception):
         connection.close()
+
+
+def at_exit(remove: Callable[[str], None], name: str, *, what: str) -> None:
+    """A clean exit's database call (``remove(name)``), waited for a heartbeat
+    interval at most: on a database that no longer answers (a network that drops
+    packets) it would wait for the TCP timeout, minutes, and the graceful stop
+    with it. It runs in a thread of its own (with its own connection, closed
+    after); one still waiting is left behind as the process exits, the row to age."""
+
+    def run() -> None:
+        try:
+            remove(name)
+        except Exception:
+            logger.warning("jobstate: could not remove %s %s", what, name, exc_info=True)
+        finally:
+            close_quietly()
+
+    call = threading.Thread(target=run, name="jobstate-exit", daemon=True)
+    call.start()
+    call.join(float(conf.get("HEARTBEAT_SECONDS")))
+    if call.is_alive():
+        logger.warning("jobstate: the database did not answer in time; %s %s stays", what, name)
 
 
 class HandlerCall:
