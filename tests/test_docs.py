@@ -6,6 +6,7 @@ import ast
 import importlib
 import importlib.util
 import re
+import sys
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -112,6 +113,13 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
 
     with mock.patch("jobstate.tasks.backend.apps.is_installed", return_value=False):
         found += task_backends["default"].check()  # E901
+    with override_settings(JOBSTATE={"METRICS_ACCESS": "token"}):
+        found += run_checks(tags=["jobstate"])  # E007
+    with override_settings(JOBSTATE={"TRACING": True}), mock.patch.dict(sys.modules, {"opentelemetry": None}):
+        found += run_checks(tags=["jobstate"])  # W012
+    from jobstate.tasks.checks import options_problems
+
+    found += options_problems("default", {"MAX_ATTEMPTS": 0, "RETRIES": 3})  # E902, E903
     return found
 
 

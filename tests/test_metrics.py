@@ -294,6 +294,32 @@ def test_access_by_token(client, staff_user):
     assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
 
 
+@pytest.mark.parametrize("token", ["", "  "])
+def test_token_mode_without_a_token_refuses_every_request_and_is_an_error(client, staff_user, token):
+    # Refused, not accepted: an empty "Bearer " never matches an empty token. manage.py
+    # check says so (jobstate.E007) rather than leaving the scraper to find out.
+    from django.core.checks import run_checks
+
+    from tests.api_support import grant
+
+    with override_settings(JOBSTATE={"METRICS_ACCESS": "token", "METRICS_TOKEN": token}):
+        assert client.get("/metrics/").status_code == 401
+        for header in ("Bearer ", "Bearer", f"Bearer {token}", "Bearer  "):
+            assert client.get("/metrics/", HTTP_AUTHORIZATION=header).status_code == 403
+        client.force_login(grant(staff_user, "view_job"))
+        assert client.get("/metrics/").status_code == 403
+        (error,) = [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.E007"]
+    assert "METRICS_TOKEN" in error.msg and "refuses every request" in error.msg
+    assert "METRICS_TOKEN" in error.hint
+    for settings in (
+        {"METRICS_ACCESS": "token", "METRICS_TOKEN": "s3cret-token"},
+        {"METRICS_ACCESS": "staff"},
+        {"METRICS_ACCESS": "token", "METRICS_TOKEN": 7},  # a wrong type: E003 alone
+    ):
+        with override_settings(JOBSTATE=settings):
+            assert not [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.E007"]
+
+
 @pytest.mark.parametrize("until", [True, False], ids=["until", "children"])
 @override_settings(JOBSTATE=OPEN)
 def test_a_suspended_job_is_not_a_retry_and_waits_once(client, temp_handler, until):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.core import checks
+from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import registry, services
@@ -105,6 +106,66 @@ def test_e901_when_tasks_names_jobstate_but_jobstate_is_not_installed(monkeypatc
             "JobstateBackend is configured in TASKS['default'] but jobstate is not installed",
             "JobstateBackend is configured in TASKS['single'] but jobstate is not installed",
         ]
+
+
+def backend_messages(options: Any) -> list[checks.CheckMessage]:
+    """What `manage.py check` (every registered check) says of a jobstate backend with these
+    OPTIONS: on Django 6 through django.tasks' own check, on 5.2 (the backport, not an
+    installed app) through jobstate's."""
+    config = {"BACKEND": "jobstate.tasks.JobstateBackend", "OPTIONS": options}
+    with override_settings(TASKS={"default": config}):
+        return [m for m in manage_py_check() if str(m.id).startswith("jobstate.E9")]
+
+
+def manage_py_check() -> list[checks.CheckMessage]:
+    """What `manage.py check` runs of the tasks backends' checks: django.tasks' own check
+    (registered on Django 6; by the backport only when "django_tasks" is installed) and
+    jobstate's (the model checks are left out: they query the database on Django 6)."""
+    found: list[checks.CheckMessage] = []
+    for check in checks.registry.registry.get_checks():
+        if check.__name__ == "check_tasks" or "jobstate" in getattr(check, "tags", ()):
+            found += check(app_configs=None)
+    return found
+
+
+@pytest.mark.parametrize("attempts", [0, -1, 1001, "3", True, 2.5, 5.0, [3]])
+def test_an_invalid_max_attempts_option_is_a_check_error(attempts):
+    # It was found at the first enqueue of a task without its own max_attempts
+    # (the service's ValidationError); `manage.py check` said nothing.
+    (error,) = backend_messages({"MAX_ATTEMPTS": attempts})
+    assert error.id == "jobstate.E902" and error.level == checks.ERROR and error.obj == "MAX_ATTEMPTS"
+    assert error.msg.startswith(f"TASKS['default']['OPTIONS']['MAX_ATTEMPTS'] is {attempts!r}; it must be")
+    assert "between 1 and 1000" in error.msg and "DEFAULT_MAX_ATTEMPTS" in error.hint
+
+
+def test_unknown_options_are_a_check_error_and_valid_ones_pass():
+    found = backend_messages({"MAX_ATTEMPTS": 2, "MODULES": [], "RETRIES": 3, "max_attempts": 4})
+    assert [(m.id, m.obj) for m in found] == [("jobstate.E903", "RETRIES"), ("jobstate.E903", "max_attempts")]
+    assert found[0].msg == "Unknown key 'RETRIES' in TASKS['default']['OPTIONS']."
+    assert "MAX_ATTEMPTS, MODULES" in found[0].hint
+    for options in (
+        {},
+        {"MAX_ATTEMPTS": 1},
+        {"MAX_ATTEMPTS": 1000, "MODULES": ["tests.tasks_app.jobstate_tasks"]},
+    ):
+        assert backend_messages(options) == []
+    (error,) = backend_messages(["MAX_ATTEMPTS", 3])
+    assert (
+        error.id == "jobstate.E903"
+        and error.msg == "TASKS['default']['OPTIONS'] is a list; it must be a dict."
+    )
+
+
+def test_manage_py_check_runs_the_backends_check_once(monkeypatch):
+    # On Django 5.2 the backport's check runs only with "django_tasks" installed, which
+    # jobstate does not need: E901 (and the OPTIONS errors) went unreported there.
+    installed = apps.is_installed
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "jobstate" and installed(name))
+    found = [m.msg for m in manage_py_check() if m.id == "jobstate.E901"]
+    assert sorted(found) == [
+        "JobstateBackend is configured in TASKS['default'] but jobstate is not installed",
+        "JobstateBackend is configured in TASKS['single'] but jobstate is not installed",
+    ]
 
 
 # -- started_at and last_attempted_at ------------------------------------------------

@@ -172,3 +172,23 @@ def test_tracing_false_turns_it_off():
 
 def test_hooks_are_declared_for_the_runner():
     assert isinstance(hooks.attempt_started, hooks.Hook) and isinstance(hooks.attempt_ended, hooks.Hook)
+
+
+def tracing_warnings() -> list:
+    from django.core.checks import run_checks
+
+    return [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.W012"]
+
+
+def test_tracing_on_without_opentelemetry_is_a_warning(monkeypatch, settings):
+    # TRACING = True promised traces that never came: install() found no
+    # opentelemetry and registered nothing, without a word.
+    settings.JOBSTATE = {"TRACING": True}
+    assert tracing_warnings() == []  # installed: nothing to say
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if it were not installed
+    (warning,) = tracing_warnings()
+    assert "['TRACING'] is True" in warning.msg and "cannot be imported" in warning.msg
+    assert "django-jobstate[tracing]" in warning.hint
+    for value in (None, False):  # None: "when it is installed"; False: off
+        settings.JOBSTATE = {"TRACING": value}
+        assert tracing_warnings() == []

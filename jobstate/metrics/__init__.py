@@ -7,4 +7,4 @@ history, not counted in memory).
 
 
 def install() -> None:
-    from jobstate.metrics import models  # noqa: F401  (registers MetricTotal)
+    from jobstate.metrics import checks, models  # noqa: F401  (registers the check and MetricTotal)

@@ -21,7 +21,12 @@ def allowed(request: HttpRequest) -> bool:
         return True
     token = str(conf.get("METRICS_TOKEN") or "")
     header = request.headers.get("Authorization", "")
-    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
+    # A blank token is none: "Bearer " plus spaces would match it (jobstate.E007).
+    if (
+        token.strip()
+        and header.startswith("Bearer ")
+        and hmac.compare_digest(header[7:].encode(), token.encode())
+    ):
         return True
     if access == "staff":
         # Counts by kind and status are about every user's jobs: those who may see them all.

@@ -9,7 +9,10 @@ tasks framework; its names are loaded on first use.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
+
+from django.core import checks
 
 if TYPE_CHECKING:  # the real types for type checkers; at runtime, loaded on first use
     from jobstate.tasks.backend import (
@@ -58,6 +61,22 @@ def configured_aliases() -> list[str]:
     ]
 
 
+@checks.register("jobstate")
+def check_backends(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Run jobstate's backends' ``check()`` where nothing else does. Django 6's
+    ``django.tasks`` registers a check that runs every backend's; the django-tasks
+    backport (Django 5.2) registers it only when ``"django_tasks"`` is an installed app,
+    which jobstate does not need."""
+    aliases = configured_aliases()
+    # Importing the framework's checks module registers its check (django.tasks imports
+    # it; the backport's is imported by its app's ready()).
+    if not aliases or {"django.tasks.checks", "django_tasks.checks"} & sys.modules.keys():
+        return []
+    from jobstate.tasks.compat import task_backends
+
+    return [message for alias in aliases for message in task_backends[alias].check()]
+
+
 def install() -> None:
     """Called from ``JobstateConfig.ready()``: when a ``TASKS`` backend is
     jobstate's, import every installed app's ``tasks`` module and the backends'
@@ -78,7 +97,9 @@ def install() -> None:
     hooks.transitioned.register(on_transition, writes=lambda change: False)
     autodiscover_modules("tasks")
     for alias in aliases:
-        for module in settings.TASKS[alias].get("OPTIONS", {}).get("MODULES", []):
+        options = settings.TASKS[alias].get("OPTIONS") or {}
+        # OPTIONS that is not a dict is jobstate.E903's to report, not a crash at startup.
+        for module in options.get("MODULES", []) if isinstance(options, dict) else []:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as exc:

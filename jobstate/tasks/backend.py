@@ -32,6 +32,7 @@ from jobstate.exceptions import UnknownKind
 from jobstate.models import Job
 from jobstate.states import TERMINAL
 from jobstate.storable import json_text
+from jobstate.tasks.checks import options_problems
 from jobstate.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
@@ -425,6 +426,7 @@ class JobstateBackend(BaseTaskBackend):
                 "See docs/reference/checks.md in the jobstate documentation.",
                 id="jobstate.E901",
             )
+        yield from options_problems(self.alias, self.options)
 
 
 def enqueue_on_commit(task: Task[..., Any], /, *args: Any, **kwargs: Any) -> None:
