@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from django.urls import reverse
 from jobstate import services
 from jobstate.models import Asset
 from tests.admin_support import grant, processing
+from tests.api_support import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -92,9 +94,14 @@ def test_download_is_checked(
     _, report, _, link = make_assets(owner=user)
     # Not logged in: the admin login page.
     assert client.get(download(report)).status_code == 302
-    # Staff without any jobstate permission.
+    # Staff without any jobstate permission: a 404, as for an asset that does not exist
+    # (and as the API answers); a 403 told them it did.
     client.force_login(staff_user)
-    assert client.get(download(report)).status_code == 403
+    missing = reverse("admin:jobstate_asset_download", args=[uuid.uuid4()])
+    refused, absent = client.get(download(report)), client.get(missing)
+    assert refused.status_code == absent.status_code == 404
+    assert refused.content == absent.content
+    assert client_for(staff_user).get(f"/api/assets/{report.pk}/download/").status_code == 404
     # Staff who may view jobs (and so their files).
     client.force_login(viewer)
     assert client.get(download(report)).status_code == 200
@@ -104,6 +111,12 @@ def test_download_is_checked(
     report.save(update_fields=["owner"])
     client.force_login(owner_staff)
     assert client.get(download(report)).status_code == 200
+    # Not a file of a lost attempt, which the API does not show its owner either.
+    Asset.objects.filter(pk=report.pk).update(attempt_lost=True)
+    assert client.get(download(report)).status_code == 404
+    assert client_for(owner_staff).get(f"/api/assets/{report.pk}/download/").status_code == 404
+    client.force_login(viewer)
+    assert client.get(download(report)).status_code == 200  # staff who may view jobs still may
     # A non-staff owner never reaches admin views.
     client.force_login(user)
     assert client.get(download(link)).status_code == 302

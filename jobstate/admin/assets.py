@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import FileResponse, Http404, HttpRequest
 from django.shortcuts import get_object_or_404
@@ -117,13 +116,15 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         ]
 
     def download_view(self, request: HttpRequest, asset_id: Any) -> FileResponse:
-        """Stream a stored file to staff who may view it (or to its owner)."""
-        asset = get_object_or_404(Asset, pk=asset_id)
+        """Stream a stored file to staff who may view it (or to its owner). Anyone else gets
+        the 404 of an asset that does not exist, as from the API: a 403 said it did."""
         user = request.user
         # The job page's rule (may_view_all: view_job or change_job), which shows the link.
-        allowed = self.has_view_permission(request, asset) or may_view_all(user)
-        if not (allowed or (asset.owner_id is not None and asset.owner_id == user.pk)):
-            raise PermissionDenied
+        if self.has_view_permission(request) or may_view_all(user):
+            assets = Asset.objects.all()
+        else:  # their own, as the API shows them (jobstate.api.permissions.visible_assets)
+            assets = Asset.objects.visible().filter(owner_id=user.pk)
+        asset = get_object_or_404(assets, pk=asset_id)
         if not asset.file:
             raise Http404("This asset has no stored file.")
         try:
