@@ -3,8 +3,10 @@ dotted path that came from a client."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +54,36 @@ class HandlerSpec:
             cleaned = self.schema(parameters)
         plain: dict[str, Any] = json.loads(json.dumps(dict(cleaned), cls=DjangoJSONEncoder))
         return plain
+
+
+# Inline markup of reStructuredText and Markdown, unwrapped by ``summary``: a role
+# (:func:`x`, :py:class:`~a.B`), an inline literal (``x``), interpreted text or a
+# Markdown code span (`x`), a hyperlink reference (`text <url>`_).
+_ROLE = re.compile(r"(?<![\w`]):(?:[A-Za-z][\w+.-]*:)+`([^`]+)`")
+_LITERAL = re.compile(r"(?<![\w`])``([^`]+?)``(?![\w`])")
+_INTERPRETED = re.compile(r"(?<![\w`])`([^`]+)`(?:__?)?(?![\w`])")
+_TITLED = re.compile(r"(.*?\S)\s*<[^<>]+>", re.S)
+
+
+def _role_text(target: str) -> str:
+    """The text Sphinx shows for a role's target: its title, or the target without
+    ``!`` (no link) and, after ``~``, its last dotted part."""
+    titled = _TITLED.fullmatch(target)
+    if titled:
+        return titled.group(1)
+    target = target.lstrip("!")
+    return target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
+
+
+def summary(doc: str | None) -> str:
+    """A docstring's summary as plain text: its first paragraph, lines joined, inline
+    markup unwrapped (``_ROLE``, ``_LITERAL``, ``_INTERPRETED``); anything else is left
+    as written."""
+    paragraph = inspect.cleandoc(doc or "").split("\n\n", 1)[0]
+    text = " ".join(paragraph.split())
+    text = _ROLE.sub(lambda m: _role_text(m.group(1)), text)
+    text = _LITERAL.sub(r"\1", text)
+    return _INTERPRETED.sub(lambda m: _role_text(m.group(1)) if "<" in m.group(1) else m.group(1), text)
 
 
 def _is_serializer_class(obj: Any) -> bool:
@@ -117,7 +149,7 @@ def handler(
             concurrency=concurrency,
             retry_backoff=retry_backoff,
             schema=schema,
-            description=(func.__doc__ or "").strip().split("\n")[0],
+            description=summary(func.__doc__),
             api=api,
             options=options,
         )

@@ -107,6 +107,49 @@ def test_kinds_lists_what_the_caller_may_start_with_parameter_schemas(user, temp
     assert "test.reports" in {k["kind"] for k in granted}
 
 
+def marked_up(ctx):  # type: ignore[no-untyped-def]
+    """Export the ``orders`` table of :class:`~shop.models.Order` with
+    :func:`the exporter <shop.export.run>` (see `docs <https://example.org>`_).
+
+    Rows go to ``/tmp``; :meth:`shop.export.Job.run` has the details.
+    """
+
+
+def test_kinds_describe_a_kind_in_plain_text(user, temp_handler):
+    # The first line of the docstring, markup and all, cut where the sentence wrapped:
+    # "Export the ``orders`` table of :class:`~shop.models.Order` with".
+    temp_handler("test.marked_up", marked_up, api=True)
+    kinds = {k["kind"]: k for k in client_for(user).get(KINDS).json()}
+    assert kinds["test.marked_up"]["description"] == (
+        "Export the orders table of Order with the exporter (see docs)."
+    )
+    schema = client_for(user).get("/api/schema/?format=json").json()
+    described = schema["components"]["schemas"]["Kind"]["properties"]["description"]["description"]
+    assert described.startswith("The summary of the handler's docstring (its first paragraph")
+
+
+@pytest.mark.parametrize(
+    ("doc", "text"),
+    [
+        (None, ""),
+        ("", ""),
+        ("\n    Summary on the second line.\n\n    Details.\n", "Summary on the second line."),
+        ("Wrapped\n    over two lines.\n\n    Details.", "Wrapped over two lines."),
+        ("Run ``x`` and `y`.", "Run x and y."),
+        (":func:`pkg.run`, :py:class:`~pkg.mod.Cls`, :meth:`!pkg.f`", "pkg.run, Cls, pkg.f"),
+        (":ref:`the guide <guide-label>`, `Python <https://python.org>`_, `Ref`_", "the guide, Python, Ref"),
+        # Left as written: not markup, or not closed.
+        (
+            "Takes *args and **kwargs; 2*3; a`b; ``open; at 10:30",
+            "Takes *args and **kwargs; 2*3; a`b; ``open; at 10:30",
+        ),
+        ("``a``b and a``b``", "``a``b and a``b``"),
+    ],
+)
+def test_a_docstring_summary_is_plain_text(doc, text):
+    assert registry.summary(doc) == text
+
+
 def _with_perm(user, codename):  # type: ignore[no-untyped-def]
     user.user_permissions.add(Permission.objects.get(codename=codename))
     return type(user).objects.get(pk=user.pk)

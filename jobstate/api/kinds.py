@@ -29,7 +29,11 @@ ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 class KindSerializer(serializers.Serializer[Any]):
     kind = serializers.CharField(help_text="The name to send as `kind` in `POST /jobs/`.")
-    description = serializers.CharField(help_text="The first line of the handler's docstring.")
+    description = serializers.CharField(
+        help_text="The summary of the handler's docstring (its first paragraph, lines joined) as plain "
+        "text: reStructuredText roles, inline literals and Markdown code spans are unwrapped "
+        "(`jobstate.registry.summary`)."
+    )
     workflow = serializers.BooleanField(help_text="A multi-step workflow (`jobstate.workflow`).")
     max_attempts = serializers.IntegerField(allow_null=True, help_text="Null: the server's default.")
     timeout = serializers.FloatField(allow_null=True, help_text="Seconds per attempt; null: the default.")
