@@ -6,13 +6,14 @@ tests/test_tasks_backend.py and tests/test_tasks_running.py."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
 from django.apps import apps
 from django.core import checks
+from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -80,6 +81,50 @@ def test_a_run_after_that_cannot_be_stored_is_an_invalid_task():
     with pytest.raises(InvalidTask, match="run_after"):
         jt.single_queue.using(run_after=far).enqueue()
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_naive_run_after_is_an_invalid_task_that_says_what_to_do():
+    # Django's own check said "run_after must be an aware datetime." (no remedy).
+    naive = datetime(2030, 1, 1, 12, 0)
+    with pytest.raises(InvalidTask) as info:
+        jt.single_queue.using(run_after=naive).enqueue()
+    assert str(info.value).startswith(
+        "run_after must be a timezone-aware datetime (got the naive 2030-01-01T12:00:00): jobstate "
+        "stores times in UTC. Use django.utils.timezone.now() + timedelta(...)"
+    )
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_use_tz_false_run_after_is_refused_with_a_remedy_or_stored():
+    naive, aware = datetime(2030, 1, 1, 12, 0), datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    with override_settings(USE_TZ=False):
+        if connection.features.supports_timezones:  # PostgreSQL stores an aware run_after
+            # A naive one was the service's ValidationError ("run_after is a timezone-aware
+            # datetime."), naming no remedy.
+            with pytest.raises(
+                InvalidTask, match=r"\(with USE_TZ = False, where that is naive: datetime.now"
+            ):
+                jt.single_queue.using(run_after=naive).enqueue()
+            assert not Job.objects.exists()
+            result = jt.single_queue.using(run_after=aware).enqueue()
+            assert Job.objects.get(pk=result.id).run_after == timezone.make_naive(aware)  # in TIME_ZONE
+            return
+        # SQLite: an aware one raised ValueError at the INSERT ("SQLite backend does not
+        # support timezone-aware datetimes when USE_TZ is False"), a naive one the
+        # service's ValidationError.
+        for when in (naive, aware):
+            with pytest.raises(InvalidTask) as info:
+                jt.single_queue.using(run_after=when).enqueue()
+            assert str(info.value) == (
+                "run_after cannot be stored with USE_TZ = False: jobstate needs a timezone-aware "
+                f"run_after, which Django stores in {connection.display_name} only with USE_TZ = True. "
+                "Set USE_TZ = True (Django's default) to defer tasks, or enqueue without run_after."
+            )
+        assert not Job.objects.exists()
+        jt.single_queue.enqueue()  # without run_after, as ever
+    assert Job.objects.count() == 1
 
 
 # -- the system check ----------------------------------------------------------------

@@ -6,6 +6,9 @@ import datetime as dt
 import math
 from typing import Any
 
+from django.conf import settings
+from django.db import connections, router
+
 from jobstate.models import Job
 from jobstate.storable import text
 from jobstate.tasks.compat import (
@@ -120,8 +123,25 @@ def _check_run_after(task: Task[..., Any]) -> None:
     if run_after is not None and not isinstance(run_after, dt.datetime):
         # Before Django's own check, which raises AttributeError for a timedelta, say.
         raise InvalidTask(f"run_after must be a datetime (got {run_after!r}).")
-    if run_after is None or run_after.utcoffset() is None:
+    if run_after is None:
         return
+    database = connections[router.db_for_write(Job)]
+    if not settings.USE_TZ and not database.features.supports_timezones:
+        # Django would raise ValueError at the INSERT: it stores no aware datetime there.
+        raise InvalidTask(
+            f"run_after cannot be stored with USE_TZ = False: jobstate needs a timezone-aware run_after, "
+            f"which Django stores in {database.display_name} only with USE_TZ = True. Set USE_TZ = True "
+            "(Django's default) to defer tasks, or enqueue without run_after."
+        )
+    if run_after.utcoffset() is None:
+        # Before Django's own check ("run_after must be an aware datetime."), which says
+        # nothing with USE_TZ = False: the service refused it then, naming no remedy.
+        raise InvalidTask(
+            f"run_after must be a timezone-aware datetime (got the naive {run_after.isoformat()}): "
+            "jobstate stores times in UTC. Use django.utils.timezone.now() + timedelta(...) (with "
+            "USE_TZ = False, where that is naive: datetime.now(datetime.UTC) + timedelta(...)), or "
+            "django.utils.timezone.make_aware(value) for a time in the current time zone."
+        )
     try:
         run_after.astimezone(dt.UTC)
     except OverflowError:
