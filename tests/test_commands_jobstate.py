@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from jobstate import services
 from jobstate.models import Job, JobEvent
+from jobstate.services import control
 from jobstate.states import Status
 from tests.admin_support import failed, processing, queued
 
@@ -205,3 +206,21 @@ def test_workflow_stop_says_when_it_cancelled_a_job_that_never_served() -> None:
     out, _ = run("jobstate_workflow", "stop", str(running.pk))
     assert out.strip() == f"stop requested for {running.pk}"
     assert Job.objects.get(pk=running.pk).stop_requested_at is not None
+
+
+def test_workflow_stop_of_a_job_that_ends_meanwhile_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The job completes between the command's read and the stop's write: it printed
+    # "stop requested" for a job with nothing left to stop.
+    running = processing()
+    real_get = control._get
+
+    def completes_first(job: Any) -> Job:
+        found = real_get(job)
+        if found.status == Status.PROCESSING:
+            services.complete(found, found.lease_token, {"done": True})
+        return found
+
+    monkeypatch.setattr(control, "_get", completes_first)
+    message = refused("jobstate_workflow", "stop", str(running.pk))
+    assert message == f"stop refused: job {running.pk} has ended (completed)"
+    assert Job.objects.get(pk=running.pk).stop_requested_at is None

@@ -202,3 +202,27 @@ def test_a_job_that_suspends_after_a_cancel_request_is_cancelled(until):
         "cancel requested; the handler suspended (poll tomorrow)",
     )
     assert Job.objects.get(pk=child.pk).status == Status.CANCELLED  # with its children
+
+
+def test_a_stop_for_a_job_that_finishes_as_it_is_asked_is_refused(monkeypatch):
+    services.enqueue("test.echo", {})
+    (held,) = services.claim("w1")
+    stale = Job.objects.get(pk=held.pk)  # processing, as the caller saw it
+    services.complete(held, held.lease_token, {"done": True})
+    _stale_first_read(monkeypatch, stale)
+    with pytest.raises(InvalidTransition) as info:
+        services.request_stop(held, "ops", "done for today")
+    assert (info.value.current, info.value.transition) == (Status.COMPLETED, "stop")
+    job = Job.objects.get(pk=held.pk)
+    assert job.stop_requested_at is None
+    assert not job.events.filter(transition="request_stop").exists()
+
+
+def test_a_stop_for_a_queued_job_that_ends_as_it_is_asked_is_refused_as_a_stop(monkeypatch):
+    job = services.enqueue("test.echo", {})
+    stale = Job.objects.get(pk=job.pk)  # queued and never served: the stop would cancel it
+    services.force_fail(job, "ops", "gave up")
+    _stale_first_read(monkeypatch, stale)
+    with pytest.raises(InvalidTransition) as info:
+        services.request_stop(job, "ops", "done for today")
+    assert (info.value.current, info.value.transition) == (Status.FAILED, "stop")

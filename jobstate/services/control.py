@@ -123,20 +123,29 @@ def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: st
     ``serving``; it now waits for a retry, a rescue or its children): when it runs
     again, ``wait_for_stop`` returns at once. A queued job that never served has
     nothing to stop: it is cancelled, its active children with it (``request_cancel``).
+    A job that has ended (before the call or during it) raises ``InvalidTransition``.
     """
     who = Actor.of(actor)
     current = _get(job)
     if current.status not in ACTIVE:
         raise InvalidTransition(current.status, Status.COMPLETED, "stop")
     if current.status in IDLE and not _has_served(current.pk):
-        return request_cancel(current, who, reason or "stopped before it served")
+        try:
+            return request_cancel(current, who, reason or "stopped before it served")
+        except InvalidTransition as exc:
+            raise InvalidTransition(exc.current, Status.COMPLETED, "stop") from None
     now = timezone.now()
     with transaction.atomic():
-        if Job.objects.filter(pk=current.pk, status__in=ACTIVE, stop_requested_at__isnull=True).update(
+        stored = Job.objects.filter(pk=current.pk, status__in=ACTIVE, stop_requested_at__isnull=True).update(
             stop_requested_at=now, updated_at=now
-        ):
-            status = Job.objects.filter(pk=current.pk).values_list("status", flat=True).get()
+        )
+        status = Job.objects.filter(pk=current.pk).values_list("status", flat=True).get()
+        if stored:
             record_event(current.pk, status, status, "request_stop", who, reason, {}, now)
+        elif status in TERMINAL:
+            # It ended after our read: there is nothing left to stop.
+            raise InvalidTransition(status, Status.COMPLETED, "stop")
+        # Otherwise a stop was requested already: the first request stands.
     return _get(current.pk)
 
 

@@ -11,10 +11,10 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
-from jobstate.exceptions import JobStateError
+from jobstate.exceptions import InvalidTransition, JobStateError
 from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
 from jobstate.models import JobStep
-from jobstate.states import Status
+from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
 
@@ -73,7 +73,12 @@ class Command(BaseCommand):
                 skip_step(job, options["step"], actor=actor, reason=options["reason"])
                 self.stdout.write(f"skipped {options['step']} of {job.pk}")
             elif action == "stop":
-                stopped = services.request_stop(job, actor, options["reason"])
+                try:
+                    stopped = services.request_stop(job, actor, options["reason"])
+                except InvalidTransition as exc:
+                    if exc.current not in TERMINAL:
+                        raise
+                    raise CommandError(f"stop refused: job {job.pk} has ended ({exc.current})") from None
                 if stopped.status == Status.CANCELLED:  # queued, it had never served: nothing to stop
                     self.stdout.write(f"cancelled {job.pk}: it had not served yet")
                 else:
