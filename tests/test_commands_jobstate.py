@@ -224,3 +224,17 @@ def test_workflow_stop_of_a_job_that_ends_meanwhile_says_so(monkeypatch: pytest.
     message = refused("jobstate_workflow", "stop", str(running.pk))
     assert message == f"stop refused: job {running.pk} has ended (completed)"
     assert Job.objects.get(pk=running.pk).stop_requested_at is None
+
+
+def test_retry_of_a_job_deleted_meanwhile_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Retention deletes the job between the command's read and the retry's lock.
+    old = failed()
+    real = control._check_parent_goes_on
+
+    def retention_runs_meanwhile(job: Job) -> None:
+        Job.objects.filter(pk=old.pk).delete()
+        real(job)
+
+    monkeypatch.setattr(control, "_check_parent_goes_on", retention_runs_meanwhile)
+    message = refused("jobstate", "retry", str(old.pk))
+    assert message == f"retry: Job {old.pk} no longer exists (deleted meanwhile)"

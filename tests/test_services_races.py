@@ -226,3 +226,35 @@ def test_a_stop_for_a_queued_job_that_ends_as_it_is_asked_is_refused_as_a_stop(m
     with pytest.raises(InvalidTransition) as info:
         services.request_stop(job, "ops", "done for today")
     assert (info.value.current, info.value.transition) == (Status.FAILED, "stop")
+
+
+def _deleted_by_retention_at(monkeypatch: pytest.MonkeyPatch, where: str, old: Job) -> None:
+    """Retention deletes ``old`` when the retry reaches ``control.<where>``, inside its transaction."""
+    real = getattr(control, where)
+
+    def retention_runs_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        Job.objects.filter(pk=old.pk).delete()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(control, where, retention_runs_meanwhile)
+
+
+# Its own transaction: the foreign key of retry_of is checked when it commits.
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_of_a_job_deleted_meanwhile_says_the_job_is_gone(monkeypatch):
+    # It was a DuplicateActiveKey "with key 'None'": the foreign key's error read as a key's.
+    old = services.enqueue("test.echo", {})
+    services.force_fail(old, "ops", "broken")
+    _deleted_by_retention_at(monkeypatch, "_check_parent_goes_on", old)
+    with pytest.raises(Job.DoesNotExist, match=f"Job {old.pk} no longer exists"):
+        services.retry(old, "ops", "again")
+    assert not Job.objects.filter(retry_of=old.pk).exists()  # (the delete rolled back with it)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_answers_a_retry_of_a_job_deleted_meanwhile_with_404(user, monkeypatch):
+    old = services.enqueue("test.echo", {}, owner=user)
+    services.force_fail(old, "ops", "broken")
+    _deleted_by_retention_at(monkeypatch, "_check_parent_goes_on", old)
+    assert_error(client_for(user).post(f"{JOBS}{old.pk}/retry/"), 404, "not_found")
+    assert not Job.objects.filter(retry_of=old.pk).exists()

@@ -154,13 +154,16 @@ def _has_served(job_id: Any) -> bool:
 
 
 def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
-    """A new job linked to a terminal one (``retry_of``); the old one is untouched."""
+    """A new job linked to a terminal one (``retry_of``); the old one is untouched.
+
+    A job deleted meanwhile (retention) raises ``Job.DoesNotExist``."""
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry")
     try:
         with transaction.atomic():
             _check_parent_goes_on(old)
+            _lock_retried(old.pk)
             new, _created = (
                 get_or_enqueue(
                     old.kind,
@@ -179,6 +182,14 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
     except IntegrityError:
         raise DuplicateActiveKey(f"An active '{old.kind}' job already has key '{old.key}'") from None
     return new
+
+
+def _lock_retried(job_id: Any) -> None:
+    """Lock the retried job's row (after its parent's: parents before children):
+    retention, which skips locked rows, cannot delete it under the new job's
+    ``retry_of`` (that foreign key's error at commit read as a duplicate key)."""
+    if not list(Job.objects.filter(pk=job_id).select_for_update(no_key=True).values_list("pk", flat=True)):
+        raise Job.DoesNotExist(f"Job {job_id} no longer exists (deleted meanwhile)")
 
 
 def _check_parent_goes_on(old: Job) -> None:

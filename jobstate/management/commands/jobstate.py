@@ -73,7 +73,7 @@ class Command(BaseCommand):
             raise
         except InvalidTransition as exc:
             raise CommandError(f"{action} refused: the job is {exc.current}; {REFUSED[action]}") from None
-        except (ValidationError, JobStateError) as exc:
+        except (ValidationError, JobStateError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc, f"{action}: ") from None
 
     # --- subcommands ---------------------------------------------------------------

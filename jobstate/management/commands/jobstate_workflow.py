@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, JobStateError
 from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
-from jobstate.models import JobStep
+from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
@@ -83,5 +83,5 @@ class Command(BaseCommand):
                     self.stdout.write(f"cancelled {job.pk}: it had not served yet")
                 else:
                     self.stdout.write(f"stop requested for {job.pk}")
-        except (ValidationError, JobStateError, ValueError) as exc:
+        except (ValidationError, JobStateError, ValueError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc) from None
