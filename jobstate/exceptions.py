@@ -35,6 +35,16 @@ class DuplicateActiveKey(JobStateError):
     """Another active job already holds this (kind, key)."""
 
 
+class AlreadyRetried(JobStateError):
+    """A job is retried once: this one has a retry already (``retry_of`` names it);
+    retry that one, or its own retry, instead."""
+
+    def __init__(self, job_id: object, retry_id: object) -> None:
+        self.job_id = job_id
+        self.retry_id = retry_id
+        super().__init__(f"Job {job_id} was already retried as job {retry_id}: retry that one instead.")
+
+
 class ParentEnded(JobStateError):
     """A child cannot be queued under a parent that failed, was cancelled, or is
     being cancelled: that parent ended its children (``services.cascade``)."""

@@ -549,3 +549,20 @@ def test_only_the_indexed_column_sorts(admin_client: Any) -> None:
     assert html.index(short(first.pk)) < html.index(short(second.pk))  # oldest first
     html = admin_client.get(f"{LIST}?o=-{index}").content.decode()
     assert html.index(short(second.pk)) < html.index(short(first.pk))
+
+
+def test_a_job_already_retried_is_refused_in_bulk_and_alone(admin_client: Any) -> None:
+    # The stuck page never offered it; the bulk action and the job page queued a second retry.
+    old, fresh = failed(), failed()
+    first = services.retry(old, "ops", "fixed")
+    response = bulk(admin_client, "retry_selected", [old, fresh], "rerun after fix")
+    messages = texts(response)
+    assert "Queued a retry for 1 job." in messages
+    assert (
+        "Refused 1 job: already retried, as the job named after each; retry that one instead "
+        f"({short(old.pk)} as {short(first.pk)})"
+    ) in messages
+    response = admin_client.post(act_url(old, "retry"), {"reason": "once more"})
+    refusal = f"Retry refused: Job {old.pk} was already retried as job {first.pk}: retry that one instead."
+    assert refusal in texts(response)
+    assert list(Job.objects.filter(retry_of=old.pk)) == [first]

@@ -112,6 +112,15 @@ def test_retry_an_active_job_is_a_409(user, make):
     assert Job.objects.count() == 1
 
 
+def test_a_second_retry_of_a_job_is_a_409_naming_the_first(user):
+    old = failed(user)
+    first = services.retry(old, "ops", "fixed")
+    error = assert_error(client_for(user).post(job_url(old, "retry/")), 409, "already_retried")
+    assert error["retry_id"] == str(first.pk)
+    assert error["message"] == f"Job {old.pk} was already retried as job {first.pk}: retry that one instead."
+    assert list(Job.objects.filter(retry_of=old.pk)) == [first]
+
+
 def test_retry_while_its_key_is_active_again_is_a_409(user):
     old = completed(user, key="nightly")
     make_job(user, key="nightly", watermark=2)  # the key is dirty: a new active job holds it

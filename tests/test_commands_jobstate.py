@@ -238,3 +238,10 @@ def test_retry_of_a_job_deleted_meanwhile_is_one_line(monkeypatch: pytest.Monkey
     monkeypatch.setattr(control, "_check_parent_goes_on", retention_runs_meanwhile)
     message = refused("jobstate", "retry", str(old.pk))
     assert message == f"retry: Job {old.pk} no longer exists (deleted meanwhile)"
+
+
+def test_a_second_retry_from_the_command_line_names_the_first() -> None:
+    old = failed()
+    first = run("jobstate", "retry", str(old.pk))[0].strip()
+    message = refused("jobstate", "retry", str(old.pk))
+    assert message == f"retry: Job {old.pk} was already retried as job {first}: retry that one instead."

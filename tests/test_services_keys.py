@@ -55,13 +55,14 @@ def test_the_database_allows_one_active_job_per_owner_and_key(user, other_user):
 
 
 def test_retry_of_a_keyed_job_only_checks_its_owners_key(user, other_user):
-    done = finish(services.enqueue("test.echo", {}, owner=user, key="k"))
+    earlier = services.force_fail(services.enqueue("test.echo", {}, owner=user, key="k"), "admin", "no")
+    done = finish(services.enqueue("test.echo", {}, owner=user, key="k"))  # replaces the failed one
     theirs = services.enqueue("test.echo", {}, owner=other_user, key="k")
     assert theirs.owner == other_user and theirs.status == Status.QUEUED
     new = services.retry(done, "admin")
     assert new.owner == user and new.key == "k" and new.retry_of_id == done.pk
     with pytest.raises(services.DuplicateActiveKey):
-        services.retry(done, "admin")  # now the owner's key is active again
+        services.retry(earlier, "admin")  # now the owner's key is active again
 
 
 def test_deleting_a_user_keeps_their_jobs_but_forgets_their_keys(user):

@@ -12,7 +12,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from jobstate import LeaseLost, services
-from jobstate.exceptions import InvalidTransition
+from jobstate.exceptions import AlreadyRetried, InvalidTransition
 from jobstate.models import Asset, Job
 from jobstate.services import assets, cascade, control
 from jobstate.states import Status
@@ -258,3 +258,52 @@ def test_the_api_answers_a_retry_of_a_job_deleted_meanwhile_with_404(user, monke
     _deleted_by_retention_at(monkeypatch, "_check_parent_goes_on", old)
     assert_error(client_for(user).post(f"{JOBS}{old.pk}/retry/"), 404, "not_found")
     assert not Job.objects.filter(retry_of=old.pk).exists()
+
+
+def test_a_job_is_retried_once_and_its_retry_names_the_refusal():
+    old = services.enqueue("test.echo", {})
+    services.force_fail(old, "ops", "broken")
+    first = services.retry(old, "ops", "fixed")
+    with pytest.raises(AlreadyRetried) as info:
+        services.retry(old, "ops", "again")
+    assert (info.value.job_id, info.value.retry_id) == (old.pk, first.pk)
+    assert str(info.value) == f"Job {old.pk} was already retried as job {first.pk}: retry that one instead."
+    assert list(Job.objects.filter(retry_of=old.pk)) == [first]
+    services.force_fail(first, "ops", "broken again")
+    assert services.retry(first, "ops", "the newest").retry_of_id == first.pk
+
+
+@pytest.mark.django_db(transaction=True)  # two connections, each retry committing
+def test_two_retries_of_one_job_at_once_make_one_new_job(monkeypatch):
+    import threading
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("two connections at once: PostgreSQL")
+    old = services.enqueue("test.echo", {})
+    services.force_fail(old, "ops", "broken")
+    real = control.get_or_enqueue
+    other: dict[str, Any] = {}
+
+    def second_retry() -> None:
+        try:
+            other["job"] = services.retry(old.pk, "ops", "second")
+        except Exception as exc:
+            other["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=second_retry)
+
+    def the_other_retries_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        if not thread.is_alive() and not other:
+            thread.start()
+            thread.join(timeout=1)  # it waits for our lock (without it, it makes its own job)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(control, "get_or_enqueue", the_other_retries_meanwhile)
+    first = services.retry(old, "ops", "first")
+    thread.join(timeout=10)
+    assert isinstance(other.get("error"), AlreadyRetried), other
+    assert list(Job.objects.filter(retry_of=old.pk)) == [first]

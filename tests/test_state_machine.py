@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from jobstate import InvalidTransition, LeaseLost, services
-from jobstate.exceptions import CancelRequested, DuplicateActiveKey
+from jobstate.exceptions import AlreadyRetried, CancelRequested, DuplicateActiveKey
 from jobstate.models import Job, JobEvent
 from jobstate.states import TERMINAL, Status
 
@@ -253,14 +253,19 @@ class JobLifecycle(RuleBasedStateMachine):
         if pk is None:
             return
         old = Job.objects.get(pk=pk)
+        retried = Job.objects.filter(retry_of=pk).exists()
         try:
             new = services.retry(pk, "admin")
         except InvalidTransition:
             assert old.status not in TERMINAL
             return
+        except AlreadyRetried:
+            assert old.status in TERMINAL and retried  # a job is retried once
+            return
         except services.DuplicateActiveKey:
             assert old.key is not None
             return
+        assert not retried
         assert old.status in TERMINAL and new.retry_of_id == pk and new.status == Status.QUEUED
 
     # -- invariants ----------------------------------------------------

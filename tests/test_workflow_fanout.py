@@ -544,7 +544,10 @@ def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():
     second.refresh_from_db()
     parent.refresh_from_db()
     assert second.status == Status.FAILED and parent.status == Status.QUEUED  # woken: no child active
-    # A retry under no parent (as another tool might make) is not this workflow's.
+    Job.objects.filter(pk=second.pk).update(parameters={"i": 0})
+    third = services.retry(second, "ops")  # before the woken parent fans in: it waits again
+    # A retry under no parent (as another tool might make), newer than ``third``, is
+    # not this workflow's.
     Job.objects.create(
         kind="wf.child",
         parameters={"i": 0},
@@ -552,8 +555,6 @@ def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():
         status=Status.COMPLETED,
         finished_at=timezone.now(),
     )
-    Job.objects.filter(pk=second.pk).update(parameters={"i": 0})
-    third = services.retry(second, "ops")  # before the woken parent fans in: it waits again
     drain()
     parent.refresh_from_db()
     assert parent.status == Status.COMPLETED, (parent.error_type, parent.error_message)

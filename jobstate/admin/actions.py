@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.template.response import TemplateResponse
 
 from jobstate import services
-from jobstate.exceptions import InvalidTransition, JobStateError
+from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.services import Actor
@@ -174,11 +174,11 @@ def available(job: Job, user: Any) -> list[Operation]:
 @dataclass
 class BulkReport:
     done: list[Job] = field(default_factory=list)
-    refused: dict[str, list[Any]] = field(default_factory=dict)
+    refused: dict[str, list[str]] = field(default_factory=dict)  # reason: the jobs, as shown
     truncated: bool = False
 
-    def refuse(self, job: Job, reason: str) -> None:
-        self.refused.setdefault(reason, []).append(job.pk)
+    def refuse(self, job: Job, reason: str, shown: str = "") -> None:
+        self.refused.setdefault(reason, []).append(shown or short(job.pk))
 
     @property
     def refused_count(self) -> int:
@@ -193,6 +193,12 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
             continue
         try:
             op.run(job, user, reason)
+        except AlreadyRetried as exc:  # one line for them all, each with its retry
+            report.refuse(
+                job,
+                "already retried, as the job named after each; retry that one instead",
+                f"{short(job.pk)} as {short(exc.retry_id)}",
+            )
         except REFUSALS as exc:
             report.refuse(job, refusal_text(exc))
         else:
@@ -205,7 +211,7 @@ def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) 
     if n:
         messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.")
     for why, ids in report.refused.items():
-        sample = ", ".join(short(pk) for pk in ids[:10]) + (" …" if len(ids) > 10 else "")
+        sample = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "")
         messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
     if report.truncated:
         messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")

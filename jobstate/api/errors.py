@@ -20,7 +20,14 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from jobstate.exceptions import InvalidParameters, InvalidTransition, LeaseLost, ParentEnded, UnknownKind
+from jobstate.exceptions import (
+    AlreadyRetried,
+    InvalidParameters,
+    InvalidTransition,
+    LeaseLost,
+    ParentEnded,
+    UnknownKind,
+)
 from jobstate.services import DuplicateActiveKey
 
 logger = logging.getLogger("jobstate.api")
@@ -112,6 +119,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code, message, fields = "duplicate_active_key", 409, str(exc), {}
     elif isinstance(exc, ParentEnded):
         code, status_code, message, fields = "parent_ended", 409, str(exc), {}
+    elif isinstance(exc, AlreadyRetried):
+        code, status_code, message, fields = "already_retried", 409, str(exc), {}
+        extra["retry_id"] = str(exc.retry_id)
     elif isinstance(exc, UnknownKind):
         code, status_code = "unknown_kind", 400
         fields = {"kind": [f"Unknown job kind '{exc.kind}'."]}

@@ -245,7 +245,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
 
     @extend_schema(
         summary="Retry a finished job",
-        description="Queues a new job linked to this one (`retry_of`); this one is not changed.",
+        description="Queues a new job linked to this one (`retry_of`); this one is not changed. A job is "
+        "retried once: a second retry is a 409 `already_retried` naming the first (`retry_id`).",
         request=ReasonSerializer,
         responses={201: OpenApiResponse(JobDetailSerializer, "The new job.")},
     )

@@ -14,7 +14,14 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from jobstate import hooks
-from jobstate.exceptions import DuplicateActiveKey, InvalidTransition, LeaseLost, ParentEnded, sqlstate
+from jobstate.exceptions import (
+    AlreadyRetried,
+    DuplicateActiveKey,
+    InvalidTransition,
+    LeaseLost,
+    ParentEnded,
+    sqlstate,
+)
 from jobstate.models import Job, JobEvent
 from jobstate.registry import get_handler
 from jobstate.services import cascade
@@ -156,7 +163,9 @@ def _has_served(job_id: Any) -> bool:
 def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
     """A new job linked to a terminal one (``retry_of``); the old one is untouched.
 
-    A job deleted meanwhile (retention) raises ``Job.DoesNotExist``."""
+    A job is retried once: one that has a retry already raises ``AlreadyRetried``
+    (retry the newest instead). A job deleted meanwhile (retention) raises
+    ``Job.DoesNotExist``."""
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry")
@@ -187,9 +196,13 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
 def _lock_retried(job_id: Any) -> None:
     """Lock the retried job's row (after its parent's: parents before children):
     retention, which skips locked rows, cannot delete it under the new job's
-    ``retry_of`` (that foreign key's error at commit read as a duplicate key)."""
+    ``retry_of`` (that foreign key's error at commit read as a duplicate key), and
+    two retries of it take turns, the second seeing the first's new job."""
     if not list(Job.objects.filter(pk=job_id).select_for_update(no_key=True).values_list("pk", flat=True)):
         raise Job.DoesNotExist(f"Job {job_id} no longer exists (deleted meanwhile)")
+    retried = Job.objects.filter(retry_of=job_id).order_by("-created_at").values_list("pk", flat=True).first()
+    if retried is not None:
+        raise AlreadyRetried(job_id, retried)
 
 
 def _check_parent_goes_on(old: Job) -> None:
