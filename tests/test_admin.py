@@ -4,6 +4,7 @@ permissions, bulk actions."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from django.contrib.messages import get_messages
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from jobstate import services
 from jobstate.ids import short
@@ -566,3 +568,23 @@ def test_a_job_already_retried_is_refused_in_bulk_and_alone(admin_client: Any) -
     refusal = f"Retry refused: Job {old.pk} was already retried as job {first.pk}: retry that one instead."
     assert refusal in texts(response)
     assert list(Job.objects.filter(retry_of=old.pk)) == [first]
+
+
+def test_bulk_cancel_of_a_parent_before_its_children_counts_them_cancelled(admin_client: Any) -> None:
+    # The parent's cancel cancels its children first; each was then refused,
+    # "Cannot move job from 'cancelled' to 'cancelled'".
+    parent = processing()
+    child = queued(parent=parent)
+    grandchild = queued(parent=child)
+    other = completed()
+    # The list runs newest first: the parent goes first here.
+    Job.objects.filter(pk=parent.pk).update(created_at=timezone.now() + timedelta(hours=1))
+    response = bulk(admin_client, "cancel_selected", [parent, child, grandchild, other], "wrong input")
+    messages = texts(response)
+    assert "Cancelled or asked to stop 3 jobs." in messages
+    refused = [m for m in messages if m.startswith("Refused")]
+    assert refused == [
+        f"Refused 1 job: Cannot move job from 'completed' to 'cancelled' (cancel) ({short(other.pk)})"
+    ]
+    assert Job.objects.get(pk=parent.pk).cancel_requested_at is not None
+    assert {Job.objects.get(pk=j.pk).status for j in (child, grandchild)} == {Status.CANCELLED}

@@ -21,7 +21,7 @@ from django.template.response import TemplateResponse
 from jobstate import services
 from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError
 from jobstate.ids import short
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.services import Actor
 from jobstate.states import TERMINAL, Status
 
@@ -187,6 +187,7 @@ class BulkReport:
 
 def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> BulkReport:
     report = BulkReport()
+    done: set[str] = set()
     for job in jobs:
         if op.name == "cancel" and job.status == Status.PROCESSING and job.cancel_requested_at:
             report.refuse(job, "a cancel was already requested; the worker has not ended it yet")
@@ -199,11 +200,39 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
                 "already retried, as the job named after each; retry that one instead",
                 f"{short(job.pk)} as {short(exc.retry_id)}",
             )
+        except InvalidTransition as exc:
+            if op.name == "cancel" and exc.current == Status.CANCELLED and _cascaded_from(job.pk, done):
+                report.done.append(job)  # a parent selected before it cancelled it: done, not refused
+            else:
+                report.refuse(job, refusal_text(exc))
         except REFUSALS as exc:
             report.refuse(job, refusal_text(exc))
         else:
             report.done.append(job)
+            done.add(str(job.pk))
     return report
+
+
+def _cascaded_from(job_id: Any, ancestors: set[str]) -> bool:
+    """Whether the cancel of one of ``ancestors`` (ids as text) ended ``job_id``:
+    its cancel, or its parent's cancel request, up the chain, names one of them
+    (``services.cascade`` records the parent in each child's history row)."""
+    seen: set[str] = set()
+    while str(job_id) not in seen:
+        seen.add(str(job_id))
+        metadata = (
+            JobEvent.objects.filter(job_id=job_id, transition__in=("cancel", "request_cancel"))
+            .order_by("-id")
+            .values_list("metadata", flat=True)
+            .first()
+        )
+        parent = metadata.get("parent") if isinstance(metadata, dict) and metadata.get("cascade") else None
+        if parent is None:
+            return False
+        if parent in ancestors:
+            return True
+        job_id = parent
+    return False
 
 
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
