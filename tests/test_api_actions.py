@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from jobstate import services
-from jobstate.exceptions import LeaseLost
+from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job, JobEvent
+from jobstate.states import Status
 from tests.api_support import assert_error, client_for, completed, failed, grant, job_url, make_job, running
 
 pytestmark = pytest.mark.django_db
@@ -255,3 +258,55 @@ def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
     assert_error(
         client.post(job_url(job, "fail/"), {"reason": "again"}, format="json"), 409, "invalid_transition"
     )
+
+
+def _job_in(status: str, owner: Any) -> Job:
+    job = make_job(owner)
+    if status == Status.QUEUED:
+        return job
+    (held,) = services.claim("w1")
+    if status == Status.WAITING:
+        make_job(owner, parent=held)  # it waits for this child
+        services.suspend(held, held.lease_token)
+    elif status == Status.COMPLETED:
+        services.complete(held, held.lease_token, {"ok": True})
+    elif status == Status.PARTIAL:
+        services.mark_partial(held, held.lease_token, {"some": 1}, "the rest is missing")
+    elif status == Status.FAILED:
+        services.force_fail(held, "ops", "broken")
+    elif status == Status.CANCELLED:
+        services.cancel_now(held, held.lease_token, reason="stop")
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == status
+    return job
+
+
+class _Undo(Exception):
+    pass
+
+
+def _service_accepts(action: str, job: Job) -> bool:
+    call = {
+        "cancel": services.request_cancel,
+        "retry": services.retry,
+        "requeue": services.requeue,
+        "fail": services.force_fail,
+    }[action]
+    try:
+        with transaction.atomic():
+            call(job.pk, "ops", "probe")
+            raise _Undo
+    except InvalidTransition:
+        return False
+    except _Undo:
+        return True
+
+
+@pytest.mark.parametrize("status", Status.values)
+def test_allowed_actions_are_what_the_services_accept(user, staff_user, status):
+    # A waiting job's allowed_actions left out requeue, which services.requeue does (it wakes it).
+    job = _job_in(status, user)
+    staff = grant(staff_user, "view_job", "cancel_job", "retry_job", "requeue_job")
+    shown = client_for(staff).get(job_url(job)).json()["allowed_actions"]
+    accepted = [a for a in ("cancel", "retry", "requeue", "fail") if _service_accepts(a, job)]
+    assert shown == accepted

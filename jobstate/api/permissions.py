@@ -28,8 +28,8 @@ from jobstate import registry
 from jobstate.models import Asset, Job
 from jobstate.models.job import VIEW_ALL_PERMISSIONS as VIEW_ALL_PERMISSIONS
 from jobstate.models.job import may_view_all as may_view_all
-from jobstate.services import allowed_transitions
-from jobstate.states import TERMINAL, Status
+from jobstate.services import operator_actions
+from jobstate.states import Status
 
 ACTION_PERMISSIONS = {
     "cancel": "jobstate.cancel_job",
@@ -89,24 +89,21 @@ def may_act(user: Any, job: Job, action: str) -> bool:
 
 
 @functools.cache
-def _transitions(status: str) -> frozenset[str]:
+def _accepted(status: str) -> frozenset[str]:
     # The FSM declarations do not change at run time; lists serialize many rows.
-    return frozenset(allowed_transitions(status))
+    return operator_actions(status)
 
 
 def possible_actions(job: Job) -> list[str]:
-    """What the job's state allows now, whoever asks."""
-    moves = _transitions(job.status)
-    actions = []
-    if "cancel" in moves and not (job.status == Status.PROCESSING and job.cancel_requested_at is not None):
-        actions.append("cancel")
-    if job.status in TERMINAL:
-        actions.append("retry")
-    if "requeue" in moves:
-        actions.append("requeue")
-    if "fail" in moves:
-        actions.append("fail")
-    return actions
+    """What the job's state allows now, whoever asks: what the services accept
+    (``services.operator_actions``), but a second cancel of a processing job."""
+    accepted = _accepted(job.status)
+    asked = job.status == Status.PROCESSING and job.cancel_requested_at is not None
+    return [
+        action
+        for action in ("cancel", "retry", "requeue", "fail")
+        if action in accepted and not (action == "cancel" and asked)
+    ]
 
 
 def allowed_actions(user: Any, job: Job) -> list[str]:

@@ -30,7 +30,7 @@ from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
 from jobstate.services.lease import recovering
-from jobstate.services.transitions import lock_parent, move, wake_parent_if_done
+from jobstate.services.transitions import allowed_transitions, lock_parent, move, wake_parent_if_done
 from jobstate.states import ACTIVE, TERMINAL, Status
 
 logger = logging.getLogger("jobstate")
@@ -41,6 +41,7 @@ __all__ = [
     "ReapReport",
     "cancel_now",
     "force_fail",
+    "operator_actions",
     "request_cancel",
     "request_stop",
     "requeue",
@@ -453,6 +454,24 @@ def _still_expired(now: datetime) -> Any:
     return Q(lease_expires_at__lt=now)
 
 
+# The move an operator's requeue makes, by the job's status.
+REQUEUE_MOVES = {Status.PROCESSING: "requeue", Status.WAITING: "wake"}
+
+
+def operator_actions(status: str) -> frozenset[str]:
+    """What an operator may ask of a job in ``status``: "cancel" (``request_cancel``),
+    "retry", "requeue" and "fail" (``force_fail``), as those functions decide by the
+    status (each may still refuse for other reasons: a retry made already, a parent
+    that ended, a key in use). The API's ``allowed_actions`` reads this."""
+    moves = set(allowed_transitions(status))
+    actions: set[str] = {name for name in ("cancel", "fail") if name in moves}
+    if REQUEUE_MOVES.get(Status(status)) in moves:
+        actions.add("requeue")
+    if status in TERMINAL:
+        actions.add("retry")
+    return frozenset(actions)
+
+
 def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
     """An operator puts a processing job back in the queue now (e.g. a stuck one).
 
@@ -460,7 +479,7 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     A ``waiting`` job is woken (``wake``): it runs again now, whatever its children do.
     """
     current = _get(job)
-    if current.status == Status.WAITING:
+    if REQUEUE_MOVES.get(Status(current.status)) == "wake":
         move(
             current,
             "wake",
