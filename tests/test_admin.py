@@ -570,6 +570,17 @@ def test_a_job_already_retried_is_refused_in_bulk_and_alone(admin_client: Any) -
     assert list(Job.objects.filter(retry_of=old.pk)) == [first]
 
 
+def test_a_job_already_retried_is_offered_no_retry(admin_client: Any) -> None:
+    # The service refuses a second retry; the job page offered the button and the
+    # bulk confirmation counted the job among those that can be retried.
+    old, fresh = failed(), failed()
+    services.retry(old, "ops", "fixed")
+    offered = set(re.findall(r"/act/([a-z_]+)/", admin_client.get(change_url(old)).content.decode()))
+    assert offered == set()
+    page = bulk(admin_client, "retry_selected", [old, fresh], None).content.decode()
+    assert "1 of the 2 selected jobs" in page
+
+
 def test_bulk_cancel_of_a_parent_before_its_children_counts_them_cancelled(admin_client: Any) -> None:
     # The parent's cancel cancels its children first; each was then refused,
     # "Cannot move job from 'cancelled' to 'cancelled'".

@@ -124,6 +124,17 @@ def test_a_second_retry_of_a_job_is_a_409_naming_the_first(user):
     assert list(Job.objects.filter(retry_of=old.pk)) == [first]
 
 
+def test_a_job_already_retried_does_not_offer_retry(user):
+    # allowed_actions listed "retry" for it, which the service refuses (409 already_retried).
+    old, fresh = failed(user), failed(user)
+    services.retry(old, "ops", "fixed")
+    client = client_for(user)
+    assert client.get(job_url(old)).json()["allowed_actions"] == []
+    assert client.get(job_url(fresh)).json()["allowed_actions"] == ["retry"]
+    listed = {row["id"]: row["allowed_actions"] for row in client.get("/api/jobs/").json()["results"]}
+    assert listed[str(old.pk)] == [] and listed[str(fresh.pk)] == ["retry"]
+
+
 def test_retry_while_its_key_is_active_again_is_a_409(user):
     old = completed(user, key="nightly")
     make_job(user, key="nightly", watermark=2)  # the key is dirty: a new active job holds it

@@ -22,6 +22,7 @@ from jobstate import services
 from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import was_retried, with_retried
 from jobstate.services import Actor
 from jobstate.states import TERMINAL, Status
 
@@ -138,7 +139,7 @@ OPERATIONS: dict[str, Operation] = {
             "retry_job",
             "A new job with the same kind and parameters is queued, linked to this one; this job "
             "and its history stay as they are.",
-            lambda j: j.status in TERMINAL,
+            lambda j: j.status in TERMINAL and not was_retried(j),  # a job is retried once
             _retry,
             lambda b, a: f"Retry queued as job {a.pk}.",
         ),
@@ -164,6 +165,16 @@ OPERATIONS: dict[str, Operation] = {
         ),
     )
 }
+
+
+def not_offered(op: Operation, job: Job) -> str:
+    """Why ``op`` is not offered for ``job`` now (its ``allowed`` is false)."""
+    if op.name == "retry" and job.status in TERMINAL:
+        retries = Job.objects.filter(retry_of=job.pk).order_by("-created_at")
+        retry = retries.values_list("pk", flat=True).first()
+        if retry is not None:
+            return f"{op.label} refused: {AlreadyRetried(job.pk, retry)}"
+    return f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."
 
 
 def available(job: Job, user: Any) -> list[Operation]:
@@ -257,7 +268,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
         too_long = reason_too_long(reason) if confirmed else None
         if too_long:
             messages.error(request, f"Reason: {too_long}")
-        jobs = list(queryset.order_by("-created_at", "pk")[: BULK_LIMIT + 1])
+        jobs = list(with_retried(queryset).order_by("-created_at", "pk")[: BULK_LIMIT + 1])
         truncated = len(jobs) > BULK_LIMIT
         jobs = jobs[:BULK_LIMIT]
         if not confirmed or not reason or too_long:

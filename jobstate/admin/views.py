@@ -25,6 +25,7 @@ from jobstate.admin.actions import (
     REASON_MAX_LENGTH,
     REFUSALS,
     Operation,
+    not_offered,
     posted_text,
     refusal_text,
 )
@@ -106,9 +107,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
     # Not offered in the job's state (a POST crafted, or made from a page read
     # before the job changed): the button's own rule holds, nothing is written.
     if not op.allowed(job):
-        messages.warning(
-            request, f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."
-        )
+        messages.warning(request, not_offered(op, job))
         return HttpResponseRedirect(job_url(job))
     return TemplateResponse(
         request,

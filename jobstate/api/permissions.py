@@ -28,6 +28,7 @@ from jobstate import registry
 from jobstate.models import Asset, Job
 from jobstate.models.job import VIEW_ALL_PERMISSIONS as VIEW_ALL_PERMISSIONS
 from jobstate.models.job import may_view_all as may_view_all
+from jobstate.models.job import was_retried
 from jobstate.services import operator_actions
 from jobstate.states import Status
 
@@ -96,13 +97,17 @@ def _accepted(status: str) -> frozenset[str]:
 
 def possible_actions(job: Job) -> list[str]:
     """What the job's state allows now, whoever asks: what the services accept
-    (``services.operator_actions``), but a second cancel of a processing job."""
+    (``services.operator_actions``), but a second cancel of a processing job and a
+    second retry of a job."""
     accepted = _accepted(job.status)
     asked = job.status == Status.PROCESSING and job.cancel_requested_at is not None
     return [
         action
         for action in ("cancel", "retry", "requeue", "fail")
-        if action in accepted and not (action == "cancel" and asked)
+        if action in accepted
+        and not (action == "cancel" and asked)
+        # A job is retried once (services.retry refuses a second: AlreadyRetried).
+        and not (action == "retry" and was_retried(job))
     ]
 
 

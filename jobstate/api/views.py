@@ -47,6 +47,7 @@ from jobstate.api.serializers import (
 from jobstate.api.stream import WAITED, WaitFirst, long_poll_view, streaming_response
 from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
 from jobstate.models import Asset, Job, JobEvent
+from jobstate.models.job import with_retried
 from jobstate.services import Actor
 from jobstate.states import Status
 from jobstate.stuck import REASONS, find_stuck
@@ -147,7 +148,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         return JobSerializer if self.action == "list" else JobDetailSerializer
 
     def get_queryset(self) -> QuerySet[Job]:
-        qs = visible_jobs(self.request.user).select_related("owner")
+        qs = with_retried(visible_jobs(self.request.user).select_related("owner"))
         if self.action == "list":
             return qs.only(*list_columns())
         return qs

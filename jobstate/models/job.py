@@ -59,6 +59,20 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.processing().filter(lease_expires_at__lt=now or timezone.now())
 
 
+def with_retried(jobs: models.QuerySet[Job]) -> models.QuerySet[Job]:
+    """``jobs``, each with ``retried``: whether a retry of it exists (a job is retried
+    once, ``services.retry``), which ``was_retried`` reads without a query per job."""
+    return jobs.annotate(retried=models.Exists(Job.objects.filter(retry_of=models.OuterRef("pk"))))
+
+
+def was_retried(job: Job) -> bool:
+    """Whether a retry of ``job`` exists: ``with_retried``'s annotation, else one query."""
+    annotated = getattr(job, "retried", None)
+    if annotated is not None:
+        return bool(annotated)
+    return Job.objects.filter(retry_of=job.pk).exists()
+
+
 CLAIM_ORDER = ("-priority", "run_after", "created_at")
 # Columns written while a job runs (progress, heartbeats, lease renewal, begin):
 # no index covers them, nor any partial index's condition, so on PostgreSQL
