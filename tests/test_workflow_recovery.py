@@ -260,6 +260,30 @@ def test_a_worker_lost_on_the_last_attempt_after_its_fan_out_committed_waits_for
     assert children.count() == 3
 
 
+def test_a_cancel_stops_a_run_after_a_wait_recovery_before_it_begins():
+    # The "wait" recovery requeue stayed the job's last requeue (the run suspends and is
+    # woken, not requeued), so each later run was taken for an undo run that a cancel does
+    # not stop: begun, its attempt charged, the handler called.
+    def dies(*args: Any, **kwargs: Any) -> None:
+        raise SimulatedCrash("between the fan-out's commit and the suspend")
+
+    job = services.enqueue("wf.fan", {"n": 2}, max_attempts=1)
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(services, "suspend", dies)
+        crash(job)
+    assert reap().requeued == [job.pk]
+    assert rerun(job) == "suspended"
+    children = Job.objects.filter(parent=job)
+    assert drain(kinds=[children.first().kind]) == 2  # the children end; the last wakes the parent
+    assert fresh(job).status == Status.QUEUED
+    (claimed,) = services.claim("w3")  # reserved, not begun
+    services.request_cancel(job, "ops", "not needed")
+    assert run_job(claimed, "w3") == "cancelled"
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and job.attempts == 0  # the handler never ran
+    assert statuses(job)["merge"] == "pending"
+
+
 def test_recovery_runs_are_bounded():
     params = {"non_retryable": True, "crash_at": "undo:book", "crash_always": True}
     job = services.enqueue("wf.saga", params, max_attempts=1)

@@ -142,7 +142,8 @@ def _begin_update(
 
 def recovering(pk: Any) -> bool:
     """Whether the job's last requeue was the reaper's recovery run (``hooks.reaping``:
-    a workflow whose worker died while it compensated, its undos left to finish).
+    a workflow whose worker died while it compensated, its undos left to finish, or
+    before it stored its outcome; not one that waits for its children).
     A cancel request does not stop that run: the undos finish first, then the
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
     last = (
@@ -153,7 +154,9 @@ def recovering(pk: Any) -> bool:
         .values_list("metadata", flat=True)
         .first()
     )
-    return isinstance(last, dict) and "recovery" in last
+    # A "wait" run ends nothing and is woken later, not requeued: that requeue would
+    # stay the last one, and exempt every later run of the job from a cancel.
+    return isinstance(last, dict) and "recovery" in last and last["recovery"] != "wait"
 
 
 def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime) -> Job | None:
