@@ -112,6 +112,12 @@ def test_backoff_grows_with_jitter():
         assert all(base <= d <= base * 1.25 for d in delays) and len(delays) > 1
 
 
+def test_backoff_of_a_late_attempt_is_the_cap():
+    # 2 ** 1024 as an int overflowed the float product (OverflowError) before the cap.
+    cap = delivery.backoff(2_000)
+    assert 6 * 3600 <= cap <= 6 * 3600 * 1.25
+
+
 def test_no_delivery_to_loopback_unless_allowed(user, receiver):
     WebhookEndpoint.objects.create(owner=user, url=receiver.url)
     services.enqueue("test.echo", {}, owner=user)

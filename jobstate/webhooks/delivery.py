@@ -36,7 +36,9 @@ class DeliveryFailed(Exception):
 
 def backoff(attempt: int) -> float:
     base = float(conf.get("WEBHOOK_BACKOFF_BASE"))
-    delay: float = min(base * 2 ** max(attempt - 1, 0), float(conf.get("WEBHOOK_BACKOFF_MAX")))
+    # A float power with a bounded exponent, as jobstate.retry's: past attempt 1024 the
+    # int power overflowed the float product before the cap applied.
+    delay: float = min(base * 2.0 ** min(max(attempt - 1, 0), 64), float(conf.get("WEBHOOK_BACKOFF_MAX")))
     return delay + random.uniform(0, delay * 0.25)
 
 
