@@ -58,7 +58,16 @@ def test_events_are_checked(user):
 
 
 @pytest.mark.parametrize(
-    "url", ["http://127.0.0.1:8000/x", "http://[::1]/x", "http://10.0.0.8/", "ftp://a.b/"]
+    "url",
+    [
+        "http://127.0.0.1:8000/x",
+        "http://[::1]/x",
+        "http://10.0.0.8/",
+        "ftp://a.b/",
+        # Credentials were accepted, shown in the API and the admin, and never sent.
+        "https://user:secret@hooks.example.com/a",
+        "https://user@hooks.example.com/a",
+    ],
 )
 def test_private_and_odd_urls_are_refused(user, url):
     response = client_for(user).post(URL, {"url": url}, format="json")

@@ -29,7 +29,16 @@ def url(value: str) -> str:
         transport.check_url(value)
     except transport.Blocked as exc:
         raise ValidationError(str(exc), code="invalid") from None
-    host = urlsplit(value).hostname or ""
+    parts = urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        # They would never be sent (deliveries carry no Authorization header), and the
+        # URL is shown in the API and the admin: the receiver checks the signature instead.
+        raise ValidationError(
+            "A URL with a user name or password (user:pass@) is not allowed: they would not be "
+            "sent. The receiver verifies each delivery's signature (webhook-signature) instead.",
+            code="credentials",
+        )
+    host = parts.hostname or ""
     try:
         literal = ipaddress.ip_address(host)
     except ValueError:

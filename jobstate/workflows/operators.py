@@ -96,8 +96,8 @@ def retry_from(
 
 def skip_step(job: Job | Any, step: str, *, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
     """Skip a failed (or not yet run) step of a queued workflow job, e.g. one waiting
-    for its retry: when it runs, it goes on after that step. A finished job cannot
-    change: use ``retry_from(job, step, skip=[step])``."""
+    for its retry, or of one waiting for its children: when it runs, it goes on after
+    that step. A finished job cannot change: use ``retry_from(job, step, skip=[step])``."""
     current = _get(job)
     cls = _workflow(current)
     names = [s.name for s in cls.steps]
