@@ -9,15 +9,15 @@ columns it writes, and builds each one's expression again for every statement
 statement does not save. This script measures that on a progress write, the
 statement a running job makes most.
 
-It migrates a database of its own (``--db``, dropped at the end), copies ``jobstate_job`` twice
-(``CREATE TABLE ... (LIKE jobstate_job INCLUDING DEFAULTS INCLUDING INDEXES)``,
-one of them also ``INCLUDING CONSTRAINTS``), fills both with the same running
-jobs, and then runs the progress write (prepared, autocommit,
-``synchronous_commit`` off so that no fsync blurs the figure) on one table and
-then the other, in alternating chunks, reading the backend's CPU time from
-``/proc/<pid>/schedstat`` (nanoseconds) around each chunk. The server must run
-on this machine. Alternating cancels the machine's drift, which between two
-separate runs is larger than the difference.
+It migrates a database of its own (``--db``, dropped at the end), copies ``jobstate_job`` three
+times (``CREATE TABLE ... (LIKE jobstate_job INCLUDING DEFAULTS ...)``: with its primary key
+alone; with its indexes; with its indexes and its CHECK constraints), fills each copy and the
+job table itself (which also has its foreign keys: their triggers) with the same running jobs,
+and then runs the progress write (prepared, autocommit, ``synchronous_commit`` off so that no
+fsync blurs the figure) on one table after the other, in alternating chunks, reading the
+backend's CPU time from ``/proc/<pid>/schedstat`` (nanoseconds) around each chunk. The server
+must run on this machine. Alternating cancels the machine's drift, which between two separate
+runs is larger than the differences.
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ PROGRESS = (
     '"lease_expires_at" = now(), "updated_at" = now() WHERE "id" = %s AND "status" = %s '
     'AND "lease_token" = %s AND "cancel_requested_at" IS NULL'
 )
-TABLES = {"without": "bench_checks_without", "with": "bench_checks_with"}
+# label: (table, what LIKE copies; None: the job table itself)
+TABLES = {
+    "key": ("bench_checks_key", "INCLUDING DEFAULTS"),
+    "without": ("bench_checks_without", "INCLUDING DEFAULTS INCLUDING INDEXES"),
+    "with": ("bench_checks_with", "INCLUDING DEFAULTS INCLUDING INDEXES INCLUDING CONSTRAINTS"),
+    "job": ("jobstate_job", None),
+}
 
 
 def parse() -> argparse.Namespace:
@@ -96,12 +102,12 @@ def main() -> None:
         0
     ]
     storage = f" WITH ({', '.join(options)})" if options else ""
-    for label, table in TABLES.items():
-        extra = " INCLUDING CONSTRAINTS" if label == "with" else ""
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
-        conn.execute(
-            f"CREATE TABLE {table} (LIKE jobstate_job INCLUDING DEFAULTS INCLUDING INDEXES{extra}){storage}"
-        )
+    for table, like in TABLES.values():
+        if like is not None:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(f"CREATE TABLE {table} (LIKE jobstate_job {like}){storage}")
+            if "INDEXES" not in like:
+                conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (id)")
         conn.execute(FILL.format(table=table), [TOKEN, ROWS])
         conn.execute(f"VACUUM ANALYZE {table}")
     conn.execute("SET synchronous_commit = off")
@@ -110,11 +116,11 @@ def main() -> None:
         return int(schedstat.read_text().split()[0])
 
     per: dict[str, list[float]] = {label: [] for label in TABLES}
-    ids = [r[0] for r in conn.execute(f"SELECT id FROM {TABLES['with']} ORDER BY id")]
+    ids = [r[0] for r in conn.execute(f"SELECT id FROM {TABLES['with'][0]} ORDER BY id")]
     n = 0
     try:
         for _ in range(args.chunks):
-            for label, table in TABLES.items():
+            for label, (table, _like) in TABLES.items():
                 sql = PROGRESS.format(table=table)
                 before = cpu_ns()
                 for _ in range(args.chunk):
@@ -140,6 +146,12 @@ def main() -> None:
     print(f"  with the {checks} of jobstate_job:  {med['with']:.1f} us")
     extra = med["with"] - med["without"]
     print(f"  the constraints: {extra:+.1f} us ({med['with'] / med['without'] - 1:+.0%})")
+    indexes = med["without"] - med["key"]
+    print(f"  its primary key alone, no CHECK: {med['key']:.1f} us (the other indexes: {indexes:+.1f} us)")
+    fks = med["job"] - med["with"]
+    print(
+        f"  jobstate_job itself (its foreign keys too): {med['job']:.1f} us (the foreign keys: {fks:+.1f} us)"
+    )
 
 
 if __name__ == "__main__":
