@@ -421,6 +421,17 @@ def test_run_the_reaper_now(admin_client: Any) -> None:
         assert (event.actor_label, event.actor.username) == ("system:reaper", "admin"), job
 
 
+def test_run_the_reaper_now_says_when_more_remain(admin_client: Any, monkeypatch: Any) -> None:
+    expired(), expired()
+    real = services.requeue_expired
+    monkeypatch.setattr(services, "requeue_expired", lambda **kw: real(**{**kw, "limit": 1}))
+    messages = [str(m) for m in get_messages(admin_client.post(REAP).wsgi_request)]
+    assert messages == [
+        "Reaper ran: 1 requeued, 0 failed (no attempt left), 0 cancelled (cancel was pending). "
+        "More expired jobs remain past the sweep's limit: run it again."
+    ]
+
+
 def test_job_page_shows_stuck_notice(admin_client: Any) -> None:
     job = expired()
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()

@@ -21,7 +21,7 @@ from django_q.tasks import async_task
 
 from jobstate import registry, services
 from jobstate.exceptions import ConcurrencyLimitReached
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from jobstate.worker import broker as broker_module
 from jobstate.worker import counters, runner, tasks
@@ -363,6 +363,32 @@ def test_scheduled_task_targets_report_counts():
     claim_then_expire("gone:1")
     assert tasks.reap() == {"requeued": 1, "failed": 0, "cancelled": 0}
     assert tasks.prune(days=0) == {"jobs": 0, "events": 0, "assets": 0}
+
+
+def test_the_scheduled_reap_says_when_more_remain(monkeypatch):
+    for n in range(2):
+        services.enqueue("test.echo", {})
+        claim_then_expire(f"gone:{n}")
+    real = services.requeue_expired
+    monkeypatch.setattr(services, "requeue_expired", lambda **kw: real(**{**kw, "limit": 1}))
+    assert tasks.reap() == {"requeued": 1, "failed": 0, "cancelled": 0, "more": 1}
+    assert tasks.reap() == {"requeued": 1, "failed": 0, "cancelled": 0}
+
+
+@override_settings(JOBSTATE={"REAP_INTERVAL_SECONDS": 60})
+def test_the_pushers_reaper_sweeps_again_at_once_when_more_remain(broker, monkeypatch):
+    # A sweep takes 500 jobs: after a mass loss the rest waited an interval per 500.
+    for n in range(2):
+        services.enqueue("test.echo", {})
+        claim_then_expire(f"gone:{n}")
+    real = services.requeue_expired
+    monkeypatch.setattr(services, "requeue_expired", lambda **kw: real(**{**kw, "limit": 1}))
+    reaped = JobEvent.objects.filter(transition="requeue", actor_label="system:reaper")
+    broker._next_reap = 0
+    broker.dequeue()
+    assert reaped.count() == 1
+    broker.dequeue()
+    assert reaped.count() == 2
 
 
 @override_settings(JOBSTATE={"PREFETCH": 10})

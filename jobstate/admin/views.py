@@ -219,6 +219,7 @@ def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     report = services.requeue_expired(actor=Actor("system:reaper", request.user))
     held = f" {len(report.skipped)} left for the next sweep (held by a transaction)." * bool(report.skipped)
     held += f" {len(report.errors)} not reaped (an error, logged)." * bool(report.errors)
+    held += " More expired jobs remain past the sweep's limit: run it again." * report.more
     messages.success(
         request,
         f"Reaper ran: {len(report.requeued)} requeued, {len(report.failed)} failed (no attempt left), "

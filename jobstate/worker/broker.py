@@ -274,11 +274,15 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         report = services.requeue_expired()
         if report.total:
             logger.warning(
-                "jobstate reaper: requeued %d, failed %d, cancelled %d job(s) whose worker was lost",
+                "jobstate reaper: requeued %d, failed %d, cancelled %d job(s) whose worker was lost%s",
                 len(report.requeued),
                 len(report.failed),
                 len(report.cancelled),
+                "; more remain past the sweep's limit, swept again next" * report.more,
             )
+        if report.more:
+            # A mass loss (a cluster killed) would otherwise wait an interval per 500 jobs.
+            self._next_reap = now
 
     def _renew(self, now: float) -> None:
         """Keep the leases of jobs waiting in django-q2's in-memory queue: a job

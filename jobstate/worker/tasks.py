@@ -283,6 +283,8 @@ def reap() -> dict[str, int]:
         "failed": len(report.failed),
         "cancelled": len(report.cancelled),
     }
+    if report.more:  # as below: else the result keeps its shape
+        done["more"] = 1  # the sweep stopped at its limit: the next one takes the rest
     forgotten = worker_processes.forget_dead()
     if forgotten:  # else the result keeps its shape
         done["dead_processes_forgotten"] = forgotten
