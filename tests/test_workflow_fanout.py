@@ -140,18 +140,25 @@ def test_spawn_validates_children_before_anything_is_started():
     assert not Job.objects.filter(parent=parent).exists()
 
 
-def test_nested_workflows_wait_for_grandchildren():
+def register_outer(kind: str, sizes: tuple[int, ...]) -> None:
+    """A workflow that fans out one ``wf.fan`` per size (each a workflow with children
+    of its own), then totals their sums."""
+
     class Outer(jobstate.Workflow):
         @jobstate.step()
         def fan(self, ctx: Any) -> None:
-            for n in (2, 3):
+            for n in sizes:
                 ctx.spawn("wf.fan", {"n": n})
 
         @jobstate.step()
         def total(self, ctx: Any, fan: dict[str, Any]) -> int:
             return sum(r["sum"] for r in fan["results"])
 
-    jobstate.workflow("t.outer")(Outer)
+    jobstate.workflow(kind)(Outer)
+
+
+def test_nested_workflows_wait_for_grandchildren():
+    register_outer("t.outer", (2, 3))
     try:
         outer = services.enqueue("t.outer", {})
         drain()
@@ -163,17 +170,7 @@ def test_nested_workflows_wait_for_grandchildren():
 
 
 def test_a_child_workflow_waiting_for_its_own_children_is_not_counted_as_finished():
-    class Outer(jobstate.Workflow):
-        @jobstate.step()
-        def fan(self, ctx: Any) -> None:
-            for n in (2, 2):
-                ctx.spawn("wf.fan", {"n": n})
-
-        @jobstate.step()
-        def total(self, ctx: Any, fan: dict[str, Any]) -> int:
-            return sum(r["sum"] for r in fan["results"])
-
-    jobstate.workflow("t.outer_live")(Outer)
+    register_outer("t.outer_live", (2, 2))
     try:
         outer = services.enqueue("t.outer_live", {})
         assert run_next("w1", kinds=["t.outer_live"]) is not None  # outer waits for 2 wf.fan

@@ -22,7 +22,7 @@ from jobstate import services
 from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
-from jobstate.models.job import was_retried, with_retried
+from jobstate.models.job import latest_retry, was_retried, with_retried
 from jobstate.services import Actor
 from jobstate.states import TERMINAL, Status
 
@@ -170,8 +170,7 @@ OPERATIONS: dict[str, Operation] = {
 def not_offered(op: Operation, job: Job) -> str:
     """Why ``op`` is not offered for ``job`` now (its ``allowed`` is false)."""
     if op.name == "retry" and job.status in TERMINAL:
-        retries = Job.objects.filter(retry_of=job.pk).order_by("-created_at")
-        retry = retries.values_list("pk", flat=True).first()
+        retry = latest_retry(job.pk)
         if retry is not None:
             return f"{op.label} refused: {AlreadyRetried(job.pk, retry)}"
     return f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."

@@ -65,6 +65,11 @@ def with_retried(jobs: models.QuerySet[Job]) -> models.QuerySet[Job]:
     return jobs.annotate(retried=models.Exists(Job.objects.filter(retry_of=models.OuterRef("pk"))))
 
 
+def latest_retry(job_id: Any) -> Any | None:
+    """The id of the newest job whose ``retry_of`` is ``job_id``, or None."""
+    return Job.objects.filter(retry_of=job_id).order_by("-created_at").values_list("pk", flat=True).first()
+
+
 def was_retried(job: Job) -> bool:
     """Whether a retry of ``job`` exists: ``with_retried``'s annotation, else one query."""
     annotated = getattr(job, "retried", None)

@@ -23,6 +23,7 @@ from jobstate.exceptions import (
     sqlstate,
 )
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import latest_retry
 from jobstate.registry import get_handler
 from jobstate.services import cascade
 from jobstate.services._rows import JobRef, create_job, record_event
@@ -201,7 +202,7 @@ def _lock_retried(job_id: Any) -> None:
     two retries of it take turns, the second seeing the first's new job."""
     if not list(Job.objects.filter(pk=job_id).select_for_update(no_key=True).values_list("pk", flat=True)):
         raise Job.DoesNotExist(f"Job {job_id} no longer exists (deleted meanwhile)")
-    retried = Job.objects.filter(retry_of=job_id).order_by("-created_at").values_list("pk", flat=True).first()
+    retried = latest_retry(job_id)
     if retried is not None:
         raise AlreadyRetried(job_id, retried)
 
