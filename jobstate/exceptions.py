@@ -35,6 +35,16 @@ class DuplicateActiveKey(JobStateError):
     """Another active job already holds this (kind, key)."""
 
 
+class RangeNotSatisfiable(JobStateError):
+    """A download's ``Range`` selects no byte of the file (it starts at or past its
+    end, or is a suffix of 0 bytes): answered 416 with ``content_range``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.content_range = f"bytes */{size}"
+        super().__init__(f"The requested range is not satisfiable: the file has {size} bytes.")
+
+
 class AlreadyRetried(JobStateError):
     """A job is retried once: this one has a retry already (``retry_of`` names it);
     retry that one, or its own retry, instead."""

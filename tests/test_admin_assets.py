@@ -171,3 +171,30 @@ def test_the_list_reads_no_heavy_column_of_the_jobs(admin_client: Any) -> None:
     for sql in rows:
         for column in ("parameters", "result", "traceback", "error_message"):
             assert f'"jobstate_job"."{column}"' not in sql, sql
+
+
+def test_download_answers_one_range_as_the_api_does(admin_client: Any) -> None:
+    _, report, *_ = make_assets()
+    whole = admin_client.get(download(report))
+    assert whole["Accept-Ranges"] == "bytes" and whole["ETag"] == f'"{report.sha256}"'
+    part = admin_client.get(download(report), HTTP_RANGE="bytes=2040-", HTTP_IF_RANGE=whole["ETag"])
+    assert part.status_code == 206
+    assert part["Content-Range"] == "bytes 2040-2047/2048" and part["Content-Length"] == "8"
+    assert b"".join(part.streaming_content) == b"x" * 8
+    assert part["Content-Disposition"] == whole["Content-Disposition"]
+    head = admin_client.head(download(report), HTTP_RANGE="bytes=0-99")
+    assert head.status_code == 206 and head["Content-Length"] == "100"
+    # Another version's validator, several ranges: the whole file.
+    for headers in ({"HTTP_IF_RANGE": '"other"'}, {"HTTP_RANGE": "bytes=0-1,4-5"}):
+        other = admin_client.get(download(report), **{"HTTP_RANGE": "bytes=0-1", **headers})
+        assert other.status_code == 200 and b"".join(other.streaming_content) == b"x" * 2048
+    past = admin_client.get(download(report), HTTP_RANGE="bytes=2048-")
+    assert past.status_code == 416 and past["Content-Range"] == "bytes */2048"
+    assert "2048 bytes" in past.content.decode()
+
+
+def test_a_range_does_not_open_the_download_to_others(client: Any, staff_user: Any, user: Any) -> None:
+    _, report, *_ = make_assets(owner=user)
+    client.force_login(staff_user)
+    for header in ("bytes=0-9", "bytes=999999-"):
+        assert client.get(download(report), HTTP_RANGE=header).status_code == 404

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.core.files.base import File
 
 from jobstate import services
 from jobstate.models import Asset
@@ -188,3 +190,193 @@ def test_a_stored_url_that_does_not_parse_is_neither_shown_nor_followed(user):
     assert client_for(user).get(f"/api/assets/{asset.pk}/").json()["url"] is None
     assert client_for(user).get(f"/api/jobs/{job.pk}/assets/").status_code == 200
     assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
+
+
+# --- byte ranges (RFC 9110 section 14): resume a download, seek in a video ------------
+
+DIGITS = bytes(range(256)) * 400  # 102,400 bytes, each position recognisable
+
+
+def download(user, asset, method: str = "get", **headers):  # type: ignore[no-untyped-def]
+    return getattr(client_for(user), method)(f"/api/assets/{asset.pk}/download/", **headers)
+
+
+@pytest.mark.parametrize(
+    ("header", "first", "last"),
+    [
+        ("bytes=0-9", 0, 9),
+        ("bytes=100000-", 100_000, 102_399),
+        ("bytes=-5", 102_395, 102_399),
+        ("bytes=102390-999999", 102_390, 102_399),  # a last past the end stops at the end
+        ("bytes=-999999", 0, 102_399),  # a suffix longer than the file is all of it
+        ("BYTES = 7-7 ,", 7, 7),  # the unit in any case, list whitespace and empty elements
+        pytest.param("bytes=0-" + "9" * 5000, 0, 102_399, id="last-past-int-digits"),  # no 500
+    ],
+)
+def test_a_range_is_answered_206_with_those_bytes_only(user, header, first, last):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    response = download(user, asset, HTTP_RANGE=header)
+    assert response.status_code == 206
+    assert response["Content-Range"] == f"bytes {first}-{last}/{len(DIGITS)}"
+    assert response["Content-Length"] == str(last - first + 1)
+    assert read(response) == DIGITS[first : last + 1]
+    assert response["Content-Type"] == "video/mp4"
+    assert response["Content-Disposition"] == 'attachment; filename="clip.mp4"'
+    assert response["X-Content-Type-Options"] == "nosniff" and "private" in response["Cache-Control"]
+    assert response["Accept-Ranges"] == "bytes"
+
+
+def test_a_range_is_not_handed_to_a_servers_file_wrapper(user, rf):
+    # A WSGI server's wsgi.file_wrapper (sendfile) sends file_to_stream from its
+    # position to the end: a range is read in blocks instead, up to its last byte.
+    # (The test client rewraps every stream, so this asks the service itself.)
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    whole = services.file_response(asset, rf.get("/"))
+    assert whole.file_to_stream is not None  # the whole file still may be
+    whole.close()
+    part = services.file_response(asset, rf.get("/", HTTP_RANGE="bytes=10-5009"))
+    assert part.file_to_stream is None
+    assert read(part) == DIGITS[10:5010]
+    part.close()
+
+
+def test_every_download_accepts_ranges_and_has_a_strong_etag(user):
+    asset = add_file(running(user), "a.csv", b"a,b\n")
+    response = download(user, asset)
+    assert response.status_code == 200
+    assert response["Accept-Ranges"] == "bytes"
+    assert response["ETag"] == '"' + hashlib.sha256(b"a,b\n").hexdigest() + '"'
+    assert "Content-Range" not in response
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=102400-",
+        "bytes=999999-1000000",
+        "bytes=-0",
+        pytest.param("bytes=" + "9" * 5000 + "-", id="first-past-int-digits"),
+    ],
+)
+def test_a_range_past_the_end_is_a_416_with_the_size(user, header):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    response = download(user, asset, HTTP_RANGE=header)
+    error = assert_error(response, 416, "range_not_satisfiable")
+    assert response["Content-Range"] == "bytes */102400"
+    assert "102400 bytes" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=5-2",  # last before first
+        "bytes=abc",
+        "bytes=",
+        "bytes 0-5",
+        "bytes=--5",
+        "bytes=1-2-3",
+        "bytes=\u0661-\u0665",  # digits, but not ASCII ones
+        "items=0-5",  # another unit
+        "bytes=0-1,5-6",  # several ranges: no multipart/byteranges
+        "bytes=-1,-2",
+    ],
+)
+def test_an_invalid_range_another_unit_or_several_ranges_get_the_whole_file(user, header):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    response = download(user, asset, HTTP_RANGE=header)
+    assert response.status_code == 200
+    assert "Content-Range" not in response
+    assert response["Content-Length"] == str(len(DIGITS))
+    assert read(response) == DIGITS
+
+
+def test_if_range_sends_the_range_only_of_the_same_file(user):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    etag = f'"{asset.sha256}"'
+    same = download(user, asset, HTTP_RANGE="bytes=10-19", HTTP_IF_RANGE=etag)
+    assert same.status_code == 206 and read(same) == DIGITS[10:20]
+    for other in (f'"{"0" * 64}"', f"W/{etag}", "Sun, 29 Nov 2026 08:00:00 GMT", ""):
+        whole = download(user, asset, HTTP_RANGE="bytes=10-19", HTTP_IF_RANGE=other)
+        assert whole.status_code == 200 and read(whole) == DIGITS, other
+    # Another version's range may lie past this one's end: the whole file, not a 416.
+    changed = download(user, asset, HTTP_RANGE="bytes=999999-", HTTP_IF_RANGE=f'"{"0" * 64}"')
+    assert changed.status_code == 200 and read(changed) == DIGITS
+
+
+def test_a_file_without_a_checksum_has_no_etag_and_if_range_gets_it_whole(user, media):
+    job = running(user)
+    # A row stored otherwise than by add_asset, without a sha256.
+    (media / "jobstate").mkdir()
+    (media / "jobstate" / "old.bin").write_bytes(DIGITS)
+    asset = Asset.objects.create(job=job, owner=user, asset_type="x", name="old.bin", file="jobstate/old.bin")
+    assert "ETag" not in download(user, asset)
+    assert read(download(user, asset, HTTP_RANGE="bytes=0-0")) == DIGITS[:1]
+    whole = download(user, asset, HTTP_RANGE="bytes=0-0", HTTP_IF_RANGE='""')
+    assert whole.status_code == 200 and read(whole) == DIGITS
+
+
+def test_an_empty_file_has_no_byte_to_range_over(user):
+    # RFC 9110 section 14.1.1: a suffix of an empty file is satisfiable, but a 206
+    # cannot say "no bytes": the whole (empty) file; any first position is past the end.
+    asset = add_file(running(user), "empty.txt", b"")
+    for header in ("bytes=0-", "bytes=0-0", "bytes=-0"):
+        response = download(user, asset, HTTP_RANGE=header)
+        assert_error(response, 416, "range_not_satisfiable")
+        assert response["Content-Range"] == "bytes */0", header
+    whole = download(user, asset, HTTP_RANGE="bytes=-5")
+    assert whole.status_code == 200 and whole["Content-Length"] == "0" and read(whole) == b""
+
+
+def test_head_answers_as_get_without_the_body(user):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    whole = download(user, asset, "head")
+    assert whole.status_code == 200 and whole["Content-Length"] == str(len(DIGITS))
+    assert whole["Accept-Ranges"] == "bytes" and whole["ETag"] == f'"{asset.sha256}"'
+    part = download(user, asset, "head", HTTP_RANGE="bytes=-10")
+    assert part.status_code == 206 and part["Content-Range"] == "bytes 102390-102399/102400"
+    assert part["Content-Length"] == "10"
+    past = download(user, asset, "head", HTTP_RANGE="bytes=102400-")
+    assert past.status_code == 416 and past["Content-Range"] == "bytes */102400"
+
+
+def test_head_reads_no_byte_of_the_file(user, rf):
+    # The test client drops a HEAD's body itself; a server may not: nothing to send.
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    for headers in ({}, {"HTTP_RANGE": "bytes=0-99"}):
+        response = services.file_response(asset, rf.head("/", **headers))
+        assert response.file_to_stream is None
+        assert read(response) == b""
+        response.close()
+
+
+def test_ranges_change_neither_redirects_nor_whose_files_are_served(user, other_user):
+    link = services.add_asset(running(user), asset_type="link", url="https://files.example.com/x.mp4")
+    redirect = download(user, link, HTTP_RANGE="bytes=0-9")
+    assert redirect.status_code == 302 and redirect["Location"] == link.url
+    theirs = add_file(running(other_user), "clip.mp4", DIGITS)
+    for header in ("bytes=0-9", "bytes=999999-"):
+        assert_error(download(user, theirs, HTTP_RANGE=header), 404, "not_found")
+
+
+class Pipe:
+    """A storage's stream that can only be read: no seek, no tell, no size."""
+
+    closed = False
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._data.read(size)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_file_that_cannot_tell_its_size_is_sent_whole(user, monkeypatch):
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    monkeypatch.setattr(asset.file.storage, "_open", lambda name, mode="rb": File(Pipe(DIGITS)))
+    response = download(user, asset, HTTP_RANGE="bytes=0-9")
+    assert response.status_code == 200
+    assert response["Accept-Ranges"] == "none"
+    assert read(response) == DIGITS

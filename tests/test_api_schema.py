@@ -249,6 +249,23 @@ def test_success_responses_conform_to_the_schema(user, token, seeded):
     assert asset["size"] == 8 and asset["download_url"].endswith(f"/api/assets/{stored}/download/")
     download = call(token, "/api/assets/{id}/download/", "GET", 200, path_parameters={"id": stored})
     assert download.content == b"a,b\n1,2\n"
+    part = call(
+        token,
+        "/api/assets/{id}/download/",
+        "GET",
+        206,
+        path_parameters={"id": stored},
+        headers={"Range": "bytes=-4"},
+    )
+    assert part.content == b"1,2\n" and part.headers["content-range"] == ["bytes 4-7/8"]
+    call(
+        token,
+        "/api/assets/{id}/download/",
+        "GET",
+        416,
+        path_parameters={"id": stored},
+        headers={"Range": "bytes=8-"},
+    )
     call(token, "/api/assets/{id}/download/", "GET", 302, path_parameters={"id": external})
     call(token, "/api/jobs/stuck/", "GET", 200)
     # And the refusals an ordinary caller meets, in the same schema.

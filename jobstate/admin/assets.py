@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import FileResponse, Http404, HttpRequest
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -18,6 +18,7 @@ from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import download_link
 from jobstate.admin.jobs import LIST_DEFERRED
 from jobstate.admin.paginator import CappedPaginator
+from jobstate.exceptions import RangeNotSatisfiable
 from jobstate.ids import short
 from jobstate.models import Asset
 from jobstate.models.job import may_view_all
@@ -115,7 +116,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def download_view(self, request: HttpRequest, asset_id: Any) -> FileResponse:
+    def download_view(self, request: HttpRequest, asset_id: Any) -> FileResponse | HttpResponse:
         """Stream a stored file to staff who may view it (or to its owner). Anyone else gets
         the 404 of an asset that does not exist, as from the API: a 403 said it did."""
         user = request.user
@@ -128,6 +129,11 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         if not asset.file:
             raise Http404("This asset has no stored file.")
         try:
-            return file_response(asset)
+            return file_response(asset, request)
         except OSError:
             raise Http404("The stored file is missing.") from None
+        except RangeNotSatisfiable as exc:
+            headers = {"Content-Range": exc.content_range}
+            return HttpResponse(
+                str(exc), status=416, content_type="text/plain; charset=utf-8", headers=headers
+            )

@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import HttpResponseRedirect
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
 from rest_framework import viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -20,7 +20,7 @@ from jobstate.api.pagination import AssetPagination
 from jobstate.api.permissions import visible_assets
 from jobstate.api.renderers import PassthroughRenderer
 from jobstate.api.schema import extend_schema
-from jobstate.api.serializers import AssetSerializer
+from jobstate.api.serializers import AssetSerializer, ErrorSerializer
 from jobstate.models import Asset
 
 
@@ -51,10 +51,52 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
     @extend_schema(
         summary="Download the asset's file",
         description="Streams the stored file as an attachment with its content type, length and a safe "
-        "file name. An asset kept at an external http(s) URL answers 302 to that URL.",
+        "file name. An asset kept at an external http(s) URL answers 302 to that URL. One byte range "
+        "(`Range: bytes=0-99`, `bytes=100-`, `bytes=-100`) answers 206 with those bytes; a range that "
+        "starts past the end answers 416; an invalid `Range`, another unit or several ranges are "
+        "ignored (the whole file). `HEAD` answers as `GET` would, without the body.",
+        parameters=[
+            OpenApiParameter(
+                "Range",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="One byte range, to resume a download or seek: `bytes=first-last`, "
+                "`bytes=first-` or `bytes=-suffix_length`.",
+            ),
+            OpenApiParameter(
+                "If-Range",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="The `ETag` of the copy you hold: the range is sent if the file is still that "
+                "one, else the whole file (200).",
+            ),
+            OpenApiParameter(
+                "ETag",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="The file's SHA-256 in quotes (a strong validator, for `If-Range`).",
+                response=[200, 206],
+            ),
+            OpenApiParameter(
+                "Accept-Ranges",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="`bytes` (`none`: a storage's file that cannot tell its size, sent whole).",
+                response=[200, 206],
+            ),
+            OpenApiParameter(
+                "Content-Range",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="The bytes sent, `bytes first-last/size`; on a 416 `bytes */size`.",
+                response=[206, 416],
+            ),
+        ],
         responses={
             (200, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, "The file."),
+            (206, "*/*"): OpenApiResponse(OpenApiTypes.BINARY, "The requested range of the file."),
             302: OpenApiResponse(description="The asset lives at an external URL."),
+            416: OpenApiResponse(ErrorSerializer, "The range starts past the end of the file."),
         },
     )
     @action(detail=True, renderer_classes=[JSONRenderer, PassthroughRenderer])
@@ -65,6 +107,6 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
                 return HttpResponseRedirect(asset.web_url)
             raise NotFound("This asset has no stored file.")
         try:
-            return services.file_response(asset)
+            return services.file_response(asset, request._request)
         except OSError:
             raise NotFound("The asset's file is missing from storage.") from None

@@ -26,6 +26,7 @@ from jobstate.exceptions import (
     InvalidTransition,
     LeaseLost,
     ParentEnded,
+    RangeNotSatisfiable,
     UnknownKind,
 )
 from jobstate.services import DuplicateActiveKey
@@ -134,6 +135,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code = "invalid", 400
         fields = _django_validation_fields(exc)
         message = _first_message(fields, "Invalid input.")
+    elif isinstance(exc, RangeNotSatisfiable):
+        code, status_code, message, fields = "range_not_satisfiable", 416, str(exc), {}
+        headers["Content-Range"] = exc.content_range
     elif isinstance(exc, Http404 | ObjectDoesNotExist):
         code, status_code, message, fields = "not_found", 404, "Not found.", {}
     elif isinstance(exc, DjangoPermissionDenied):

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import mimetypes
 import os
+import re
 from datetime import datetime, timedelta
 from typing import IO, Any, cast
 from urllib.parse import urlsplit
@@ -17,14 +18,15 @@ from django.core.files.base import ContentFile, File
 from django.core.files.storage import Storage
 from django.db import transaction
 from django.db.models import Subquery
-from django.http import FileResponse
+from django.http import FileResponse, HttpRequest
 from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
-from jobstate.exceptions import LeaseLost
+from jobstate.exceptions import LeaseLost, RangeNotSatisfiable
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
+from jobstate.services import ranges
 from jobstate.states import Status
 from jobstate.storable import json_value, text
 
@@ -206,20 +208,60 @@ def delete_stored_file(asset: Asset) -> None:
     transaction.on_commit(lambda: storage.delete(name), robust=True)
 
 
-def file_response(asset: Asset) -> FileResponse:
+def file_response(asset: Asset, request: HttpRequest | None = None) -> FileResponse:
     """Stream ``asset``'s stored file as an attachment under its safe name (OSError
     when the storage cannot open it). Whatever the project's middleware: ``nosniff``,
     so a browser keeps the stored type (an HTML or SVG file is not run as a page),
-    and ``private``, so no shared cache keeps one user's file for another."""
+    and ``private``, so no shared cache keeps one user's file for another.
+
+    With the ``request``, a GET's (or HEAD's) single ``Range`` is answered 206 with
+    those bytes only (a client resumes a download, a player seeks), unless its
+    ``If-Range`` names another version than the ``ETag`` (the file's sha256);
+    RangeNotSatisfiable for a range past the end (416). A HEAD reads no byte."""
+    file = asset.file.open("rb")
     response = FileResponse(
-        asset.file.open("rb"),
+        file,
         as_attachment=True,
         filename=safe_name(asset.name),
         content_type=asset.content_type or "application/octet-stream",
     )
     response["X-Content-Type-Options"] = "nosniff"
     patch_cache_control(response, private=True)
+    etag = f'"{asset.sha256}"' if _SHA256.fullmatch(asset.sha256) else ""
+    if etag:
+        response["ETag"] = etag
+    # A storage's file that cannot tell its size (not seekable) is sent whole.
+    response["Accept-Ranges"] = "bytes" if "Content-Length" in response else "none"
+    if request is None:
+        return response
+    if request.method in ("GET", "HEAD") and response["Accept-Ranges"] == "bytes":
+        try:
+            _serve_range(response, file, request, etag)
+        except RangeNotSatisfiable:
+            file.close()
+            raise
+    if request.method == "HEAD":
+        response.streaming_content = iter(())
     return response
+
+
+def _serve_range(response: FileResponse, file: IO[bytes], request: HttpRequest, etag: str) -> None:
+    """Make ``response`` the 206 of the request's ``Range`` if it has one to honour."""
+    if not ranges.if_range_holds(request.headers.get("If-Range"), etag):
+        return  # checked first: a range of another version may be past this one's end
+    size = int(response["Content-Length"])
+    span = ranges.byte_range(request.headers.get("Range"), size)
+    if span is None:
+        return
+    first, last = span
+    file.seek(first)
+    response.status_code = 206
+    response["Content-Range"] = f"bytes {first}-{last}/{size}"
+    response["Content-Length"] = last - first + 1
+    response.streaming_content = ranges.read_span(file, last - first + 1, response.block_size)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def result_assets(job: Job | UUID | str) -> Any:
