@@ -19,7 +19,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import Partial, conf, hooks, services
-from jobstate.exceptions import CancelRequested, LeaseLost
+from jobstate.exceptions import CancelRequested, LeaseLost, Suspend
 from jobstate.models import Job, WorkerProcess
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job
@@ -1081,6 +1081,32 @@ def test_coalesced_progress_still_notices_a_cancel_and_refuses_a_lost_lease(temp
     assert outcome == "lost" and job.status == Status.QUEUED and job.progress == 1
     assert raised[0] == "CancelRequested" and raised[1:] in ([], ["LeaseLost"])
     assert len(progress_writes) == 2
+
+
+@override_settings(
+    JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60, "HEARTBEAT_SECONDS": 0.1, "CANCEL_GRACE_SECONDS": 0.3}
+)
+@pytest.mark.parametrize("ends", ["cancel_requested", "error", "suspend", "grace_over"])
+def test_the_last_progress_is_stored_with_a_cancel_too(temp_handler, progress_writes, ends):
+    # Completion and failure stored the pending report; every way to end
+    # cancelled dropped it, and the cancelled job showed "starting".
+    def cancelled_while_reading(ctx):
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(40, "reading")  # kept for the outcome
+        services.request_cancel(ctx.job.pk, "api", "stop")
+        assert ctx.cancel_requested
+        if ends == "cancel_requested":
+            ctx.check_cancelled()
+        if ends == "error":
+            raise ValueError("bad row")
+        if ends == "suspend":
+            raise Suspend()
+        _loop(20)  # deaf to the cancel: stopped once the grace period is over
+
+    temp_handler("t.cancelled_reading", cancelled_while_reading, max_attempts=2)
+    outcome, job = run_one("t.cancelled_reading")
+    assert outcome == "cancelled" and job.status == Status.CANCELLED
+    assert (job.progress, job.progress_message) == (40, "reading") and len(progress_writes) == 1
 
 
 def test_the_admin_counts_only_begun_jobs_as_running():

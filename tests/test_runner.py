@@ -393,6 +393,27 @@ def test_ctrl_c_in_an_inline_drain_hands_the_job_back_then_is_raised(temp_handle
     assert (job.status, job.attempts, job.result) == (Status.COMPLETED, 1, {"done": True})
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+def test_ctrl_c_after_a_cancel_request_hands_the_job_back_with_its_last_progress(temp_handler):
+    # The pending report was written before the hand-back, a write a cancel
+    # request refuses: the job went back to the queue showing "starting".
+    def cancelled_then_interrupted(ctx):
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(40, "reading")  # pending: stored with the hand-back
+        services.request_cancel(ctx.job.pk, "api", "stop")
+        raise KeyboardInterrupt
+
+    temp_handler("t.ctrl_c_cancel", cancelled_then_interrupted)
+    job = services.enqueue("t.ctrl_c_cancel", {})
+    with pytest.raises(KeyboardInterrupt):
+        drain()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.progress, job.progress_message) == (Status.QUEUED, 0, 40, "reading")
+    drain()  # the cancel request is honoured before it runs again (it would raise)
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.progress == 40
+
+
 @pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
 def test_a_base_exception_from_the_handler_is_recorded_then_raised(temp_handler, error):
     def leaves(ctx):

@@ -111,8 +111,16 @@ def _ask_to_cancel(job_id: Any, who: Actor, reason: str, now: datetime) -> None:
     # Otherwise it was asked already: the first request stands.
 
 
-def cancel_now(job: Job, token: UUID | str, *, reason: str = "", actor: Actor | None = None) -> Job | None:
-    """The worker honours a cancel request: ``processing`` -> ``cancelled``."""
+def cancel_now(
+    job: Job,
+    token: UUID | str,
+    *,
+    reason: str = "",
+    actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
+) -> Job | None:
+    """The worker honours a cancel request: ``processing`` -> ``cancelled``.
+    ``progress``: progress fields not yet written, stored with it (as in ``complete``)."""
     row = Job.objects.filter(pk=job.pk).values_list("cancel_requested_at", flat=True).first()
     return move(
         job,
@@ -120,6 +128,7 @@ def cancel_now(job: Job, token: UUID | str, *, reason: str = "", actor: Actor | 
         actor=actor or Actor.worker(job.worker_id),
         token=token,
         reason=reason or "cancel requested",
+        fields=progress,
         metadata={"requested_at": row.isoformat() if row else None},
     )
 
@@ -524,17 +533,24 @@ def _refund() -> Case:
     )
 
 
-def hand_back(job: Job, token: UUID | str, *, reason: str, actor: Actor | None = None) -> Job | None:
+def hand_back(
+    job: Job,
+    token: UUID | str,
+    *,
+    reason: str,
+    actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
+) -> Job | None:
     """A job its worker claimed but whose handler never started (or whose inline
     run the operator stopped: Ctrl-C) goes back to the queue, ready at once, its
-    attempt (if charged) refunded."""
+    attempt (if charged) refunded. ``progress`` as in ``cancel_now``."""
     return move(
         job,
         "requeue",
         actor=actor or Actor.worker(job.worker_id),
         token=token,
         reason=reason,
-        fields={"attempts": _refund(), "worker_id": "", "run_after": timezone.now()},
+        fields={**(progress or {}), "attempts": _refund(), "worker_id": "", "run_after": timezone.now()},
         metadata={"handed_back": True},
     )
 
@@ -546,6 +562,7 @@ def suspend(
     until: datetime | None = None,
     reason: str = "",
     actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> Job | None:
     """Give the worker back while the job waits, without spending an attempt.
 
@@ -553,9 +570,10 @@ def suspend(
     Without: ``processing`` -> ``waiting`` (``suspend``) until its last active
     child ends, which wakes it (``wake``: -> ``queued``); at once if none is active.
     A cancel requested while it ran is honoured instead: ``cancelled``.
+    ``progress`` as in ``cancel_now``, stored with either.
     """
     who = actor or Actor.worker(job.worker_id)
-    fields: dict[str, Any] = {"attempts": _refund(), "worker_id": ""}
+    fields: dict[str, Any] = {**(progress or {}), "attempts": _refund(), "worker_id": ""}
     with transaction.atomic():
         lock_parent(job)  # a cancel may end it: parents before children
         # The row lock keeps a cancel request from landing between the check and the move.
@@ -567,7 +585,7 @@ def suspend(
         )
         if requested is not None:
             why = f"cancel requested; the handler suspended ({reason})" if reason else "cancel requested"
-            return cancel_now(job, token, reason=why[:1000], actor=who)
+            return cancel_now(job, token, reason=why[:1000], actor=who, progress=progress)
         if until is not None:
             return move(
                 job,

@@ -7,7 +7,6 @@ a lease left to run out into the reaper.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import traceback as tb
@@ -94,7 +93,8 @@ def end_attempt(
 ) -> str:
     """End an attempt that failed or was interrupted: ``cancelled`` if a cancel
     was requested (a retry would be cancelled anyway, and the last attempt must
-    not end ``failed``), else ``services.fail``. Returns the outcome."""
+    not end ``failed``), else ``services.fail``; either stores ``progress``.
+    Returns the outcome."""
     with transaction.atomic():
         services.lock_parent(job)  # parents before children: see services.lock_parent
         # The row lock keeps a cancel request from landing between the two.
@@ -107,7 +107,7 @@ def end_attempt(
         if requested is not None:
             logger.info("Job %s: cancel requested; attempt ended with %s: %s", job.pk, error_type, error)
             reason = f"cancel requested; the attempt ended with {error_type}: {error}"
-            services.cancel_now(job, token, reason=reason[:1000])
+            services.cancel_now(job, token, reason=reason[:1000], progress=progress)
             return "cancelled"
         moved = services.fail(
             job,
@@ -166,13 +166,12 @@ STOPPED = "stopped by Ctrl-C (KeyboardInterrupt) while it ran inline; the attemp
 
 def hand_back_stopped(ctx: JobContext) -> str:
     """Ctrl-C in an inline run (``runner.drain``): the operator stopped the run,
-    the job did not fail. Its pending progress is written, then it goes back to
-    the queue, ready at once, its attempt refunded (``services.hand_back``). If
-    that fails, the lease runs out into the reaper."""
+    the job did not fail. It goes back to the queue with its pending progress,
+    ready at once, its attempt refunded (``services.hand_back``). If that
+    fails, the lease runs out into the reaper."""
     usable_connection(math.inf)
     try:
-        _flush_before(ctx)
-        services.hand_back(ctx.job, ctx.token, reason=STOPPED)
+        services.hand_back(ctx.job, ctx.token, reason=STOPPED, progress=ctx.take_progress())
     except (LeaseLost, InvalidTransition):
         return "lost"
     except Exception:
@@ -220,7 +219,9 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         if value == "lease":
             return "lost"
         if value == "cancel":
-            services.cancel_now(job, token, reason="stopped after the cancel grace period")
+            services.cancel_now(
+                job, token, reason="stopped after the cancel grace period", progress=ctx.take_progress()
+            )
             return "cancelled"
         return end_attempt(
             job,
@@ -232,14 +233,13 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         )
     exc: Exception = value
     if isinstance(exc, CancelRequested):
-        services.cancel_now(job, token)
+        services.cancel_now(job, token, progress=ctx.take_progress())
         return "cancelled"
     if isinstance(exc, LeaseLost):
         logger.warning("Job %s: lease lost, result discarded", job.pk)
         return "lost"
     if isinstance(exc, Suspend):
-        _flush_before(ctx)
-        moved = services.suspend(job, token, until=exc.until, reason=exc.reason)
+        moved = services.suspend(job, token, until=exc.until, reason=exc.reason, progress=ctx.take_progress())
         return "cancelled" if moved is not None and moved.status == Status.CANCELLED else "suspended"
     if isinstance(exc, Partial):
         progress = ctx.take_progress()
@@ -258,13 +258,6 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         retry_delay=_delay(ctx),
         progress=ctx.take_progress(),
     )
-
-
-def _flush_before(ctx: JobContext) -> None:
-    """Write pending progress before an outcome that does not store it."""
-    if ctx.progress_due(0) is not None:
-        with contextlib.suppress(CancelRequested):
-            ctx.flush_progress()
 
 
 def _unstorable(ctx: JobContext, exc: ValidationError, progress: dict[str, Any]) -> str:

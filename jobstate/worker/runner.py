@@ -39,7 +39,7 @@ KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
 KeyboardInterrupt in an inline run         ``queued``, attempt refunded (the operator's
 (``drain``, ``run_next``: Ctrl-C)          Ctrl-C stopped the run), then it is raised on
 ``NonRetryable``                           ``failed``
-``CancelRequested`` / cancel + any error   ``cancelled``
+``CancelRequested`` / cancel + any error   ``cancelled`` (pending progress stored)
 ``Suspend``                                ``queued`` (waiting), attempt refunded
 interrupt: timeout                         retry or ``failed`` Timeout (``cancelled``
                                            if a cancel was requested)
