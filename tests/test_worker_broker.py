@@ -267,6 +267,34 @@ def test_starting_a_job_by_id_respects_its_kinds_concurrency_limit(temp_handler)
     assert tasks.run_by_id(str(second.pk)) == "completed" and seen == [1]
 
 
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+@pytest.mark.parametrize("func", ["run_by_id", "execute"])
+def test_ctrl_c_in_a_task_django_q2_runs_in_sync_mode_hands_the_job_back(temp_handler, func):
+    # Q_CLUSTER sync=True runs the task inside the caller (a shell, a script),
+    # whose Ctrl-C reaches the handler: it was recorded as the handler's error,
+    # and a job with one attempt ended failed with KeyboardInterrupt.
+    def interrupted(ctx):
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(40, "reading")  # pending: stored with the hand-back
+        raise KeyboardInterrupt
+
+    temp_handler("t.sync_ctrl_c", interrupted, max_attempts=1)
+    job = services.enqueue("t.sync_ctrl_c", {})
+    if func == "run_by_id":
+        args = [str(job.pk)]
+    else:
+        (claimed,) = services.claim(cluster_id())
+        args = [str(job.pk), str(claimed.lease_token), claimed.kind]
+    with pytest.raises(KeyboardInterrupt):
+        async_task(f"jobstate.worker.tasks.{func}", *args, sync=True)
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error_type, job.worker_id) == (Status.QUEUED, 0, "", "")
+    assert (job.progress, job.progress_message) == (40, "reading")
+    requeue = job.events.order_by("id").last()
+    assert requeue.transition == "requeue" and requeue.metadata.get("handed_back") is True
+    assert requeue.reason.startswith("stopped by Ctrl-C (KeyboardInterrupt)")
+
+
 def test_starting_a_job_by_id_honours_a_pending_cancel_request(temp_handler):
     ran: list[int] = []
     temp_handler("t.cancelme", lambda ctx: ran.append(1))

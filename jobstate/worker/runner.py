@@ -36,8 +36,9 @@ handler leaves its transaction open        ``failed`` TransactionLeftOpen (rolle
 handler raises                             retry (``queued``) or ``failed``, traceback
 handler raises SystemExit,                 the same, then it is raised on
 KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
-KeyboardInterrupt in an inline run         ``queued``, attempt refunded (the operator's
-(``drain``, ``run_next``: Ctrl-C)          Ctrl-C stopped the run), then it is raised on
+KeyboardInterrupt in an inline run         ``queued``, attempt refunded, pending progress
+(``drain``, ``run_next``, django-q2's      stored (the operator's Ctrl-C stopped the run),
+``sync`` mode: Ctrl-C)                     then it is raised on
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled`` (pending progress stored)
 ``Suspend``                                ``queued`` (waiting), attempt refunded
@@ -117,10 +118,11 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline
     ``services.start`` or ``tasks.execute``) runs as it is. ``then``: asked,
     as the job completes, which next job this worker process would claim; it
     may be claimed with the outcome (``services.NextClaim``). ``inline``: run
-    by an operator (``drain``), whose Ctrl-C (``KeyboardInterrupt``) stops the
-    run, not the job: handed back to the queue, its attempt refunded, then
-    raised on. A django-q2 worker process ignores SIGINT: a KeyboardInterrupt
-    there is the handler's own, recorded as its error.
+    by an operator (``drain``, or a task django-q2 runs in ``sync`` mode), whose
+    Ctrl-C (``KeyboardInterrupt``) stops the run, not the job: handed back to
+    the queue, its attempt refunded, then raised on. A django-q2 worker process
+    ignores SIGINT: a KeyboardInterrupt there is the handler's own, recorded as
+    its error.
     """
     spec = registry.all_handlers().get(job.kind)
     if spec is None:

@@ -160,12 +160,19 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
     return _run_begun(job, me, links)
 
 
+def _in_caller() -> bool:
+    """Whether this task runs in its caller's process (django-q2's ``sync`` mode
+    runs it there, inline), not in a cluster's worker process (which ignores
+    SIGINT): the operator's Ctrl-C then reaches the handler (``run_job``'s ``inline``)."""
+    return multiprocessing.parent_process() is None
+
+
 def _run_begun(job: Job, me: str, links: Chain | None = None) -> str:
     if links is not None:
         # Jobs begun before this one ran their handlers (or this is the first).
         links.running, links.since = job.pk, timezone.now()
     try:
-        outcome = run_job(job, me, then=links)
+        outcome = run_job(job, me, then=links, inline=_in_caller())
     except TimeoutException:
         # django-q2's hard limit fired: the handler ignored jobstate's own
         # timeout and cancel interrupts. Record the failed (or cancelled)
