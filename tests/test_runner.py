@@ -414,6 +414,39 @@ def test_ctrl_c_after_a_cancel_request_hands_the_job_back_with_its_last_progress
     assert job.status == Status.CANCELLED and job.progress == 40
 
 
+@pytest.mark.parametrize("committed", [False, True])
+@pytest.mark.parametrize("call", ["begin", "complete"])
+def test_ctrl_c_outside_the_handler_of_an_inline_run_hands_the_job_back(
+    temp_handler, monkeypatch, call, committed
+):
+    # Ctrl-C in the begin or the outcome write left the job processing until the
+    # reaper took it (with its attempt spent); an outcome already committed stays.
+    temp_handler("t.ctrl_c_outside", lambda ctx: {"done": True}, max_attempts=1)
+    job = services.enqueue("t.ctrl_c_outside", {})
+    real = getattr(services, call)
+
+    def interrupted(*args, **kwargs):
+        if committed:
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(services, call, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        drain()
+    job.refresh_from_db()
+    if call == "complete" and committed:  # the hand-back, guarded by the lease token, wrote nothing
+        assert (job.status, job.attempts, job.result) == (Status.COMPLETED, 1, {"done": True})
+        assert job.events.order_by("id").last().transition == "complete"
+        return
+    assert (job.status, job.attempts, job.worker_id, job.lease_token) == (Status.QUEUED, 0, "", None)
+    requeue = job.events.order_by("id").last()
+    assert requeue.transition == "requeue" and requeue.metadata.get("handed_back") is True
+    monkeypatch.undo()
+    assert drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.COMPLETED, 1)
+
+
 @pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])
 def test_a_base_exception_from_the_handler_is_recorded_then_raised(temp_handler, error):
     def leaves(ctx):

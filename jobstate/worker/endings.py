@@ -12,6 +12,7 @@ import math
 import traceback as tb
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
@@ -164,18 +165,20 @@ def unknown_kind(job: Job) -> str:
 STOPPED = "stopped by Ctrl-C (KeyboardInterrupt) while it ran inline; the attempt is not counted"
 
 
-def hand_back_stopped(ctx: JobContext) -> str:
+def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> str:
     """Ctrl-C in an inline run (``runner.drain``): the operator stopped the run,
-    the job did not fail. It goes back to the queue with its pending progress,
-    ready at once, its attempt refunded (``services.hand_back``). If that
-    fails, the lease runs out into the reaper."""
-    usable_connection(math.inf)
+    the job did not fail. It goes back to the queue (with the pending progress
+    of ``ctx``, if its handler started), ready at once, its attempt refunded
+    (``services.hand_back``). Guarded by the lease token ``token``: an outcome
+    already committed stays ("lost"). If that fails, the lease runs out into the reaper."""
+    close_quietly()  # the interrupt may have left it mid-command
     try:
-        services.hand_back(ctx.job, ctx.token, reason=STOPPED, progress=ctx.take_progress())
+        progress = ctx.take_progress() if ctx is not None else None
+        services.hand_back(job, token, reason=STOPPED, progress=progress)
     except (LeaseLost, InvalidTransition):
         return "lost"
     except Exception:
-        logger.exception("Job %s could not be handed back; the reaper will take it", ctx.job.pk)
+        logger.exception("Job %s could not be handed back; the reaper will take it", job.pk)
         return "lost"
     return "interrupted"
 

@@ -38,7 +38,8 @@ handler raises SystemExit,                 the same, then it is raised on
 KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
 KeyboardInterrupt in an inline run         ``queued``, attempt refunded, pending progress
 (``drain``, ``run_next``, django-q2's      stored (the operator's Ctrl-C stopped the run),
-``sync`` mode: Ctrl-C)                     then it is raised on
+``sync`` mode: Ctrl-C), in the handler,    then it is raised on; an outcome already
+``begin`` or the outcome write             committed stays
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled`` (pending progress stored)
 ``Suspend``                                ``queued`` (waiting), attempt refunded
@@ -120,22 +121,28 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline
     may be claimed with the outcome (``services.NextClaim``). ``inline``: run
     by an operator (``drain``, or a task django-q2 runs in ``sync`` mode), whose
     Ctrl-C (``KeyboardInterrupt``) stops the run, not the job: handed back to
-    the queue, its attempt refunded, then raised on. A django-q2 worker process
-    ignores SIGINT: a KeyboardInterrupt there is the handler's own, recorded as
-    its error.
+    the queue, its attempt refunded, then raised on (in the handler, ``begin``
+    or the outcome write). A django-q2 worker process ignores SIGINT: a
+    KeyboardInterrupt there is the handler's own, recorded as its error.
     """
     spec = registry.all_handlers().get(job.kind)
     if spec is None:
         return unknown_kind(job)
     if job.started_at is None:
+        token = lease_token(job)
         try:
-            begun = services.begin(job, lease_token(job), worker_id)
+            begun = services.begin(job, token, worker_id)
         except LeaseLost:
             logger.info("Job %s was taken from this worker before it started", job.pk)
             return "lost"
         except Exception as exc:
             job.worker_id = worker_id
             release(job, exc, "the worker could not start the job")
+            raise
+        except KeyboardInterrupt:
+            if inline:  # begun or not: the hand-back refunds only a charged attempt
+                job.worker_id = worker_id
+                hand_back_stopped(job, token)
             raise
         job.worker_id = worker_id
         if begun.cancel_requested:
@@ -198,7 +205,7 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None, 
         close_quietly()
         recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
         if inline and isinstance(exc, KeyboardInterrupt):
-            ended = hand_back_stopped(ctx)
+            ended = hand_back_stopped(job, ctx.token, ctx)
         else:
             ended = finish(ctx, "error", exc) if recorded else "lost"
         _observe(hooks.attempt_ended, ctx, ended)
@@ -209,7 +216,14 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None, 
         close_quietly()  # the interrupt may have left it mid-command
     else:
         usable_connection(time.monotonic() - started)
-    ended = finish(ctx, outcome[0], outcome[1], then=then)
+    try:
+        ended = finish(ctx, outcome[0], outcome[1], then=then)
+    except KeyboardInterrupt:
+        if not inline:
+            raise
+        # Handed back unless the outcome was committed (the token no longer holds it).
+        _observe(hooks.attempt_ended, ctx, hand_back_stopped(job, ctx.token, ctx))
+        raise
     _observe(hooks.attempt_ended, ctx, ended)
     return ended
 
