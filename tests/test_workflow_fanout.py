@@ -531,6 +531,39 @@ def test_a_child_retried_by_an_operator_counts_by_its_retry():
     assert split.output["retried"] == {str(failing.pk): str(again.pk)}
 
 
+def test_a_partial_fan_in_is_fanned_in_again_after_its_failed_child_was_retried(monkeypatch):
+    """The fan-in noted "1 of 3 child jobs did not complete", then its run failed; the
+    operator retried the failed child, which completed: the step fanned in all three
+    completed, yet the workflow ended partial with the old note."""
+    from jobstate.worker.runner import run_job
+    from jobstate.workflows import steps
+
+    real_complete = steps.complete
+    calls: list[str] = []
+
+    def flaky_complete(job: Job, token: Any, row: JobStep, *args: Any, **kwargs: Any) -> None:
+        calls.append(row.name)
+        if calls == ["split"]:
+            raise RuntimeError("database hiccup")
+        real_complete(job, token, row, *args, **kwargs)
+
+    monkeypatch.setattr(steps, "complete", flaky_complete)
+    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})  # max_attempts=2
+    drain()  # split, its children, then the woken parent: its fan-in notes partial, then fails
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED and step(parent, "split").detail["partial"]
+    failing = Job.objects.get(parent=parent, status=Status.FAILED)
+    Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})  # the cause, fixed
+    again = services.retry(failing, "ops", "fixed")
+    assert drain(kinds=["wf.child"]) == 1
+    assert run_job(services.start(parent.pk, "w2"), "w2") == "completed"
+    parent.refresh_from_db()
+    assert (parent.status, parent.error_message) == (Status.COMPLETED, "")
+    split = step(parent, "split")
+    assert split.output["completed"] == 3 and split.output["retried"] == {str(failing.pk): str(again.pk)}
+    assert "partial" not in split.detail
+
+
 def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():
     parent = services.enqueue("wf.fan", {"n": 2, "fail": [0]})
     run_next("w1")

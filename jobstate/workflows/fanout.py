@@ -134,5 +134,9 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
     if spec.on_child_failure == "fail" and bad:
         raise ChildrenFailed(f"{bad} of {len(ids)} child jobs failed or were cancelled")
     if spec.on_child_failure != "continue" and (bad or partial):
-        steps.note(run.job, run.token, spec.name, partial=summary)
+        steps.note(run.job, run.token, spec.name, partial=summary, partial_children=True)
+    elif row.detail.get("partial_children"):
+        # An earlier fan-in's note, before a run that failed: the children it
+        # counted out were retried since, and completed.
+        steps.note(run.job, run.token, spec.name, partial=None, partial_children=None)
     return output

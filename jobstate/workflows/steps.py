@@ -239,12 +239,14 @@ def lost(
 
 
 def note(job: Job, token: Any, name: str, **detail: Any) -> None:
-    """Merge ``detail`` into the running step's bookkeeping (e.g. a partial note)."""
+    """Merge ``detail`` into the running step's bookkeeping (e.g. a partial note);
+    a key given None is removed."""
     detail = json_value(detail, "detail")
     with transaction.atomic():
         _hold(job, token, step=name, cancel_ok=True)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
-        JobStep.objects.filter(pk=row.pk).update(detail={**row.detail, **detail}, updated_at=timezone.now())
+        merged = {k: v for k, v in {**row.detail, **detail}.items() if not (k in detail and v is None)}
+        JobStep.objects.filter(pk=row.pk).update(detail=merged, updated_at=timezone.now())
 
 
 def wait(
