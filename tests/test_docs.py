@@ -119,7 +119,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
         found += run_checks(tags=["jobstate"])  # W012
     from jobstate.tasks.checks import options_problems
 
-    found += options_problems("default", {"MAX_ATTEMPTS": 0, "RETRIES": 3})  # E902, E903
+    found += options_problems("default", {"MAX_ATTEMPTS": 0, "RETRIES": 3, "MODULES": "x"})  # E902-E904
     return found
 
 

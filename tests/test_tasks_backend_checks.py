@@ -294,3 +294,25 @@ def test_a_missing_module_in_options_modules_names_the_setting(settings, tmp_pat
     }
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
         jobstate.tasks.install()
+
+
+@pytest.mark.parametrize("modules", ["myapp.tasks", b"myapp.tasks", ["myapp.tasks", 3], {"myapp.tasks": 1}])
+def test_modules_option_that_is_not_a_list_of_names_is_a_check_error_not_a_crash(settings, modules):
+    # A string was iterated at startup: install() imported 'm', 'y', ... and raised
+    # ImproperlyConfigured about module 'm' before any check could explain it.
+    import jobstate.tasks
+
+    settings.TASKS = {
+        **settings.TASKS,
+        "default": {**settings.TASKS["default"], "OPTIONS": {"MODULES": modules}},
+    }
+    jobstate.tasks.install()
+    (error,) = backend_messages({"MODULES": modules})
+    assert backend_messages({"MODULES": ("tests.tasks_app.jobstate_tasks",)}) == []
+    assert backend_messages({"MODULES": None}) == []
+    assert error.id == "jobstate.E904" and error.level == checks.ERROR and error.obj == "MODULES"
+    assert error.msg == (
+        f"TASKS['default']['OPTIONS']['MODULES'] is {modules!r}; it must be a list of module names "
+        "(strings): no module in it was imported."
+    )
+    assert '"MODULES": ["myapp.tasks"]' in error.hint

@@ -92,14 +92,18 @@ def install() -> None:
 
     from jobstate import hooks
     from jobstate.tasks.backend import on_transition
+    from jobstate.tasks.checks import names_modules
 
     # It only reads, after the commit (task_finished): no transaction needed.
     hooks.transitioned.register(on_transition, writes=lambda change: False)
     autodiscover_modules("tasks")
     for alias in aliases:
         options = settings.TASKS[alias].get("OPTIONS") or {}
-        # OPTIONS that is not a dict is jobstate.E903's to report, not a crash at startup.
-        for module in options.get("MODULES", []) if isinstance(options, dict) else []:
+        modules = options.get("MODULES") if isinstance(options, dict) else None
+        # OPTIONS that is not a dict (jobstate.E903) or MODULES not a list of names (E904,
+        # a string's characters were imported one by one) is a check's to report, not a
+        # crash at startup.
+        for module in modules if names_modules(modules) else []:
             try:
                 importlib.import_module(module)
             except ModuleNotFoundError as exc:

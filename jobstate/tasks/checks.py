@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.core import checks
 
@@ -13,6 +13,11 @@ from jobstate.tasks.options import MAX_ATTEMPTS_LIMIT
 
 # The OPTIONS keys JobstateBackend reads (its docstring and docs/howto/django-tasks.md say what).
 OPTION_KEYS = ("MAX_ATTEMPTS", "MODULES")
+
+
+def names_modules(value: Any) -> TypeGuard[list[str] | tuple[str, ...]]:
+    """Whether ``OPTIONS["MODULES"]`` is a list (or tuple) of module names."""
+    return isinstance(value, list | tuple) and all(isinstance(module, str) for module in value)
 
 
 def options_problems(alias: str, options: Any) -> Iterable[checks.CheckMessage]:
@@ -45,4 +50,13 @@ def options_problems(alias: str, options: Any) -> Iterable[checks.CheckMessage]:
             + conf.CHECKS_DOCS,
             obj="MAX_ATTEMPTS",
             id="jobstate.E902",
+        )
+    modules = options.get("MODULES")
+    if modules is not None and not names_modules(modules):
+        yield checks.Error(
+            f"{where}['MODULES'] is {modules!r}; it must be a list of module names (strings): no module "
+            "in it was imported.",
+            hint='Write "MODULES": ["myapp.tasks"], not "MODULES": "myapp.tasks". ' + conf.CHECKS_DOCS,
+            obj="MODULES",
+            id="jobstate.E904",
         )
