@@ -111,6 +111,25 @@ def test_bad_enqueue_input_is_a_400_naming_the_field_and_stores_nothing(user, bo
     assert counts() == before
 
 
+def test_with_use_tz_false_an_aware_run_after_is_stored_or_a_400_that_says_why(user, settings):
+    # With USE_TZ = False, DRF made the time naive and the service refused it ("run_after
+    # is a timezone-aware datetime."): no job could be deferred, on PostgreSQL too.
+    settings.USE_TZ = False
+    from django.db import connection
+
+    when = "2030-01-01T12:00:00+00:00"
+    response = client_for(user).post(JOBS, {"kind": "test.echo", "run_after": when}, format="json")
+    if connection.features.supports_timezones:  # PostgreSQL stores it
+        assert response.status_code == 201, response.content
+        job = Job.objects.get(pk=response.json()["id"])
+        aware = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
+        assert job.run_after == timezone.make_naive(aware)  # in TIME_ZONE
+        return
+    error = assert_error(response, 400, "invalid")
+    assert error["fields"]["run_after"][0].startswith("run_after cannot be stored with USE_TZ = False")
+    assert counts() == (0, 0)
+
+
 @pytest.mark.parametrize(
     "raw",
     [b'{"kind": "test.echo", "parameters": {"t": "\\ud800"}}', b'{"kind": "test.echo", "key": "\\udfff"}'],

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from jobstate import InvalidTransition, LeaseLost, UnknownKind, services
@@ -350,6 +350,43 @@ def test_a_run_after_outside_the_storable_years_is_a_validation_error(moment):
     with pytest.raises(ValidationError) as refused:
         services.enqueue("test.echo", {}, run_after=parse_datetime(moment))
     assert "run_after" in refused.value.message_dict and not Job.objects.exists()
+
+
+def test_with_use_tz_false_a_run_after_the_database_cannot_store_is_a_validation_error(settings):
+    # SQLite with USE_TZ = False: an aware run_after raised the database layer's ValueError
+    # at the INSERT ("SQLite backend does not support timezone-aware datetimes when USE_TZ
+    # is False"), a naive one a ValidationError naming no remedy.
+    naive, aware = datetime(2030, 1, 1, 12, 0), datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+    settings.USE_TZ = False
+    if connection.features.supports_timezones:  # PostgreSQL stores an aware run_after
+        job = services.enqueue("test.echo", {}, run_after=aware)
+        assert Job.objects.get(pk=job.pk).run_after == timezone.make_naive(aware)  # in TIME_ZONE
+        return
+    for when in (aware, naive):
+        for enqueue, options in (
+            (services.enqueue, {}),
+            (services.get_or_enqueue, {"key": "k"}),
+            (services.check_job, {}),
+        ):
+            with pytest.raises(ValidationError) as refused:
+                enqueue("test.echo", {}, run_after=when, **options)
+            assert refused.value.message_dict == {
+                "run_after": [
+                    "run_after cannot be stored with USE_TZ = False: jobstate needs a timezone-aware "
+                    f"run_after, which Django stores in {connection.display_name} only with USE_TZ = True. "
+                    "Set USE_TZ = True (Django's default) to defer jobs, or enqueue without run_after."
+                ]
+            }
+    assert not Job.objects.exists() and not JobEvent.objects.exists()
+    services.enqueue("test.echo", {})  # without run_after, as ever
+    assert Job.objects.count() == 1
+
+
+def test_a_naive_run_after_is_a_validation_error():
+    with pytest.raises(ValidationError) as refused:
+        services.enqueue("test.echo", {}, run_after=datetime(2030, 1, 1, 12, 0))
+    assert refused.value.message_dict == {"run_after": ["run_after is a timezone-aware datetime."]}
+    assert not Job.objects.exists()
 
 
 def test_a_key_with_a_nul_is_a_validation_error_and_a_reason_is_stored_as_text():

@@ -8,11 +8,12 @@ job may be created or moved is decided by jobstate.services.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from typing import Any
 
 from django.db import models
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
@@ -61,6 +62,15 @@ class UTCDateTimeField(serializers.DateTimeField):
             text = value.astimezone(UTC).isoformat()
             return text[:-6] + "Z" if text.endswith("+00:00") else text
         return super().to_representation(value)
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An input time kept timezone-aware (a naive one is read in the current time zone),
+    as the services take it, with ``USE_TZ = False`` too: DRF made it naive then, and
+    the service refused it."""
+
+    def default_timezone(self) -> tzinfo:
+        return timezone.get_current_timezone()
 
 
 class StrictCharField(serializers.CharField):
@@ -148,7 +158,7 @@ class EnqueueSerializer(serializers.Serializer[Any]):
         help_text="Input version for keyed jobs; a newer watermark re-runs a finished job.",
     )
     priority = StrictIntegerField(min_value=-32768, max_value=32767, required=False, default=0)
-    run_after = serializers.DateTimeField(
+    run_after = AwareDateTimeField(
         required=False,
         allow_null=True,
         default=None,

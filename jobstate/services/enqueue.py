@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
@@ -64,7 +65,14 @@ def _clean(
         or not SMALLINT[0] <= priority <= SMALLINT[1]
     ):
         errors["priority"] = [f"Priority is an integer between {SMALLINT[0]} and {SMALLINT[1]}."]
-    if run_after is not None and (not isinstance(run_after, datetime) or timezone.is_naive(run_after)):
+    if run_after is not None and not settings.USE_TZ and not connection.features.supports_timezones:
+        # Django would raise ValueError at the INSERT (an aware one; a naive one is refused below).
+        errors["run_after"] = [
+            "run_after cannot be stored with USE_TZ = False: jobstate needs a timezone-aware run_after, "
+            f"which Django stores in {connection.display_name} only with USE_TZ = True. Set USE_TZ = True "
+            "(Django's default) to defer jobs, or enqueue without run_after."
+        ]
+    elif run_after is not None and (not isinstance(run_after, datetime) or timezone.is_naive(run_after)):
         errors["run_after"] = ["run_after is a timezone-aware datetime."]
     elif run_after is not None and not _storable_time(run_after):
         # In UTC, as both databases store it: year 10000 is written by PostgreSQL
@@ -133,6 +141,9 @@ def get_or_enqueue(
     ``(job, created)``. Raises ``DuplicateActiveKey`` (never ``IntegrityError``)
     if the key keeps changing hands under it, or if its active job is being
     cancelled (it would end cancelled with this request's work).
+
+    ``run_after`` is a timezone-aware datetime; with ``USE_TZ = False`` only
+    PostgreSQL stores one (a ``ValidationError`` elsewhere).
     """
     spec, cleaned = _clean(
         kind,
