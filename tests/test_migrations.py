@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
+from importlib import import_module
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
+from django.db.utils import load_backend
+from django.test.utils import CaptureQueriesContext
 
 BEFORE_WAITING = [("jobstate", "0009_worker_processes")]
 
@@ -130,3 +134,52 @@ def test_history_actor_keeps_no_full_index_with_a_string_user_key():
     assert like == "jobstate_jobevent_actor_id_ceac7fe1_like"
     assert like not in indexes
     assert "jobstate_event_actor_idx" in indexes
+
+
+OWNER_KEYS = "0006_owner_scoped_keys_claimed_watermark"
+WAITING = "0010_waiting_status_step_fsm_asset_attempt"
+
+
+@pytest.fixture
+def other_database() -> Iterator[Any]:
+    """A second alias, "other": the test database through a second connection (a
+    database of its own would need its own test database). It tells which connection a
+    data step queries, which is what `migrate --database other` depends on. Made here,
+    not in DATABASES: Django's tests allow such a connection."""
+    settings = {**connection.settings_dict}
+    other = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, "other")
+    connections["other"] = other
+    try:
+        yield other
+    finally:
+        other.close()
+        del connections["other"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_data_steps_query_the_database_being_migrated(other_database):
+    # They used Job.objects (the default database) whatever `migrate --database` named.
+    from jobstate import services
+    from jobstate.models import Job
+
+    owner_keys, waiting = (import_module(f"jobstate.migrations.{name}") for name in (OWNER_KEYS, WAITING))
+    loader = MigrationExecutor(connection).loader
+    apps6, apps10 = (loader.project_state(("jobstate", name)).apps for name in (OWNER_KEYS, WAITING))
+    running = services.enqueue("test.echo", {}, watermark=7)
+    services.claim("w1")
+    Job.objects.filter(pk=running.pk).update(claimed_watermark=None)
+    parent = services.enqueue("test.echo", {}, run_after=dt.datetime(2999, 1, 1, tzinfo=dt.UTC))
+    with CaptureQueriesContext(connection) as on_default, CaptureQueriesContext(other_database) as on_other:
+        with other_database.schema_editor() as editor:
+            owner_keys.claimed_at_current_watermark(apps6, editor)
+            waiting.queued_far_future_to_waiting(apps10, editor)
+        after_forward = Job.objects.using("other").get(pk=parent.pk).status
+        with other_database.schema_editor() as editor:
+            waiting.waiting_to_queued_far_future(apps10, editor)
+    assert on_default.captured_queries == []
+    assert len(on_other.captured_queries) > 3
+    assert Job.objects.using("other").get(pk=running.pk).claimed_watermark == 7
+    assert after_forward == "waiting"
+    assert Job.objects.using("other").get(pk=parent.pk).status == "queued"
+    (event,) = Job.objects.using("other").get(pk=parent.pk).events.filter(transition="suspend")
+    assert (event.from_status, event.to_status) == ("queued", "waiting")

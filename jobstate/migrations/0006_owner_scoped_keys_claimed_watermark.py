@@ -9,7 +9,8 @@ def claimed_at_current_watermark(apps, schema_editor):
     """Jobs running during the upgrade were claimed before claimed_watermark existed:
     take their current input_watermark, the value complete() used for them until now."""
     Job = apps.get_model("jobstate", "Job")
-    Job.objects.filter(status="processing").update(claimed_watermark=F("input_watermark"))
+    db = schema_editor.connection.alias  # the database `migrate --database` names
+    Job.objects.using(db).filter(status="processing").update(claimed_watermark=F("input_watermark"))
 
 
 class Migration(migrations.Migration):

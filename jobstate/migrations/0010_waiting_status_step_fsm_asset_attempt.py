@@ -17,12 +17,13 @@ FAR_YEAR = 2500
 def queued_far_future_to_waiting(apps, schema_editor):
     Job = apps.get_model("jobstate", "Job")
     JobEvent = apps.get_model("jobstate", "JobEvent")
+    db = schema_editor.connection.alias  # the database `migrate --database` names
     now = django.utils.timezone.now()
-    ids = list(Job.objects.filter(status="queued", run_after__year__gte=FAR_YEAR).values_list("pk", flat=True))
+    ids = list(Job.objects.using(db).filter(status="queued", run_after__year__gte=FAR_YEAR).values_list("pk", flat=True))
     for start in range(0, len(ids), 1000):
         chunk = ids[start : start + 1000]
-        Job.objects.filter(pk__in=chunk, status="queued").update(status="waiting", run_after=now, updated_at=now)
-        JobEvent.objects.bulk_create(
+        Job.objects.using(db).filter(pk__in=chunk, status="queued").update(status="waiting", run_after=now, updated_at=now)
+        JobEvent.objects.using(db).bulk_create(
             [
                 JobEvent(
                     job_id=pk,
@@ -42,7 +43,7 @@ def queued_far_future_to_waiting(apps, schema_editor):
 def waiting_to_queued_far_future(apps, schema_editor):
     Job = apps.get_model("jobstate", "Job")
     far = datetime.datetime(3000, 1, 1, tzinfo=datetime.UTC)
-    Job.objects.filter(status="waiting").update(status="queued", run_after=far)
+    Job.objects.using(schema_editor.connection.alias).filter(status="waiting").update(status="queued", run_after=far)
 
 
 class Migration(migrations.Migration):
