@@ -183,3 +183,41 @@ def test_data_steps_query_the_database_being_migrated(other_database):
     assert Job.objects.using("other").get(pk=parent.pk).status == "queued"
     (event,) = Job.objects.using("other").get(pk=parent.pk).events.filter(transition="suspend")
     assert (event.from_status, event.to_status) == ("queued", "waiting")
+
+
+BEFORE_OWNER_KEYS = [("jobstate", "0005_api_owner_list_index")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_going_back_before_owner_scoped_keys_names_the_jobs_that_share_a_key(django_user_model):
+    # Since 0006 a key is unique per owner; before it, per kind among all active jobs.
+    # Going back with two owners' active jobs on one key was a bare IntegrityError.
+    from django.db.migrations.exceptions import IrreversibleError
+
+    from jobstate import services
+    from jobstate.models import Job
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    alice = django_user_model.objects.create(username="alice")
+    mine = services.enqueue("test.echo", {}, key="daily", owner=alice)
+    system = services.enqueue("test.echo", {}, key="daily")
+    services.enqueue("test.echo", {}, key="weekly", owner=alice)
+    done = services.enqueue("test.echo", {}, key="weekly")
+    Job.objects.filter(pk=done.pk).update(status="completed", finished_at=dt.datetime.now(dt.UTC))
+    try:
+        with pytest.raises(IrreversibleError) as refused:
+            migrate(BEFORE_OWNER_KEYS)
+        assert str(refused.value) == (
+            "Cannot migrate jobstate back before 0006: before it, a key was unique per kind among "
+            "the active (queued or processing) jobs of all owners, and 1 key is held by several: "
+            f"kind 'test.echo', key 'daily': jobs {mine.pk}, {system.pk}. Let them end (or cancel "
+            "them), or clear the key of all but one (Job.objects.filter(pk__in=[...]).update(key=None)), "
+            "then migrate again."
+        )
+        old = migrate([("jobstate", "0006_owner_scoped_keys_claimed_watermark")])  # where it stopped
+        old.get_model("jobstate", "Job").objects.filter(pk=system.pk).update(key=None)
+        migrate(BEFORE_OWNER_KEYS)  # nothing shared any more
+    finally:
+        migrate(latest)
+    assert Job.objects.filter(key="daily").get().pk == mine.pk

@@ -2,7 +2,8 @@
 
 from django.conf import settings
 from django.db import migrations, models
-from django.db.models import F
+from django.db.migrations.exceptions import IrreversibleError
+from django.db.models import Count, F
 
 
 def claimed_at_current_watermark(apps, schema_editor):
@@ -11,6 +12,32 @@ def claimed_at_current_watermark(apps, schema_editor):
     Job = apps.get_model("jobstate", "Job")
     db = schema_editor.connection.alias  # the database `migrate --database` names
     Job.objects.using(db).filter(status="processing").update(claimed_watermark=F("input_watermark"))
+
+
+def refuse_keys_shared_by_owners(apps, schema_editor):
+    """Going back re-adds the older constraint, one active job per (kind, key) whoever
+    owns it: name the jobs that share a key, instead of the database's bare
+    IntegrityError. Which of them should keep the key is not for a migration to guess."""
+    Job = apps.get_model("jobstate", "Job")
+    active = Job.objects.using(schema_editor.connection.alias).filter(
+        key__isnull=False, status__in=["queued", "processing"]
+    )
+    shared = active.values("kind", "key").annotate(jobs=Count("pk")).filter(jobs__gt=1).order_by("kind", "key")
+    total = shared.count()
+    if not total:
+        return
+    named = []
+    for row in shared[:5]:
+        jobs = active.filter(kind=row["kind"], key=row["key"]).order_by("created_at", "pk")
+        ids = ", ".join(str(pk) for pk in jobs.values_list("pk", flat=True))
+        named.append(f"kind {row['kind']!r}, key {row['key']!r}: jobs {ids}")
+    raise IrreversibleError(
+        "Cannot migrate jobstate back before 0006: before it, a key was unique per kind among the "
+        f"active (queued or processing) jobs of all owners, and {total} key{'s are' if total > 1 else ' is'} "
+        f"held by several: {'; '.join(named)}{'; ...' if total > len(named) else ''}. Let them end (or "
+        "cancel them), or clear the key of all but one (Job.objects.filter(pk__in=[...]).update(key=None)), "
+        "then migrate again."
+    )
 
 
 class Migration(migrations.Migration):
@@ -30,7 +57,8 @@ class Migration(migrations.Migration):
             name='claimed_watermark',
             field=models.BigIntegerField(blank=True, help_text='input_watermark when the current attempt was claimed.', null=True),
         ),
-        migrations.RunPython(claimed_at_current_watermark, migrations.RunPython.noop),
+        # Reversed before the older constraint is added back (RemoveConstraint, above).
+        migrations.RunPython(claimed_at_current_watermark, refuse_keys_shared_by_owners),
         migrations.AlterField(
             model_name='job',
             name='key',
