@@ -158,7 +158,22 @@ def sqlstate(exc: BaseException) -> str | None:
 def waited_on_a_lock(exc: BaseException) -> bool:
     """Did this database error end a wait for a lock (PostgreSQL's lock_timeout,
     SQLite's busy timeout), as opposed to a connection that failed?"""
-    if sqlstate(exc) in LOCK_WAIT_STATES:
-        return True
+    return sqlstate(exc) in LOCK_WAIT_STATES or _sqlite_locked(exc)
+
+
+# SQLSTATEs of contention between transactions, which the same request may get past
+# when tried again: lock_not_available (lock_timeout), deadlock_detected,
+# serialization_failure.
+CONTENTION_STATES = frozenset({"55P03", "40P01", "40001"})
+
+
+def contended(exc: BaseException) -> bool:
+    """Did this database error come from other transactions holding what it needed
+    (PostgreSQL's lock timeout, deadlock or serialization failure; SQLite's
+    "database is locked"), rather than from a failed connection or a bug?"""
+    return sqlstate(exc) in CONTENTION_STATES or _sqlite_locked(exc)
+
+
+def _sqlite_locked(exc: BaseException) -> bool:
     message = str(exc)
     return "database is locked" in message or "database table is locked" in message

@@ -3,13 +3,16 @@ authentication, throttling and the error shape at the edges."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import psycopg.errors
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
+from django.db import IntegrityError, OperationalError
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -176,6 +179,67 @@ def test_no_configured_rate_means_no_throttle(user):
 def test_an_unexpected_error_is_a_json_500_and_logged(user, monkeypatch, caplog):
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("bug")
+
+    monkeypatch.setattr("jobstate.api.views.services.request_cancel", broken)
+    job = make_job(user)
+    assert_error(client_for(user).post(f"{JOBS}{job.pk}/cancel/"), 500, "server_error")
+    assert "Unhandled error" in caplog.text
+
+
+def operational_error(cause: Exception) -> OperationalError:
+    """The database error as Django raises it: its own class, the driver's as the cause."""
+    try:
+        raise cause
+    except Exception as exc:
+        try:
+            raise OperationalError(*exc.args) from exc
+        except OperationalError as wrapped:
+            return wrapped
+
+
+CONTENTION = [
+    sqlite3.OperationalError("database is locked"),
+    sqlite3.OperationalError("database table is locked: jobstate_job"),
+    psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"),
+    psycopg.errors.DeadlockDetected("deadlock detected"),
+    psycopg.errors.SerializationFailure("could not serialize access due to concurrent update"),
+]
+
+
+@pytest.mark.parametrize("cause", CONTENTION, ids=lambda cause: type(cause).__name__ + ": " + str(cause))
+def test_database_contention_is_a_503_to_retry(user, monkeypatch, caplog, cause):
+    # Two writers on SQLite without IMMEDIATE (jobstate.W009), or a lock timeout, deadlock
+    # or serialization failure on PostgreSQL: it was a 500 server_error, logged as a bug.
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        raise operational_error(cause)
+
+    monkeypatch.setattr("jobstate.api.views.services.request_cancel", busy)
+    job = make_job(user)
+    response = client_for(user).post(f"{JOBS}{job.pk}/cancel/")
+    error = assert_error(response, 503, "database_busy")
+    assert error == {
+        "code": "database_busy",
+        "message": "The database is busy with other writes; try again after Retry-After seconds.",
+        "fields": {},
+    }
+    assert response["Retry-After"] == "1"
+    assert Job.objects.get(pk=job.pk).status == job.status
+    assert "Unhandled error" not in caplog.text and "Database busy" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        operational_error(sqlite3.OperationalError("disk I/O error")),
+        operational_error(psycopg.errors.QueryCanceled("canceling statement due to statement timeout")),
+        operational_error(psycopg.errors.AdminShutdown("terminating connection")),
+        IntegrityError("database is locked"),
+    ],
+    ids=str,
+)
+def test_other_database_errors_are_still_a_500(user, monkeypatch, caplog, exc):
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise exc
 
     monkeypatch.setattr("jobstate.api.views.services.request_cancel", broken)
     job = make_job(user)

@@ -14,6 +14,7 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
@@ -28,10 +29,15 @@ from jobstate.exceptions import (
     ParentEnded,
     RangeNotSatisfiable,
     UnknownKind,
+    contended,
 )
 from jobstate.services import DuplicateActiveKey
 
 logger = logging.getLogger("jobstate.api")
+
+# Seconds a client waits before trying again a request the database was too busy for
+# (a lock held by another write: SQLite's busy timeout, PostgreSQL's lock_timeout).
+BUSY_RETRY_AFTER = 1
 
 
 class Conflict(exceptions.APIException):
@@ -160,6 +166,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
         if getattr(exc, "wait", None) is not None:
             headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+    elif isinstance(exc, OperationalError) and contended(exc):
+        # Its transaction was rolled back: the same request may succeed in a moment.
+        logger.warning("Database busy in API view %s: %s", context.get("view"), exc)
+        code, status_code, fields = "database_busy", 503, {}
+        message = "The database is busy with other writes; try again after Retry-After seconds."
+        headers["Retry-After"] = str(BUSY_RETRY_AFTER)
     else:
         # A bug, not bad input: log it with its traceback, answer in the same shape.
         logger.exception("Unhandled error in API view %s", context.get("view"))

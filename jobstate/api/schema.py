@@ -47,6 +47,7 @@ DESCRIPTIONS = {
     "413": "Request body too large.",
     "415": "Unsupported media type (send JSON).",
     "429": "Throttled; retry after `Retry-After` seconds.",
+    "503": "The database is busy with other writes (`database_busy`); retry after `Retry-After` seconds.",
 }
 
 
@@ -76,7 +77,7 @@ class JobstateAutoSchema(AutoSchema):
         responses = super()._get_response_bodies(direction)
         if direction != "response":
             return responses
-        codes = ["400", "401", "403", "405", "406", "429"]
+        codes = ["400", "401", "403", "405", "406", "429", "503"]
         if "{" in self.path:
             codes.append("404")
         if self.method in ("POST", "PUT", "PATCH"):
