@@ -223,6 +223,14 @@ def test_stuck_lists_the_callers_jobs_with_reason_and_remedy(user, other_user, s
     assert_error(client_for(user).get("/api/jobs/stuck/", {"reason": "bored"}), 400, "invalid")
 
 
+def test_stuck_since_is_in_the_apis_utc_format(user):
+    # As every other date-time of the API ("…Z"), not isoformat's "+00:00".
+    job = lost(user)
+    [finding] = client_for(user).get("/api/jobs/stuck/").json()
+    assert finding["since"].endswith("Z"), finding["since"]
+    assert dt.datetime.fromisoformat(finding["since"]) == Job.objects.get(pk=job.pk).lease_expires_at
+
+
 def test_owners_cannot_use_operator_remedies(user):
     job = lost(user)
     assert "requeue" not in client_for(user).get(job_url(job)).json()["allowed_actions"]

@@ -304,7 +304,9 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         params.is_valid(raise_exception=True)
         codes = params.validated_data.get("reason") or None
         findings = find_stuck(codes=codes, queryset=visible_jobs(request.user))
-        return Response(StuckSerializer([f.as_dict() for f in findings], many=True).data)
+        # ``since`` as a datetime, for the API's own format ("…Z"); as_dict's is isoformat's.
+        rows = [{**f.as_dict(), "since": f.since} for f in findings]
+        return Response(StuckSerializer(rows, many=True).data)
 
     @extend_schema(
         summary="Transition history",
