@@ -3,8 +3,10 @@ deliveries and re-enabling; and the admin pages."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -273,6 +275,28 @@ def test_deliveries_are_listed_newest_first(user, other_user):
         (1, 500, False),
     ]
     assert client_for(other_user).get(f"{URL}{endpoint.pk}/deliveries/").status_code == 404
+
+
+@override_settings(TIME_ZONE="Asia/Kolkata", REST_FRAMEWORK={"DATETIME_FORMAT": "%d.%m.%Y %H:%M"})
+def test_times_are_utc_iso_8601_whatever_the_projects_settings(user):
+    # As the jobs' (tests/test_api_jobs.py): not the project's format or time zone.
+    client = client_for(user)
+    created = client.post(URL, {"url": "https://hooks.example.com/a"}, format="json").json()
+    endpoint = WebhookEndpoint.objects.get(pk=created["id"])
+    rotated = client.post(f"{URL}{endpoint.pk}/rotate-secret/", {}, format="json").json()
+    delivery = WebhookDelivery.objects.create(
+        endpoint=endpoint, webhook_id="msg_1", event="job.completed", job_id=uuid.uuid4()
+    )
+    [listed] = client.get(f"{URL}{endpoint.pk}/deliveries/").json()["results"]
+    endpoint.refresh_from_db()
+    for text, moment in [
+        (created["created_at"], endpoint.created_at),
+        (rotated["updated_at"], endpoint.updated_at),
+        (rotated["previous_secret_expires_at"], endpoint.previous_secret_expires_at),
+        (listed["created_at"], delivery.created_at),
+    ]:
+        assert text.endswith("Z"), text
+        assert dt.datetime.fromisoformat(text) == moment
 
 
 def test_the_admin_lists_endpoints_and_deliveries(admin_client, user):

@@ -35,6 +35,7 @@ from jobstate.api.errors import Conflict
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
+from jobstate.api.serializers import OutputSerializer
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, new_secret
 
@@ -52,7 +53,9 @@ def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bo
     )
 
 
-class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
+# OutputSerializer: date-times in the API's format (ISO 8601 in UTC, "…Z"), not the
+# project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE.
+class WebhookEndpointSerializer(OutputSerializer):
     owner = serializers.SerializerMethodField()
     # No default: an update that leaves it out keeps it (a PUT turned a global
     # endpoint into its editor's own); a new endpoint is the caller's unless asked.
@@ -123,7 +126,7 @@ class WebhookEndpointSerializer(serializers.ModelSerializer[WebhookEndpoint]):
         return attrs
 
 
-class DeliverySerializer(serializers.ModelSerializer[WebhookDelivery]):
+class DeliverySerializer(OutputSerializer):
     class Meta:
         model = WebhookDelivery
         fields = [
