@@ -198,3 +198,23 @@ def test_a_range_does_not_open_the_download_to_others(client: Any, staff_user: A
     client.force_login(staff_user)
     for header in ("bytes=0-9", "bytes=999999-"):
         assert client.get(download(report), HTTP_RANGE=header).status_code == 404
+def test_staff_who_may_view_jobs_open_the_job_pages_link_to_all_its_assets(
+    client: Any, viewer: Any, django_user_model: Any
+) -> None:
+    # The job page shows assets to view_job or change_job (may_view_all) and, past 50,
+    # links to the asset list filtered by the job: that list answered them 403.
+    job = processing()
+    for i in range(51):
+        services.add_asset(job, asset_type="link", url=f"https://example.org/{i}.json")
+    changer = grant(
+        django_user_model.objects.create_user("cj", password="pw-123456", is_staff=True), "change_job"
+    )
+    for staff in (viewer, changer):
+        client.force_login(staff)
+        page = client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+        link = f"{LIST}?job={job.pk}"
+        assert f'href="{link}"' in page
+        response = client.get(link)
+        assert response.status_code == 200, staff
+        assert "https://example.org/50.json" in response.content.decode()  # the newest
+        assert client.get(reverse("admin:jobstate_asset_add")).status_code == 403

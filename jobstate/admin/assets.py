@@ -83,6 +83,11 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         # The job is joined for its kind: not its heavy columns (as the job list).
         return super().get_queryset(request).defer(*(f"job__{f}" for f in LIST_DEFERRED))
 
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Also whoever may view jobs: the job page shows them its assets (download links
+        # included) and links here for the rest.
+        return super().has_view_permission(request, obj) or may_view_all(request.user)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # assets are added by jobs, through jobstate.services.add_asset
 
