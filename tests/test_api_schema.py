@@ -72,6 +72,18 @@ def test_docs_are_served_from_the_installed_packages_without_a_cdn(user):
     assert "drf_spectacular_sidecar" in html
 
 
+@pytest.mark.parametrize("accept", ["text/html", "*/*"])
+def test_options_on_the_docs_page_lists_its_methods(accept):
+    # DRF's OPTIONS answer is metadata, which the page's HTML renderer had no template
+    # for: a 500 (a browser's or a scanner's OPTIONS).
+    client = client_for(None)
+    client.raise_request_exception = False
+    response = client.options("/api/docs/", HTTP_ACCEPT=accept)
+    assert response.status_code == 200, response.content[:300]
+    assert {m.strip() for m in response["Allow"].split(",")} >= {"GET", "HEAD", "OPTIONS"}
+    assert response.content == b""
+
+
 class InTransactionApp:
     """Django's WSGI handler for use inside a test transaction: like the test
     client, it keeps Django from closing the connection at request start/end."""

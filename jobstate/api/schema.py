@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.templatetags.static import static
+from django.views import View
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import spectacular_settings
@@ -177,3 +178,8 @@ class JobstateDocsView(_OwnViews, SpectacularSwaggerView):
     @extend_schema(exclude=True)
     def get(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         return super().get(request, *args, **kwargs)
+
+    def options(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # Django's answer, the allowed methods: DRF's (the view's metadata) found no
+        # template for the page's HTML renderer, a 500.
+        return View.options(self, request, *args, **kwargs)
