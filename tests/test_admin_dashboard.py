@@ -3,6 +3,7 @@ capped paginator."""
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobstate.admin import charts, stats
+from jobstate.admin import paginator as paginator_module
 from jobstate.admin.paginator import CappedPaginator, estimated_rows
 from jobstate.ids import short
 from jobstate.models import Job
@@ -164,6 +166,32 @@ def test_capped_paginator_and_list_label(admin_client: Any) -> None:
     with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 5}):
         html = admin_client.get(f"{LIST}?status=queued").content.decode()
     assert "more than 5 jobs" in html and "counted up to 5" in html
+
+
+def total_tile(html: str) -> str:
+    found = re.search(
+        r'<span class="js-tile-n">([^<]*)</span><span class="js-tile-l">(jobs in all[^<]*)</span>', html
+    )
+    assert found, html
+    return " ".join(found.groups())
+
+
+@pytest.mark.django_db
+def test_the_total_tile_says_what_the_list_it_links_to_says(admin_client: Any, monkeypatch: Any) -> None:
+    # A count capped at ADMIN_COUNT_CAP is a lower bound (the list: "more than 3"),
+    # not an estimate: the tile said "≈3 jobs in all (estimate)".
+    for _ in range(5):
+        queued()
+    monkeypatch.setattr(paginator_module, "estimated_rows", lambda qs: None)
+    assert total_tile(admin_client.get(DASHBOARD).content.decode()) == "5 jobs in all"
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 3}):
+        assert total_tile(admin_client.get(DASHBOARD).content.decode()) == "3+ jobs in all"
+        assert "more than 3 jobs" in admin_client.get(LIST).content.decode()
+    # PostgreSQL's estimate of a large table: as the list, "about", with thousands separators.
+    monkeypatch.setattr(paginator_module, "estimated_rows", lambda qs: 1234567)
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 3}):
+        assert total_tile(admin_client.get(DASHBOARD).content.decode()) == "≈1,234,567 jobs in all (estimate)"
+        assert "about 1,234,567 jobs" in admin_client.get(LIST).content.decode()
 
 
 @pytest.mark.django_db

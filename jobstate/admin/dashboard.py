@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from jobstate import stuck
 from jobstate.admin import charts, display, stats, workers
+from jobstate.admin.paginator import CappedPaginator
 from jobstate.admin.views import page_context
 from jobstate.states import Status
 
@@ -65,7 +66,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     changelist = reverse("admin:jobstate_job_changelist")
     by_kind = stats.kind_counts(day_ago)
     active = stats.active_counts(by_kind)
-    total, total_is_estimate = stats.total_jobs()
+    counted = stats.counted_jobs()
     minute = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
     hour = stats.throughput(now, span=timedelta(days=1), bucket="hour")
     times = stats.durations(now)
@@ -85,8 +86,10 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         "Jobs dashboard",
         now=now,
         active=active,
-        total=total,
-        total_is_estimate=total_is_estimate,
+        total=counted.count,
+        total_is_estimate=counted.is_estimate or counted.is_capped,
+        total_label=_total_label(counted),
+        total_estimated=counted.is_estimate,
         status_chart=charts.bar_chart(bars, label="Active jobs now and jobs finished in the last 24 hours"),
         kind_rows=_kind_rows(by_kind, changelist),
         more_kinds=max(0, len(by_kind) - KIND_ROWS),
@@ -122,6 +125,14 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         colours=colours,
     )
     return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)
+
+
+def _total_label(counted: CappedPaginator) -> str:
+    # As the job list it links to says it: a capped count is a lower bound ("more
+    # than"), only PostgreSQL's row estimate is one ("about").
+    if counted.is_capped:
+        return f"{counted.count:,}+"
+    return f"≈{counted.count:,}" if counted.is_estimate else f"{counted.count:,}"
 
 
 def _pct(rate: float | None) -> str:

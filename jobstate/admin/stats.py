@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.db import connections
@@ -19,6 +19,9 @@ from django.utils import timezone
 from jobstate import conf
 from jobstate.models import Job
 from jobstate.states import Status
+
+if TYPE_CHECKING:
+    from jobstate.admin.paginator import CappedPaginator
 
 DURATION_SAMPLE = 5000
 ACTIVE_ORDER = (Status.QUEUED, Status.WAITING, Status.PROCESSING)
@@ -50,10 +53,18 @@ def active_counts(by_kind: dict[str, dict[str, int]]) -> dict[str, int]:
 def total_jobs(using: str = "default") -> tuple[int, bool]:
     """(number of jobs, whether it is an estimate): PostgreSQL's row estimate on a
     large table, else a capped count."""
+    paginator = counted_jobs(using)
+    return paginator.count, paginator.is_estimate or paginator.is_capped
+
+
+def counted_jobs(using: str = "default") -> CappedPaginator:
+    """Every job counted as the job list counts them: ``count``, and whether it is
+    PostgreSQL's estimate (``is_estimate``) or the cap (``is_capped``)."""
     from jobstate.admin.paginator import CappedPaginator
 
     paginator = CappedPaginator(Job.objects.using(using).all(), 1)
-    return paginator.count, paginator.is_estimate or paginator.is_capped
+    _ = paginator.count  # sets is_estimate and is_capped
+    return paginator
 
 
 @dataclass
