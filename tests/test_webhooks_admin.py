@@ -277,3 +277,17 @@ def test_the_delivery_search_finds_a_job_or_a_message_by_an_index(admin_client, 
     assert found("0193aaaa") == {"msg_a"}  # the start of an id
     assert found("msg_b") == {"msg_b"}
     assert found("msg") == set() and found("0193") == {"msg_a"}
+
+
+def test_the_endpoint_search_finds_an_owner_by_the_user_models_own_name_field(
+    admin_client, django_user_model, monkeypatch
+):
+    # A project's user model may name its users by another field (USERNAME_FIELD, an
+    # email, say) and have no ``username`` at all: the search must not assume one.
+    owner = django_user_model.objects.create_user("dora", email="dora@example.org", password="pw-dora-123")
+    WebhookEndpoint.objects.create(owner=owner, url="https://hooks.example.com/dora")
+    WebhookEndpoint.objects.create(url="https://hooks.example.com/global")
+    monkeypatch.setattr(django_user_model, "USERNAME_FIELD", "email")
+    response = admin_client.get("/admin/jobstate/webhookendpoint/", {"q": "dora@example.org"})
+    assert response.status_code == 200
+    assert [e.url for e in response.context["cl"].result_list] == ["https://hooks.example.com/dora"]

@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
@@ -106,7 +107,7 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     form = WebhookEndpointForm
     list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_reason", "created_at")
     list_filter = ("enabled",)
-    search_fields = ("url", "description", "owner__username")
+    search_fields = ("url", "description")  # and the owner's name: get_search_fields
     raw_id_fields = ("owner",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     readonly_fields = WebhookEndpoint.SERVER_FIELDS
@@ -119,6 +120,10 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         if obj is not None and not self.has_change_permission(request, obj):
             fields = [f for f in fields if f != "secret"]
         return fields
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        # The user model's own name field: a custom one may have no ``username`` (a 500).
+        return (*self.search_fields, f"owner__{get_user_model().USERNAME_FIELD}")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookEndpoint]:
         # As in the API: without jobstate.view_job (or change_job), one's own endpoints only.
