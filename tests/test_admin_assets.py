@@ -198,6 +198,8 @@ def test_a_range_does_not_open_the_download_to_others(client: Any, staff_user: A
     client.force_login(staff_user)
     for header in ("bytes=0-9", "bytes=999999-"):
         assert client.get(download(report), HTTP_RANGE=header).status_code == 404
+
+
 def test_staff_who_may_view_jobs_open_the_job_pages_link_to_all_its_assets(
     client: Any, viewer: Any, django_user_model: Any
 ) -> None:
