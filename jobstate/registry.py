@@ -96,6 +96,11 @@ def _is_serializer_class(obj: Any) -> bool:
 
 _registry: dict[str, HandlerSpec] = {}
 
+# Keyword options that ``handler`` takes besides its named ones: set by jobstate itself
+# (``jobstate.workflow`` passes its class). Any other is a typo, refused.
+_INTERNAL_OPTIONS = frozenset({"workflow"})
+_OPTIONS = "max_attempts, timeout, concurrency, retry_backoff, schema and api"
+
 
 def handler(
     name: str,
@@ -119,6 +124,12 @@ def handler(
     ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
     validate_name(name)
+    unknown = sorted(set(options) - _INTERNAL_OPTIONS)
+    if unknown:
+        # A typo (max_attemps=5) would otherwise be kept and never read.
+        raise TypeError(
+            f"Handler '{name}': unknown option(s) {', '.join(unknown)}; the options are {_OPTIONS}"
+        )
     validate_api_policy(name, api)
     # "not >= 1" and isfinite(): NaN compares false, and int(inf) raises at the first claim.
     if max_attempts is not None and not (max_attempts >= 1 and math.isfinite(max_attempts)):

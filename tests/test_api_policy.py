@@ -8,7 +8,9 @@ import datetime as dt
 import pytest
 from django.contrib.auth.models import Permission
 
+import jobstate
 from jobstate import registry, services
+from jobstate.exceptions import UnknownKind
 from jobstate.models import Job, JobEvent
 from tests.api_support import JOBS, assert_error, client_for, failed, grant, job_url, make_job
 
@@ -29,6 +31,30 @@ def test_the_default_policy_is_not_startable_through_the_api(temp_handler):
 def test_a_bad_policy_is_refused_at_registration(temp_handler, policy):
     with pytest.raises(ValueError, match="api must be False, True or a permission name"):
         temp_handler("test.bad_policy", api=policy)
+
+
+@pytest.mark.parametrize("options", [{"max_attemps": 5}, {"retries": 5, "time_limit": 30}])
+def test_an_unknown_handler_option_is_refused_at_registration(temp_handler, options):
+    # A typo was kept among the spec's options and never read: max_attempts stayed the default.
+    with pytest.raises(TypeError, match=r"Handler 'test\.typo': unknown option") as raised:
+        temp_handler("test.typo", **options)
+    assert all(name in str(raised.value) for name in options)
+    assert "the options are max_attempts, timeout" in str(raised.value)
+    with pytest.raises(UnknownKind):
+        registry.get_handler("test.typo")
+
+
+def test_an_unknown_workflow_option_is_refused_at_registration():
+    class Typo(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx):  # type: ignore[no-untyped-def]
+            return None
+
+    try:
+        with pytest.raises(TypeError, match=r"Handler 'test\.typo_flow': unknown option\(s\) max_attemps"):
+            jobstate.workflow("test.typo_flow", max_attemps=2, api=True)(Typo)
+    finally:
+        registry.unregister("test.typo_flow")
 
 
 # Enqueue ------------------------------------------------------------------------
