@@ -16,7 +16,7 @@ from jobstate import services
 from jobstate.models import Job, JobEvent
 from jobstate.services import control
 from jobstate.states import Status
-from tests.admin_support import failed, processing, queued
+from tests.admin_support import completed, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -64,7 +64,16 @@ def test_enqueue_with_every_option(user: Any) -> None:
     event = JobEvent.objects.get(job=job)
     assert event.actor_label.startswith("cli:") and event.reason == "enqueued from the command line"
     again, err = run("jobstate", "enqueue", "test.echo", "--owner", user.username, "--key", "k-1")
-    assert again.strip() == str(job.pk) and "exists" in err and Job.objects.count() == 1
+    assert again.strip() == str(job.pk) and Job.objects.count() == 1
+    assert err.strip() == "A job with key 'k-1' exists (queued); nothing queued."
+
+
+def test_enqueue_with_the_key_of_a_completed_job_does_not_call_it_active() -> None:
+    # It said "An active job with key 'done' exists (completed)".
+    done = completed(key="done")
+    out, err = run("jobstate", "enqueue", "test.echo", "--key", "done")
+    assert out.strip() == str(done.pk) and Job.objects.count() == 1
+    assert err.strip() == "A job with key 'done' exists (completed); nothing queued."
 
 
 def test_enqueue_errors_are_one_line(user: Any) -> None:

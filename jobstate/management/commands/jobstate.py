@@ -96,10 +96,8 @@ class Command(BaseCommand):
             reason=options["reason"] or "enqueued from the command line",
         )
         self.stdout.write(str(job.pk))
-        if not created:
-            self.stderr.write(
-                f"An active job with key '{options['key']}' exists ({job.status}); nothing queued."
-            )
+        if not created:  # the key's active job, or its last completed one
+            self.stderr.write(f"A job with key '{options['key']}' exists ({job.status}); nothing queued.")
 
     def do_cancel(self, options: dict[str, Any]) -> None:
         job = services.request_cancel(get_job(options["job"]), cli_actor(), options["reason"])
