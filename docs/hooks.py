@@ -90,7 +90,9 @@ def settings_reference() -> str:
     lines = source.splitlines()
     from jobstate import conf
 
-    groups: list[tuple[str, list[str]]] = []
+    # (section title, comment, keys); a comment line such as "# Webhooks -----" opens a
+    # section: a heading, not part of the text of the keys below it.
+    groups: list[tuple[str, str, list[str]]] = []
     previous_end = defaults.lineno  # the line holding "DEFAULTS = {"
     for key_node in defaults.keys:
         assert isinstance(key_node, ast.Constant)
@@ -99,14 +101,18 @@ def settings_reference() -> str:
             for line in lines[previous_end : key_node.lineno - 1]
             if line.strip().startswith("#")
         ]
-        if comment or not groups:
-            groups.append((" ".join(comment), []))
-        groups[-1][1].append(key_node.value)
+        titles = [m.group(1) for line in comment if (m := re.fullmatch(r"(\w[\w ]*?)\s*-{3,}", line))]
+        comment = [line for line in comment if not re.fullmatch(r"(\w[\w ]*?)\s*-{3,}", line)]
+        if comment or titles or not groups:
+            groups.append((" ".join(titles), " ".join(comment), []))
+        groups[-1][2].append(key_node.value)
         value_node = defaults.values[defaults.keys.index(key_node)]
         previous_end = value_node.end_lineno or key_node.lineno
 
     out = io.StringIO()
-    for text, keys in groups:
+    for title, text, keys in groups:
+        if title:
+            out.write(f"## {title}\n\n")
         if text:
             out.write(f"{text}\n\n")
         out.write("| key | type | default |\n|---|---|---|\n")

@@ -16,6 +16,7 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_SECONDS": 60,
     # Seconds between background heartbeats while a handler runs.
     "HEARTBEAT_SECONDS": 10,
+    # Runs of a job (the first one counts) for handlers that do not set max_attempts.
     "DEFAULT_MAX_ATTEMPTS": 3,
     # Per-attempt timeout for handlers that do not set one (seconds).
     "DEFAULT_TIMEOUT": 600,

@@ -211,6 +211,20 @@ def test_settings_reference_gives_each_key_the_types_the_check_accepts(hooks):
         assert [name.strip() for name in cell.split("\\|")] == expected, key
 
 
+def test_settings_reference_describes_each_key_by_its_own_comment(hooks):
+    # DEFAULT_MAX_ATTEMPTS sat under "Seconds between background heartbeats", and the
+    # "# Webhooks -----" section lines were printed as part of a key's description.
+    reference = hooks.settings_reference()
+    table = r"\| key \| type \| default \|\n\|---\|---\|---\|\n((?:\|.*\n)+)"
+    texts = re.findall(r"^(?!\|)(.+)\n\n" + table, reference, re.M)
+    described = {key: text for text, rows in texts for key in re.findall(r"^\| `(\w+)`", rows, re.M)}
+    assert described.keys() == conf.DEFAULTS.keys()
+    assert "max_attempts" in described["DEFAULT_MAX_ATTEMPTS"], described["DEFAULT_MAX_ATTEMPTS"]
+    assert not any("---" in text for text in described.values())
+    for section in ("Webhooks", "Metrics", "Tracing"):
+        assert f"\n## {section}\n" in reference
+
+
 def test_service_reference_documents_every_public_name_where_it_is_defined(hooks):
     """reference/services.md gets one mkdocstrings block per name in __all__, each at the
     path that really holds it (griffe reads jobstate.services.enqueue as the submodule)."""
