@@ -551,7 +551,7 @@ def test_a_partial_fan_in_is_fanned_in_again_after_its_failed_child_was_retried(
     parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})  # max_attempts=2
     drain()  # split, its children, then the woken parent: its fan-in notes partial, then fails
     parent.refresh_from_db()
-    assert parent.status == Status.QUEUED and step(parent, "split").detail["partial"]
+    assert parent.status == Status.QUEUED and step(parent, "split").detail["fan_in_partial"]
     failing = Job.objects.get(parent=parent, status=Status.FAILED)
     Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})  # the cause, fixed
     again = services.retry(failing, "ops", "fixed")
@@ -561,7 +561,92 @@ def test_a_partial_fan_in_is_fanned_in_again_after_its_failed_child_was_retried(
     assert (parent.status, parent.error_message) == (Status.COMPLETED, "")
     split = step(parent, "split")
     assert split.output["completed"] == 3 and split.output["retried"] == {str(failing.pk): str(again.pk)}
-    assert "partial" not in split.detail
+    assert "partial" not in split.detail and "fan_in_partial" not in split.detail
+
+
+def _fan_in_fails_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first ``steps.complete`` of step split raises: its run fails after the fan-in."""
+    from jobstate.workflows import steps
+
+    real_complete = steps.complete
+    calls: list[str] = []
+
+    def flaky_complete(job: Job, token: Any, row: JobStep, *args: Any, **kwargs: Any) -> None:
+        calls.append(row.name)
+        if calls == ["split"]:
+            raise RuntimeError("database hiccup")
+        real_complete(job, token, row, *args, **kwargs)
+
+    monkeypatch.setattr(steps, "complete", flaky_complete)
+
+
+def test_a_fan_out_step_keeps_its_own_partial_note_next_to_its_fan_ins():
+    """The step body's ``ctx.mark_partial`` and the fan-in's note are two notes: the
+    fan-in overwrote the body's (the workflow's error named only the children)."""
+    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1], "mark_partial": "1 source skipped"})
+    drain()
+    parent.refresh_from_db()
+    assert parent.status == Status.PARTIAL
+    assert parent.error_message == "split: 1 source skipped; split: 1 of 3 child jobs did not complete"
+    detail = step(parent, "split").detail
+    assert detail["partial"] == "1 source skipped"
+    assert detail["fan_in_partial"] == "1 of 3 child jobs did not complete"
+    assert "partial_children" not in detail
+    assert state(parent)["steps"][0]["detail"]["fan_in_partial"] == "1 of 3 child jobs did not complete"
+
+
+def test_a_fan_in_that_finds_every_child_completed_keeps_the_bodys_partial_note(monkeypatch):
+    """The body marked the step partial; its first fan-in counted a child out, then the
+    run failed; the retried child completed: the second fan-in dropped the body's note
+    with its own, and the workflow ended completed."""
+    from jobstate.worker.runner import run_job
+
+    _fan_in_fails_once(monkeypatch)
+    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1], "mark_partial": "1 source skipped"})
+    drain()  # split, its children, then the woken parent: its fan-in notes partial, then fails
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED
+    failing = Job.objects.get(parent=parent, status=Status.FAILED)
+    Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})  # the cause, fixed
+    services.retry(failing, "ops", "fixed")
+    assert drain(kinds=["wf.child"]) == 1
+    assert run_job(services.start(parent.pk, "w2"), "w2") == "partial"
+    parent.refresh_from_db()
+    assert (parent.status, parent.error_message) == (Status.PARTIAL, "split: 1 source skipped")
+    detail = step(parent, "split").detail
+    assert detail["partial"] == "1 source skipped" and "fan_in_partial" not in detail
+
+
+@pytest.mark.parametrize("children_complete", [True, False])
+def test_a_fan_in_note_stored_before_it_had_its_own_key_is_read_as_the_fan_ins(
+    monkeypatch, children_complete
+):
+    """Rows written before: the fan-in's note in ``partial``, with ``partial_children``."""
+    from jobstate.worker.runner import run_job
+
+    _fan_in_fails_once(monkeypatch)
+    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})
+    drain()
+    split = step(parent, "split")
+    summary = split.detail.pop("fan_in_partial")
+    JobStep.objects.filter(pk=split.pk).update(
+        detail={**split.detail, "partial": summary, "partial_children": True}
+    )
+    if children_complete:
+        failing = Job.objects.get(parent=parent, status=Status.FAILED)
+        Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})
+        services.retry(failing, "ops", "fixed")
+        assert drain(kinds=["wf.child"]) == 1
+    outcome = run_job(services.start(parent.pk, "w2"), "w2")
+    parent.refresh_from_db()
+    detail = step(parent, "split").detail
+    assert "partial" not in detail and "partial_children" not in detail
+    if children_complete:
+        assert (outcome, parent.error_message) == ("completed", "")
+        assert "fan_in_partial" not in detail
+    else:
+        assert (outcome, parent.error_message) == ("partial", "split: 1 of 3 child jobs did not complete")
+        assert detail["fan_in_partial"] == summary
 
 
 def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():

@@ -172,6 +172,8 @@ class _Fan(jobstate.Workflow):
     @jobstate.step()
     def split(self, ctx: Any) -> dict[str, int]:
         effect(ctx, "split")
+        if note := ctx.parameters.get("mark_partial"):
+            ctx.mark_partial(note)
         n = int(ctx.parameters.get("n", 10))
         for i in range(n):
             ctx.spawn(

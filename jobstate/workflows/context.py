@@ -245,7 +245,7 @@ class StepContext:
     def mark_partial(self, message: str) -> None:
         """Let the workflow go on, but end it ``partial`` with ``message`` (kept across crashes)."""
         self._active("mark partial")
-        steps.note(self.job, self.token, self.step, partial=str(message)[:1000])
+        steps.note(self.job, self.token, self.step, **{steps.PARTIAL: str(message)[:1000]})
 
     def _active(self, what: str) -> None:
         if self.undoing:

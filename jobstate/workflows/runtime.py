@@ -91,7 +91,7 @@ class Run:
                 self._step(spec, row)
         result = self.wf.result(dict(self.outputs))
         details = dict(JobStep.objects.filter(job_id=self.job.pk).values_list("name", "detail"))
-        notes = [f"{s.name}: {n}" for s in self.specs if (n := (details.get(s.name) or {}).get("partial"))]
+        notes = [f"{s.name}: {n}" for s in self.specs for n in steps.partial_notes(details.get(s.name) or {})]
         if notes:
             raise Partial("; ".join(notes), result)
         return result
