@@ -186,6 +186,35 @@ def test_a_worker_failing_a_parent_for_good_cancels_its_children():
     assert kid.status == Status.CANCELLED
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("max_attempts", [2, 1], ids=["retried", "failed"])
+def test_a_failing_child_locks_its_parent_once(temp_handler, max_attempts):
+    """The worker's end of the attempt, ``services.fail`` and its ``move`` are one
+    transaction: each locked the parent's row again (2 statements for a retry, 3 for
+    the final failure)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobstate.worker.runner import run_next
+
+    def boom(ctx: Any) -> None:
+        raise RuntimeError("boom")
+
+    temp_handler("t.parent")
+    temp_handler("t.boom", boom, max_attempts=max_attempts)
+    parent = services.enqueue("t.parent", {})
+    child = services.enqueue("t.boom", {}, parent=parent)
+    with CaptureQueriesContext(connection) as queries:
+        assert run_next("w", kinds=["t.boom"]).pk == child.pk
+    child.refresh_from_db()
+    assert child.status == (Status.QUEUED if max_attempts > 1 else Status.FAILED)
+    hexes = (str(parent.pk), parent.pk.hex)
+    locks = [
+        q["sql"] for q in queries if "FOR NO KEY UPDATE" in q["sql"] and any(h in q["sql"] for h in hexes)
+    ]
+    assert len(locks) == (1 if connection.features.has_select_for_update else 0), locks
+
+
 def test_waiting_jobs_are_found_by_status_in_the_api_and_the_admin(admin_client: Any, admin_user: Any):
     from django.urls import reverse
 

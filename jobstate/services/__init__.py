@@ -41,7 +41,7 @@ from jobstate.services.lease import (
 )
 from jobstate.services.outcomes import complete, fail, mark_partial
 from jobstate.services.steps import all_step_transitions, move_step
-from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent
+from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent, parent_locked
 
 __all__ = [
     "Actor",
@@ -72,6 +72,7 @@ __all__ = [
     "mark_partial",
     "move_step",
     "operator_actions",
+    "parent_locked",
     "progress_fields",
     "remove_orphan_files",
     "report_progress",

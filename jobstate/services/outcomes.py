@@ -25,7 +25,7 @@ from jobstate.services._writes import Col
 from jobstate.services.actors import Actor
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
-from jobstate.services.transitions import lock_parent, move
+from jobstate.services.transitions import move, parent_locked
 from jobstate.states import Status
 from jobstate.storable import result_value, text
 
@@ -193,8 +193,7 @@ def fail(
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
     pk = _pk(job)
-    with transaction.atomic():
-        lock_parent(job)  # before this job's row: the lock order of move()
+    with transaction.atomic(), parent_locked(job):  # before this job's row: the lock order of move()
         row = (
             Job.objects.select_for_update()
             .filter(pk=pk)

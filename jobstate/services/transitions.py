@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -33,6 +36,7 @@ __all__ = [
     "announce",
     "lock_parent",
     "move",
+    "parent_locked",
     "record_event",
     "sources_of",
     "target_of",
@@ -164,16 +168,38 @@ def lock_parent(job: Job | UUID | str) -> Any:
     that may end a child, and then wake its parent, calls this first, before it
     locks or writes the child's row; otherwise the two could each hold the row
     the other waits for (PostgreSQL would abort one). Only jobs with a parent pay
-    for it. Calling it again in the same transaction is harmless: a row lock the
-    transaction holds is taken again without waiting."""
+    for it. Calling it again in the same transaction is harmless (the lock is taken
+    again without waiting) but costs a statement: inside ``parent_locked`` it is not."""
     if isinstance(job, Job) and not job._state.adding:  # a row read from the database
         parent_id = job.parent_id
     else:
         pk = job.pk if isinstance(job, Job) else job
         parent_id = Job.objects.filter(pk=pk).values_list("parent_id", flat=True).first()
-    if parent_id is not None and connection.features.has_select_for_update:
+    if (
+        parent_id is not None
+        and parent_id not in _held_parents.get()
+        and connection.features.has_select_for_update
+    ):
         list(Job.objects.filter(pk=parent_id).select_for_update(no_key=True).values_list("pk", flat=True))
     return parent_id
+
+
+# Parents whose rows the current transaction locked in an enclosing ``parent_locked``.
+_held_parents: ContextVar[frozenset[Any]] = ContextVar("jobstate_held_parents", default=frozenset())
+
+
+@contextmanager
+def parent_locked(job: Job | UUID | str) -> Iterator[Any]:
+    """``lock_parent(job)`` for a block inside a transaction (enter it after the
+    ``atomic()``): the calls in the block (``fail``, ``move``) lock it no more. The
+    lock was taken before any savepoint of the block, so it is held to its end."""
+    parent_id = lock_parent(job)
+    held = _held_parents.get()
+    reset = _held_parents.set(held if parent_id is None else held | {parent_id})
+    try:
+        yield parent_id
+    finally:
+        _held_parents.reset(reset)
 
 
 def _loses_assets(from_status: str, target: str, actor: Actor) -> bool:

@@ -96,8 +96,7 @@ def end_attempt(
     was requested (a retry would be cancelled anyway, and the last attempt must
     not end ``failed``), else ``services.fail``; either stores ``progress``.
     Returns the outcome."""
-    with transaction.atomic():
-        services.lock_parent(job)  # parents before children: see services.lock_parent
+    with transaction.atomic(), services.parent_locked(job):  # parents before children: see lock_parent
         # The row lock keeps a cancel request from landing between the two.
         requested = (
             Job.objects.select_for_update()
