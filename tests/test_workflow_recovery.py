@@ -260,6 +260,53 @@ def test_a_worker_lost_on_the_last_attempt_after_its_fan_out_committed_waits_for
     assert children.count() == 3
 
 
+def test_a_worker_lost_after_its_fan_out_committed_on_an_earlier_attempt_spends_no_attempt(monkeypatch):
+    """As on the last attempt: the run's outcome was to wait (its children started); it
+    was requeued with its attempt spent, one more than the work done deserved."""
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        raise SimulatedCrash("between the fan-out's commit and the suspend")
+
+    job = services.enqueue("wf.fan", {"n": 3}, max_attempts=2)
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "suspend", dies)
+        crash(job)
+    assert statuses(job) == {"split": "waiting", "merge": "pending"}
+    assert reap().requeued == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.attempts == 0
+    requeue = JobEvent.objects.get(job_id=job.pk, transition="requeue")
+    assert requeue.metadata["recovery"] == "wait" and "last attempt" not in requeue.reason
+    assert rerun(job) == "suspended"  # waits for the children, starting none
+    assert drain() == 4
+    job = fresh(job)
+    assert job.status == Status.COMPLETED and job.attempts == 1
+    assert labels(job) == ["split", "merge"] and Job.objects.filter(parent=job).count() == 3
+
+
+def test_wait_recoveries_on_earlier_attempts_are_bounded_then_spend_attempts(monkeypatch):
+    """A run that keeps dying before it gives the job back: after RECOVERY_RUNS free
+    runs, attempts are spent as for any lost worker, then the job fails."""
+
+    def dies(*args: Any, **kwargs: Any) -> None:
+        raise SimulatedCrash("before the suspend, every time")
+
+    monkeypatch.setattr(services, "suspend", dies)
+    job = services.enqueue("wf.fan", {"n": 2}, max_attempts=2)
+    crash(job)
+    for _ in range(recovery.RECOVERY_RUNS):
+        assert reap().requeued == [job.pk] and fresh(job).attempts == 0
+        crash(job)
+    assert reap().requeued == [job.pk]  # attempts left: the usual rule, the attempt spent
+    assert fresh(job).attempts == 1
+    crash(job)
+    assert reap().failed == [job.pk]
+    job = fresh(job)
+    assert job.status == Status.FAILED and job.attempts == 2
+    assert job.error_message.startswith(f"worker lost again after {recovery.RECOVERY_RUNS} recovery runs")
+    assert labels(job) == ["split"] and Job.objects.filter(parent=job).count() == 2
+
+
 def test_a_cancel_stops_a_run_after_a_wait_recovery_before_it_begins():
     # The "wait" recovery requeue stayed the job's last requeue (the run suspends and is
     # woken, not requeued), so each later run was taken for an undo run that a cancel does

@@ -11,9 +11,12 @@ requeue takes one back, the claim spends it again: ``attempts`` never exceeds
   is failed for good with "worker lost", in the same transaction as the requeue.
 - ``finish``: on the last attempt, every step had completed (the worker died
   before storing the job's outcome): the run stores it, running no step.
-- ``wait``: on the last attempt, a fan-out step had started its children and was
+- ``wait``: whatever the attempt, a fan-out step had started its children and was
   waiting for them (the worker died before giving the job back): the run waits
   for them (or fans in), as the lost one would have, and starts no child again.
+  The fan-out decided the run's outcome (waiting spends no attempt), so the lost
+  worker costs none either; once ``RECOVERY_RUNS`` are used, a job with attempts
+  left spends one instead (the usual rule), so a run that keeps dying there ends.
 
 Each such requeue is a ``requeue`` event with ``recovery`` in its metadata; after
 ``RECOVERY_RUNS`` of them the reaper fails the job, so an undo that keeps killing
@@ -63,17 +66,20 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
     if failing is not None:
         action, reason = "compensate", "compensating"
         summary = compensation.report_of(cls.steps, rows).message(*failing)
-    elif cancelling or not last or not rows:
+    elif cancelling or not rows:
         return None
     else:
         todo = [s.name for s in cls.steps if getattr(rows.get(s.name), "status", None) not in STEP_DONE]
-        if not todo:
-            action, reason, summary = "finish", "last attempt, every step done: finishing", LOST
-        elif getattr(rows.get(todo[0]), "status", None) == StepStatus.WAITING:
+        if todo and getattr(rows.get(todo[0]), "status", None) == StepStatus.WAITING:
             # Its fan-out committed (children started, the step waiting) and the worker
             # died before giving the job back: the run waits for them, as it would have.
-            action, reason = "wait", "last attempt, its children started: waiting for them"
+            action = "wait"
+            reason = f"{'last attempt, ' if last else ''}its children started: waiting for them"
             summary = f"step '{todo[0]}' waits for its child jobs; {LOST}"
+        elif not last:
+            return None
+        elif not todo:
+            action, reason, summary = "finish", "last attempt, every step done: finishing", LOST
         elif any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps):
             action, reason, lost_step = "compensate", "last attempt: compensating", todo[0]
             summary = f"step '{lost_step}' failed: {LOST}"
@@ -81,6 +87,8 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
             return None
     runs = JobEvent.objects.filter(job_id=job_id, transition="requeue", metadata__has_key="recovery").count()
     if runs >= RECOVERY_RUNS:
+        if action == "wait" and not last:
+            return None  # attempts left: spend one, as for any lost worker
         return Plan("", error=f"{LOST} again after {runs} recovery runs; {summary}")
     return Plan(action, reason, lost_step=lost_step, steps=tuple(s.name for s in cls.steps))
 
