@@ -591,7 +591,6 @@ def test_a_fan_out_step_keeps_its_own_partial_note_next_to_its_fan_ins():
     detail = step(parent, "split").detail
     assert detail["partial"] == "1 source skipped"
     assert detail["fan_in_partial"] == "1 of 3 child jobs did not complete"
-    assert "partial_children" not in detail
     assert state(parent)["steps"][0]["detail"]["fan_in_partial"] == "1 of 3 child jobs did not complete"
 
 
@@ -615,38 +614,6 @@ def test_a_fan_in_that_finds_every_child_completed_keeps_the_bodys_partial_note(
     assert (parent.status, parent.error_message) == (Status.PARTIAL, "split: 1 source skipped")
     detail = step(parent, "split").detail
     assert detail["partial"] == "1 source skipped" and "fan_in_partial" not in detail
-
-
-@pytest.mark.parametrize("children_complete", [True, False])
-def test_a_fan_in_note_stored_before_it_had_its_own_key_is_read_as_the_fan_ins(
-    monkeypatch, children_complete
-):
-    """Rows written before: the fan-in's note in ``partial``, with ``partial_children``."""
-    from jobstate.worker.runner import run_job
-
-    _fan_in_fails_once(monkeypatch)
-    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})
-    drain()
-    split = step(parent, "split")
-    summary = split.detail.pop("fan_in_partial")
-    JobStep.objects.filter(pk=split.pk).update(
-        detail={**split.detail, "partial": summary, "partial_children": True}
-    )
-    if children_complete:
-        failing = Job.objects.get(parent=parent, status=Status.FAILED)
-        Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})
-        services.retry(failing, "ops", "fixed")
-        assert drain(kinds=["wf.child"]) == 1
-    outcome = run_job(services.start(parent.pk, "w2"), "w2")
-    parent.refresh_from_db()
-    detail = step(parent, "split").detail
-    assert "partial" not in detail and "partial_children" not in detail
-    if children_complete:
-        assert (outcome, parent.error_message) == ("completed", "")
-        assert "fan_in_partial" not in detail
-    else:
-        assert (outcome, parent.error_message) == ("partial", "split: 1 of 3 child jobs did not complete")
-        assert detail["fan_in_partial"] == summary
 
 
 def test_a_retry_of_a_retried_child_counts_and_a_foreign_retry_does_not():

@@ -133,13 +133,11 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
     summary = f"{bad + partial} of {len(ids)} child jobs did not complete"
     if spec.on_child_failure == "fail" and bad:
         raise ChildrenFailed(f"{bad} of {len(ids)} child jobs failed or were cancelled")
-    # The step body's own note (``ctx.mark_partial``) stays; an earlier fan-in's in
-    # the old place (see ``steps.partial_notes``) goes.
-    legacy = {steps.PARTIAL: None, steps.LEGACY_FAN_IN: None} if row.detail.get(steps.LEGACY_FAN_IN) else {}
+    # The fan-in's note has a key of its own: the step body's (``ctx.mark_partial``) stays.
     if spec.on_child_failure != "continue" and (bad or partial):
-        steps.note(run.job, run.token, spec.name, **legacy, **{steps.FAN_IN_PARTIAL: summary})
-    elif legacy or steps.FAN_IN_PARTIAL in row.detail:
+        steps.note(run.job, run.token, spec.name, **{steps.FAN_IN_PARTIAL: summary})
+    elif steps.FAN_IN_PARTIAL in row.detail:
         # An earlier fan-in's note, before a run that failed: the children it
         # counted out were retried since, and completed.
-        steps.note(run.job, run.token, spec.name, **legacy, **{steps.FAN_IN_PARTIAL: None})
+        steps.note(run.job, run.token, spec.name, **{steps.FAN_IN_PARTIAL: None})
     return output

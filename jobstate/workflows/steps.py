@@ -41,11 +41,9 @@ COMPENSATING = "compensating"
 UNDO_ERROR = "undo_error"
 COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 # The step's partial notes: PARTIAL its body's (``ctx.mark_partial``), FAN_IN_PARTIAL
-# its fan-in's (children that did not complete). Rows written before the fan-in had
-# a key of its own hold its note in PARTIAL, with LEGACY_FAN_IN set.
+# its fan-in's (children that did not complete).
 PARTIAL = "partial"
 FAN_IN_PARTIAL = "fan_in_partial"
-LEGACY_FAN_IN = "partial_children"
 
 
 def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
@@ -246,10 +244,7 @@ def lost(
 
 def partial_notes(detail: dict[str, Any]) -> list[str]:
     """The step's partial notes, its body's then its fan-in's."""
-    body, fan_in = detail.get(PARTIAL), detail.get(FAN_IN_PARTIAL)
-    if detail.get(LEGACY_FAN_IN):
-        body, fan_in = None, fan_in or body
-    return [str(n) for n in (body, fan_in) if n]
+    return [str(n) for n in (detail.get(PARTIAL), detail.get(FAN_IN_PARTIAL)) if n]
 
 
 def note(job: Job, token: Any, name: str, **detail: Any) -> None:
