@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from jobstate import services
+from jobstate.exceptions import AlreadyRetried
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import Status
 from jobstate.worker import schedules
@@ -225,6 +226,39 @@ def test_prune_keeps_a_recent_child_of_an_old_parent_and_counts_what_it_deletes(
     assert set(Job.objects.values_list("pk", flat=True)) == {parent.pk, again.pk}
 
 
+def test_prune_keeps_a_finished_job_while_its_retry_is_active(temp_handler):
+    # Deleting it set the active retry's retry_of to NULL: the admin and API no
+    # longer showed what it retried, and "a job is retried once" lost its anchor.
+    temp_handler("t.boom", lambda ctx: 1 / 0)
+    old = services.enqueue("t.boom", {}, max_attempts=1)
+    # In a workflow too: the retry keeps the old child's parent, and so that parent.
+    top = services.enqueue("test.echo", {})
+    child = services.enqueue("t.boom", {}, parent=top, max_attempts=1)
+    drain(kinds=["t.boom"])
+    drain(kinds=["test.echo"])
+    Job.objects.filter(pk__in=[old.pk, top.pk, child.pk]).update(
+        finished_at=timezone.now() - timedelta(days=40)
+    )
+    again = services.retry(old.pk, reason="fixed")  # queued, not run here: active
+    child_again = services.retry(child.pk)
+    hub = finished()  # kept above a job with an active retry outside the workflow
+    spoke = finished(parent=hub)
+    outside = services.enqueue("t.boom", {}, retry_of=spoke)
+    lone = finished()
+    assert command("jobstate_prune", "--dry-run").startswith("would delete 1 job(s)")
+    assert command("jobstate_prune", "--batch", "1").startswith("deleted 1 job(s)")
+    assert not Job.objects.filter(pk=lone.pk).exists()
+    assert Job.objects.get(pk=again.pk).retry_of_id == old.pk
+    assert Job.objects.get(pk=child_again.pk).retry_of_id == child.pk
+    with pytest.raises(AlreadyRetried):
+        services.retry(old.pk)
+    temp_handler("t.boom")
+    drain(kinds=["t.boom"])  # the retries end: the old jobs go at the next sweep
+    assert command("jobstate_prune").startswith("deleted 4 job(s)")  # old, child, spoke, then hub
+    assert set(Job.objects.values_list("pk", flat=True)) == {again.pk, top.pk, child_again.pk, outside.pk}
+    assert Job.objects.get(pk=again.pk).retry_of_id is None
+
+
 @pytest.mark.parametrize("days", [1_000_000, float("inf")])
 def test_the_scheduled_prune_takes_any_retention_the_command_takes(settings, days):
     # timedelta(days=...) overflowed in the daily task (the only prune in production).
@@ -287,6 +321,47 @@ def test_a_child_committed_under_a_parent_being_pruned_is_never_deleted_with_it(
         assert Job.objects.filter(pk=made["job"].pk).exists(), "deleted with its parent"
     else:
         assert "error" in made and not Job.objects.filter(pk=parent.pk).exists()
+
+
+def test_a_retry_committed_under_a_job_being_pruned_keeps_it(temp_handler, monkeypatch):
+    # As for a child: a retry committed between the batch's read and its delete
+    # lost its retry_of with the job.
+    import threading
+
+    from django.db import connection
+
+    from jobstate.worker import retention
+
+    if connection.vendor != "postgresql":
+        pytest.skip("two connections at once: PostgreSQL")
+    temp_handler("t.idle")
+    old = finished("t.idle")
+    made: dict[str, object] = {}
+
+    def add_retry() -> None:
+        try:
+            made["job"] = services.retry(old.pk)
+        except Exception as exc:  # waited for the prune, then refused: nothing lost
+            made["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=add_retry)
+
+    def read_then_race(rows):  # type: ignore[no-untyped-def]
+        rows = list(rows)
+        if old.pk in rows and not thread.is_alive() and not made:
+            thread.start()
+            thread.join(timeout=3)
+        return rows
+
+    monkeypatch.setattr(retention, "list", read_then_race, raising=False)
+    command("jobstate_prune")
+    thread.join(timeout=10)
+    if "job" in made:
+        assert Job.objects.get(pk=made["job"].pk).retry_of_id == old.pk, "unlinked from the job it retries"
+    else:
+        assert isinstance(made["error"], Job.DoesNotExist) and not Job.objects.filter(pk=old.pk).exists()
 
 
 @override_settings(JOBSTATE={"RETENTION_DAYS": None})

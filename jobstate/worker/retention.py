@@ -8,7 +8,9 @@ Asset post_delete hook in ``jobstate.apps``). Only jobs without children are
 deleted (a parent goes in a later batch, once its children have gone), so that
 deleting a job never cascades to a child the retention keeps: one finished
 recently (a retry of an old parent's child, say) or still active. A job whose
-parent is active is kept until that work ends, and so are its ancestors.
+parent is active is kept until that work ends, and so are its ancestors. So is
+a job whose retry is active: deleted, it would leave that retry's ``retry_of``
+empty (``on_delete=SET_NULL``) while the chain still runs.
 
 Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
 their own age: they point at jobs by id, not by foreign key, so deleting a job
@@ -60,15 +62,21 @@ class PruneReport:
         return found
 
 
+def _active_retries() -> QuerySet[Job]:
+    return Job.objects.filter(retry_of=OuterRef("pk"), status__in=ACTIVE)
+
+
 def old_enough(days: float, now: datetime | None = None) -> QuerySet[Job]:
-    """Finished jobs older than ``days`` whose parent is not active: each would go
-    if nothing below it stays (``prunable``: the next batch; ``would_go``: all of them)."""
+    """Finished jobs older than ``days`` whose parent is not active, nor any retry
+    of them: each would go if nothing below it stays (``prunable``: the next batch;
+    ``would_go``: all of them)."""
     cutoff = (now or timezone.now()) - timedelta(days=days)
     active_parent = Job.objects.filter(pk=OuterRef("parent_id"), status__in=ACTIVE)
     return (
         Job.objects.finished()
         .filter(finished_at__lt=cutoff)
         .exclude(Exists(active_parent))
+        .exclude(Exists(_active_retries()))
         .order_by("finished_at")
     )
 
@@ -88,9 +96,15 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     cutoff = (now or timezone.now()) - timedelta(days=days)
     table = connection.ops.quote_name(Job._meta.db_table)
     terminal = ", ".join(["%s"] * len(TERMINAL))
+    active = ", ".join(["%s"] * len(ACTIVE))
     announced = _announced()
-    # A job a delivery is about stays too (as in ``prune``), and so keeps its parent.
-    also_kept = f" OR id IN ({', '.join(['%s'] * len(announced))})" if announced else ""
+    # A job with an active retry stays (``old_enough``), and so keeps its parent; so
+    # does a job a delivery is about (as in ``prune``).
+    also_kept = (
+        f" OR id IN (SELECT retry_of_id FROM {table} WHERE retry_of_id IS NOT NULL AND status IN ({active}))"
+    )
+    if announced:
+        also_kept += f" OR id IN ({', '.join(['%s'] * len(announced))})"
     # Each job that stays keeps its parent, whose parent stays, and so on up.
     kept_above = RawSQL(
         f"WITH RECURSIVE kept(id) AS ("
@@ -101,6 +115,7 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
         [
             *(str(s) for s in TERMINAL),
             _finished_at.get_db_prep_value(cutoff, connection),
+            *(str(s) for s in ACTIVE),
             *(_pk.get_db_prep_value(pk, connection) for pk in announced),
         ],
     )
@@ -130,15 +145,18 @@ def _announced_of(pks: list[Any]) -> list[Any]:
 
 def _still_childless(pks: list[Any]) -> list[Any]:
     """On PostgreSQL, lock the batch's jobs, then keep those that still have no
-    child: a child committed since the batch was read is seen now, and one added
-    from now on waits for the batch (its foreign key check shares the parent's
-    row), then fails; none is ever deleted with its parent unseen. (A lock taken
-    by the batch's own read made PostgreSQL sort every candidate: 3x slower.)"""
+    child nor active retry: one committed since the batch was read is seen now,
+    and one added from now on waits for the batch (its foreign key check shares
+    the parent's or retried job's row), then fails; none is ever deleted with its
+    parent, or unlinked from its retried job, unseen. (A lock taken by the batch's
+    own read made PostgreSQL sort every candidate: 3x slower.)"""
     if not connection.features.has_select_for_update_skip_locked:
         return pks  # SQLite: one writer at a time
     locked = Job.objects.filter(pk__in=pks).select_for_update(skip_locked=True).values_list("pk", flat=True)
     children = Job.objects.filter(parent_id=OuterRef("pk"))
-    childless = Job.objects.filter(pk__in=list(locked)).exclude(Exists(children))
+    childless = (
+        Job.objects.filter(pk__in=list(locked)).exclude(Exists(children)).exclude(Exists(_active_retries()))
+    )
     return list(childless.values_list("pk", flat=True))
 
 
