@@ -130,6 +130,70 @@ def test_with_use_tz_false_an_aware_run_after_is_stored_or_a_400_that_says_why(u
     assert counts() == (0, 0)
 
 
+# With USE_TZ = False, Django stores naive times in TIME_ZONE: five hours behind UTC here.
+NAIVE_IN_NEW_YORK = override_settings(USE_TZ=False, TIME_ZONE="America/New_York")
+
+
+def _utc(naive: dt.datetime) -> str:
+    """A stored (naive, TIME_ZONE) time as the API writes it."""
+    return timezone.make_aware(naive).astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+@NAIVE_IN_NEW_YORK
+def test_with_use_tz_false_date_filters_compare_instants(user):
+    # An aware value reached SQLite, which refused it (a 500); PostgreSQL compared it.
+    old = make_job(user)
+    Job.objects.filter(pk=old.pk).update(created_at=timezone.now() - dt.timedelta(hours=3))
+    new = make_job(user)
+    client = client_for(user)
+
+    def ids(**params: object) -> set[str]:
+        response = client.get(JOBS, params)
+        assert response.status_code == 200, response.content
+        return {j["id"] for j in response.json()["results"]}
+
+    for cut in (
+        (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).isoformat(),
+        (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2))
+        .astimezone(dt.timezone(dt.timedelta(hours=9)))
+        .isoformat(),
+        (timezone.now() - dt.timedelta(hours=2)).isoformat(),  # naive: in TIME_ZONE
+    ):
+        assert ids(created_after=cut) == {str(new.pk)}, cut
+        assert ids(created_before=cut) == {str(old.pk)}, cut
+    assert_error(client.get(JOBS, {"created_after": "0001-01-01T00:00:00+05:00"}), 400, "invalid")
+
+
+@NAIVE_IN_NEW_YORK
+def test_with_use_tz_false_times_are_written_in_utc_and_pages_follow(user):
+    # Written naive, in TIME_ZONE, with no offset to say so; the next page's cursor,
+    # which holds such a time, was refused as invalid (a 400).
+    first, second = make_job(user), make_job(user)
+    client = client_for(user)
+    ids, _pages = _walk(client, {"page_size": 1})
+    assert ids == [str(second.pk), str(first.pk)]
+    body = client.get(job_url(first)).json()
+    first.refresh_from_db()
+    assert body["created_at"] == _utc(first.created_at) and body["created_at"].endswith("Z")
+    assert body["updated_at"] == _utc(first.updated_at)
+
+
+@NAIVE_IN_NEW_YORK
+@override_settings(JOBSTATE={"LONGPOLL_MAX_SECONDS": 3, "SSE_POLL_SECONDS": 0.05})
+def test_with_use_tz_false_a_long_poll_reads_since_as_an_instant(user):
+    # DRF made `since` naive in UTC, five hours off the stored updated_at: this poll
+    # waited for its cap; one at the calendar's edge was a 500 (OverflowError).
+    job = make_job(user)
+    client = client_for(user)
+    updated = _utc(Job.objects.values_list("updated_at", flat=True).get(pk=job.pk))
+    before = (dt.datetime.fromisoformat(updated) - dt.timedelta(seconds=5)).isoformat()
+    started = dt.datetime.now(dt.UTC)
+    response = client.get(job_url(job), {"wait": 20, "since": before})
+    assert response.status_code == 200 and response.json()["id"] == str(job.pk)
+    assert (dt.datetime.now(dt.UTC) - started).total_seconds() < 2
+    assert_error(client.get(job_url(job), {"wait": 1, "since": "0001-01-01T00:00:00+05:00"}), 400, "invalid")
+
+
 @pytest.mark.parametrize(
     "raw",
     [b'{"kind": "test.echo", "parameters": {"t": "\\ud800"}}', b'{"kind": "test.echo", "key": "\\udfff"}'],

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError
 from django_filters.fields import IsoDateTimeField, IsoDateTimeRangeField, RangeField
 
+from jobstate.api.times import as_stored
 from jobstate.models import Job
 from jobstate.states import Status
 
 
 class UTCIsoDateTimeField(IsoDateTimeField):
     """An ISO 8601 date-time, normalised to UTC so the database never sees an
-    offset it refuses (PostgreSQL stops at ±15:59) or a value that overflows."""
+    offset it refuses (PostgreSQL stops at ±15:59) or a value that overflows;
+    with ``USE_TZ = False``, naive in ``TIME_ZONE`` (``as_stored``)."""
 
     def to_python(self, value: Any) -> datetime | None:
         parsed = super().to_python(value)
         if parsed is None:
             return None
         try:
-            return parsed.astimezone(UTC)
+            return as_stored(parsed)
         except OverflowError:
             raise ValidationError("Date-time out of range.", code="invalid") from None
 

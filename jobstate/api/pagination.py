@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Field, Model, Q, QuerySet
 from django.utils import timezone
@@ -28,6 +29,8 @@ from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
+
+from jobstate.api.times import as_stored
 
 Ordering = tuple[str, ...]
 
@@ -112,11 +115,13 @@ class KeysetPagination(BasePagination):
                 cast("Field[Any, Any]", model._meta.get_field(f.lstrip("-"))).to_python(v)  # not a relation
                 for f, v in zip(self.fields, values, strict=True)
             ]
-            if any(v is None or (isinstance(v, datetime) and timezone.is_naive(v)) for v in position):
+            # With USE_TZ = False our own cursors hold naive times (as stored).
+            naive = any(isinstance(v, datetime) and timezone.is_naive(v) for v in position)
+            if any(v is None for v in position) or (naive and settings.USE_TZ):
                 raise ValueError("empty or naive cursor value")
-            # In UTC, as the filters give theirs: PostgreSQL refuses an offset past
-            # ±15:59, and a date at the calendar's edge overflows when converted.
-            position = [v.astimezone(UTC) if isinstance(v, datetime) else v for v in position]
+            # As the filters give theirs: PostgreSQL refuses an offset past ±15:59,
+            # and a date at the calendar's edge overflows when converted.
+            position = [as_stored(v) if isinstance(v, datetime) else v for v in position]
         except (
             ValueError,
             KeyError,

@@ -11,6 +11,7 @@ import json
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
+from django.conf import settings
 from django.db import models
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
@@ -21,6 +22,7 @@ from rest_framework.settings import api_settings
 
 from jobstate import conf
 from jobstate.api.permissions import OPERATOR, allowed_actions
+from jobstate.api.times import as_stored
 from jobstate.models import Asset, Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.storable import MAX_DEPTH, too_deep
@@ -58,6 +60,8 @@ class UTCDateTimeField(serializers.DateTimeField):
             return None
         output_format = getattr(self, "format", api_settings.DATETIME_FORMAT)
         iso = isinstance(output_format, str) and output_format.lower() == ISO_8601
+        if isinstance(value, datetime) and value.tzinfo is None and not settings.USE_TZ:
+            value = timezone.make_aware(value, timezone.get_default_timezone())  # as Django stores it then
         if iso and isinstance(value, datetime) and value.tzinfo is not None:
             text = value.astimezone(UTC).isoformat()
             return text[:-6] + "Z" if text.endswith("+00:00") else text
@@ -71,6 +75,17 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def default_timezone(self) -> tzinfo:
         return timezone.get_current_timezone()
+
+
+class StoredDateTimeField(AwareDateTimeField):
+    """An input time to compare with stored ones (``as_stored``): with ``USE_TZ = False``
+    DRF made it naive in UTC, hours off the times Django stores then (in ``TIME_ZONE``)."""
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        try:
+            return as_stored(super().enforce_timezone(value))
+        except OverflowError:
+            self.fail("overflow")
 
 
 class StrictCharField(serializers.CharField):

@@ -42,6 +42,7 @@ from jobstate.api.serializers import (
     JobSerializer,
     ReasonSerializer,
     RequiredReasonSerializer,
+    StoredDateTimeField,
     StuckSerializer,
 )
 from jobstate.api.stream import WAITED, WaitFirst, long_poll_view, streaming_response
@@ -73,7 +74,7 @@ class StuckQuerySerializer(serializers.Serializer[Any]):
 
 class WaitSerializer(serializers.Serializer[Any]):
     wait = serializers.FloatField(min_value=0, max_value=300, required=False)
-    since = serializers.DateTimeField(required=False, input_formats=[ISO_8601])
+    since = StoredDateTimeField(required=False, input_formats=[ISO_8601])
 
 
 @extend_schema_view(
