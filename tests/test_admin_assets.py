@@ -193,6 +193,16 @@ def test_download_answers_one_range_as_the_api_does(admin_client: Any) -> None:
     assert "2048 bytes" in past.content.decode()
 
 
+def test_download_is_not_compressed_by_a_hosts_gzip_middleware(admin_client: Any, settings: Any) -> None:
+    from django.conf import settings as project
+
+    settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *project.MIDDLEWARE]
+    _, report, *_ = make_assets()
+    part = admin_client.get(download(report), HTTP_RANGE="bytes=0-999", HTTP_ACCEPT_ENCODING="gzip")
+    assert part.status_code == 206 and "Content-Encoding" not in part
+    assert b"".join(part.streaming_content) == b"x" * 1000
+
+
 def test_a_range_does_not_open_the_download_to_others(client: Any, staff_user: Any, user: Any) -> None:
     _, report, *_ = make_assets(owner=user)
     client.force_login(staff_user)

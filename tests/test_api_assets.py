@@ -240,6 +240,27 @@ def test_a_range_is_not_handed_to_a_servers_file_wrapper(user, rf):
     part.close()
 
 
+def test_a_hosts_gzip_middleware_sends_files_as_stored(user, settings):
+    # GZipMiddleware compresses streaming responses: a 206 went out gzipped under the
+    # Content-Range of the file's own bytes (a corrupt resume), and a 200 lost its
+    # Content-Length and had its ETag made weak, which no If-Range matches.
+    from django.conf import settings as project
+
+    settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *project.MIDDLEWARE]
+    asset = add_file(running(user), "clip.csv", DIGITS)
+    etag = f'"{asset.sha256}"'
+    part = download(user, asset, HTTP_RANGE="bytes=100-5099", HTTP_ACCEPT_ENCODING="gzip, deflate")
+    assert part.status_code == 206 and "Content-Encoding" not in part
+    assert part["Content-Range"] == "bytes 100-5099/102400" and part["Content-Length"] == "5000"
+    assert read(part) == DIGITS[100:5100]
+    whole = download(user, asset, HTTP_ACCEPT_ENCODING="gzip")
+    assert whole.status_code == 200 and "Content-Encoding" not in whole
+    assert whole["ETag"] == etag and whole["Content-Length"] == "102400"
+    assert read(whole) == DIGITS
+    resumed = download(user, asset, HTTP_RANGE="bytes=5-", HTTP_IF_RANGE=etag, HTTP_ACCEPT_ENCODING="gzip")
+    assert resumed.status_code == 206 and read(resumed) == DIGITS[5:]
+
+
 def test_every_download_accepts_ranges_and_has_a_strong_etag(user):
     asset = add_file(running(user), "a.csv", b"a,b\n")
     response = download(user, asset)
