@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -79,6 +80,22 @@ def test_one_trace_holds_the_request_the_attempt_and_the_steps(exporter, user):
         assert step.parent.span_id == attempt.context.span_id
         assert attempt.start_time <= step.start_time <= step.end_time <= attempt.end_time
     assert spans_["jobstate.complete"].parent.span_id == attempt.context.span_id
+
+
+def test_the_trace_reaches_the_worker_whatever_the_global_propagator(exporter, monkeypatch, temp_handler):
+    # A project whose propagator is not W3C Trace Context (B3, Jaeger, or baggage only,
+    # as here): the stored traceparent is jobstate's own format, written and read as W3C.
+    monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", W3CBaggagePropagator())
+    temp_handler("test.traced", lambda ctx: None)
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request") as request_span:
+        job = services.enqueue("test.traced", {})
+    trace_id = request_span.get_span_context().trace_id
+    assert JobTrace.objects.get(job_id=job.pk).traceparent.split("-")[1] == format(trace_id, "032x")
+    drain()
+    spans_ = by_name(exporter.get_finished_spans())
+    assert {"jobstate.claim", "jobstate.attempt", "jobstate.complete"} <= set(spans_)
+    assert {s.context.trace_id for s in spans_.values()} == {trace_id}
+    assert spans_["jobstate.attempt"].parent.span_id == spans_["jobstate.enqueue"].context.span_id
 
 
 def test_a_job_queued_outside_a_trace_gets_a_trace_per_attempt(exporter, temp_handler):

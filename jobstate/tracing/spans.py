@@ -22,14 +22,18 @@ from datetime import datetime
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from jobstate import hooks
 
 logger = logging.getLogger("jobstate.tracing")
 SCOPE = "jobstate"
 FAILED = {"fail", "step_failed"}
+# JobTrace stores a W3C traceparent whatever the global propagator is (B3, Jaeger...
+# write other keys, and nothing would be stored or read back).
+W3C = TraceContextTextMapPropagator()
 
 
 def configured() -> bool:
@@ -69,7 +73,7 @@ def stored_context(job_id: Any) -> otel_context.Context | None:
     carrier = {"traceparent": row[0]}
     if row[1]:
         carrier["tracestate"] = row[1]
-    return propagate.extract(carrier)
+    return W3C.extract(carrier)
 
 
 def _parent(job_id: Any) -> otel_context.Context | None:
@@ -102,7 +106,7 @@ def _on_transition(change: hooks.Transition) -> None:
             return  # queued outside any trace: the worker starts one per attempt
         span = _tracer().start_span("jobstate.enqueue", kind=SpanKind.PRODUCER, attributes=attributes)
         carrier: dict[str, str] = {}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
+        W3C.inject(carrier, context=trace.set_span_in_context(span))
         from jobstate.tracing.models import JobTrace
 
         if "traceparent" in carrier:
