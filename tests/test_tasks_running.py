@@ -26,6 +26,7 @@ from jobstate.tasks.compat import (
     InvalidTask,
     TaskResultStatus,
     task_backends,
+    task_finished,
 )
 from jobstate.tasks.exceptions import (
     OperatorFailed,
@@ -319,6 +320,26 @@ def test_task_finished_return_value_is_the_stored_value(worker_signals):
     run_all()
     result.refresh()
     assert finished[0][1].return_value == result.return_value == {"1": "one"}
+
+
+def test_a_task_finished_receiver_that_raises_leaves_the_attempts_outcome_alone(caplog):
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    task_finished.connect(broken, dispatch_uid="jobstate_tasks_broken", weak=False)
+    try:
+        ok = t.calculate_meaning_of_life.enqueue()
+        failed = t.failing_task_value_error.using(backend="single").enqueue()
+        outcomes = [run_job(services.claim("w1", limit=1)[0], "w1") for _ in (ok, failed)]
+    finally:
+        task_finished.disconnect(dispatch_uid="jobstate_tasks_broken")
+    # The receiver's error is logged (by Django); the worker reports what it stored.
+    assert outcomes == ["completed", "failed"]
+    assert [r.status for r in (ok.task.get_result(ok.id), failed.task.get_result(failed.id))] == [
+        TaskResultStatus.SUCCESSFUL,
+        TaskResultStatus.FAILED,
+    ]
+    assert "receiver broke" in caplog.text and "could not be stored" not in caplog.text
 
 
 # -- context, progress, assets, keys, owner ------------------------------------------

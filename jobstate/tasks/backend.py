@@ -253,7 +253,9 @@ def on_transition(change: Any) -> None:
             worker_ids=list(attempt.result.worker_ids),
         )
         object.__setattr__(result, "_return_value", stored(attempt.value))
-        transaction.on_commit(lambda: task_finished.send(JobstateBackend, task_result=result))
+        # robust: a receiver that raises is logged; the committed outcome is the
+        # worker's to report, not an error storing it (it would be reported "lost").
+        transaction.on_commit(lambda: task_finished.send(JobstateBackend, task_result=result), robust=True)
         return
 
     def send() -> None:
@@ -261,7 +263,7 @@ def on_transition(change: Any) -> None:
         if job is not None:
             task_finished.send(JobstateBackend, task_result=build_result(job, attempt.task))
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, robust=True)
 
 
 def stored(value: Any) -> Any:
