@@ -294,6 +294,14 @@ def test_access_by_token(client, staff_user):
     assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
 
 
+@override_settings(JOBSTATE={"METRICS_ACCESS": "token", "METRICS_TOKEN": "s3cret-token\n"})
+def test_a_token_read_from_a_file_with_its_newline_is_accepted(client):
+    # HTTP servers strip a header's surrounding whitespace: the scraper's "Bearer s3cret-token"
+    # (Prometheus trims its credentials_file too) is all that can ever arrive.
+    assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret-token").status_code == 200
+    assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 403
+
+
 @pytest.mark.parametrize("token", ["", "  "])
 def test_token_mode_without_a_token_refuses_every_request_and_is_an_error(client, staff_user, token):
     # Refused, not accepted: an empty "Bearer " never matches an empty token. manage.py

@@ -19,14 +19,12 @@ def allowed(request: HttpRequest) -> bool:
     access = conf.get("METRICS_ACCESS")
     if access == "open":
         return True
-    token = str(conf.get("METRICS_TOKEN") or "")
+    # HTTP strips a header value's surrounding whitespace, so a token read from a secret
+    # file with its final newline would never match: it is compared without it.
+    token = str(conf.get("METRICS_TOKEN") or "").strip()
     header = request.headers.get("Authorization", "")
-    # A blank token is none: "Bearer " plus spaces would match it (jobstate.E007).
-    if (
-        token.strip()
-        and header.startswith("Bearer ")
-        and hmac.compare_digest(header[7:].encode(), token.encode())
-    ):
+    # A blank token is none: "Bearer " would match it (jobstate.E007).
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
         return True
     if access == "staff":
         # Counts by kind and status are about every user's jobs: those who may see them all.
