@@ -295,6 +295,35 @@ def test_ctrl_c_in_a_task_django_q2_runs_in_sync_mode_hands_the_job_back(temp_ha
     assert requeue.reason.startswith("stopped by Ctrl-C (KeyboardInterrupt)")
 
 
+@pytest.mark.parametrize("committed", [False, True])
+def test_ctrl_c_in_the_begin_of_a_task_django_q2_runs_in_sync_mode_hands_the_job_back(
+    temp_handler, monkeypatch, committed
+):
+    # execute() begins the job itself, before run_job: a Ctrl-C there left it
+    # processing until its lease ran out, and a begun one (its attempt spent) to the
+    # reaper, which failed a job of one attempt "worker lost" though it never ran.
+    temp_handler("t.sync_begin_ctrl_c", lambda ctx: {"done": True}, max_attempts=1)
+    job = services.enqueue("t.sync_begin_ctrl_c", {})
+    (claimed,) = services.claim(cluster_id())
+    real = services.begin
+
+    def interrupted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if committed:
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(services, "begin", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        async_task(EXECUTE, str(job.pk), str(claimed.lease_token), claimed.kind, sync=True)
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.worker_id, job.lease_token) == (Status.QUEUED, 0, "", None)
+    assert job.events.order_by("id").last().metadata.get("handed_back") is True
+    monkeypatch.undo()
+    assert run_next("w") is not None
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.COMPLETED, 1)
+
+
 def test_starting_a_job_by_id_honours_a_pending_cancel_request(temp_handler):
     ran: list[int] = []
     temp_handler("t.cancelme", lambda ctx: ran.append(1))

@@ -26,7 +26,7 @@ from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2
-from jobstate.worker.endings import cancel_unstarted, end_attempt, release, unknown_kind
+from jobstate.worker.endings import cancel_unstarted, end_attempt, hand_back_stopped, release, unknown_kind
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.runner import hard_limit_for, run_job
@@ -151,6 +151,10 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
     except Exception as exc:
         release(_held(job_id, token, kind, me), exc, "the worker could not start the job")
         raise  # django-q2 records the failed package too
+    except KeyboardInterrupt:
+        if _in_caller():  # the operator's Ctrl-C, as in run_job's begin
+            hand_back_stopped(_held(job_id, token, kind, me), token)
+        raise
     job = begun.job
     if begun.cancel_requested:
         job.worker_id = me
