@@ -401,3 +401,25 @@ def test_a_file_that_cannot_tell_its_size_is_sent_whole(user, monkeypatch):
     assert response.status_code == 200
     assert response["Accept-Ranges"] == "none"
     assert read(response) == DIGITS
+
+
+def test_a_file_that_fails_after_it_was_opened_is_closed(user, monkeypatch):
+    # A storage's file that tells its size but fails to seek to a range's start (a
+    # network stream, say): the 404 for a missing file, and the file closed, as on a 416.
+    asset = add_file(running(user), "clip.mp4", DIGITS)
+    opened: list[io.BytesIO] = []
+
+    class NoSeekingForward(io.BytesIO):
+        def seek(self, offset: int, whence: int = 0) -> int:
+            if whence == 0 and offset > 0:
+                raise OSError("the stream cannot seek")
+            return super().seek(offset, whence)
+
+    def open_stream(name: str, mode: str = "rb") -> File:  # type: ignore[type-arg]
+        opened.append(NoSeekingForward(DIGITS))
+        return File(opened[-1], name=name)
+
+    monkeypatch.setattr(asset.file.storage, "_open", open_stream)
+    error = assert_error(download(user, asset, HTTP_RANGE="bytes=10-"), 404, "not_found")
+    assert "missing" in error["message"]
+    assert len(opened) == 1 and opened[0].closed

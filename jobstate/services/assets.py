@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
-from jobstate.exceptions import LeaseLost, RangeNotSatisfiable
+from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
 from jobstate.services import ranges
@@ -220,6 +220,14 @@ def file_response(asset: Asset, request: HttpRequest | None = None) -> FileRespo
     RangeNotSatisfiable for a range past the end (416). A HEAD reads no byte. The
     file is sent as stored, never compressed by ``GZipMiddleware``."""
     file = asset.file.open("rb")
+    try:
+        return _file_response(asset, file, request)
+    except BaseException:
+        file.close()  # the response that would have closed it is not returned
+        raise
+
+
+def _file_response(asset: Asset, file: IO[bytes], request: HttpRequest | None) -> FileResponse:
     response = FileResponse(
         file,
         as_attachment=True,
@@ -241,11 +249,7 @@ def file_response(asset: Asset, request: HttpRequest | None = None) -> FileRespo
     # get a weak ETag no If-Range matches. Files are sent as stored.
     request.META.pop("HTTP_ACCEPT_ENCODING", None)
     if request.method in ("GET", "HEAD") and response["Accept-Ranges"] == "bytes":
-        try:
-            _serve_range(response, file, request, etag)
-        except RangeNotSatisfiable:
-            file.close()
-            raise
+        _serve_range(response, file, request, etag)
     if request.method == "HEAD":
         response.streaming_content = iter(())
     return response
