@@ -242,4 +242,5 @@ def test_kind_counts_read_active_jobs_and_the_last_day_only() -> None:
         Status.CANCELLED: 0,
     }
     assert stats.active_counts(by_kind) == {Status.QUEUED: 1, Status.WAITING: 0, Status.PROCESSING: 1}
-    assert stats.total_jobs() == (4, False)
+    counted = stats.counted_jobs()
+    assert (counted.count, counted.is_estimate, counted.is_capped) == (4, False, False)

@@ -125,8 +125,8 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         """Stream a stored file to staff who may view it (or to its owner). Anyone else gets
         the 404 of an asset that does not exist, as from the API: a 403 said it did."""
         user = request.user
-        # The job page's rule (may_view_all: view_job or change_job), which shows the link.
-        if self.has_view_permission(request) or may_view_all(user):
+        # Includes may_view_all: the job page's rule for showing the download link.
+        if self.has_view_permission(request):
             assets = Asset.objects.all()
         else:  # their own, as the API shows them (jobstate.api.permissions.visible_assets)
             assets = Asset.objects.visible().filter(owner_id=user.pk)

@@ -50,13 +50,6 @@ def active_counts(by_kind: dict[str, dict[str, int]]) -> dict[str, int]:
     return {s: sum(c[s] for c in by_kind.values()) for s in ACTIVE_ORDER}
 
 
-def total_jobs(using: str = "default") -> tuple[int, bool]:
-    """(number of jobs, whether it is an estimate): PostgreSQL's row estimate on a
-    large table, else a capped count."""
-    paginator = counted_jobs(using)
-    return paginator.count, paginator.is_estimate or paginator.is_capped
-
-
 def counted_jobs(using: str = "default") -> CappedPaginator:
     """Every job counted as the job list counts them: ``count``, and whether it is
     PostgreSQL's estimate (``is_estimate``) or the cap (``is_capped``)."""
