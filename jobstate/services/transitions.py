@@ -192,7 +192,9 @@ _held_parents: ContextVar[frozenset[Any]] = ContextVar("jobstate_held_parents", 
 def parent_locked(job: Job | UUID | str) -> Iterator[Any]:
     """``lock_parent(job)`` for a block inside a transaction (enter it after the
     ``atomic()``): the calls in the block (``fail``, ``move``) lock it no more. The
-    lock was taken before any savepoint of the block, so it is held to its end."""
+    lock was taken before any savepoint of the block, so it is held to its end.
+    Outside a transaction Django refuses the lock (TransactionManagementError), so a
+    lock that ended with its statement is never marked held."""
     parent_id = lock_parent(job)
     held = _held_parents.get()
     reset = _held_parents.set(held if parent_id is None else held | {parent_id})
