@@ -513,6 +513,47 @@ def test_list_button_counts_stuck_jobs_up_to_a_cap(admin_client: Any, monkeypatc
     assert "Stuck jobs (2+)" in admin_client.get(changelist).content.decode()
 
 
+def test_a_count_of_exactly_the_cap_has_no_plus(admin_client: Any, monkeypatch: Any) -> None:
+    """A "+" means more than N: exactly N stuck jobs read "N" (they read "N+", counted
+    only up to N), on the stuck page, the list's button, the dashboard and the command."""
+    from jobstate.admin import dashboard, jobs
+
+    monkeypatch.setattr(jobs, "BADGE_CAP", 2)
+    monkeypatch.setattr(dashboard, "BADGE_CAP", 2)
+    changelist = reverse("admin:jobstate_job_changelist")
+
+    def looks() -> tuple[dict[str, Any], str, Any, str]:
+        with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2}):
+            groups = admin_client.get(STUCK).context["groups"]
+            [group] = [g for g in groups if g["reason"].code == "lease_expired"]
+            button = admin_client.get(changelist).content.decode()
+            tiles = admin_client.get(reverse("admin:jobstate_job_dashboard")).context
+            return group, button, tiles, run("--limit", "1", "--reason", "lease_expired")[1]
+
+    expired()
+    expired()
+    failed(error="boom")
+    group, button, tiles, out = looks()
+    assert group["count_label"] == "2" and group["more"] == 0 and "Stuck jobs (2)" in button
+    assert (tiles["stuck_active"], tiles["stuck_total"]) == (2, 3)
+    assert not tiles["stuck_active_capped"] and not tiles["stuck_capped"]
+    assert "[lease_expired]: 2\n" in out and "... and 1 more" in out
+    # More recent failures than the cap say nothing of the active stuck jobs.
+    failed(error="boom")
+    failed(error="boom")
+    group, button, tiles, out = looks()
+    assert (tiles["stuck_active"], tiles["stuck_total"]) == (2, 4)
+    assert not tiles["stuck_active_capped"] and tiles["stuck_capped"]
+    expired()
+    group, button, tiles, out = looks()
+    assert group["count_label"] == "2+" and "Stuck jobs (2+)" in button
+    assert tiles["stuck_active"] == 2 and tiles["stuck_active_capped"]
+    assert "[lease_expired]: 2+\n" in out and "... and 1+ more" in out
+    # JSON counts (no "+" there) stop at the cap, as the metrics gauge's do.
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2}):
+        assert json.loads(run("--json")[1])["counts"]["lease_expired"] == 2
+
+
 def test_a_reserved_job_its_cluster_keeps_is_not_flagged_no_heartbeat(admin_client: Any) -> None:
     """A cluster reserved a job 10 minutes ago and keeps renewing its lease while it
     waits behind a long job: healthy, for the job list and the remedy view as for the

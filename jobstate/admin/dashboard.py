@@ -70,7 +70,9 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     minute = stats.throughput(now, span=timedelta(hours=1), bucket="minute")
     hour = stats.throughput(now, span=timedelta(days=1), bucket="hour")
     times = stats.durations(now)
-    stuck_counts = stuck.count_stuck(now, cap=BADGE_CAP)
+    # One past the cap, so that "100+" says more than 100.
+    stuck_counts = stuck.count_stuck(now, cap=BADGE_CAP + 1)
+    stuck_active = {c: n for c, n in stuck_counts.items() if c in stuck.ACTIVE_REASONS}
     colours = display.STATUS_COLOURS
     bars = [
         charts.Bar(Status(s).label, n, colours[s], href=f"{changelist}?status={s}", note="now")
@@ -119,9 +121,10 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         ],
         **workers.panel_context(now),
         live_active=sum(active.values()),
-        stuck_total=sum(stuck_counts.values()),
-        stuck_capped=any(n >= BADGE_CAP for n in stuck_counts.values()),
-        stuck_active=sum(n for c, n in stuck_counts.items() if c in stuck.ACTIVE_REASONS),
+        stuck_total=sum(min(BADGE_CAP, n) for n in stuck_counts.values()),
+        stuck_capped=any(n > BADGE_CAP for n in stuck_counts.values()),
+        stuck_active=sum(min(BADGE_CAP, n) for n in stuck_active.values()),
+        stuck_active_capped=any(n > BADGE_CAP for n in stuck_active.values()),
         colours=colours,
     )
     return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)

@@ -187,13 +187,14 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         return memo[db, term]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
-        # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP.
+        # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP
+        # (one past it, so that "100+" says more than 100).
         # One stuck-detection context for the counts and the rows (see JobChangeList).
         ctx = request._jobstate_stuck_ctx = stuck.Context()  # type: ignore[attr-defined]
-        counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP, ctx=ctx)
+        counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP + 1, ctx=ctx)
         extra = {
-            "stuck_count": sum(counts.values()),
-            "stuck_count_capped": any(n >= BADGE_CAP for n in counts.values()),
+            "stuck_count": sum(min(BADGE_CAP, n) for n in counts.values()),
+            "stuck_count_capped": any(n > BADGE_CAP for n in counts.values()),
             **(extra_context or {}),
         }
         if request.method != "GET" or "stuck" not in request.GET:

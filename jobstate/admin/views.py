@@ -132,18 +132,20 @@ def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     ctx = stuck.Context(now)
     cap = min(PAGE_COUNT_CAP, model_admin.count_cap())
-    findings, counts = stuck.survey(ctx=ctx, cap=cap)
+    # Counted one past the cap: "1,000+" says more than 1,000, exactly 1,000 reads "1,000".
+    findings, counts = stuck.survey(ctx=ctx, cap=cap + 1)
     groups = []
     changelist = reverse("admin:jobstate_job_changelist")
     for r in stuck.REASONS:
         rows = [f for f in findings if f.reason == r.code]
         op = OPERATIONS.get(REMEDY_OPERATION.get(r.remedy, ""))
+        n = min(cap, counts[r.code])
         groups.append(
             {
                 "reason": r,
-                "count": counts[r.code],
-                "count_label": f"{cap:,}+" if counts[r.code] >= cap else f"{counts[r.code]:,}",
-                "more": max(0, counts[r.code] - len(rows)),
+                "count": n,
+                "count_label": f"{n:,}+" if counts[r.code] > cap else f"{n:,}",
+                "more": max(0, n - len(rows)),
                 "list_url": f"{changelist}?stuck={r.code}",
                 "operation": op if op is not None and op.has_permission(request.user) else None,
                 "rows": [

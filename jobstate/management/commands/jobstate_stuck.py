@@ -60,7 +60,8 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=20, help="Jobs printed per reason (default 20).")
         parser.add_argument("--json", action="store_true", help="Print JSON: counts and findings.")
         parser.add_argument("--counts", action="store_true", help="Print only the counts per reason.")
-        # Counts stop at JOBSTATE["ADMIN_COUNT_CAP"] (shown as "N+"), so the check stays cheap.
+        # Counts stop at JOBSTATE["ADMIN_COUNT_CAP"], so the check stays cheap: more
+        # than that is printed as "N+" (counted one past it to tell), JSON says N.
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["limit"] <= 10_000:
@@ -73,9 +74,11 @@ class Command(BaseCommand):
         self.cap = int(conf.get("ADMIN_COUNT_CAP"))
         findings: list[stuck.Finding] = []
         if options["counts"]:
-            counts = stuck.count_stuck(codes=codes, cap=self.cap)
+            counted = stuck.count_stuck(codes=codes, cap=self.cap + 1)
         else:
-            findings, counts = stuck.survey(codes=codes, limit=options["limit"], cap=self.cap)
+            findings, counted = stuck.survey(codes=codes, limit=options["limit"], cap=self.cap + 1)
+        self.over = {c for c, n in counted.items() if n > self.cap}
+        counts = {c: min(self.cap, n) for c, n in counted.items()}
         if options["json"]:
             payload = {"counts": counts, "findings": [f.as_dict() for f in findings]}
             self.stdout.write(json.dumps(payload, indent=2))
@@ -101,7 +104,7 @@ class Command(BaseCommand):
             n = counts.get(r.code, 0)
             if not n:
                 continue
-            plus = "+" if n >= self.cap else ""
+            plus = "+" if r.code in self.over else ""
             self.stdout.write(self.style.WARNING(f"{r.title} [{r.code}]: {n}{plus}"))
             self.stdout.write(f"  remedy: {r.remedy_text}")
             for f in by_reason.get(r.code, []):
