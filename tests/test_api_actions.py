@@ -141,6 +141,18 @@ def test_retry_while_its_key_is_active_again_is_a_409(user):
     assert_error(client_for(user).post(job_url(old, "retry/")), 409, "duplicate_active_key")
 
 
+def test_retry_of_a_job_whose_kind_is_gone_says_so_on_no_request_field(user, staff_user):
+    # It was a field error on "kind", which the retry request has no field for. (Its
+    # owner may not start the kind any more, a 403: staff with the permission get here.)
+    old = failed(user)
+    Job.objects.filter(pk=old.pk).update(kind="test.gone")  # its handler since removed from the code
+    staff = grant(staff_user, "view_job", "retry_job")
+    error = assert_error(client_for(staff).post(job_url(old, "retry/")), 400, "unknown_kind")
+    assert error["fields"] == {}
+    assert error["message"] == "This job's kind 'test.gone' is no longer registered: it cannot be retried."
+    assert list(Job.objects.filter(retry_of=old.pk)) == []
+
+
 def test_staff_need_the_permission_to_retry_someone_elses_job(user, staff_user):
     job = failed(user)
     staff_user = grant(staff_user, "view_job")

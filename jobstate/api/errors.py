@@ -60,6 +60,18 @@ class KindNotAllowed(exceptions.PermissionDenied):
         self.kind = kind
 
 
+class KindGone(exceptions.APIException):
+    """A retry of a job whose kind has no handler here any more: the request has no
+    ``kind`` field to blame (``UnknownKind``'s field error is an enqueue's)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_code = "unknown_kind"
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"This job's kind '{kind}' is no longer registered: it cannot be retried.")
+        self.kind = kind
+
+
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "payload_too_large"

@@ -28,7 +28,7 @@ from rest_framework.response import Response
 
 from jobstate import registry, services
 from jobstate.api.base import JobstateAPIView, parse_id
-from jobstate.api.errors import KindNotAllowed
+from jobstate.api.errors import KindGone, KindNotAllowed
 from jobstate.api.filters import JobFilter
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination
 from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visible_jobs
@@ -47,6 +47,7 @@ from jobstate.api.serializers import (
 )
 from jobstate.api.stream import WAITED, WaitFirst, long_poll_view, streaming_response
 from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
+from jobstate.exceptions import UnknownKind
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.models.job import with_retried
 from jobstate.services import Actor
@@ -257,7 +258,10 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         job = self.get_object()
         body = ReasonSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        new = services.retry(job, Actor.api(request.user), body.validated_data["reason"])
+        try:
+            new = services.retry(job, Actor.api(request.user), body.validated_data["reason"])
+        except UnknownKind as exc:
+            raise KindGone(exc.kind) from None
         return self._detail(new.pk, status.HTTP_201_CREATED, Location=self._location(new.pk))
 
     @extend_schema(
