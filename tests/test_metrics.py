@@ -302,6 +302,16 @@ def test_a_token_read_from_a_file_with_its_newline_is_accepted(client):
     assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 403
 
 
+@override_settings(JOBSTATE={"METRICS_ACCESS": "token", "METRICS_TOKEN": "s3cret-token"})
+def test_the_bearer_scheme_is_case_insensitive(client):
+    # RFC 9110 section 11.1: an authentication scheme is matched case-insensitively,
+    # and one or more spaces part it from the credentials.
+    for header in ("bearer s3cret-token", "BEARER s3cret-token", "Bearer   s3cret-token"):
+        assert client.get("/metrics/", HTTP_AUTHORIZATION=header).status_code == 200, header
+    for header in ("Bearers3cret-token", "Basic s3cret-token", "bearer S3CRET-TOKEN"):
+        assert client.get("/metrics/", HTTP_AUTHORIZATION=header).status_code == 403, header
+
+
 @pytest.mark.parametrize("token", ["", "  "])
 def test_token_mode_without_a_token_refuses_every_request_and_is_an_error(client, staff_user, token):
     # Refused, not accepted: an empty "Bearer " never matches an empty token. manage.py

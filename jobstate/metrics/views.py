@@ -22,9 +22,11 @@ def allowed(request: HttpRequest) -> bool:
     # HTTP strips a header value's surrounding whitespace, so a token read from a secret
     # file with its final newline would never match: it is compared without it.
     token = str(conf.get("METRICS_TOKEN") or "").strip()
-    header = request.headers.get("Authorization", "")
+    # The scheme is case-insensitive, then one or more spaces (RFC 9110 section 11.1).
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    credentials = credentials.lstrip(" ")
     # A blank token is none: "Bearer " would match it (jobstate.E007).
-    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].encode(), token.encode()):
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(credentials.encode(), token.encode()):
         return True
     if access == "staff":
         # Counts by kind and status are about every user's jobs: those who may see them all.
