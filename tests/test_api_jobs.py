@@ -359,6 +359,26 @@ def test_bad_list_parameters_are_a_400(user, params):
     assert_error(client_for(user).get(JOBS, params), 400, "invalid")
 
 
+@pytest.mark.parametrize("param", ["kind", "key", "parent", "retry_of", "created_after", "created_before"])
+def test_a_single_valued_filter_given_twice_is_a_400(user, param):
+    # ?kind=a&kind=b used only the last value, silently; status alone is repeatable.
+    job = make_job(user, key="abc")
+    value = {
+        "kind": job.kind,
+        "key": "abc",
+        "parent": str(job.pk),
+        "retry_of": str(job.pk),
+        "created_after": (timezone.now() - dt.timedelta(days=1)).isoformat(),
+        "created_before": (timezone.now() + dt.timedelta(days=1)).isoformat(),
+    }[param]
+    client = client_for(user)
+    assert client.get(JOBS, {param: value}).status_code == 200
+    error = assert_error(client.get(JOBS, {param: [value, value]}), 400, "invalid")
+    field = "created" if param.startswith("created_") else param
+    assert error["fields"] == {field: [f"'{param}' may be given once."]}
+    assert client.get(JOBS, {"status": ["queued", "failed"]}).status_code == 200
+
+
 @pytest.mark.parametrize(
     "value",
     ["9999-12-31T23:00:00-20:00", "0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+22:19"],

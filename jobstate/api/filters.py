@@ -65,7 +65,8 @@ class JobFilter(django_filters.FilterSet):
         fields = ["status", "kind", "key", "created", "parent", "retry_of"]
 
     # Query parameter -> form field. django-filter ignores ``?kind=``; an API
-    # says that an empty value is not a value.
+    # says that an empty value is not a value. It takes the last of ``?kind=a&kind=b``:
+    # an API says that a single-valued parameter is given once (``status`` alone repeats).
     PARAMETERS = {
         "status": "status",
         "kind": "kind",
@@ -75,6 +76,7 @@ class JobFilter(django_filters.FilterSet):
         "parent": "parent",
         "retry_of": "retry_of",
     }
+    REPEATABLE = frozenset({"status"})
 
     def is_valid(self) -> bool:
         valid = super().is_valid()
@@ -85,5 +87,8 @@ class JobFilter(django_filters.FilterSet):
             values = getlist(param) if getlist else [self.data.get(param)]
             if param in self.data and "" in values:
                 self.form.add_error(field, f"'{param}' may not be empty.")
+                valid = False
+            elif param not in self.REPEATABLE and len(values) > 1:
+                self.form.add_error(field, f"'{param}' may be given once.")
                 valid = False
         return valid
