@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
@@ -110,11 +111,14 @@ def _on_transition(change: hooks.Transition) -> None:
         from jobstate.tracing.models import JobTrace
 
         if "traceparent" in carrier:
-            JobTrace.objects.create(
-                job_id=change.job_id,
-                traceparent=carrier["traceparent"][:55],
-                tracestate=carrier.get("tracestate", "")[:512],
-            )
+            # In a savepoint: a failed insert (logged by on_transition) must not undo
+            # the enqueue, which Django's atomic would roll back (PostgreSQL aborts it).
+            with transaction.atomic():
+                JobTrace.objects.create(
+                    job_id=change.job_id,
+                    traceparent=carrier["traceparent"][:55],
+                    tracestate=carrier.get("tracestate", "")[:512],
+                )
         span.end()
         return
     parent = _parent(change.job_id)
