@@ -144,6 +144,18 @@ def test_a_failed_trace_insert_does_not_undo_the_enqueue(exporter, temp_handler,
     assert JobEvent.objects.filter(job_id=job.pk, transition="enqueue").exists()
 
 
+def test_a_failed_trace_insert_still_ends_the_enqueue_span(exporter, temp_handler, caplog):
+    temp_handler("test.traced", lambda ctx: None)
+    with connection.cursor() as cursor:  # (rolled back with the test's transaction)
+        cursor.execute(f"ALTER TABLE {JobTrace._meta.db_table} RENAME TO jobstate_jobtrace_gone")
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request"):
+        services.enqueue("test.traced", {})
+    assert "Tracing failed for job" in caplog.text
+    enqueue = by_name(exporter.get_finished_spans())["jobstate.enqueue"]
+    assert enqueue.status.status_code is StatusCode.ERROR
+    assert enqueue.status.description.startswith("JobTrace not stored")
+
+
 def test_without_a_provider_nothing_is_traced_or_queried(user):
     assert not spans.configured()
     job = services.enqueue("test.echo", {})

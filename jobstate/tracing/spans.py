@@ -110,16 +110,21 @@ def _on_transition(change: hooks.Transition) -> None:
         W3C.inject(carrier, context=trace.set_span_in_context(span))
         from jobstate.tracing.models import JobTrace
 
-        if "traceparent" in carrier:
-            # In a savepoint: a failed insert (logged by on_transition) must not undo
-            # the enqueue, which Django's atomic would roll back (PostgreSQL aborts it).
-            with transaction.atomic():
-                JobTrace.objects.create(
-                    job_id=change.job_id,
-                    traceparent=carrier["traceparent"][:55],
-                    tracestate=carrier.get("tracestate", "")[:512],
-                )
-        span.end()
+        try:
+            if "traceparent" in carrier:
+                # In a savepoint: a failed insert (logged by on_transition) must not undo
+                # the enqueue, which Django's atomic would roll back (PostgreSQL aborts it).
+                with transaction.atomic():
+                    JobTrace.objects.create(
+                        job_id=change.job_id,
+                        traceparent=carrier["traceparent"][:55],
+                        tracestate=carrier.get("tracestate", "")[:512],
+                    )
+        except Exception as error:
+            span.set_status(StatusCode.ERROR, f"JobTrace not stored: {type(error).__name__}")
+            raise
+        finally:
+            span.end()  # exported whatever happened
         return
     parent = _parent(change.job_id)
     if parent is None:
