@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.test import override_settings
@@ -377,6 +378,31 @@ def test_a_single_valued_filter_given_twice_is_a_400(user, param):
     field = "created" if param.startswith("created_") else param
     assert error["fields"] == {field: [f"'{param}' may be given once."]}
     assert client.get(JOBS, {"status": ["queued", "failed"]}).status_code == 200
+
+
+@pytest.mark.parametrize("param", ["ordering", "page_size", "cursor"])
+def test_a_paging_parameter_given_twice_is_a_400_on_every_list(user, param):
+    # ?page_size=5&page_size=500 used only the last value, silently, as the filters did.
+    client = client_for(user)
+    job = make_job(user)
+    hook = client.post("/api/webhooks/", {"url": "https://hooks.example.com/a"}, format="json").data
+    lists = {
+        JOBS: "-created_at",
+        job_url(job, "events/"): "id",
+        job_url(job, "assets/"): "created_at",
+        "/api/assets/": "-created_at",
+        "/api/webhooks/": "-id",
+        f"/api/webhooks/{hook['id']}/deliveries/": "-id",
+    }
+    for url, ordering in lists.items():
+        value = {"ordering": ordering, "page_size": "1", "cursor": ""}[param]
+        assert client.get(url, {param: value}).status_code == 200, url
+        error = assert_error(client.get(url, {param: [value, value]}), 400, "invalid")
+        assert error["fields"] == {param: [f"'{param}' may be given once."]}, url
+    make_job(user)
+    [cursor] = parse_qs(urlsplit(client.get(JOBS, {"page_size": 1}).data["next"]).query)["cursor"]
+    assert client.get(JOBS, {"page_size": 1, "cursor": cursor}).status_code == 200
+    assert_error(client.get(JOBS, {"page_size": 1, "cursor": [cursor, cursor]}), 400, "invalid")
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,7 @@ class KeysetPagination(BasePagination):
         return replace_query_param(url, self.cursor_query_param, token.rstrip("="))
 
     def _decode_cursor(self, request: Request, model: type[Model]) -> tuple[list[Any] | None, bool]:
-        raw = request.query_params.get(self.cursor_query_param)
+        raw = _once(request, self.cursor_query_param)
         if not raw:
             return None, False
         try:
@@ -138,14 +138,15 @@ class KeysetPagination(BasePagination):
     # Query parameters -------------------------------------------------------
 
     def _ordering_name(self, request: Request) -> str:
-        name = request.query_params.get(self.ordering_query_param, self.default_ordering)
+        name = _once(request, self.ordering_query_param)
+        name = self.default_ordering if name is None else name
         if name not in self.orderings:
             choices = ", ".join(self.orderings)
             raise ValidationError({self.ordering_query_param: [f"Choose one of: {choices}."]})
         return name
 
     def _page_size(self, request: Request) -> int:
-        raw = request.query_params.get(self.page_size_query_param)
+        raw = _once(request, self.page_size_query_param)
         if raw is None:
             return self.page_size
         try:
@@ -192,6 +193,14 @@ class KeysetPagination(BasePagination):
             "required": ["next", "previous", "results"],
             "properties": {"next": link, "previous": link, "results": schema},
         }
+
+
+def _once(request: Request, param: str) -> str | None:
+    """The parameter's value; given twice, a 400 (as the filters'), not the last one silently."""
+    values: list[str] = request.query_params.getlist(param)
+    if len(values) > 1:
+        raise ValidationError({param: [f"'{param}' may be given once."]})
+    return values[0] if values else None
 
 
 def _flip(field: str) -> str:
