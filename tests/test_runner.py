@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
 import time
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import NonRetryable, Partial, services
-from jobstate.exceptions import CancelRequested
+from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job
@@ -445,6 +447,33 @@ def test_ctrl_c_outside_the_handler_of_an_inline_run_hands_the_job_back(
     assert drain() == 1
     job.refresh_from_db()
     assert (job.status, job.attempts) == (Status.COMPLETED, 1)
+
+
+def test_ctrl_c_after_the_outcome_was_committed_is_no_warning(temp_handler, monkeypatch, caplog):
+    # The hand-back's lease guard refusing a job that already ended is that normal race:
+    # it was logged as a WARNING "lease token does not match", alarming an operator.
+    temp_handler("t.ctrl_c_late", lambda ctx: {"done": True})
+    job = services.enqueue("t.ctrl_c_late", {})
+    real = services.complete
+
+    def completed_then_interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(services, "complete", completed_then_interrupted)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.raises(KeyboardInterrupt):
+        drain()
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+    refused = [r for r in caplog.records if r.getMessage().startswith("Refused requeue")]
+    assert [(r.levelno, r.getMessage()) for r in refused] == [
+        (logging.INFO, f"Refused requeue on job {job.pk}: it is already completed")
+    ]
+    # Other callers still warn: a stale token is worth an operator's look there.
+    caplog.clear()
+    with pytest.raises(LeaseLost):
+        services.hand_back(job, uuid.uuid4(), reason="test")
+    assert [r.levelno for r in caplog.records if r.getMessage().startswith("Refused")] == [logging.WARNING]
 
 
 @pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt(), GeneratorExit()])

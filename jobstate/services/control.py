@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,7 +32,13 @@ from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
 from jobstate.services.lease import recovering
-from jobstate.services.transitions import allowed_transitions, lock_parent, move, wake_parent_if_done
+from jobstate.services.transitions import (
+    allowed_transitions,
+    lock_parent,
+    move,
+    outcome_may_be_stored,
+    wake_parent_if_done,
+)
 from jobstate.states import ACTIVE, TERMINAL, Status
 
 logger = logging.getLogger("jobstate")
@@ -540,19 +547,23 @@ def hand_back(
     reason: str,
     actor: Actor | None = None,
     progress: dict[str, Any] | None = None,
+    stopped_run: bool = False,
 ) -> Job | None:
     """A job its worker claimed but whose handler never started (or whose inline
     run the operator stopped: Ctrl-C) goes back to the queue, ready at once, its
-    attempt (if charged) refunded. ``progress`` as in ``cancel_now``."""
-    return move(
-        job,
-        "requeue",
-        actor=actor or Actor.worker(job.worker_id),
-        token=token,
-        reason=reason,
-        fields={**(progress or {}), "attempts": _refund(), "worker_id": "", "run_after": timezone.now()},
-        metadata={"handed_back": True},
-    )
+    attempt (if charged) refunded. ``progress`` as in ``cancel_now``.
+    ``stopped_run``: the run may have stored its outcome just before the stop, so a
+    refusal because the job left ``processing`` is logged at INFO, not as a lost lease."""
+    with outcome_may_be_stored() if stopped_run else nullcontext():
+        return move(
+            job,
+            "requeue",
+            actor=actor or Actor.worker(job.worker_id),
+            token=token,
+            reason=reason,
+            fields={**(progress or {}), "attempts": _refund(), "worker_id": "", "run_after": timezone.now()},
+            metadata={"handed_back": True},
+        )
 
 
 def suspend(

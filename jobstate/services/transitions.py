@@ -252,13 +252,30 @@ def updated(job: Job | UUID | str, values: dict[str, Any], target: str) -> Job |
     return None
 
 
+# Set by a caller whose run may already have stored its outcome (the Ctrl-C hand-back):
+# its guard refusing a job that left processing is that normal race, not a lost lease.
+_outcome_may_be_stored: ContextVar[bool] = ContextVar("jobstate_outcome_may_be_stored", default=False)
+
+
+@contextmanager
+def outcome_may_be_stored() -> Iterator[None]:
+    reset = _outcome_may_be_stored.set(True)
+    try:
+        yield
+    finally:
+        _outcome_may_be_stored.reset(reset)
+
+
 def refuse(job_id: Any, name: str, target: str, token: Any) -> None:
     row = Job.objects.filter(pk=job_id).values_list("status", "lease_token").first()
     if row is None:
         raise Job.DoesNotExist(f"Job {job_id} does not exist")
     status, lease_token = row
     if token is not None and (str(lease_token) != str(token) or status != Status.PROCESSING):
-        logger.warning("Refused %s on job %s: lease token does not match", name, job_id)
+        if status != Status.PROCESSING and _outcome_may_be_stored.get():
+            logger.info("Refused %s on job %s: it is already %s", name, job_id, status)
+        else:
+            logger.warning("Refused %s on job %s: lease token does not match", name, job_id)
         raise LeaseLost(job_id)
     raise InvalidTransition(status, target, name)
 

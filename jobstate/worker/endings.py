@@ -173,7 +173,7 @@ def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> s
     close_quietly()  # the interrupt may have left it mid-command
     try:
         progress = ctx.take_progress() if ctx is not None else None
-        services.hand_back(job, token, reason=STOPPED, progress=progress)
+        services.hand_back(job, token, reason=STOPPED, progress=progress, stopped_run=True)
     except (LeaseLost, InvalidTransition):
         return "lost"
     except Exception:
