@@ -83,3 +83,42 @@ def test_a_raising_attempt_observer_changes_nothing(hook_name, caplog):
     assert done.status == "completed" and done.attempts == 1
     assert supervisor().slot is None  # the attempt's slot was closed: no heartbeat for it
     assert f"the {hook_name} hook raised" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_transitioned_is_sent_after_commit_and_a_raising_receiver_reaches_no_caller(caplog):
+    """A receiver runs after the commit; one that raised was raised into the caller: a
+    worker then took its stored outcome for a failed write (and reported the attempt lost),
+    and the receivers after it were not called."""
+    from jobstate.signals import job_transitioned
+    from jobstate.worker.runner import run_next
+
+    sent: list[tuple[str, str, str]] = []
+
+    def broken(**kwargs: object) -> None:
+        raise RuntimeError("receiver bug")
+
+    def record(job_id: object, from_status: str, to_status: str, transition: str, **kwargs: object) -> None:
+        sent.append((from_status, to_status, transition))
+
+    job_transitioned.connect(broken, sender=Job, dispatch_uid="test-broken")
+    job_transitioned.connect(record, sender=Job, dispatch_uid="test-record")
+    try:
+        with caplog.at_level(logging.ERROR, logger="django.dispatch"):
+            job = services.enqueue("test.echo", {"a": 1})
+            ran = run_next("w1", kinds=["test.echo"])
+    finally:
+        job_transitioned.disconnect(dispatch_uid="test-broken", sender=Job)
+        job_transitioned.disconnect(dispatch_uid="test-record", sender=Job)
+    assert ran is not None and ran.pk == job.pk
+    job.refresh_from_db()
+    assert job.status == "completed"
+    assert sent == [
+        ("", "queued", "enqueue"),
+        ("queued", "processing", "claim"),
+        ("processing", "completed", "complete"),
+    ]
+    assert any(
+        "receiver bug" in r.getMessage() or (r.exc_info and "receiver bug" in str(r.exc_info[1]))
+        for r in caplog.records
+    )

@@ -199,7 +199,10 @@ def announce(
         return
 
     def send() -> None:
-        job_transitioned.send(
+        # Robust: the change is committed, so a receiver's error (logged by Django) must
+        # reach neither the caller, which would take it for a failed write, nor the
+        # receivers after it.
+        job_transitioned.send_robust(
             sender=Job,
             job_id=job_id,
             from_status=from_status,
