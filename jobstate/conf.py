@@ -152,6 +152,11 @@ NULLABLE: dict[str, tuple[type, ...]] = {
 }
 
 
+# Numbers of seconds whose names do not end in _SECONDS: an int or a float, as a
+# handler's own ``timeout=``.
+SECONDS = frozenset({"DEFAULT_TIMEOUT"})
+
+
 def allowed_types(name: str) -> tuple[type, ...]:
     """The types ``JOBSTATE[name]`` may have (``type(None)`` when it may be None)."""
     if name in NULLABLE:
@@ -159,7 +164,9 @@ def allowed_types(name: str) -> tuple[type, ...]:
     default = DEFAULTS[name]
     if isinstance(default, bool):
         return (bool,)
-    if isinstance(default, float) or (isinstance(default, int) and name.endswith("_SECONDS")):
+    if isinstance(default, float) or (
+        isinstance(default, int) and (name.endswith("_SECONDS") or name in SECONDS)
+    ):
         return (int, float)
     if default is None:
         return (object,)  # undeclared: see NULLABLE

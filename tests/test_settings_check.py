@@ -31,6 +31,14 @@ def test_a_wrong_type_is_an_error_naming_the_expected_type():
     assert "LEASE_SECONDS (int or float)" in error.hint
 
 
+def test_a_default_timeout_may_be_a_float_as_a_handlers_timeout():
+    # It was an int only: 90.5 was E003, though @jobstate.handler(timeout=90.5) is fine.
+    with override_settings(JOBSTATE={"DEFAULT_TIMEOUT": 90.5}):
+        assert errors() == []
+    with override_settings(JOBSTATE={"DEFAULT_TIMEOUT": "90"}):
+        assert [e.obj for e in errors()] == ["DEFAULT_TIMEOUT"]
+
+
 def test_booleans_are_not_numbers_and_counts_are_not_floats():
     with override_settings(JOBSTATE={"CLAIM_BATCH": True, "PRUNE_BATCH": 10.5, "PREFETCH": "x"}):
         assert sorted(e.obj for e in errors()) == ["CLAIM_BATCH", "PREFETCH", "PRUNE_BATCH"]
