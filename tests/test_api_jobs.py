@@ -405,6 +405,15 @@ def test_a_paging_parameter_given_twice_is_a_400_on_every_list(user, param):
     assert_error(client.get(JOBS, {"page_size": 1, "cursor": [cursor, cursor]}), 400, "invalid")
 
 
+@pytest.mark.parametrize("param, value", [("wait", "1"), ("since", "2026-01-01T00:00:00Z")])
+def test_a_long_poll_parameter_given_twice_is_a_400(user, param, value):
+    # ?wait=0&wait=30 used only the last value, silently, as the lists' parameters did.
+    client = client_for(user)
+    job = make_job(user)
+    error = assert_error(client.get(job_url(job), {param: [value, value]}), 400, "invalid")
+    assert error["fields"] == {param: [f"'{param}' may be given once."]}
+
+
 @pytest.mark.parametrize(
     "value",
     ["9999-12-31T23:00:00-20:00", "0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+22:19"],

@@ -99,7 +99,7 @@ class KeysetPagination(BasePagination):
         return replace_query_param(url, self.cursor_query_param, token.rstrip("="))
 
     def _decode_cursor(self, request: Request, model: type[Model]) -> tuple[list[Any] | None, bool]:
-        raw = _once(request, self.cursor_query_param)
+        raw = once(request, self.cursor_query_param)
         if not raw:
             return None, False
         try:
@@ -138,7 +138,7 @@ class KeysetPagination(BasePagination):
     # Query parameters -------------------------------------------------------
 
     def _ordering_name(self, request: Request) -> str:
-        name = _once(request, self.ordering_query_param)
+        name = once(request, self.ordering_query_param)
         name = self.default_ordering if name is None else name
         if name not in self.orderings:
             choices = ", ".join(self.orderings)
@@ -146,7 +146,7 @@ class KeysetPagination(BasePagination):
         return name
 
     def _page_size(self, request: Request) -> int:
-        raw = _once(request, self.page_size_query_param)
+        raw = once(request, self.page_size_query_param)
         if raw is None:
             return self.page_size
         try:
@@ -195,7 +195,7 @@ class KeysetPagination(BasePagination):
         }
 
 
-def _once(request: Request, param: str) -> str | None:
+def once(request: Request, param: str) -> str | None:
     """The parameter's value; given twice, a 400 (as the filters'), not the last one silently."""
     values: list[str] = request.query_params.getlist(param)
     if len(values) > 1:

@@ -30,7 +30,7 @@ from jobstate import registry, services
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone, KindNotAllowed
 from jobstate.api.filters import JobFilter
-from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination
+from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination, once
 from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visible_jobs
 from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
@@ -188,6 +188,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         )
 
     def retrieve(self, request: Request, pk: str | None = None) -> Response | WaitFirst:
+        for param in ("wait", "since"):
+            once(request, param)
         params = WaitSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         wait = params.validated_data.get("wait")
