@@ -536,18 +536,8 @@ def test_a_partial_fan_in_is_fanned_in_again_after_its_failed_child_was_retried(
     operator retried the failed child, which completed: the step fanned in all three
     completed, yet the workflow ended partial with the old note."""
     from jobstate.worker.runner import run_job
-    from jobstate.workflows import steps
 
-    real_complete = steps.complete
-    calls: list[str] = []
-
-    def flaky_complete(job: Job, token: Any, row: JobStep, *args: Any, **kwargs: Any) -> None:
-        calls.append(row.name)
-        if calls == ["split"]:
-            raise RuntimeError("database hiccup")
-        real_complete(job, token, row, *args, **kwargs)
-
-    monkeypatch.setattr(steps, "complete", flaky_complete)
+    _fan_in_fails_once(monkeypatch)
     parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})  # max_attempts=2
     drain()  # split, its children, then the woken parent: its fan-in notes partial, then fails
     parent.refresh_from_db()
