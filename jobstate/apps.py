@@ -10,6 +10,7 @@ class JobstateConfig(AppConfig):
         from django.db.models.signals import post_delete
 
         from jobstate import conf, metrics, registry, tasks, tracing, webhooks, workflows  # noqa: F401
+        from jobstate.api import checks as api_checks  # noqa: F401  (registers the API's apps check)
         from jobstate.models import Asset
         from jobstate.services.assets import delete_stored_file
         from jobstate.worker import checks  # noqa: F401  (registers the Q_CLUSTER checks)

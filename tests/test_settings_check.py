@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from django.apps import apps as django_apps
 from django.conf import settings
 from django.core import checks
 from django.test import override_settings
@@ -168,3 +171,25 @@ def test_metrics_access_must_be_one_of_its_modes():
         # "token" needs its token (jobstate.E007, tests/test_metrics.py).
         with override_settings(JOBSTATE={"METRICS_ACCESS": mode, "METRICS_TOKEN": "s3cret"}):
             assert errors() == []
+
+
+# This module is also a URLconf without the API, for the test below.
+urlpatterns: list[Any] = []
+
+
+def api_app_errors() -> list[checks.CheckMessage]:
+    return [m for m in checks.run_checks(tags=["jobstate"]) if m.id == "jobstate.E008"]
+
+
+@pytest.mark.parametrize("app", ["rest_framework", "django_filters", "drf_spectacular"])
+def test_the_api_mounted_without_an_app_its_pages_need_is_an_error(app, monkeypatch, settings):
+    # The project started and the API's HTML pages were a 500 when served
+    # (TemplateDoesNotExist: rest_framework/api.html, drf_spectacular/swagger_ui.html).
+    settings.ROOT_URLCONF = "tests.host_urls"
+    assert api_app_errors() == []
+    installed = django_apps.is_installed
+    monkeypatch.setattr(django_apps, "is_installed", lambda name: name != app and installed(name))
+    (error,) = api_app_errors()
+    assert error.level == checks.ERROR and f"{app!r} is not in INSTALLED_APPS" in error.msg
+    settings.ROOT_URLCONF = __name__  # a project that does not mount the API needs none of them
+    assert api_app_errors() == []
