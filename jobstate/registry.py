@@ -96,10 +96,12 @@ def _is_serializer_class(obj: Any) -> bool:
 
 _registry: dict[str, HandlerSpec] = {}
 
-# Keyword options that ``handler`` takes besides its named ones: set by jobstate itself
-# (``jobstate.workflow`` passes its class). Any other is a typo, refused.
+# Options set by jobstate itself, kept in the spec's ``options`` (``jobstate.workflow``
+# passes its class): only through ``internal_handler``. ``handler`` refuses them, as a typo.
 _INTERNAL_OPTIONS = frozenset({"workflow"})
 _OPTIONS = "max_attempts, timeout, concurrency, retry_backoff, schema and api"
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def handler(
@@ -112,7 +114,7 @@ def handler(
     schema: Any = None,
     api: ApiPolicy = False,
     **options: Any,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Decorator:
     """Register a handler under ``name``.
 
     ``schema`` is a DRF serializer class (or a callable returning cleaned
@@ -123,8 +125,39 @@ def handler(
     (any authenticated user) or a permission name such as
     ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
+    return internal_handler(
+        name,
+        {},
+        max_attempts=max_attempts,
+        timeout=timeout,
+        concurrency=concurrency,
+        retry_backoff=retry_backoff,
+        schema=schema,
+        api=api,
+        **options,
+    )
+
+
+def internal_handler(
+    name: str,
+    internal: dict[str, Any],
+    /,
+    *,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    concurrency: int | None = None,
+    retry_backoff: Backoff | None = None,
+    schema: Any = None,
+    api: ApiPolicy = False,
+    **options: Any,
+) -> Decorator:
+    """``handler``, with options jobstate itself sets (``internal``, keys among
+    ``_INTERNAL_OPTIONS``: ``jobstate.workflow`` passes its class as ``workflow``),
+    kept in the spec's ``options``. Any keyword option besides the named ones is refused."""
     validate_name(name)
-    unknown = sorted(set(options) - _INTERNAL_OPTIONS)
+    if not set(internal) <= _INTERNAL_OPTIONS:
+        raise ValueError(f"Handler '{name}': not internal options: {', '.join(sorted(internal))}")
+    unknown = sorted(options)
     if unknown:
         # A typo (max_attemps=5) would otherwise be kept and never read.
         raise TypeError(
@@ -162,7 +195,7 @@ def handler(
             schema=schema,
             description=summary(func.__doc__),
             api=api,
-            options=options,
+            options=dict(internal),
         )
         return func
 

@@ -12,6 +12,7 @@ import jobstate
 from jobstate import registry, services
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Job, JobEvent
+from jobstate.workflows.definition import definition_of
 from tests.api_support import JOBS, assert_error, client_for, failed, grant, job_url, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
@@ -55,6 +56,25 @@ def test_an_unknown_workflow_option_is_refused_at_registration():
             jobstate.workflow("test.typo_flow", max_attemps=2, api=True)(Typo)
     finally:
         registry.unregister("test.typo_flow")
+
+
+def test_the_internal_workflow_option_is_refused_from_a_plain_handler(temp_handler):
+    # workflow= is what @jobstate.workflow registers its class with: a plain handler given it
+    # was taken for that workflow's (definition_of, GET /api/kinds/ "workflow": true).
+    class Flow(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx):  # type: ignore[no-untyped-def]
+            return None
+
+    with pytest.raises(TypeError, match=r"Handler 'test\.not_a_flow': unknown option\(s\) workflow; the"):
+        temp_handler("test.not_a_flow", workflow=Flow)
+    with pytest.raises(UnknownKind):
+        registry.get_handler("test.not_a_flow")
+    try:  # @jobstate.workflow still registers its class
+        jobstate.workflow("test.a_flow")(Flow)
+        assert definition_of("test.a_flow") is Flow
+    finally:
+        registry.unregister("test.a_flow")
 
 
 # Enqueue ------------------------------------------------------------------------

@@ -45,14 +45,14 @@ def workflow(
         handle.__qualname__ = cls.__qualname__
         handle.__module__ = cls.__module__
         handle.__doc__ = cls.__doc__
-        registry.handler(
+        registry.internal_handler(
             name,
+            {"workflow": cls},
             max_attempts=max_attempts,
             timeout=timeout,
             concurrency=concurrency,
             retry_backoff=retry_backoff,
             schema=schema,
-            workflow=cls,
             **options,
         )(handle)
         cls.kind = name
