@@ -167,7 +167,8 @@ waiting_progress: Decision[[Waiting], tuple[int, str]] = Decision("waiting_progr
 # Called by the worker runner in the thread that runs a job: ``attempt_started``
 # just before the handler is called, ``attempt_ended`` once the attempt's outcome
 # is stored (completed, partial, failed, retrying, cancelled, suspended, lost,
-# interrupted: an inline run stopped by Ctrl-C, the job handed back; also
+# interrupted: an inline run stopped by Ctrl-C, the job handed back, or, when
+# its outcome write had committed, that outcome, read from its history row; also
 # lost when the attempt is cut short by django-q2's hard time limit or a shutdown,
 # whose outcome the caller, or else the reaper, stores).
 # ``ctx`` is the attempt's JobContext. Outside any transaction; functions must not raise.

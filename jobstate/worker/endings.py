@@ -26,7 +26,7 @@ from jobstate.exceptions import (
     Partial,
     Suspend,
 )
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.supervisor import close_quietly, timeout_for
@@ -169,17 +169,57 @@ def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> s
     the job did not fail. It goes back to the queue (with the pending progress
     of ``ctx``, if its handler started), ready at once, its attempt refunded
     (``services.hand_back``). Guarded by the lease token ``token``: an outcome
-    already committed stays ("lost"). If that fails, the lease runs out into the reaper."""
+    already committed stays, and is returned (``stored_outcome``; "lost" if the
+    lease was lost). If that fails, the lease runs out into the reaper."""
     close_quietly()  # the interrupt may have left it mid-command
     try:
         progress = ctx.take_progress() if ctx is not None else None
         services.hand_back(job, token, reason=STOPPED, progress=progress, stopped_run=True)
     except (LeaseLost, InvalidTransition):
-        return "lost"
+        return stored_outcome(ctx) if ctx is not None else "lost"
     except Exception:
         logger.exception("Job %s could not be handed back; the reaper will take it", job.pk)
         return "lost"
     return "interrupted"
+
+
+# What an attempt's outcome write stored, by the status its history row moved the job to.
+_STORED: dict[str, str] = {
+    Status.COMPLETED: "completed",
+    Status.PARTIAL: "partial",
+    Status.FAILED: "failed",
+    Status.CANCELLED: "cancelled",
+    Status.WAITING: "suspended",
+}
+
+
+def stored_outcome(ctx: JobContext) -> str:
+    """The outcome this attempt stored before a Ctrl-C cut its write short (the
+    hand-back was refused: the job had left ``processing``), as ``finish`` would
+    have returned it: read from the history row the write made in its
+    transaction (by this worker, since the attempt began). "lost" if there is
+    none: the lease was lost (the reaper, another holder, an operator moved it)."""
+    job = ctx.job
+    mine = JobEvent.objects.filter(
+        job_id=job.pk,
+        from_status=Status.PROCESSING,
+        actor_label=services.Actor.worker(ctx.worker_id).label[:200],
+    )
+    if job.started_at is not None:
+        mine = mine.filter(created_at__gte=job.started_at)
+    try:
+        row = mine.order_by("-id").values_list("to_status", "metadata").first()
+    except Exception:
+        logger.warning("Job %s: could not read what its attempt stored", job.pk, exc_info=True)
+        return "lost"
+    if row is None:
+        return "lost"
+    status, metadata = row
+    if status == Status.QUEUED:  # a retry records its error; a suspend(until=) is marked
+        if metadata.get("suspended"):
+            return "suspended"
+        return "retrying" if "error" in metadata else "lost"
+    return _STORED.get(status, "lost")
 
 
 def cancel_unstarted(job: Job) -> str:

@@ -39,7 +39,8 @@ KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
 KeyboardInterrupt in an inline run         ``queued``, attempt refunded, pending progress
 (``drain``, ``run_next``, django-q2's      stored (the operator's Ctrl-C stopped the run),
 ``sync`` mode: Ctrl-C), in the handler,    then it is raised on; an outcome already
-``begin`` or the outcome write             committed stays
+``begin`` or the outcome write             committed stays (and is what
+                                           ``attempt_ended`` is told)
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled`` (pending progress stored)
 ``Suspend``                                ``queued`` (waiting), attempt refunded
