@@ -3,6 +3,7 @@ and an outcome write that committed before the interrupt."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,7 @@ from jobstate.exceptions import CancelRequested, Suspend
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import endings
-from jobstate.worker.runner import drain
+from jobstate.worker.runner import drain, run_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,6 +44,56 @@ def _raises(error: BaseException) -> Callable[[Any], Any]:
 def _cancelled(ctx: Any) -> Any:
     services.request_cancel(ctx.job.pk, "api", "stop")
     raise CancelRequested(ctx.job.pk)
+
+
+def _claim_then_ctrl_c(monkeypatch: pytest.MonkeyPatch, presses: int, before: bool = False) -> None:
+    """Ctrl-C pressed ``presses`` times in the claim, after its commit (or ``before`` it)."""
+    real = services.claim
+
+    def claim(*args: Any, **kwargs: Any) -> list[Job]:
+        claimed = [] if before else real(*args, **kwargs)
+        for _ in range(presses):
+            signal.raise_signal(signal.SIGINT)  # Python's handler raises KeyboardInterrupt
+        return real(*args, **kwargs) if before else claimed
+
+    monkeypatch.setattr(services, "claim", claim)
+
+
+def test_ctrl_c_in_the_claim_of_run_next_hands_the_claimed_job_back(temp_handler, monkeypatch):
+    # It was raised inside the claim, after its commit: the job stayed processing under a
+    # lease token nobody knew, until the reaper took it once the lease expired.
+    temp_handler("t.claim_ctrl_c", lambda ctx: {"done": True}, max_attempts=1)
+    job = services.enqueue("t.claim_ctrl_c", {})
+    handler = signal.getsignal(signal.SIGINT)
+    _claim_then_ctrl_c(monkeypatch, presses=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_next("inline")
+    assert signal.getsignal(signal.SIGINT) is handler
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.worker_id, job.lease_token) == (Status.QUEUED, 0, "", None)
+    requeue = job.events.order_by("id").last()
+    assert requeue.transition == "requeue" and requeue.metadata.get("handed_back") is True
+    monkeypatch.undo()
+    assert run_next("inline") is not None
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.COMPLETED, 1)
+
+
+def test_a_second_ctrl_c_in_the_claim_lands_at_once(temp_handler, monkeypatch):
+    # The operator insists (a claim stuck on a lock): the claim is cut short, nothing claimed.
+    temp_handler("t.claim_ctrl_c_twice", lambda ctx: {"done": True})
+    job = services.enqueue("t.claim_ctrl_c_twice", {})
+    handler = signal.getsignal(signal.SIGINT)
+    _claim_then_ctrl_c(monkeypatch, presses=2, before=True)
+    with pytest.raises(KeyboardInterrupt):
+        run_next("inline")
+    assert signal.getsignal(signal.SIGINT) is handler
+    job.refresh_from_db()
+    assert (job.status, job.attempts, list(job.events.values_list("transition", flat=True))) == (
+        Status.QUEUED,
+        0,
+        ["enqueue"],
+    )
 
 
 LATER = timezone.now() + timedelta(days=1)

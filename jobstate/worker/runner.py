@@ -41,6 +41,9 @@ KeyboardInterrupt in an inline run         ``queued``, attempt refunded, pending
 ``sync`` mode: Ctrl-C), in the handler,    then it is raised on; an outcome already
 ``begin`` or the outcome write             committed stays (and is what
                                            ``attempt_ended`` is told)
+the same in ``run_next``'s claim           held until the claim returns, then the
+                                           same (a second Ctrl-C: at once, a job
+                                           claimed left to the reaper)
 ``NonRetryable``                           ``failed``
 ``CancelRequested`` / cancel + any error   ``cancelled`` (pending progress stored)
 ``Suspend``                                ``queued`` (waiting), attempt refunded
@@ -79,6 +82,7 @@ from jobstate.exceptions import (
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.worker.context import JobContext, lease_token
+from jobstate.worker.ctrl_c import ctrl_c_held
 from jobstate.worker.endings import (
     NextRequest,
     TransactionLeftOpen,
@@ -241,8 +245,18 @@ def _observe(hook: hooks.Hook[...], *args: Any) -> None:
 def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
     """Claim one ready job and run it inline. Returns the job, or None if none was ready.
     Ctrl-C (``KeyboardInterrupt``) hands the job back to the queue, its attempt
-    refunded, and is raised on (``run_job``'s ``inline``)."""
-    claimed = services.claim(worker_id, kinds=kinds, limit=1)
+    refunded, and is raised on (``run_job``'s ``inline``). During the claim it is
+    held until the claim returns (``ctrl_c_held``; a second one lands at once,
+    leaving a job it claimed to the reaper), then the job is handed back by the
+    lease token the claim returned."""
+    claimed: list[Job] = []
+    try:
+        with ctrl_c_held():
+            claimed = services.claim(worker_id, kinds=kinds, limit=1)
+    except KeyboardInterrupt:
+        for job in claimed:
+            hand_back_stopped(job, lease_token(job))
+        raise
     if not claimed:
         return None
     run_job(claimed[0], worker_id, inline=True)
