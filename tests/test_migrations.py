@@ -221,3 +221,68 @@ def test_going_back_before_owner_scoped_keys_names_the_jobs_that_share_a_key(dja
     finally:
         migrate(latest)
     assert Job.objects.filter(key="daily").get().pk == mine.pk
+
+
+BEFORE_CHECKS = [("jobstate", "0019_drop_actor_like_index")]
+CHECKS = ("jobstate_event_statuses_valid", "jobstate_step_failed_has_error", "jobstate_delivery_ok_is_2xx")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_history_step_and_delivery_checks_take_the_services_rows_and_run_again_once_fixed():
+    # 0020: checks that only Python guarded. Rows the services write fit them; a row
+    # that breaks one stops the migration, which runs again once the row is fixed
+    # (on PostgreSQL the constraint is then already there, NOT VALID: it is validated).
+    from django.db import IntegrityError, transaction
+
+    from jobstate import services
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    job = services.enqueue("test.echo", {})
+    services.claim("w1")
+    services.request_cancel(job, "test", "stop")  # a history row with equal ends
+    old = migrate(BEFORE_CHECKS)
+    try:
+        JobEvent, JobStep = (old.get_model("jobstate", name) for name in ("JobEvent", "JobStep"))
+        Endpoint, Delivery = (
+            old.get_model("jobstate", name) for name in ("WebhookEndpoint", "WebhookDelivery")
+        )
+        now = dt.datetime.now(dt.UTC)
+        JobStep.objects.create(
+            job_id=job.pk, position=0, name="load", status="failed", error_message="boom", finished_at=now
+        )
+        JobStep.objects.create(job_id=job.pk, position=1, name="save")
+        endpoint = Endpoint.objects.create(url="https://hooks.example.com/in")
+        for webhook_id, ok, code in (("m1", True, 200), ("m2", False, None), ("m3", False, 503)):
+            Delivery.objects.create(
+                endpoint=endpoint,
+                webhook_id=webhook_id,
+                event="job.failed",
+                job_id=job.pk,
+                ok=ok,
+                status_code=code,
+            )
+        bad = JobEvent.objects.create(job_id=job.pk, from_status="queued", to_status="bogus", transition="x")
+        with pytest.raises(IntegrityError):
+            migrate(latest)
+        JobEvent.objects.filter(pk=bad.pk).delete()
+    finally:
+        new = migrate(latest)
+    JobEvent, JobStep = (new.get_model("jobstate", name) for name in ("JobEvent", "JobStep"))
+    Delivery = new.get_model("jobstate", "WebhookDelivery")
+    assert JobEvent.objects.filter(job_id=job.pk).count() == 3
+    assert JobStep.objects.filter(job_id=job.pk).count() == 2
+    assert Delivery.objects.count() == 3
+    for write in (
+        lambda: JobEvent.objects.filter(job_id=job.pk).update(to_status="bogus"),
+        lambda: JobStep.objects.filter(job_id=job.pk, name="load").update(error_message=""),
+        lambda: Delivery.objects.filter(webhook_id="m3").update(ok=True),
+    ):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            write()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT conname, convalidated FROM pg_constraint WHERE conname = ANY(%s)", [list(CHECKS)]
+            )
+            assert dict(cursor.fetchall()) == dict.fromkeys(CHECKS, True)

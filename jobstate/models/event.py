@@ -46,6 +46,15 @@ class JobEvent(models.Model):
                 fields=["actor"], condition=models.Q(actor__isnull=False), name="jobstate_event_actor_idx"
             ),
         ]
+        constraints = [
+            # Both ends are statuses ("" starts an enqueue). They may be equal: a
+            # cancel or stop request, a step's change.
+            models.CheckConstraint(
+                condition=models.Q(from_status__in=["", *Status.values])
+                & models.Q(to_status__in=Status.values),
+                name="jobstate_event_statuses_valid",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.from_status or '∅'} → {self.to_status} ({self.transition})"

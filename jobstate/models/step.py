@@ -66,6 +66,10 @@ class JobStep(FSMModelMixin, models.Model):
                 condition=~Q(status__in=STEP_FINISHED) | Q(finished_at__isnull=False),
                 name="jobstate_step_finished_has_time",
             ),
+            models.CheckConstraint(
+                condition=~Q(status=StepStatus.FAILED) | ~Q(error_message=""),
+                name="jobstate_step_failed_has_error",
+            ),
         ]
 
     def __str__(self) -> str:

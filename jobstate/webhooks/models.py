@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from jobstate.webhooks import cache
@@ -135,6 +136,14 @@ class WebhookDelivery(models.Model):
             models.Index(fields=["webhook_id"], name="jobstate_delivery_msg_idx"),
             # The admin's search by a job's id (a delivery row is written once: one entry).
             models.Index(fields=["job_id"], name="jobstate_delivery_job_idx"),
+        ]
+        constraints = [
+            # Delivered means the receiver answered 2xx (``delivery.deliver``).
+            models.CheckConstraint(
+                condition=Q(ok=False)
+                | Q(status_code__isnull=False, status_code__gte=200, status_code__lte=299),
+                name="jobstate_delivery_ok_is_2xx",
+            ),
         ]
         verbose_name = "webhook delivery"
         verbose_name_plural = "webhook deliveries"
