@@ -9,8 +9,9 @@ deleted (a parent goes in a later batch, once its children have gone), so that
 deleting a job never cascades to a child the retention keeps: one finished
 recently (a retry of an old parent's child, say) or still active. A job whose
 parent is active is kept until that work ends, and so are its ancestors. So is
-a job whose retry is active: deleted, it would leave that retry's ``retry_of``
-empty (``on_delete=SET_NULL``) while the chain still runs.
+every job earlier in the retry chain of an active job (``retention_holds``): deleted, it
+would leave the next one's ``retry_of`` empty (``on_delete=SET_NULL``) while the
+chain still runs.
 
 Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
 their own age: they point at jobs by id, not by foreign key, so deleting a job
@@ -36,6 +37,7 @@ from django.utils import timezone
 from jobstate import conf, services
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, TERMINAL
+from jobstate.worker.retention_holds import chains_locked, held, held_cte
 
 MAX_DAYS = 36_500  # a century: an older cutoff is before any job
 # The webhook deliveries' kind (jobstate.webhooks.outbox.KIND: a sibling package).
@@ -62,21 +64,17 @@ class PruneReport:
         return found
 
 
-def _active_retries() -> QuerySet[Job]:
-    return Job.objects.filter(retry_of=OuterRef("pk"), status__in=ACTIVE)
-
-
 def old_enough(days: float, now: datetime | None = None) -> QuerySet[Job]:
-    """Finished jobs older than ``days`` whose parent is not active, nor any retry
-    of them: each would go if nothing below it stays (``prunable``: the next batch;
-    ``would_go``: all of them)."""
+    """Finished jobs older than ``days`` whose parent is not active, and that no
+    active retry holds (``retention_holds``): each would go if nothing below it stays
+    (``prunable``: the next batch; ``would_go``: all of them)."""
     cutoff = (now or timezone.now()) - timedelta(days=days)
     active_parent = Job.objects.filter(pk=OuterRef("parent_id"), status__in=ACTIVE)
     return (
         Job.objects.finished()
         .filter(finished_at__lt=cutoff)
         .exclude(Exists(active_parent))
-        .exclude(Exists(_active_retries()))
+        .exclude(held())
         .order_by("finished_at")
     )
 
@@ -96,26 +94,24 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     cutoff = (now or timezone.now()) - timedelta(days=days)
     table = connection.ops.quote_name(Job._meta.db_table)
     terminal = ", ".join(["%s"] * len(TERMINAL))
-    active = ", ".join(["%s"] * len(ACTIVE))
     announced = _announced()
-    # A job with an active retry stays (``old_enough``), and so keeps its parent; so
+    held, held_params = held_cte()
+    # A job an active retry holds stays (``old_enough``), and so keeps its parent; so
     # does a job a delivery is about (as in ``prune``).
-    also_kept = (
-        f" OR id IN (SELECT retry_of_id FROM {table} WHERE retry_of_id IS NOT NULL AND status IN ({active}))"
-    )
+    also_kept = " OR id IN (SELECT id FROM held)"
     if announced:
         also_kept += f" OR id IN ({', '.join(['%s'] * len(announced))})"
     # Each job that stays keeps its parent, whose parent stays, and so on up.
     kept_above = RawSQL(
-        f"WITH RECURSIVE kept(id) AS ("
+        f"WITH RECURSIVE {held}, kept(id) AS ("
         f"SELECT parent_id FROM {table} WHERE parent_id IS NOT NULL"
         f" AND (NOT (status IN ({terminal}) AND finished_at < %s){also_kept})"
         f" UNION SELECT j.parent_id FROM {table} j JOIN kept ON j.id = kept.id WHERE j.parent_id IS NOT NULL"
         f") SELECT id FROM kept",
         [
+            *held_params,
             *(str(s) for s in TERMINAL),
             _finished_at.get_db_prep_value(cutoff, connection),
-            *(str(s) for s in ACTIVE),
             *(_pk.get_db_prep_value(pk, connection) for pk in announced),
         ],
     )
@@ -145,18 +141,20 @@ def _announced_of(pks: list[Any]) -> list[Any]:
 
 def _still_childless(pks: list[Any]) -> list[Any]:
     """On PostgreSQL, lock the batch's jobs, then keep those that still have no
-    child nor active retry: one committed since the batch was read is seen now,
-    and one added from now on waits for the batch (its foreign key check shares
-    the parent's or retried job's row), then fails; none is ever deleted with its
-    parent, or unlinked from its retried job, unseen. (A lock taken by the batch's
-    own read made PostgreSQL sort every candidate: 3x slower.)"""
+    child and that no active retry holds: one committed since the batch was read is
+    seen now, and one added from now on waits for the batch (its foreign key check
+    shares the parent's or retried job's row), then fails; none is ever deleted with
+    its parent, or unlinked from its retried job, unseen. A retry that would hold a
+    job from further off (of a job later in its retry chain) locks
+    the job it retries (``services.retry``): those rows are locked too, and a job
+    with one held by another transaction is kept this time. (A lock taken by the
+    batch's own read made PostgreSQL sort every candidate: 3x slower.)"""
     if not connection.features.has_select_for_update_skip_locked:
         return pks  # SQLite: one writer at a time
     locked = Job.objects.filter(pk__in=pks).select_for_update(skip_locked=True).values_list("pk", flat=True)
+    safe = chains_locked(list(locked))
     children = Job.objects.filter(parent_id=OuterRef("pk"))
-    childless = (
-        Job.objects.filter(pk__in=list(locked)).exclude(Exists(children)).exclude(Exists(_active_retries()))
-    )
+    childless = Job.objects.filter(pk__in=safe).exclude(Exists(children)).exclude(held())
     return list(childless.values_list("pk", flat=True))
 
 
