@@ -1,5 +1,6 @@
-"""Retention keeps what an active retry still links to: the jobs earlier in its
-retry chain."""
+"""Retention keeps what an active retry still reads or links to: the jobs earlier
+in its retry chain, and the children of those (a workflow retried with
+``retry_from`` reads them)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from jobstate import services
+import jobstate
+from jobstate import registry, services
 from jobstate.models import Job
+from jobstate.states import Status
 from jobstate.worker.runner import drain
+from jobstate.workflows import retry_from
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,6 +55,54 @@ def test_prune_keeps_every_job_earlier_in_the_retry_chain_of_an_active_job(temp_
     assert command("jobstate_prune", "--dry-run").startswith("would delete 2 job(s)")
     assert command("jobstate_prune").startswith("deleted 2 job(s)")
     assert list(Job.objects.values_list("pk", flat=True)) == [third.pk]
+
+
+class _Count(jobstate.Workflow):
+    @jobstate.step()
+    def split(self, ctx: Any) -> None:
+        for i in range(3):
+            ctx.spawn("wf.child", {"i": i})
+
+    @jobstate.step()
+    def merge(self, ctx: Any, split: dict[str, Any]) -> dict[str, Any]:
+        return {"split": sorted(j.result["i"] for j in ctx.child_jobs("split"))}
+
+
+@pytest.fixture
+def counting() -> Any:
+    jobstate.workflow("t.count")(_Count)
+    yield "t.count"
+    registry.unregister("t.count")
+
+
+def test_prune_keeps_the_children_an_active_workflow_retry_reads(counting: str) -> None:
+    # retry_from copies the finished steps, and the retry reads the old job's
+    # children (their results, their assets): retention deleted them under it.
+    first = services.enqueue(counting, {})
+    drain()
+    first.refresh_from_db()
+    assert first.result == {"split": [0, 1, 2]}
+    children = list(Job.objects.filter(parent=first))
+    age(first, *children)
+    again = retry_from(first, "merge")  # queued: active
+    assert command("jobstate_prune", "--dry-run").startswith("would delete 0 job(s)")
+    assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    assert Job.objects.filter(parent=first).count() == 3
+    drain()
+    again.refresh_from_db()
+    assert again.status == Status.COMPLETED and again.result == {"split": [0, 1, 2]}
+    # A retry of that retry reads them too (its copied step still names them).
+    age(again)
+    third = retry_from(again, "merge")
+    assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    assert Job.objects.filter(parent=first).count() == 3
+    drain()
+    third.refresh_from_db()
+    assert third.result == {"split": [0, 1, 2]}
+    age(third)
+    assert command("jobstate_prune", "--dry-run").startswith("would delete 6 job(s)")
+    assert command("jobstate_prune").startswith("deleted 6 job(s)")
+    assert not Job.objects.exists()
 
 
 def _retry_under_way(monkeypatch: pytest.MonkeyPatch, make: Any) -> tuple[Any, Any, dict[str, Any]]:
@@ -116,3 +168,23 @@ def test_a_retry_under_way_further_down_the_chain_keeps_the_chain(
         thread.join(timeout=20)
     assert Job.objects.get(pk=made["job"].pk).retry_of_id == third.pk
     assert [Job.objects.get(pk=j.pk).retry_of_id for j in (second, third)] == [first.pk, second.pk]
+
+
+def test_a_workflow_retry_under_way_keeps_the_old_children(
+    counting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A child's lock did not cover a retry_from of its parent being made: the
+    # children went, then the retry read none.
+    _postgresql_only()
+    first = services.enqueue(counting, {})
+    drain()
+    age(first, *Job.objects.filter(parent=first))
+    thread, go, made = _retry_under_way(monkeypatch, lambda: retry_from(first, "merge"))
+    try:
+        assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    finally:
+        go.set()
+        thread.join(timeout=20)
+    assert Job.objects.filter(parent=first).count() == 3
+    drain()
+    assert Job.objects.get(pk=made["job"].pk).result == {"split": [0, 1, 2]}

@@ -11,7 +11,8 @@ recently (a retry of an old parent's child, say) or still active. A job whose
 parent is active is kept until that work ends, and so are its ancestors. So is
 every job earlier in the retry chain of an active job (``retention_holds``): deleted, it
 would leave the next one's ``retry_of`` empty (``on_delete=SET_NULL``) while the
-chain still runs.
+chain still runs; and so are their children, which a workflow retried with
+``retry_from`` reads (its copied steps name them).
 
 Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
 their own age: they point at jobs by id, not by foreign key, so deleting a job
@@ -96,8 +97,8 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     terminal = ", ".join(["%s"] * len(TERMINAL))
     announced = _announced()
     held, held_params = held_cte()
-    # A job an active retry holds stays (``old_enough``), and so keeps its parent; so
-    # does a job a delivery is about (as in ``prune``).
+    # A job an active retry holds stays (``old_enough``), and so keeps its parent (a
+    # held job's child keeps a held job); so does a job a delivery is about (as in ``prune``).
     also_kept = " OR id IN (SELECT id FROM held)"
     if announced:
         also_kept += f" OR id IN ({', '.join(['%s'] * len(announced))})"
@@ -145,7 +146,7 @@ def _still_childless(pks: list[Any]) -> list[Any]:
     seen now, and one added from now on waits for the batch (its foreign key check
     shares the parent's or retried job's row), then fails; none is ever deleted with
     its parent, or unlinked from its retried job, unseen. A retry that would hold a
-    job from further off (of a job later in its retry chain) locks
+    job from further off (of a job later in its retry chain, or in its parent's) locks
     the job it retries (``services.retry``): those rows are locked too, and a job
     with one held by another transaction is kept this time. (A lock taken by the
     batch's own read made PostgreSQL sort every candidate: 3x slower.)"""

@@ -1,7 +1,9 @@
 """What an active retry holds from retention (``jobstate.worker.retention``): every
-job earlier in its retry chain (A retried as B, B as C: C running holds B and A).
-Deleted, a job in the chain would leave the next one's ``retry_of`` empty
-(``on_delete=SET_NULL``) while the chain still runs.
+job earlier in its retry chain (A retried as B, B as C: C running holds B and A),
+and the children of those jobs (a workflow retried with ``retry_from`` reads the
+old job's children through its copied steps). Deleted, a job in the chain would
+leave the next one's ``retry_of`` empty (``on_delete=SET_NULL``) while the chain
+still runs.
 """
 
 from __future__ import annotations
@@ -35,16 +37,19 @@ def held_cte() -> tuple[str, list[str]]:
 
 def held() -> Q:
     """The jobs an active retry holds: those earlier in its retry chain (deleted, the
-    next one's ``retry_of`` is emptied under the running chain)."""
+    next one's ``retry_of`` is emptied under the running chain), and their children (a
+    workflow retried with ``retry_from`` reads the old job's children, its copied
+    steps naming them)."""
     cte, params = held_cte()
     ids = RawSQL(f"WITH RECURSIVE {cte} SELECT id FROM held", params)
-    return Q(pk__in=ids)
+    return Q(pk__in=ids) | Q(parent_id__in=ids)
 
 
 def chains_locked(pks: list[Any]) -> list[Any]:
-    """Those of ``pks`` (locked) whose retry chain from them on this transaction
-    could lock (``FOR UPDATE SKIP LOCKED``): a retry being made of any of those jobs
-    holds its row, and would hold the job."""
+    """Those of ``pks`` (locked) whose retry chain from them on, and their parent's
+    from it on, this transaction could lock (``FOR UPDATE SKIP LOCKED``): a retry
+    being made of any of those jobs holds its row, and would hold the job (its
+    parent's retry holds it as a child it reads)."""
     if not pks:
         return []
     table = connection.ops.quote_name(Job._meta.db_table)
@@ -53,10 +58,11 @@ def chains_locked(pks: list[Any]) -> list[Any]:
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH RECURSIVE later(job, id) AS ("
-            f"SELECT j.retry_of_id, j.id FROM {table} j WHERE j.retry_of_id IN ({some})"
+            f"SELECT id, parent_id FROM {table} WHERE id IN ({some}) AND parent_id IS NOT NULL"
+            f" UNION SELECT j.retry_of_id, j.id FROM {table} j WHERE j.retry_of_id IN ({some})"
             f" UNION SELECT later.job, j.id FROM {table} j JOIN later ON j.retry_of_id = later.id"
             f") SELECT job, id FROM later",
-            ids,
+            [*ids, *ids],
         )
         pairs = cursor.fetchall()
     wanted = {i for _job, i in pairs} - set(pks)
