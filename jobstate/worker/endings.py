@@ -34,16 +34,20 @@ from jobstate.worker.supervisor import close_quietly, timeout_for
 logger = logging.getLogger("jobstate")
 
 
-def usable_connection(handler_seconds: float) -> None:
+def usable_connection(handler_seconds: float) -> bool:
     """Make sure the outcome can be stored: replace this thread's connection if
     the handler broke it (or, after a long run, if the server dropped it).
-    Not unconditionally: with CONN_MAX_AGE=0 that would reconnect for every job."""
+    Not unconditionally: with CONN_MAX_AGE=0 that would reconnect for every job.
+    True if it was broken (closed here: the next query connects anew)."""
     if connection.connection is None or connection.in_atomic_block:
-        return
+        return False
+    broken = False
     if connection.errors_occurred or handler_seconds > 30:
         if not connection.is_usable():
             connection.close()
+            broken = True
         connection.errors_occurred = False
+    return broken
 
 
 class TransactionLeftOpen(NonRetryable):

@@ -11,13 +11,17 @@ table is the broker", says why it is not the default).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import math
 import multiprocessing
 import os
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.db import DatabaseError, close_old_connections, connection
+from django.db import Error as DatabaseErrors
 from django.utils import timezone
 
 from jobstate import conf, registry, services
@@ -26,13 +30,22 @@ from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2
-from jobstate.worker.endings import cancel_unstarted, end_attempt, hand_back_stopped, release, unknown_kind
+from jobstate.worker.endings import (
+    cancel_unstarted,
+    end_attempt,
+    hand_back_stopped,
+    release,
+    unknown_kind,
+    usable_connection,
+)
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.runner import hard_limit_for, run_job
 from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
+
+T = TypeVar("T")
 
 
 def worker_id(claimed_by: str) -> str:
@@ -54,6 +67,26 @@ def keep_connection() -> None:
     if age is None or connection.connection is None or connection.close_at is None:
         return
     connection.close_at = max(connection.close_at, time.monotonic() + float(age))
+
+
+def reconnecting(call: Callable[[], T]) -> T:
+    """A task's first database call, made once more on a new connection if the
+    one this process kept between jobs (``keep_connection``) turned out dead: the
+    server ended it while the process waited (a restart, a failover, an idle
+    timeout, ``pg_terminate_backend``), and nothing had told Django. A connection
+    that still answers (the call failed otherwise: a lock or statement timeout)
+    is not tried again: the error goes to the caller."""
+    kept = connection.connection
+    try:
+        return call()
+    except DatabaseErrors:
+        if kept is None:
+            raise  # no connection was kept: it failed on a new one
+        # Replaced already if the call's transaction could not be rolled back on it.
+        if connection.connection is kept and not usable_connection(math.inf):
+            raise
+    logger.info("jobstate worker: the database connection kept between jobs was closed; reconnected")
+    return call()
 
 
 def _serve(me: str, cluster: str) -> None:
@@ -143,7 +176,7 @@ def hand_back_unstarted(me: str, links: Chain) -> None:
 
 def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
     try:
-        begun = services.begin(job_id, token, me)
+        begun = reconnecting(functools.partial(services.begin, job_id, token, me))
     except LeaseLost:
         logger.info("Job %s was taken from this cluster while it waited; skipped", job_id)
         keep_connection()
@@ -278,7 +311,7 @@ def run_by_id(job_id: Any) -> str:
     me = worker_id(cluster)
     _serve(me, cluster)
     try:
-        job = services.start(job_id, me)
+        job = reconnecting(functools.partial(services.start, job_id, me))
     except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
         return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
     return _run_begun(job, me)

@@ -1,0 +1,70 @@
+"""Workers and the pusher when the database goes away: connections killed from
+another session (``pg_terminate_backend``, as a server restart or a failover
+leaves them), in-process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db import close_old_connections, connection
+from django.test import override_settings
+
+from jobstate import services
+from jobstate.states import Status
+from jobstate.worker import counters, tasks
+from tests.test_worker_broker import run, unpack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def kill_connection() -> None:
+    """End this thread's database session from another one, and wait until it is gone."""
+    import psycopg
+
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        deadline = time.monotonic() + 30
+        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone():
+            assert time.monotonic() < deadline, "the killed backend did not go away"
+            time.sleep(0.01)
+
+
+def postgresql_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("a server session to kill: PostgreSQL only")
+
+
+@override_settings(JOBSTATE={"WORKER_CONN_MAX_AGE": 300})
+def test_a_worker_whose_connection_was_killed_between_jobs_runs_the_next_job(broker):
+    """The connection a worker process keeps between jobs (``keep_connection``)
+    died while it waited: the next job begins on a new one, instead of going
+    back to the queue with the error and the package failing."""
+    postgresql_only()
+    services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    connection.close_at = time.monotonic()  # as CONN_MAX_AGE=0 leaves it
+    assert run(package) == "completed"
+    job = services.enqueue("test.echo", {"n": 2})
+    counters.picked_up()
+    (package,) = unpack(broker.dequeue())
+    close_old_connections()  # what django-q2 does before each task: the connection is kept
+    kill_connection()
+    assert run(package) == "completed"
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 1 and job.error_type == ""
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+
+
+@override_settings(JOBSTATE={"WORKER_CONN_MAX_AGE": 300})
+def test_a_job_run_by_id_after_its_worker_connection_was_killed_runs():
+    postgresql_only()
+    assert tasks.run_by_id(services.enqueue("test.echo", {}).pk) == "completed"
+    job = services.enqueue("test.echo", {"n": 2})
+    close_old_connections()
+    kill_connection()
+    assert tasks.run_by_id(job.pk) == "completed"
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 1 and job.error_type == ""
