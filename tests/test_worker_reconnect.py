@@ -68,3 +68,27 @@ def test_a_job_run_by_id_after_its_worker_connection_was_killed_runs():
     assert tasks.run_by_id(job.pk) == "completed"
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and job.attempts == 1 and job.error_type == ""
+
+
+def refuse_connections(monkeypatch: pytest.MonkeyPatch, error: str = "OperationalError") -> None:
+    """The database stops answering: this thread's connection is gone and a new one fails."""
+    connection.close()
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise getattr(connection.Database, error)("connection refused")
+
+    monkeypatch.setattr(connection, "get_new_connection", refused)
+
+
+@pytest.mark.parametrize("error", ["OperationalError", "InterfaceError"])
+def test_the_pusher_survives_any_database_error(broker, monkeypatch, error):
+    """An InterfaceError (psycopg2's "connection already closed") is no
+    DatabaseError: it went up to django-q2's pusher loop, which stops the pusher
+    for the sentinel to restart (after 10 s, the leases of jobs waiting in memory
+    no longer renewed)."""
+    services.enqueue("test.echo", {})
+    refuse_connections(monkeypatch, error)
+    assert broker.dequeue() is None
+    monkeypatch.undo()
+    handed = broker.dequeue()
+    assert handed is not None and len(handed) == 1

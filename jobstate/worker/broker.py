@@ -31,6 +31,7 @@ from collections import deque
 from typing import Any, NamedTuple, cast
 
 from django.db import DatabaseError, close_old_connections, connection, connections
+from django.db import Error as DatabaseErrors
 
 from jobstate import conf, registry, services
 from jobstate.models import Job
@@ -131,7 +132,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
     def dequeue(self) -> list[tuple[Any, str]] | None:
         try:
             return self._dequeue()
-        except DatabaseError:
+        except DatabaseErrors:  # InterfaceError too (psycopg2's "connection already closed")
             logger.exception("jobstate broker: database error; retrying after the poll interval")
             close_old_connections()
             for conn in connections.all(initialized_only=True):
