@@ -4,15 +4,17 @@ leaves them), in-process."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 from django.db import close_old_connections, connection
 from django.test import override_settings
+from django_q.conf import Conf
 
 from jobstate import services
 from jobstate.states import Status
-from jobstate.worker import counters, tasks
+from jobstate.worker import counters, outage, tasks
 from tests.test_worker_broker import run, unpack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,5 +92,53 @@ def test_the_pusher_survives_any_database_error(broker, monkeypatch, error):
     refuse_connections(monkeypatch, error)
     assert broker.dequeue() is None
     monkeypatch.undo()
+    handed = broker.dequeue()
+    assert handed is not None and len(handed) == 1
+
+
+def jobstate_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name.startswith("jobstate")]
+
+
+def test_a_pusher_cut_off_from_the_database_logs_one_traceback_then_recovers(broker, monkeypatch, caplog):
+    """The database stays unreachable (a restart, a network cut): the pusher
+    tries again every poll interval, logging the first failure with its
+    traceback, then a line a minute (not a traceback at ERROR every poll), and
+    says once that it reached the database again."""
+    services.enqueue("test.echo", {})
+    refuse_connections(monkeypatch)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    started = time.monotonic()
+    assert [broker.dequeue() for _ in range(5)] == [None] * 5
+    assert time.monotonic() - started >= 5 * Conf.POLL  # no busy loop: it waits between tries
+    (first,) = jobstate_records(caplog)
+    assert first.levelno == logging.ERROR and first.exc_info
+    caplog.clear()
+    monkeypatch.setattr(outage, "REMIND_SECONDS", 0.0)
+    assert broker.dequeue() is None
+    (reminder,) = jobstate_records(caplog)
+    assert reminder.levelno == logging.WARNING and not reminder.exc_info
+    assert "the database still fails (6 attempts in" in reminder.getMessage()
+    monkeypatch.undo()
+    caplog.clear()
+    handed = broker.dequeue()
+    assert handed is not None and len(handed) == 1
+    assert [r.getMessage() for r in jobstate_records(caplog)] == [
+        "jobstate broker: the database answers again after 6 failed attempts"
+    ]
+
+
+def test_a_pusher_whose_connection_was_killed_logs_it_once_and_reconnects(broker, caplog):
+    """Killed as the pusher records its heartbeat: one traceback (not the
+    heartbeat's warning and then the claim's error), and the next call claims."""
+    postgresql_only()
+    assert broker.dequeue() is None
+    kill_connection()
+    broker._next_renew = 0.0  # its heartbeat is due: the first call on the dead connection
+    caplog.set_level(logging.INFO, logger="jobstate")
+    assert broker.dequeue() is None
+    (logged,) = jobstate_records(caplog)
+    assert logged.levelno == logging.ERROR and logged.exc_info
+    services.enqueue("test.echo", {})
     handed = broker.dequeue()
     assert handed is not None and len(handed) == 1

@@ -40,6 +40,7 @@ from jobstate.states import Status
 from jobstate.worker import counters, q2
 from jobstate.worker.counters import JOB_ACK_PREFIX
 from jobstate.worker.listen import Listener
+from jobstate.worker.outage import Outage
 from jobstate.worker.packages import EXECUTE, package, task_timeout
 from jobstate.worker.supervisor import at_exit, supervisor
 
@@ -103,6 +104,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
             # Built in the sentinel, whose parent is the qcluster process.
             _cluster_id = f"{socket.gethostname()}:{os.getppid()}"
         self._listener: Listener | None = None
+        self._outage = Outage(logger, "jobstate broker")
         self._exit_hooked = 0  # the pid whose pusher row is removed at its clean exit
         self._reset()
 
@@ -131,14 +133,17 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
 
     def dequeue(self) -> list[tuple[Any, str]] | None:
         try:
-            return self._dequeue()
-        except DatabaseErrors:  # InterfaceError too (psycopg2's "connection already closed")
-            logger.exception("jobstate broker: database error; retrying after the poll interval")
+            tasks = self._dequeue()
+        except DatabaseErrors as exc:  # InterfaceError too (psycopg2's "connection already closed")
+            # A traceback for the first failure in a row only (an outage would log one a poll).
+            self._outage.failed("database error; retrying after the poll interval", exc)
             close_old_connections()
             for conn in connections.all(initialized_only=True):
                 conn.close()
             time.sleep(q2.poll())
             return None
+        self._outage.ended()
+        return tasks
 
     def _dequeue(self) -> list[tuple[Any, str]] | None:
         self.get_connection()
@@ -299,6 +304,8 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
             if self._exit_hooked != os.getpid() and q2.at_clean_exit(functools.partial(_pusher_gone, name)):
                 self._exit_hooked = os.getpid()
         except DatabaseError:
+            if connection.connection is None or not connection.is_usable():
+                raise  # out of reach: dequeue's database error (logged once in a row)
             logger.warning("jobstate broker: could not record the pusher's heartbeat", exc_info=True)
         waiting = self._still_waiting(now)
         if waiting:
@@ -384,6 +391,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
     def __setstate__(self, state: Any) -> None:
         super().__setstate__(state)
         self._listener = None
+        self._outage = Outage(logger, "jobstate broker")
         self._reset()
 
 
