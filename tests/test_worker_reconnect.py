@@ -142,3 +142,31 @@ def test_a_pusher_whose_connection_was_killed_logs_it_once_and_reconnects(broker
     services.enqueue("test.echo", {})
     handed = broker.dequeue()
     assert handed is not None and len(handed) == 1
+
+
+@override_settings(JOBSTATE={"WORKER_CHAIN_SECONDS": 0})  # each attempt its own package
+def test_a_connection_killed_before_the_outcome_write_leaves_the_job_retried(broker, temp_handler):
+    """The server ends the worker's session while the handler runs: the outcome
+    write fails on it, the connection is replaced and the attempt recorded failed
+    (retried), never left processing; the retry completes."""
+    postgresql_only()
+    runs: list[int] = []
+
+    def killed_meanwhile(ctx):  # type: ignore[no-untyped-def]
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            kill_connection()
+        return {"attempt": ctx.attempt}
+
+    temp_handler("t.killed", killed_meanwhile, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.killed", {})
+    (package,) = unpack(broker.dequeue())
+    assert run(package) == "retrying"
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.attempts == 1 and job.error_type == "OperationalError"
+    assert "could not be stored" in job.error_message
+    counters.picked_up()
+    (package,) = unpack(broker.dequeue())
+    assert run(package) == "completed"
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and runs == [1, 2] and job.result == {"attempt": 2}
