@@ -418,3 +418,56 @@ def test_a_malformed_stored_endpoint_does_not_break_cancelling_a_job(user):
     assert response.status_code == 200, response.data
     (queued,) = Job.objects.filter(kind=outbox.KIND)
     assert queued.parameters["event"] == "job.cancelled" and queued.parameters["endpoint"] != broken.pk
+
+
+LOOSE_TYPES = [
+    # DRF's BooleanField took "yes", "on", "1", 1 and 0; its CharField took numbers.
+    ("enabled", "yes", "enabled: Must be a valid boolean."),
+    ("enabled", 1, "enabled: Must be a valid boolean."),
+    ("enabled", "false", "enabled: Must be a valid boolean."),
+    ("is_global", "1", "is_global: Must be a valid boolean."),
+    ("is_global", 0, "is_global: Must be a valid boolean."),
+    ("url", 5, "url: Not a valid string."),
+    ("description", 5, "description: Not a valid string."),
+    ("description", 1.5, "description: Not a valid string."),
+    ("kinds", [5], "kinds.0: Not a valid string."),
+    ("kinds", [1.5], "kinds.0: Not a valid string."),
+    ("events", [5], "events.0: Not a valid string."),
+]
+
+
+@pytest.mark.parametrize("field, value, message", LOOSE_TYPES)
+def test_a_wrong_json_type_is_a_400_naming_the_field_and_writes_nothing(user, field, value, message):
+    # As strict as the jobs API's inputs (tests/test_api_jobs.py: {"kind": 12} is a 400).
+    client = client_for(user)
+    body = {"url": "https://hooks.example.com/a", field: value}
+    response = client.post(URL, body, format="json")
+    assert response.status_code == 400 and response.data["error"]["message"] == message
+    assert list(response.data["error"]["fields"]) == [field]
+    assert not WebhookEndpoint.objects.exists()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a", enabled=False)
+    before = WebhookEndpoint.objects.values().get()
+    for call in (client.patch, client.put):
+        response = call(f"{URL}{endpoint.pk}/", body, format="json")
+        assert response.status_code == 400 and response.data["error"]["message"] == message
+    assert WebhookEndpoint.objects.values().get() == before
+
+
+@pytest.mark.parametrize("value", ["600", 600.0, "600.0"])
+def test_a_rotations_overlap_is_a_json_integer(user, value):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    response = client_for(user).post(
+        f"{URL}{endpoint.pk}/rotate-secret/", {"overlap_seconds": value}, format="json"
+    )
+    assert response.status_code == 400 and list(response.data["error"]["fields"]) == ["overlap_seconds"]
+    assert WebhookEndpoint.objects.get().secret == endpoint.secret
+
+
+def test_json_booleans_and_strings_still_pass(user):
+    client = client_for(user)
+    body = {"url": "https://hooks.example.com/a", "enabled": False, "is_global": False, "kinds": ["a.b"]}
+    made = client.post(URL, {**body, "description": "mine"}, format="json")
+    assert made.status_code == 201, made.data
+    assert (made.data["enabled"], made.data["kinds"], made.data["description"]) == (False, ["a.b"], "mine")
+    patched = client.patch(f"{URL}{made.data['id']}/", {"enabled": True}, format="json")
+    assert patched.status_code == 200 and patched.data["enabled"] is True

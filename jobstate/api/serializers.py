@@ -91,10 +91,37 @@ class StoredDateTimeField(AwareDateTimeField):
 class StrictCharField(serializers.CharField):
     """A string, and only a string (DRF's CharField would accept numbers)."""
 
+    # Its own key: a subclass's "invalid" (a URL's) is another message.
+    default_error_messages = {"not_a_string": "Not a valid string."}
+
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
-            self.fail("invalid")
+            self.fail("not_a_string")
         return _check_text(super().to_internal_value(data))
+
+
+class StrictURLField(StrictCharField, serializers.URLField):
+    """A URL, given as a string."""
+
+
+class StrictChoiceField(serializers.ChoiceField):
+    """One of the string choices, given as a string (DRF's compares ``str(data)``)."""
+
+    default_error_messages = {"not_a_string": "Not a valid string."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("not_a_string")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON boolean (DRF's BooleanField would accept "yes", "on", "1", 1 and 0)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
 
 
 class StrictIntegerField(serializers.IntegerField):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from rest_framework import serializers, status, viewsets
@@ -35,7 +35,14 @@ from jobstate.api.errors import Conflict
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.api.serializers import OutputSerializer
+from jobstate.api.serializers import (
+    OutputSerializer,
+    StrictBooleanField,
+    StrictCharField,
+    StrictChoiceField,
+    StrictIntegerField,
+    StrictURLField,
+)
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, new_secret
 
@@ -56,19 +63,28 @@ def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bo
 # OutputSerializer: date-times in the API's format (ISO 8601 in UTC, "…Z"), not the
 # project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE.
 class WebhookEndpointSerializer(OutputSerializer):
+    # Strict JSON types, as the jobs API's inputs: DRF's own fields took "yes" or 1
+    # for true and 5 for "5".
+    serializer_field_mapping = {
+        **OutputSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.URLField: StrictURLField,
+        models.BooleanField: StrictBooleanField,
+    }
+
     owner = serializers.SerializerMethodField()
     # No default: an update that leaves it out keeps it (a PUT turned a global
     # endpoint into its editor's own); a new endpoint is the caller's unless asked.
-    is_global = serializers.BooleanField(
+    is_global = StrictBooleanField(
         required=False,
         help_text="Staff with jobstate.view_job only: hear about every job, not only your own "
         "(default false).",
     )
     events = serializers.ListField(
-        child=serializers.ChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
+        child=StrictChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
     )
     kinds = serializers.ListField(
-        child=serializers.CharField(max_length=validation.KIND_MAX_LENGTH), required=False
+        child=StrictCharField(max_length=validation.KIND_MAX_LENGTH), required=False
     )
     secret = serializers.CharField(
         read_only=True,
@@ -147,7 +163,7 @@ class DeliverySerializer(OutputSerializer):
 
 
 class RotateSerializer(serializers.Serializer[Any]):
-    overlap_seconds = serializers.IntegerField(
+    overlap_seconds = StrictIntegerField(
         min_value=0,
         max_value=30 * 24 * 3600,
         required=False,
