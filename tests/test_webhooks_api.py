@@ -471,3 +471,18 @@ def test_json_booleans_and_strings_still_pass(user):
     assert (made.data["enabled"], made.data["kinds"], made.data["description"]) == (False, ["a.b"], "mine")
     patched = client.patch(f"{URL}{made.data['id']}/", {"enabled": True}, format="json")
     assert patched.status_code == 200 and patched.data["enabled"] is True
+
+
+def test_an_event_with_a_lone_surrogate_is_a_400(user):
+    # DRF's refusal ('"…" is not a valid choice.') repeated the lone surrogate, which
+    # the JSON renderer cannot encode: a 500.
+    client = client_for(user)
+    raw = '{"url": "https://hooks.example.com/a", "events": ["job.\\ud800"]}'
+    response = client.post(URL, raw, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "events.0: Text must be valid Unicode."
+    assert not WebhookEndpoint.objects.exists()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    response = client.patch(f"{URL}{endpoint.pk}/", raw, content_type="application/json")
+    assert response.status_code == 400 and "events" in response.json()["error"]["fields"]
+    assert WebhookEndpoint.objects.get().events == endpoint.events

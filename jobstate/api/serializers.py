@@ -105,14 +105,16 @@ class StrictURLField(StrictCharField, serializers.URLField):
 
 
 class StrictChoiceField(serializers.ChoiceField):
-    """One of the string choices, given as a string (DRF's compares ``str(data)``)."""
+    """One of the string choices, given as a string (DRF's compares ``str(data)``).
+    Text checked first: DRF's refusal repeats the value, and a lone surrogate in
+    the error made the response a 500 (JSON cannot encode it)."""
 
     default_error_messages = {"not_a_string": "Not a valid string."}
 
     def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
             self.fail("not_a_string")
-        return super().to_internal_value(data)
+        return super().to_internal_value(_check_text(data))
 
 
 class StrictBooleanField(serializers.BooleanField):
