@@ -435,3 +435,22 @@ def test_an_ipv6_url_sends_a_valid_host_header():
     assert transport.host_header("http", "example.com", 443) == "example.com:443"
     assert transport.host_header("https", "example.com", 443) == "example.com"
     assert transport.host_header("https", "2001:db8::1", 443) == "[2001:db8::1]"
+
+
+@pytest.mark.django_db(transaction=True)  # the delivery row's foreign key is checked at a commit
+@pytest.mark.parametrize("status, result", [(200, "status_code"), (500, "skipped")])
+def test_an_endpoint_deleted_during_an_attempt_ends_the_delivery(user, monkeypatch, status, result):
+    # The attempt's record then failed its foreign key: a delivered message was a failed
+    # attempt (IntegrityError), retried after a backoff only to be skipped.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+
+    def post(url: str, body: bytes, headers: dict[str, str]) -> transport.Response:
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).delete()  # the owner deletes it meanwhile
+        return transport.Response(status, b"", 0.01)
+
+    monkeypatch.setattr(transport, "post", post)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (sent,) = deliveries()
+    assert (sent.status, sent.attempts, sent.error_message) == ("completed", 1, "")
+    assert result in sent.result and not WebhookDelivery.objects.exists()

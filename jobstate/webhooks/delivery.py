@@ -19,6 +19,7 @@ from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -32,6 +33,10 @@ from jobstate.webhooks.outbox import KIND
 
 class DeliveryFailed(Exception):
     """The receiver did not accept the delivery (retried)."""
+
+
+# Why a delivery whose endpoint is gone (before or during the attempt) sent nothing more.
+ENDPOINT_DELETED = "endpoint deleted"
 
 
 def backoff(attempt: int) -> float:
@@ -69,7 +74,7 @@ def deliver(ctx: Any) -> dict[str, Any]:
         raise NonRetryable("webhook deliveries are queued by jobstate only")
     endpoint = WebhookEndpoint.objects.select_related("owner").filter(pk=params["endpoint"]).first()
     if endpoint is None:
-        return {"skipped": "endpoint deleted"}
+        return {"skipped": ENDPOINT_DELETED}
     if not endpoint.enabled:
         return {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
     job = Job.objects.select_related("owner").prefetch_related("steps").filter(pk=params["job"]).first()
@@ -92,10 +97,12 @@ def deliver(ctx: Any) -> dict[str, Any]:
         headers = signing.headers(endpoint.signing_secrets(), webhook_id, int(time.time()), body)
         response = transport.post(endpoint.url, body, headers)
     except transport.Blocked as exc:
-        _failed(record, endpoint, str(exc), started)
+        if not _failed(record, endpoint, str(exc), started):
+            return {"skipped": ENDPOINT_DELETED}
         raise NonRetryable(str(exc)) from exc
     except Exception as exc:
-        _failed(record, endpoint, f"{type(exc).__name__}: {exc}", started)
+        if not _failed(record, endpoint, f"{type(exc).__name__}: {exc}", started):
+            return {"skipped": ENDPOINT_DELETED}
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
     record.status_code = response.status
     # As text PostgreSQL stores: a NUL in a 2xx answer failed the save, and the
@@ -103,23 +110,35 @@ def deliver(ctx: Any) -> dict[str, Any]:
     record.response_body = text(response.body[:1024].decode("utf-8", "replace"))
     if 200 <= response.status < 300:
         record.ok = True
-        _save(record, started)
+        _save(record, started)  # delivered, even if its endpoint (and its records) went meanwhile
         WebhookEndpoint.objects.filter(pk=endpoint.pk).exclude(consecutive_failures=0).update(
             consecutive_failures=0
         )
         return {"webhook_id": webhook_id, "status_code": response.status, "attempt": record.attempt}
-    _failed(record, endpoint, f"HTTP {response.status}", started)
+    if not _failed(record, endpoint, f"HTTP {response.status}", started):
+        return {"skipped": ENDPOINT_DELETED}
     raise DeliveryFailed(f"the receiver answered HTTP {response.status}")
 
 
-def _save(record: WebhookDelivery, started: float) -> None:
+def _save(record: WebhookDelivery, started: float) -> bool:
+    """Store the attempt; False when its endpoint was deleted during it (the row's
+    foreign key fails then: that made a delivered message a failed attempt, retried)."""
     record.duration_ms = int((time.monotonic() - started) * 1000)
-    record.save()
+    try:
+        with transaction.atomic():  # the deferred foreign key is checked at its end
+            record.save()
+    except IntegrityError:
+        if WebhookEndpoint.objects.filter(pk=record.endpoint_id).exists():
+            raise
+        return False
+    return True
 
 
-def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, started: float) -> None:
+def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, started: float) -> bool:
+    """Store a failed attempt and count it; False when the endpoint is gone."""
     record.error = text(error)[:2000]
-    _save(record, started)
+    if not _save(record, started):
+        return False
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
     reason = text(f"disabled after {limit} failed attempts in a row; the last: {error}")[:2000]
@@ -129,6 +148,7 @@ def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, star
         from jobstate.webhooks import outbox
 
         outbox.forget()
+    return True
 
 
 def install(serializer: Any) -> None:
