@@ -501,6 +501,25 @@ def test_command_marks_capped_counts() -> None:
     assert code == 2 and "[lease_expired]: 2+" in out and "... and 1+ more" in out
 
 
+def test_command_writes_counts_with_thousands_separators(monkeypatch: Any) -> None:
+    # It printed "[lease_expired]: 10000+" and "... and 9999+ more"; the admin's stuck
+    # page writes "10,000+".
+    job = expired()
+    [finding] = stuck.find_stuck()
+    counted = {r.code: 0 for r in stuck.REASONS} | {"lease_expired": 12_345}
+    monkeypatch.setattr(stuck, "survey", mock.Mock(return_value=([finding], counted)))
+    monkeypatch.setattr(stuck, "count_stuck", mock.Mock(return_value=counted))
+    code, out = run()
+    assert code == 2 and str(job.pk) in out
+    assert "[lease_expired]: 10,000+\n" in out and "... and 9,999+ more" in out
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 20_000}):
+        assert "[lease_expired]: 12,345\n" in run("--counts")[1]
+        code, out = run()
+    assert "[lease_expired]: 12,345\n" in out and "... and 12,344 more" in out
+    # JSON keeps plain numbers.
+    assert json.loads(run("--json")[1])["counts"]["lease_expired"] == 10_000
+
+
 def test_list_button_counts_stuck_jobs_up_to_a_cap(admin_client: Any, monkeypatch: Any) -> None:
     from jobstate.admin import jobs
 

@@ -61,7 +61,8 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON: counts and findings.")
         parser.add_argument("--counts", action="store_true", help="Print only the counts per reason.")
         # Counts stop at JOBSTATE["ADMIN_COUNT_CAP"], so the check stays cheap: more
-        # than that is printed as "N+" (counted one past it to tell), JSON says N.
+        # than that is printed as "N+" (counted one past it to tell), JSON says N. The
+        # text writes them with thousands separators, as the admin's stuck page does.
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["limit"] <= 10_000:
@@ -105,10 +106,10 @@ class Command(BaseCommand):
             if not n:
                 continue
             plus = "+" if r.code in self.over else ""
-            self.stdout.write(self.style.WARNING(f"{r.title} [{r.code}]: {n}{plus}"))
+            self.stdout.write(self.style.WARNING(f"{r.title} [{r.code}]: {n:,}{plus}"))
             self.stdout.write(f"  remedy: {r.remedy_text}")
             for f in by_reason.get(r.code, []):
                 self.stdout.write(f"  {f.job.pk}  {f.job.kind}  {f.text}")
             shown = len(by_reason.get(r.code, []))
             if findings and shown < n:
-                self.stdout.write(f"  ... and {n - shown}{plus} more")
+                self.stdout.write(f"  ... and {n - shown:,}{plus} more")
