@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import services
@@ -191,6 +192,18 @@ def test_show_prints_status_progress_attempts_and_history(user: Any) -> None:
     data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
     assert (data["status"], data["progress"], data["attempts"]) == ("processing", 42, 1)
     assert [h["transition"] for h in data["history"]][-1] == "request_cancel"
+
+
+@override_settings(USE_TZ=False)
+def test_show_with_use_tz_false() -> None:
+    # Every time is naive then: "localtime() cannot be applied to a naive datetime", a traceback.
+    run("jobstate", "cancel", str(queued().pk))
+    job = Job.objects.get()
+    out, _ = run("jobstate", "show", str(job.pk))
+    assert f"created    {job.created_at:%Y-%m-%d %H:%M:%S}" in out
+    assert f"finished   {job.finished_at:%Y-%m-%d %H:%M:%S}" in out
+    assert "history    (2 transitions)" in out and "queued -> cancelled" in out
+    assert json.loads(run("jobstate", "show", str(job.pk), "--json")[0])["status"] == "cancelled"
 
 
 def test_workflow_state_of_a_plain_job_and_bad_ids() -> None:

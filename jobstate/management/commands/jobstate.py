@@ -241,4 +241,8 @@ class Command(BaseCommand):
 
 
 def _when(moment: datetime | None) -> str:
-    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+    """In the current time zone; a naive time (``USE_TZ = False``) is so already."""
+    if moment is None:
+        return "-"
+    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
+    return local.strftime("%Y-%m-%d %H:%M:%S")
