@@ -114,6 +114,18 @@ def test_bad_options_are_a_command_error_and_write_nothing(args: tuple[str, ...]
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("params", ["null", "[1]", '"month"', "7"])
+@pytest.mark.parametrize(
+    "command", [("jobstate", "enqueue", "test.echo"), ("jobstate_workflow", "start", "wf.fixable")]
+)
+def test_params_that_are_not_a_json_object_are_refused(command: tuple[str, ...], params: str) -> None:
+    # jobstate_workflow start queued a job with --params null (as {}) and named no option
+    # for the others ("parameters: Parameters must be a JSON object.").
+    message = refused(*command, "--params", params)
+    assert message == '--params must be a JSON object, like \'{"month": "2026-10"}\''
+    assert not Job.objects.exists()
+
+
 # argv bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape)
 @pytest.mark.parametrize(
     ("args", "says"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -59,6 +60,17 @@ def job_id(raw: str) -> uuid.UUID:
         raise CommandError(
             f"'{raw}' is not a job id: give the full UUID, like 3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
         ) from None
+
+
+def json_object(raw: str, option: str = "--params") -> dict[str, Any]:
+    """``raw`` read as a JSON object, or a CommandError naming ``option``."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError; too many digits; too deep
+        raise CommandError(f"{option} is not JSON we can read: {exc}") from None
+    if not isinstance(value, dict):
+        raise CommandError(f'{option} must be a JSON object, like \'{{"month": "2026-10"}}\'')
+    return value
 
 
 def get_job(raw: str) -> Job:

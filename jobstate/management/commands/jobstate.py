@@ -25,7 +25,7 @@ from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError
-from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
+from jobstate.management.commands._common import check_text, cli_actor, fail, get_job, json_object
 from jobstate.models import Job
 from jobstate.states import Status
 
@@ -79,15 +79,9 @@ class Command(BaseCommand):
     # --- subcommands ---------------------------------------------------------------
 
     def do_enqueue(self, options: dict[str, Any]) -> None:
-        try:
-            params = json.loads(options["params"])
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError; too many digits; too deep
-            raise CommandError(f"--params is not JSON we can read: {exc}") from None
-        if not isinstance(params, dict):
-            raise CommandError('--params must be a JSON object, like \'{"month": "2026-10"}\'')
         job, created = services.get_or_enqueue(
             options["kind"],
-            params,
+            json_object(options["params"]),
             owner=self._owner(options["owner"]),
             key=options["key"],
             priority=options["priority"],

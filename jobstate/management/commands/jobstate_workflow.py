@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, JobStateError
-from jobstate.management.commands._common import check_text, cli_actor, fail, get_job
+from jobstate.management.commands._common import check_text, cli_actor, fail, get_job, json_object
 from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
@@ -49,10 +49,7 @@ class Command(BaseCommand):
             if action == "start":
                 if definition_of(options["kind"]) is None:
                     raise CommandError(f"'{options['kind']}' is not a registered workflow")
-                try:
-                    params = json.loads(options["params"])
-                except (ValueError, RecursionError) as exc:  # JSONDecodeError; too many digits; too deep
-                    raise CommandError(f"--params is not JSON we can read: {exc}") from None
+                params = json_object(options["params"])
                 job = services.enqueue(options["kind"], params, actor=actor, reason="started from the CLI")
                 self.stdout.write(str(job.pk))
                 return
