@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import services
-from jobstate.models import Job, JobEvent
+from jobstate.models import Job, JobEvent, JobStep
 from jobstate.services import control
 from jobstate.states import Status
 from tests.admin_support import completed, failed, processing, queued
@@ -228,6 +228,20 @@ def test_workflow_state_of_a_plain_job_and_bad_ids() -> None:
     assert refused("jobstate_workflow", "skip", "nope", "x").startswith("'nope' is not a job id")
     missing = "3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43"
     assert refused("jobstate_workflow", "retry", missing) == f"No job {missing}"
+
+
+def test_workflow_retry_and_skip_refused_by_the_job_s_status_say_why() -> None:
+    # They said "Cannot move job from 'queued' to 'queued' (retry_from)".
+    job = queued(kind="wf.fixable")
+    message = refused("jobstate_workflow", "retry", str(job.pk), "--from", "two")
+    assert message == "retry refused: the job is queued; only a finished workflow can be retried"
+    ended = failed(kind="wf.fixable")
+    message = refused("jobstate_workflow", "skip", str(ended.pk), "two")
+    assert message == (
+        "skip refused: the job is failed; only a step of a queued or waiting workflow can be skipped "
+        "(of a finished one: retry --from STEP --skip STEP)"
+    )
+    assert Job.objects.count() == 2 and not JobStep.objects.filter(status="skipped").exists()
 
 
 def test_workflow_stop_says_when_it_cancelled_a_job_that_never_served() -> None:

@@ -17,6 +17,13 @@ from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
+# Why retry_from and skip_step refused the job's status (InvalidTransition).
+REFUSED = {
+    "retry": "only a finished workflow can be retried",
+    "skip": "only a step of a queued or waiting workflow can be skipped (of a finished one: "
+    "retry --from STEP --skip STEP)",
+}
+
 
 class Command(BaseCommand):
     help = "Start a workflow, show its state, retry it from a step, skip a step, or stop a serving one."
@@ -80,5 +87,9 @@ class Command(BaseCommand):
                     self.stdout.write(f"cancelled {job.pk}: it had not served yet")
                 else:
                     self.stdout.write(f"stop requested for {job.pk}")
+        except InvalidTransition as exc:  # "Cannot move job from 'processing' to 'queued' (retry_from)"
+            if action not in REFUSED:
+                raise fail(exc) from None
+            raise CommandError(f"{action} refused: the job is {exc.current}; {REFUSED[action]}") from None
         except (ValidationError, JobStateError, ValueError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc) from None
