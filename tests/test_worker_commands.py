@@ -378,6 +378,13 @@ def test_prune_rejects_bad_arguments():
         call_command("jobstate_prune", "--batch", "0")
 
 
+@override_settings(JOBSTATE={"RETENTION_DAYS": None})
+def test_prune_rejects_a_bad_batch_without_retention_too():
+    # It said "nothing to do" and exited 0: the typo showed only once retention was set.
+    with pytest.raises(CommandError, match="--batch must be between 1 and 100000"):
+        command("jobstate_prune", "--batch", "0")
+
+
 def test_a_prune_batch_below_one_is_refused_not_repeated_for_ever(settings):
     # A batch of 0 found nothing, and the deliveries' loop asked again, for ever.
     import threading

@@ -19,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, help="Jobs per transaction (JOBSTATE['PRUNE_BATCH']).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # The arguments first: a bad one is an error even when there is nothing to do.
+        if options["batch"] is not None and not 1 <= options["batch"] <= MAX_BATCH:
+            raise CommandError(f"--batch must be between 1 and {MAX_BATCH}")
         days = options["days"] if options["days"] is not None else conf.get("RETENTION_DAYS")
         if days is None:
             self.stdout.write("RETENTION_DAYS is None: finished jobs are kept; nothing to do.")
@@ -27,8 +30,6 @@ class Command(BaseCommand):
             raise CommandError(f"--days must be between 0 and {MAX_DAYS}")
         if not days >= 0:  # NaN fails too
             raise CommandError("RETENTION_DAYS must be zero or more")
-        if options["batch"] is not None and not 1 <= options["batch"] <= MAX_BATCH:
-            raise CommandError(f"--batch must be between 1 and {MAX_BATCH}")
         report = prune(days, dry_run=options["dry_run"], batch=options["batch"])
         verb = "would delete" if report.dry_run else "deleted"
         self.stdout.write(
