@@ -206,6 +206,22 @@ def test_show_prints_status_progress_attempts_and_history(user: Any) -> None:
     assert [h["transition"] for h in data["history"]][-1] == "request_cancel"
 
 
+def test_show_json_has_what_the_text_shows() -> None:
+    # The text prints "run after", "retry of" and how many transitions there are in all
+    # (only the latest 50 listed); --json, "the same as JSON", had none of them.
+    later = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    old = failed()
+    new = Job.objects.get(pk=run("jobstate", "retry", str(old.pk))[0].strip())
+    Job.objects.filter(pk=new.pk).update(run_after=later)
+    text = run("jobstate", "show", str(new.pk))[0]
+    assert f"retry of   {old.pk}" in text and "run after" in text
+    data = json.loads(run("jobstate", "show", str(new.pk), "--json")[0])
+    assert data["retry_of"] == str(old.pk) and data["run_after"] == later.isoformat().replace("+00:00", "Z")
+    assert data["history_total"] == len(data["history"]) == 1
+    data = json.loads(run("jobstate", "show", str(old.pk), "--json")[0])
+    assert data["retry_of"] is None and data["history_total"] == 3
+
+
 @override_settings(USE_TZ=False)
 def test_show_with_use_tz_false() -> None:
     # Every time is naive then: "localtime() cannot be applied to a naive datetime", a traceback.

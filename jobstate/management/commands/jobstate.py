@@ -133,8 +133,10 @@ class Command(BaseCommand):
     def do_show(self, options: dict[str, Any]) -> None:
         job = get_job(options["job"])
         events = list(job.events.select_related("actor").order_by("-id")[:HISTORY_ROWS])[::-1]
+        total = job.events.count()
         if options["json"]:
-            self.stdout.write(json.dumps(self._as_dict(job, events), indent=2, cls=DjangoJSONEncoder))
+            data = self._as_dict(job, events, total)
+            self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
             return
         w = self.stdout.write
         w(f"job        {job.pk}")
@@ -160,7 +162,6 @@ class Command(BaseCommand):
             w(f"error      {job.error_type + ': ' if job.error_type else ''}{job.error_message}")
         if job.result not in (None, {}, []):
             w(f"result     {json.dumps(job.result, cls=DjangoJSONEncoder)[:500]}")
-        total = job.events.count()
         w(
             f"history    ({total} transition{'s' if total != 1 else ''}"
             + (", latest shown)" if total > len(events) else ")")
@@ -199,7 +200,9 @@ class Command(BaseCommand):
         return moment
 
     @staticmethod
-    def _as_dict(job: Job, events: list[Any]) -> dict[str, Any]:
+    def _as_dict(job: Job, events: list[Any], total: int) -> dict[str, Any]:
+        """What the text shows: ``history`` holds the latest ``HISTORY_ROWS`` of
+        ``history_total`` transitions."""
         return {
             "id": job.pk,
             "kind": job.kind,
@@ -213,13 +216,16 @@ class Command(BaseCommand):
             "priority": job.priority,
             "key": job.key,
             "created_at": job.created_at,
+            "run_after": job.run_after,
             "started_at": job.started_at,
             "finished_at": job.finished_at,
             "cancel_requested_at": job.cancel_requested_at,
             "worker_id": job.worker_id,
+            "retry_of": job.retry_of_id,
             "error_type": job.error_type,
             "error_message": job.error_message,
             "result": job.result,
+            "history_total": total,
             "history": [
                 {
                     "at": e.created_at,
