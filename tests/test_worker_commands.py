@@ -446,6 +446,14 @@ def test_schedule_installs_updates_and_removes():
     assert not Schedule.objects.exists()
 
 
+def test_schedule_refuses_remove_with_no_prune():
+    # --remove won silently: an operator who meant "the reaper only" lost it too.
+    command("jobstate_schedule")
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        command("jobstate_schedule", "--remove", "--no-prune")
+    assert Schedule.objects.count() == 2
+
+
 def test_prune_takes_a_long_retention_from_the_settings(settings):
     # --days is bounded; a setting past the bound deletes what the bound would (nothing).
     settings.JOBSTATE = {"RETENTION_DAYS": 73_000}

@@ -11,8 +11,14 @@ class Command(BaseCommand):
     help = "Install or update the django-q2 Schedules: the reaper every minute, pruning daily."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--no-prune", action="store_true", help="Do not schedule retention pruning.")
-        parser.add_argument("--remove", action="store_true", help="Remove jobstate's schedules.")
+        # Both at once was --remove, silently: which did the operator mean?
+        either = parser.add_mutually_exclusive_group()
+        either.add_argument(
+            "--no-prune",
+            action="store_true",
+            help="Do not schedule retention pruning (and remove its schedule if installed).",
+        )
+        either.add_argument("--remove", action="store_true", help="Remove jobstate's schedules.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["remove"]:
