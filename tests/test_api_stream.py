@@ -5,10 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from django.test import override_settings
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
+from django.test import RequestFactory, override_settings
+from rest_framework.authtoken.models import Token
 
 from jobstate import services
 from tests.api_support import client_for, completed, job_url, make_job, running
@@ -121,3 +126,46 @@ def test_stream_errors_before_it_starts(user, other_user):
     response = client_for(None).get(job_url(job, "events/stream/"))
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "not_authenticated"
+
+
+@contextmanager
+def served(method: str, user: Any, path: str) -> Iterator[tuple[str, dict[str, str], Any]]:
+    """The WSGI application's answer as a server gets it: status, headers and the body
+    iterable, which a server reads to the end for a HEAD too (runserver, gunicorn)."""
+    token, _ = Token.objects.get_or_create(user=user)
+    environ = RequestFactory().generic(method, path, HTTP_AUTHORIZATION=f"Token {token.key}").environ
+    started: list[Any] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        started.extend([status, headers])
+
+    # As the test client: the test's transaction stays open across the request.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        body = WSGIHandler()(environ, start_response)
+        try:
+            yield started[0], dict(started[1]), body
+        finally:
+            body.close()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 30, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_head_gets_the_stream_headers_without_polling_or_taking_a_stream(user: Any) -> None:
+    # A HEAD ran the stream: the server read its body to the end, polling the job
+    # for up to SSE_MAX_SECONDS (a thread and one of the user's streams held) to send nothing.
+    job = make_job(user)
+    with served("HEAD", user, job_url(job, "events/stream/")) as (status, headers, body):
+        assert status.startswith("200")
+        assert headers["Content-Type"].startswith("text/event-stream")
+        assert (headers["Cache-Control"], headers["X-Accel-Buffering"]) == ("no-cache", "no")
+        assert next(iter(body), None) is None  # nothing to read, no poll
+        open_stream(user, job)  # the user's one stream is free
+
+
+def test_a_head_of_another_users_stream_is_a_404_as_its_get(user: Any, other_user: Any) -> None:
+    with served("HEAD", user, job_url(make_job(other_user), "events/stream/")) as (status, _, _):
+        assert status.startswith("404")

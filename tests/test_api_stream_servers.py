@@ -47,11 +47,13 @@ class Server:
     def connect(self, timeout: float = 10) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    def get(self, path: str, token: str | None = None, timeout: float = 10, **headers: str) -> Any:
+    def get(
+        self, path: str, token: str | None = None, timeout: float = 10, method: str = "GET", **headers: str
+    ) -> Any:
         conn = self.connect(timeout)
         if token:
             headers["Authorization"] = f"Token {token}"
-        conn.request("GET", path, headers=headers)
+        conn.request(method, path, headers=headers)
         response = conn.getresponse()
         response.conn = conn  # type: ignore[attr-defined]
         return response
@@ -192,6 +194,23 @@ def test_under_uvicorn_slots_come_back_when_clients_disconnect(uvicorn_server, u
         started = time.monotonic()
         wait_for(lambda: _status(uvicorn_server, path, token) == 200, 5, 0.1, "a slot after disconnects")
         assert time.monotonic() - started < 3
+
+
+@pytest.mark.e2e
+def test_under_uvicorn_a_head_of_the_stream_holds_none_of_the_users_streams(
+    uvicorn_server: Server, user: Any, token: str
+) -> None:
+    # Each HEAD ran the stream in the server (uvicorn drops the body) for SSE_MAX_SECONDS,
+    # one of the user's two streams held while its client waited on the connection.
+    path = f"/api/jobs/{running_job(user).pk}/events/stream/"
+    heads = [uvicorn_server.get(path, token, method="HEAD") for _ in range(2)]
+    assert [(r.status, r.getheader("Content-Type")) for r in heads] == [(200, "text/event-stream")] * 2
+    time.sleep(0.5)
+    try:
+        assert _status(uvicorn_server, path, token) == 200
+    finally:
+        for response in heads:
+            response.conn.close()
 
 
 def _status(server: Server, path: str, token: str) -> int:

@@ -279,14 +279,25 @@ def is_asgi(request: Any) -> bool:
     return isinstance(getattr(request, "_request", request), ASGIRequest)
 
 
+async def _no_events() -> AsyncIterator[bytes]:
+    """A HEAD's (async) body: nothing."""
+    nothing: tuple[bytes, ...] = ()
+    for chunk in nothing:
+        yield chunk
+
+
 def streaming_response(
     request: Any, job_id: Any, last_event_id: str | None, slot: StreamSlot | None
 ) -> StreamingHttpResponse:
-    """The progress stream as the server wants it: async under ASGI, sync under WSGI."""
+    """The progress stream as the server wants it: async under ASGI, sync under WSGI.
+    A HEAD gets the headers only: a server reads a HEAD's body to the end too (and
+    drops it), which held the request polling for up to SSE_MAX_SECONDS."""
+    head = request.method == "HEAD"
     if is_asgi(request):
-        content: Any = AsyncHeldStream(aevent_stream(job_id, last_event_id=last_event_id), slot)
+        events: Any = _no_events() if head else aevent_stream(job_id, last_event_id=last_event_id)
+        content: Any = AsyncHeldStream(events, slot)
     else:
-        content = HeldStream(event_stream(job_id, last_event_id=last_event_id), slot)
+        content = HeldStream(iter(()) if head else event_stream(job_id, last_event_id=last_event_id), slot)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream

@@ -354,5 +354,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
     def stream(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         job_id = self._visible_id(pk)
         last_id = request.headers.get("Last-Event-ID") or None
+        # A HEAD sends no event: it holds none of the user's streams.
+        slot = None if request.method == "HEAD" else hold_stream_slot(request.user)
         # Async under ASGI (sent as made, no thread held), sync under WSGI.
-        return streaming_response(request, job_id, last_id, hold_stream_slot(request.user))
+        return streaming_response(request, job_id, last_id, slot)
