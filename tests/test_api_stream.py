@@ -169,3 +169,19 @@ def test_a_head_gets_the_stream_headers_without_polling_or_taking_a_stream(user:
 def test_a_head_of_another_users_stream_is_a_404_as_its_get(user: Any, other_user: Any) -> None:
     with served("HEAD", user, job_url(make_job(other_user), "events/stream/")) as (status, _, _):
         assert status.startswith("404")
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_projects_gzip_middleware_leaves_the_stream_as_it_is(user: Any, settings: Any) -> None:
+    # GZipMiddleware compressed the stream: zlib keeps what it is given until a block
+    # fills, so no event (nor keep-alive) reached the client before the stream ended.
+    settings.MIDDLEWARE = ["django.middleware.gzip.GZipMiddleware", *settings.MIDDLEWARE]
+    job = running(user)
+    response = open_stream(user, job, HTTP_ACCEPT_ENCODING="gzip, deflate")
+    assert "Content-Encoding" not in response
+    stream = events(response.streaming_content)
+    assert "retry" in next(stream)
+    assert next(stream)["data"]["status"] == "processing"
+    services.report_progress(job, job.lease_token, 40, "resizing")
+    assert next(stream)["data"]["progress"] == 40
+    response.close()

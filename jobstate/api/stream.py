@@ -293,6 +293,10 @@ def streaming_response(
     A HEAD gets the headers only: a server reads a HEAD's body to the end too (and
     drops it), which held the request polling for up to SSE_MAX_SECONDS."""
     head = request.method == "HEAD"
+    # A project's GZipMiddleware compresses a streaming response, except for a request
+    # that accepts no gzip (its documented rule, read after the view): compressed, each
+    # event waited in zlib's buffer until a block filled, often until the stream ended.
+    request.META.pop("HTTP_ACCEPT_ENCODING", None)
     if is_asgi(request):
         events: Any = _no_events() if head else aevent_stream(job_id, last_event_id=last_event_id)
         content: Any = AsyncHeldStream(events, slot)
