@@ -72,3 +72,28 @@ def test_history_is_in_id_order_even_when_clocks_disagree(admin_client: Any) -> 
     history = html[html.index("Transition history") :]
     shown = [int(pk) for pk in re.findall(r'name="events-\d+-id" value="(\d+)"', history)]
     assert shown == ids
+
+
+def test_with_use_tz_false_the_page_its_live_refresh_and_the_list_show_times(
+    admin_client: Any, settings: Any
+) -> None:
+    # Naive times went to timezone.localtime, which refuses them: the lease times read "-",
+    # the live refresh and the job list answered 500.
+    settings.USE_TZ = False
+    job = services.start(queued(), "w-1")
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    lease = html[
+        html.index("fieldBox field-lease_expires_display") : html.index("fieldBox field-lease_token")
+    ]
+    assert "(in " in lease and " ago)" in lease
+    live = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": str(job.pk)})
+    assert live.status_code == 200
+    assert " ago)" in live.json()["jobs"][str(job.pk)]["fields"]["heartbeat_display"]
+    made = job.created_at
+    for drill in (
+        {},
+        {"created_at__year": made.year},
+        {"created_at__year": made.year, "created_at__month": made.month},
+    ):
+        listed = admin_client.get(reverse("admin:jobstate_job_changelist"), drill)
+        assert listed.status_code == 200 and str(job.pk) in listed.content.decode()

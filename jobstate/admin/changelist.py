@@ -23,6 +23,7 @@ from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin import helpers, widgets
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
@@ -37,6 +38,7 @@ from django.utils.functional import cached_property
 from django.utils.text import capfirst
 
 from jobstate import stuck
+from jobstate.admin import display
 from jobstate.admin.keys import valid_keys
 
 
@@ -239,7 +241,7 @@ class JobChangeList(SafeChangeList):
             field = self.date_hierarchy
             got = self.queryset.order_by().aggregate(first=Min(field), last=Max(field))
             self._bounds_cache = tuple(
-                timezone.localtime(v) if v is not None else None for v in (got["first"], got["last"])
+                display.local(v) if v is not None else None for v in (got["first"], got["last"])
             )
         return self._bounds_cache  # type: ignore[return-value]
 
@@ -261,7 +263,7 @@ def _int(value: Any) -> int | None:
 
 
 def _span(year: int, month: int | None = None, day: int | None = None) -> tuple[datetime, datetime]:
-    tz = timezone.get_current_timezone()
+    tz = timezone.get_current_timezone() if settings.USE_TZ else None  # naive, as stored then
     if day is not None and month is not None:
         start = datetime(year, month, day, tzinfo=tz)
         return start, start + timedelta(days=1)

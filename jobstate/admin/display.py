@@ -8,6 +8,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.defaultfilters import filesizeformat
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -78,6 +79,12 @@ def short_duration(delta: timedelta | None) -> str:
 
 def seconds_label(seconds: float | None) -> str:
     return "-" if seconds is None else short_duration(timedelta(seconds=seconds))
+
+
+def local(moment: datetime) -> datetime:
+    """``moment`` in the current time zone; a naive one (``USE_TZ = False``, stored in
+    TIME_ZONE) as it is: ``timezone.localtime`` refuses it."""
+    return timezone.localtime(moment) if timezone.is_aware(moment) else moment
 
 
 def since(moment: datetime | None, now: datetime) -> str:

@@ -71,8 +71,8 @@ class JobColumns:
 
     @admin.display(description="created", ordering="created_at")
     def created_col(self, obj: Job) -> SafeString:
-        local = timezone.localtime(obj.created_at)
-        today = timezone.localtime(timezone.now()).date() == local.date()
+        local = display.local(obj.created_at)
+        today = display.local(timezone.now()).date() == local.date()
         text = local.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
         return format_html('<span title="{}">{}</span>', local.isoformat(timespec="seconds"), text)
 

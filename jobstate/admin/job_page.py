@@ -191,7 +191,7 @@ def _relative(moment: datetime | None, past_word: str) -> SafeString:
     if moment is None:
         return format_html("{}", "-")
     now = timezone.now()
-    stamp = timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
+    stamp = display.local(moment).strftime("%Y-%m-%d %H:%M:%S")
     if moment < now:
         word = f"{past_word} " if past_word else ""
         css = "js-late" if past_word else "js-muted"
