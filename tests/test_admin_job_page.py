@@ -97,3 +97,24 @@ def test_with_use_tz_false_the_page_its_live_refresh_and_the_list_show_times(
     ):
         listed = admin_client.get(reverse("admin:jobstate_job_changelist"), drill)
         assert listed.status_code == 200 and str(job.pk) in listed.content.decode()
+
+
+def test_history_times_are_in_the_current_time_zone_as_the_rest_of_the_page(
+    admin_client: Any, settings: Any
+) -> None:
+    # The history showed UTC (with no zone said) beside the summary's and lease's local times.
+    from django.utils import timezone
+
+    from jobstate.models import JobEvent
+
+    settings.TIME_ZONE = "Asia/Kolkata"  # UTC+05:30
+    job = completed()
+    first = JobEvent.objects.filter(job=job).order_by("id").first()
+    assert first is not None
+    local = timezone.localtime(first.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    for url in (
+        reverse("admin:jobstate_job_change", args=[job.pk]),
+        reverse("admin:jobstate_jobevent_changelist") + f"?job={job.pk}",
+    ):
+        html = admin_client.get(url).content.decode()
+        assert local in html, url

@@ -114,7 +114,7 @@ class EventColumns:
 
     @admin.display(description="time")
     def when(self, obj: JobEvent) -> str:
-        return obj.created_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        return display.local(obj.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
     @admin.display(description="from → to")
     def change(self, obj: JobEvent) -> SafeString:
