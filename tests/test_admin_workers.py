@@ -95,6 +95,23 @@ def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: A
     assert client.get(reverse("admin:jobstate_workerprocess_delete", args=[row.pk])).status_code == 403
 
 
+def test_staff_who_may_view_jobs_by_change_job_see_the_process_list_too(
+    client: Any, django_user_model: Any
+) -> None:
+    # change_job lets staff view every job (models.job.may_view_all), as the dashboard's
+    # workers panel they see links here: the list answered them 403.
+    idle_cluster()
+    editor = grant(
+        django_user_model.objects.create_user("ed", password="pw-ed-12345", is_staff=True), "change_job"
+    )
+    client.force_login(editor)
+    assert client.get(DASHBOARD).status_code == 200
+    response = client.get(PROCESSES)
+    assert response.status_code == 200 and "web-1:400:401" in response.content.decode()
+    client.force_login(django_user_model.objects.create_user("st", password="pw-st-12345", is_staff=True))
+    assert client.get(PROCESSES).status_code == 403
+
+
 # --- the app list: dashboard and stuck jobs inside the Jobstate box ----------------
 
 

@@ -25,6 +25,7 @@ from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import WorkerProcess
+from jobstate.models.job import may_view_all
 
 STATE_CLASSES = {"busy": "processing", "idle": "completed", "alive": "completed", "dead": "failed"}
 
@@ -80,11 +81,12 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     class Media:
         css = {"all": ("jobstate/admin.css",)}
 
-    # Read-only; visible to whoever may view jobs.
+    # Read-only; visible to whoever may view jobs (the one rule: view_job or change_job,
+    # as the dashboard's workers panel), or holds the model's own view permission.
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user = request.user
-        return any(user.has_perm(f"jobstate.{p}") for p in ("view_workerprocess", "view_job"))
+        return bool(user.has_perm("jobstate.view_workerprocess")) or may_view_all(user)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
