@@ -661,3 +661,24 @@ def test_bad_child_options_fail_the_workflow_at_the_spawn_call_once(options):
     assert list(Effect.objects.filter(job_id=parent.pk).values_list("label", flat=True)) == ["before"]
     assert next(iter(options)) in parent.error_message
     assert not Job.objects.filter(parent=parent).exists()
+
+
+def test_state_counts_a_retried_child_by_its_retry():
+    """state(parent), as its fan-in, counts a failed child an operator retried while the
+    parent waits by that retry: its live progress and the step's children summary
+    agree with the parent's stored progress instead of counting the failure as done."""
+    parent = services.enqueue("wf.fan", {"n": 3, "fail": [1]})
+    run_next("w1")  # split: starts three children
+    first, failing, last = Job.objects.filter(parent=parent).order_by("created_at", "id")
+    assert run_next("w2", kinds=["wf.child"]).pk == first.pk
+    assert run_next("w2", kinds=["wf.child"]).pk == failing.pk
+    again = services.retry(failing, "ops", "fixed")
+    assert run_next("w2", kinds=["wf.child"]).pk == last.pk  # the retry is still queued
+    parent.refresh_from_db()
+    assert parent.status == Status.WAITING and parent.progress == 33  # 2 of 3 (split is 0..50 %)
+    live = state(parent)
+    split = live["steps"][0]
+    assert split["children"] == {"total": 3, "by_status": {"completed": 2, "queued": 1}, "progress": 66.7}
+    assert int(live["progress"]) == parent.progress  # 33.4: it ran ahead at 50
+    assert live["children"]["by_status"] == {"completed": 2, "failed": 1, "queued": 1}  # every child
+    assert again.parent_id == parent.pk

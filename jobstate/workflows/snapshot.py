@@ -16,7 +16,7 @@ from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, TERMINAL, Status
 from jobstate.workflows.definition import definition_of
-from jobstate.workflows.fanout import rows_of
+from jobstate.workflows.fanout import retried, rows_of
 
 IN_PROGRESS = (StepStatus.RUNNING, StepStatus.SERVING, StepStatus.WAITING)
 INTERRUPTED = "interrupted"
@@ -26,9 +26,11 @@ def _when(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def _step(row: JobStep, children: Mapping[str, Mapping[str, Any]], finished: bool) -> dict[str, Any]:
+def _step(
+    row: JobStep, ids: list[str] | None, children: Mapping[str, Mapping[str, Any]], finished: bool
+) -> dict[str, Any]:
     detail = dict(row.detail or {})
-    ids = detail.pop("children", None)
+    detail.pop("children", None)
     detail.pop("band", None)
     out: dict[str, Any] = {
         "name": row.name,
@@ -48,6 +50,20 @@ def _step(row: JobStep, children: Mapping[str, Mapping[str, Any]], finished: boo
     if ids is not None:
         out["children"] = _summary([children[i] for i in ids if i in children], len(ids))
     return out
+
+
+def _counted(job_id: Any, row: JobStep, kids: dict[str, Mapping[str, Any]]) -> list[str] | None:
+    """The ids a fan-out step's children count by, as its fan-in counts them: a child
+    that did not complete and that an operator retried under the same parent stands
+    for its newest retry (whose row is added to ``kids``)."""
+    ids: list[str] | None = row.detail.get("children")
+    if not ids:
+        return ids
+    unfinished = [i for i in ids if (kids.get(i) or {}).get("status") != Status.COMPLETED]
+    replaced = retried(job_id, unfinished) if unfinished else {}
+    missing = [new for new in replaced.values() if new not in kids]
+    kids.update({str(r["pk"]): r for r in rows_of(missing, ("status", "progress"))})
+    return [replaced.get(i, i) for i in ids]
 
 
 def _summary(rows: list[Mapping[str, Any]], total: int) -> dict[str, Any]:
@@ -75,19 +91,20 @@ def state(job: Job | Any) -> dict[str, Any]:
     # Steps copied into a retry list the children of the job they came from.
     borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
     kids.update({str(r["pk"]): r for r in rows_of(borrowed, ("status", "progress"))})
+    counted = {r.name: _counted(job.pk, r, kids) for r in rows}
     finished = job.status in TERMINAL
     if rows:
-        step_list = [_step(r, kids, finished) for r in rows]
+        step_list = [_step(r, counted[r.name], kids, finished) for r in rows]
     elif cls is not None:
         blank = [JobStep(job_id=job.pk, name=s.name, position=s.position) for s in cls.steps]
-        step_list = [_step(r, kids, finished) for r in blank]
+        step_list = [_step(r, None, kids, finished) for r in blank]
     else:
         step_list = []
     waiting = job.status == Status.WAITING
     progress = float(job.progress)
     if waiting:  # live: children's progress within the waiting step's share
         for row in rows:
-            band, ids = row.detail.get("band"), row.detail.get("children")
+            band, ids = row.detail.get("band"), counted[row.name]
             if row.status == StepStatus.WAITING and band and ids:
                 share = _summary([kids[i] for i in ids if i in kids], len(ids))["progress"] or 0
                 progress = round(band[0] + (band[1] - band[0]) * share / 100, 1)
