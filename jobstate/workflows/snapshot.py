@@ -1,6 +1,7 @@
 """The whole state of a workflow job as JSON, ``jobstate.workflows.state(job)``: its
-steps (status, attempts, cursor, output, error, timestamps) and its children. The
-REST API and the admin show it.
+steps (status, attempts, cursor, output, error, timestamps) and its children.
+``manage.py jobstate_workflow state`` prints it; the REST API's job detail and the
+admin's job page list the stored step rows instead (no ``interrupted``, no children).
 
 A step still ``running``, ``serving`` or ``waiting`` in a finished job (it was
 cancelled, failed by the reaper or by an operator while the step was in progress)
