@@ -170,3 +170,36 @@ def test_a_connection_killed_before_the_outcome_write_leaves_the_job_retried(bro
     assert run(package) == "completed"
     job.refresh_from_db()
     assert job.status == Status.COMPLETED and runs == [1, 2] and job.result == {"attempt": 2}
+
+
+def test_a_worker_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recovers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker process's heartbeat thread records the process every
+    HEARTBEAT_SECONDS: while the database is down it logged a traceback at ERROR
+    at each beat. Now as the pusher: the first failure with its traceback, then a
+    line a minute, and once that it reached the database again."""
+    from jobstate.models import WorkerProcess
+    from jobstate.worker.supervisor import supervisor
+
+    sup = supervisor()
+    refuse_connections(monkeypatch)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    for _ in range(5):
+        sup._beat_process_as(None, "host:1:7", "host:1")
+    (first,) = jobstate_records(caplog)
+    assert first.levelno == logging.ERROR and first.exc_info
+    assert first.getMessage().startswith("jobstate worker heartbeat: failed for host:1:7")
+    caplog.clear()
+    monkeypatch.setattr(outage, "REMIND_SECONDS", 0.0)
+    sup._beat_process_as(None, "host:1:7", "host:1")
+    (reminder,) = jobstate_records(caplog)
+    assert reminder.levelno == logging.WARNING and not reminder.exc_info
+    assert "the database still fails (6 attempts in" in reminder.getMessage()
+    monkeypatch.undo()
+    caplog.clear()
+    sup._beat_process_as(None, "host:1:7", "host:1")
+    assert WorkerProcess.objects.filter(name="host:1:7", role="worker").exists()
+    assert [r.getMessage() for r in jobstate_records(caplog)] == [
+        "jobstate worker heartbeat: the database answers again after 6 failed attempts"
+    ]

@@ -44,6 +44,7 @@ from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, waited_
 from jobstate.registry import HandlerSpec
 from jobstate.worker import q2
 from jobstate.worker.context import JobContext
+from jobstate.worker.outage import Outage
 
 logger = logging.getLogger("jobstate")
 
@@ -98,6 +99,8 @@ class Supervisor:
         self._exit_hooked = False
         self.finished = 0
         self.renewed = 0  # job heartbeats since the last process beat
+        # A database outage logs one traceback, then a line a minute (only under _beat_lock).
+        self._beat_outage = Outage(logger, "jobstate worker heartbeat")
         # Since when the heartbeat thread has been in its database work (None: idle).
         self.busy_since: float | None = None
         # PostgreSQL: the heartbeat's lock waits are bounded, so a call in flight
@@ -388,11 +391,13 @@ class Supervisor:
                 finished=finished,
                 renewed=renewed,
             )
-        except Exception:
+        except Exception as exc:
             self.finished += finished
             self.renewed += renewed
-            logger.exception("Worker heartbeat failed for %s", name)
+            self._beat_outage.failed(f"failed for {name}; trying again at each beat", exc)
             close_quietly()
+            return
+        self._beat_outage.ended()
 
 
 _supervisor: Supervisor | None = None
