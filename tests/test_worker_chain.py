@@ -121,3 +121,30 @@ def test_rearming_the_hard_limit_needs_django_q2s_alarm_handler():
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_closed_connection_at_the_next_claim_ends_the_chain_not_the_task(
+    broker, temp_handler, monkeypatch, caplog
+):
+    """The claim of the next job fails with an InterfaceError (psycopg2's
+    "connection already closed"), which is no DatabaseError: it went up to
+    django-q2 after the first job's outcome was stored, and django-q2 recorded a
+    failed task. The chain ends there, as for any database error."""
+    from django.db import InterfaceError
+
+    # A kind with a concurrency limit: no hand-over, the worker claims its next job itself.
+    temp_handler("test.limited", lambda ctx: "ok", concurrency=5)
+    first = services.enqueue("test.echo", {})
+    (package,) = unpack(broker.dequeue())
+    behind = services.enqueue("test.echo", {})
+    claims: list[object] = []
+
+    def closed(*args: object, **kwargs: object) -> None:
+        claims.append(kwargs)
+        raise InterfaceError("connection already closed")
+
+    monkeypatch.setattr(services, "claim", closed)
+    assert run(package) == "completed"
+    assert claims and "could not claim a next job; back to django-q2" in caplog.text
+    assert Job.objects.get(pk=first.pk).status == Status.COMPLETED
+    assert Job.objects.get(pk=behind.pk).status == Status.QUEUED

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, close_old_connections, connection
 from django.db import Error as DatabaseErrors
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from jobstate import conf, registry, services
@@ -285,7 +285,7 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
                 break
             try:
                 claimed = services.claim(links.me, kinds=kinds, limit=1, start=True)
-            except DatabaseError:
+            except DatabaseErrors:  # InterfaceError too: the outcome is stored, the task must not fail
                 logger.warning(
                     "jobstate worker: could not claim a next job; back to django-q2", exc_info=True
                 )
