@@ -15,12 +15,13 @@ from django.core.management import call_command
 from django.test.utils import override_settings
 from django.utils import timezone
 
-from jobstate import services
+from jobstate import registry, services
 from jobstate.models import Job
-from jobstate.webhooks import outbox, transport
+from jobstate.webhooks import delivery, outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.worker.retention import prune
-from jobstate.worker.runner import drain
+from jobstate.worker.runner import drain, hard_limit_for
+from jobstate.worker.supervisor import timeout_for
 from tests.webhook_support import DRIPPED_BODY
 
 pytestmark = pytest.mark.django_db
@@ -115,6 +116,35 @@ def test_the_deadline_also_bounds_a_dripping_tls_handshake(tls_dripper):
 
 
 # --- retention ------------------------------------------------------------------
+
+
+def delivery_limits(webhook_timeout: object) -> tuple[float, int]:
+    """The delivery kind's time limit and hard limit as registered (at startup)
+    with this WEBHOOK_TIMEOUT; registered again as the test settings have it after."""
+    try:
+        with override_settings(JOBSTATE={"WEBHOOK_TIMEOUT": webhook_timeout}):
+            delivery.install(delivery._serializer)
+            spec = registry.get_handler(outbox.KIND)
+            return timeout_for(spec), hard_limit_for(spec)
+    finally:
+        delivery.install(delivery._serializer)
+
+
+@pytest.mark.parametrize("webhook_timeout", [5.0, 120, 300.0])
+def test_a_delivery_attempt_has_time_for_the_whole_request_and_the_dns_lookup(webhook_timeout):
+    """The delivery kind had a fixed 60 s time limit: with a WEBHOOK_TIMEOUT above
+    it, a slow receiver's attempt was stopped by the worker (and killed at its
+    hard limit) instead of timing out as a failed request."""
+    timeout, hard = delivery_limits(webhook_timeout)
+    assert timeout == webhook_timeout + delivery.ATTEMPT_MARGIN_SECONDS
+    assert hard > timeout >= webhook_timeout + 55  # room for the DNS lookup, which it does not bound
+
+
+@pytest.mark.parametrize("webhook_timeout", ["5", float("nan"), float("inf"), 0, -1])
+def test_a_bad_webhook_timeout_leaves_the_default_attempt_limit(webhook_timeout):
+    """Registered in ``ready()``: a value the settings check refuses must not stop the
+    project from starting (``check`` reports it)."""
+    assert delivery_limits(webhook_timeout)[0] == 60
 
 
 def record(endpoint: WebhookEndpoint, days_ago: float, **fields: object) -> WebhookDelivery:

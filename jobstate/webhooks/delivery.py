@@ -12,6 +12,7 @@ again (at least once; receivers deduplicate by webhook-id).
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from types import SimpleNamespace
@@ -37,6 +38,24 @@ class DeliveryFailed(Exception):
 
 # Why a delivery whose endpoint is gone (before or during the attempt) sent nothing more.
 ENDPOINT_DELETED = "endpoint deleted"
+
+
+# What an attempt needs besides the request WEBHOOK_TIMEOUT bounds: the DNS lookup
+# before it (the system resolver's own timeouts: up to 30 s with glibc's defaults
+# and three name servers), reading the job and the endpoint, storing the attempt.
+ATTEMPT_MARGIN_SECONDS = 55.0
+
+
+def attempt_timeout() -> float:
+    """The delivery kind's ``timeout`` (the attempt's time limit, which its hard
+    limit follows): WEBHOOK_TIMEOUT plus ``ATTEMPT_MARGIN_SECONDS``, so that a slow
+    receiver's request times out (a failed attempt, retried) before the worker
+    stops the attempt. Read once, as the kind is registered; a value the settings
+    check refuses counts as the default here (``check`` reports it, not ``ready``)."""
+    request = conf.get("WEBHOOK_TIMEOUT") if conf.well_typed("WEBHOOK_TIMEOUT") else None
+    if request is None or not (math.isfinite(request) and request > 0):
+        request = conf.DEFAULTS["WEBHOOK_TIMEOUT"]
+    return float(request) + ATTEMPT_MARGIN_SECONDS
 
 
 def backoff(attempt: int) -> float:
@@ -158,7 +177,7 @@ def install(serializer: Any) -> None:
     registry.handler(
         KIND,
         max_attempts=int(conf.DEFAULTS["WEBHOOK_MAX_ATTEMPTS"]),
-        timeout=60,
+        timeout=attempt_timeout(),
         retry_backoff=backoff,
         api=False,
     )(deliver)
