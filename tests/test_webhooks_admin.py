@@ -83,6 +83,27 @@ def test_what_the_api_refuses_the_admin_refuses(admin_client, field, value):
     assert not WebhookEndpoint.objects.exists()
 
 
+def test_the_admin_refuses_more_than_a_hundred_kinds_and_stores_repeats_once(admin_client, user):
+    import json
+
+    too_many = json.dumps([f"kind.{n}" for n in range(101)])
+    found = errors(admin_client.post(ADD, {**GOOD, "kinds": too_many}))
+    assert "At most 100 job kinds" in str(found["kinds"])
+    assert not WebhookEndpoint.objects.exists()
+    body = {
+        **GOOD,
+        "kinds": '["b", " a ", "b", "a"]',
+        "events": '["job.failed", "job.completed", "job.failed"]',
+    }
+    assert admin_client.post(ADD, body).status_code == 302
+    endpoint = WebhookEndpoint.objects.get()
+    assert (endpoint.kinds, endpoint.events) == (["b", "a"], ["job.failed", "job.completed"])
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    assert "kinds" in errors(admin_client.post(page, {**body, "kinds": too_many}))
+    endpoint.refresh_from_db()
+    assert endpoint.kinds == ["b", "a"]
+
+
 def test_changing_an_endpoint_is_checked_too(admin_client, user):
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
     page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"

@@ -407,6 +407,33 @@ def test_kinds_are_checked(user, kinds):
     assert not WebhookEndpoint.objects.exists()
 
 
+def test_kinds_are_at_most_a_hundred_and_repeats_are_stored_once(user):
+    """5,000 kinds or repeated events were stored as sent, and the outbox read
+    them on every transition of the owner's jobs."""
+    client = client_for(user)
+    too_many = [f"kind.{n}" for n in range(101)]
+    response = client.post(URL, {"url": "https://hooks.example.com/a", "kinds": too_many}, format="json")
+    assert response.status_code == 400 and "kinds" in response.data["error"]["fields"]
+    assert "At most 100 job kinds" in str(response.data["error"]["fields"]["kinds"])
+    assert not WebhookEndpoint.objects.exists()
+    body = {
+        "url": "https://hooks.example.com/a",
+        "kinds": ["b", " a ", "b", *too_many[:99], "a"] * 50,  # 101 distinct: too many
+        "events": ["job.failed", "job.completed", "job.failed"] * 100,
+    }
+    assert client.post(URL, body, format="json").status_code == 400
+    body["kinds"] = ["b", " a ", "b", *too_many[:98], "a"] * 50  # 100 distinct
+    response = client.post(URL, body, format="json")
+    assert response.status_code == 201, response.data
+    endpoint = WebhookEndpoint.objects.get()
+    assert endpoint.kinds == ["b", "a", *too_many[:98]] and response.data["kinds"] == endpoint.kinds
+    assert endpoint.events == ["job.failed", "job.completed"]
+    response = client.patch(f"{URL}{endpoint.pk}/", {"kinds": too_many}, format="json")
+    assert response.status_code == 400 and "kinds" in response.data["error"]["fields"]
+    endpoint.refresh_from_db()
+    assert endpoint.kinds == ["b", "a", *too_many[:98]]
+
+
 def test_a_malformed_stored_endpoint_does_not_break_cancelling_a_job(user):
     """An endpoint saved around the checks (events=5) is skipped and logged, and
     the job's transition goes on."""

@@ -84,7 +84,10 @@ class WebhookEndpointSerializer(OutputSerializer):
         child=StrictChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
     )
     kinds = serializers.ListField(
-        child=StrictCharField(max_length=validation.KIND_MAX_LENGTH), required=False
+        child=StrictCharField(max_length=validation.KIND_MAX_LENGTH),
+        required=False,
+        help_text=f"Only jobs of these kinds (empty: every kind): at most {validation.MAX_KINDS}, "
+        "repeats stored once.",
     )
     secret = serializers.CharField(
         read_only=True,

@@ -20,6 +20,9 @@ from jobstate.webhooks import transport
 from jobstate.webhooks.models import EVENTS
 
 KIND_MAX_LENGTH = 200  # Job.kind's
+# Kinds an endpoint names at most, repeats removed: the outbox reads them on every
+# transition of its owner's jobs.
+MAX_KINDS = 100
 
 
 def url(value: str) -> str:
@@ -63,17 +66,18 @@ def events(value: Any) -> list[str]:
             code="invalid_choice",
             params={"item": repr(unknown[0])[:100], "known": ", ".join(sorted(EVENTS))},
         )
-    return list(value)
+    return list(dict.fromkeys(value))  # repeats removed, in order
 
 
 def kinds(value: Any) -> list[str]:
-    """A list of job kinds (empty or none: every kind): non-blank strings of at
-    most 200 characters without NUL or lone surrogates, stripped of surrounding whitespace."""
+    """A list of at most ``MAX_KINDS`` job kinds (empty or none: every kind):
+    non-blank strings of at most 200 characters without NUL or lone surrogates,
+    stripped of surrounding whitespace, repeats removed (in order)."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise ValidationError("A list of job kinds (empty: every kind).", code="invalid")
-    cleaned = []
+    cleaned: dict[str, None] = {}
     for item in value:
         kind = item.strip() if isinstance(item, str) else None
         # text() changes a NUL or a lone surrogate (which the admin's JSON field lets
@@ -85,8 +89,14 @@ def kinds(value: Any) -> list[str]:
                 code="invalid",
                 params={"item": repr(item)[:100], "max": KIND_MAX_LENGTH},
             )
-        cleaned.append(kind)
-    return cleaned
+        cleaned[kind] = None
+        if len(cleaned) > MAX_KINDS:
+            raise ValidationError(
+                "At most %(max)s job kinds (repeats count once); leave the list empty for every kind.",
+                code="max_length",
+                params={"max": MAX_KINDS},
+            )
+    return list(cleaned)
 
 
 def events_or_none(value: Any) -> frozenset[str] | None:
