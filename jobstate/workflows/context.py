@@ -19,6 +19,7 @@ from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.workflows import steps
+from jobstate.workflows.items import length, rows_from
 from jobstate.workflows.steps import ChildSpec
 
 if TYPE_CHECKING:
@@ -151,12 +152,13 @@ class StepContext:
 
         After a crash, items since the last checkpoint run again (at least once):
         keep per-item work idempotent, or use :meth:`batches` for database work.
-        ``items`` must come in the same order on every attempt.
+        ``items`` must come in the same order on every attempt. A QuerySet (ordered) is
+        counted with COUNT and read in chunks, never loaded whole (``workflows.items``).
         """
         every = self._every(every)
         start = done = self._index()
-        total = _length(items)
-        for item in _from(items, start):
+        total = length(items)
+        for item in rows_from(items, start, every):
             yield item
             done += 1
             if (done - start) % every == 0:
@@ -170,8 +172,8 @@ class StepContext:
         for work in this database); otherwise the checkpoint follows each batch."""
         size = self._every(size)
         done = self._index()
-        total = _length(items)
-        it = iter(_from(items, done))
+        total = length(items)
+        it = iter(rows_from(items, done, size))
         while chunk := list(islice(it, size)):
             batch = Batch(self, chunk, done, total)
             yield batch
@@ -288,25 +290,6 @@ class Batch:
         result: bool | None = self._atomic.__exit__(et, ev, tb)
         self.committed = et is None
         return result
-
-
-def _length(items: Iterable[Any]) -> int | None:
-    try:
-        return len(items)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _from(items: Iterable[Any], start: int) -> Iterable[Any]:
-    if not start:
-        return items
-    if hasattr(items, "__getitem__") and not isinstance(items, Mapping):
-        try:
-            rest: Iterable[Any] = items[start:]
-            return rest
-        except TypeError:
-            pass
-    return islice(iter(items), start, None)
 
 
 def _messages(invalid: ValidationError) -> str:
