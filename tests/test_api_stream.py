@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -103,10 +104,50 @@ def test_the_stream_ends_after_the_maximum_duration_with_keep_alives(user):
 
 @override_settings(JOBSTATE=FAST)
 def test_a_reconnect_with_last_event_id_skips_what_the_client_has(user):
+    job = running(user)
+    seen = list(islice(events(open_stream(user, job).streaming_content), 2))[1]["id"]
+    stream = events(open_stream(user, job, HTTP_LAST_EVENT_ID=seen).streaming_content)
+    assert "retry" in next(stream)
+    services.report_progress(job, job.lease_token, 40, "resizing")
+    assert next(stream)["data"]["progress"] == 40  # the snapshot it had is not sent again
+
+
+def reconnect(user: Any, job: Any, last_event_id: str) -> Any:
+    return client_for(user).get(
+        job_url(job, "events/stream/"), HTTP_ACCEPT="text/event-stream", HTTP_LAST_EVENT_ID=last_event_id
+    )
+
+
+@override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_reconnect_that_has_a_finished_jobs_final_event_gets_204_and_holds_no_stream(user):
+    # It got `end` again and the stream closed: an EventSource whose page does not close()
+    # on `end` reconnected every second or so, forever (204 stops it: the SSE specification).
     job = completed(user)
-    seen = list(events(open_stream(user, job).streaming_content))[1]["id"]
-    again = list(events(open_stream(user, job, HTTP_LAST_EVENT_ID=seen).streaming_content))
-    assert [e.get("event") for e in again[1:]] == ["end"]
+    final = client_for(user).get(job_url(job)).json()["updated_at"]  # the final event's id
+    open_stream(user, running(user))  # the user's one stream, held
+    response = reconnect(user, job, final)
+    assert response.status_code == 204 and response.content == b""
+    assert response["Cache-Control"] == "no-cache"
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_reconnect_to_a_finished_job_without_its_final_event_gets_it_then_end(user):
+    job = running(user)
+    earlier = list(islice(events(open_stream(user, job).streaming_content), 2))[1]["id"]
+    services.complete(job, job.lease_token, {"ok": True})
+    for last_event_id in (earlier, "not-an-event-id"):
+        got = list(events(open_stream(user, job, HTTP_LAST_EVENT_ID=last_event_id).streaming_content))
+        assert [(e["event"], e["data"]["status"]) for e in got[1:]] == [
+            ("job", "completed"),
+            ("end", "completed"),
+        ]
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_reconnect_to_another_users_finished_job_is_a_404(user, other_user):
+    job = completed(other_user)
+    final = list(events(open_stream(other_user, job).streaming_content))[1]["id"]
+    assert reconnect(user, job, final).status_code == 404
 
 
 @override_settings(JOBSTATE=FAST)

@@ -5,7 +5,9 @@
   snapshot changes, an ``end`` event when the job is terminal or
   ``SSE_MAX_SECONDS`` have passed, and a comment line as keep-alive. Each
   event's ``id`` is the job's ``updated_at``, so a reconnecting EventSource
-  (``Last-Event-ID``) gets no duplicate.
+  (``Last-Event-ID``) gets no duplicate. A reconnect that already has a finished
+  job's final event gets ``204 No Content`` (``finished_and_seen``): by the SSE
+  specification the client stops reconnecting.
 - ``wait_for_change`` / ``await_change``: the long-poll behind
   ``GET /jobs/{id}/?wait=&since=``.
 
@@ -68,6 +70,16 @@ def snapshot(job_id: Any) -> dict[str, Any] | None:
     row["cancel_requested"] = row.pop("cancel_requested_at") is not None
     # The same representation as the REST detail (DRF's date-time format).
     return dict(JobSnapshotSerializer(row).data)
+
+
+def finished_and_seen(job_id: Any, last_event_id: str | None) -> bool:
+    """Whether the job is terminal and ``last_event_id`` is its final event's id: all a
+    reconnecting client would get is ``end``, and, closing, it would reconnect again
+    (an EventSource whose page does not ``close()`` on ``end``), every few seconds forever."""
+    if not last_event_id:
+        return False
+    current = snapshot(job_id)
+    return current is not None and current["status"] in TERMINAL and current["updated_at"] == last_event_id
 
 
 def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> bytes:

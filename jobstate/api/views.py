@@ -14,7 +14,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
@@ -45,7 +45,7 @@ from jobstate.api.serializers import (
     StoredDateTimeField,
     StuckSerializer,
 )
-from jobstate.api.stream import WAITED, WaitFirst, long_poll_view, streaming_response
+from jobstate.api.stream import WAITED, WaitFirst, finished_and_seen, long_poll_view, streaming_response
 from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Asset, Job, JobEvent
@@ -341,8 +341,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         description="`job` events carry a JSON snapshot (id, status, progress, progress_message, "
         "current_step, cancel_requested, error_message, updated_at, finished_at) each time the job "
         "changes; `end` closes the stream when the job is terminal (`reason: terminal`), deleted, or "
-        "after the server's maximum duration (`reason: timeout`: reconnect to go on).",
-        responses={(200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream.")},
+        "after the server's maximum duration (`reason: timeout`: reconnect to go on). A reconnect "
+        "whose `Last-Event-ID` is a finished job's final event gets 204 (an EventSource stops reconnecting).",
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream."),
+            204: OpenApiResponse(description="The job has finished and the client has its final event."),
+        },
     )
     @action(
         detail=True,
@@ -351,9 +355,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         pagination_class=None,
         renderer_classes=[JSONRenderer, EventStreamRenderer],
     )
-    def stream(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
+    def stream(self, request: Request, pk: str | None = None) -> HttpResponse | StreamingHttpResponse:
         job_id = self._visible_id(pk)
         last_id = request.headers.get("Last-Event-ID") or None
+        if finished_and_seen(job_id, last_id):
+            # 204 tells an EventSource to stop reconnecting (the SSE specification); no slot held.
+            return HttpResponse(status=204, headers={"Cache-Control": "no-cache"})
         # A HEAD sends no event: it holds none of the user's streams.
         slot = None if request.method == "HEAD" else hold_stream_slot(request.user)
         # Async under ASGI (sent as made, no thread held), sync under WSGI.
