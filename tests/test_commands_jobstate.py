@@ -89,6 +89,15 @@ def test_enqueue_errors_are_one_line(user: Any) -> None:
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("owner", ["", "   ", "\t"])
+def test_an_empty_owner_is_refused_not_a_system_job(owner: str) -> None:
+    # `--owner "$USER"` with $USER empty queued a job with no owner (a system job),
+    # while `--key ''` was refused.
+    message = refused("jobstate", "enqueue", "test.echo", "--owner", owner)
+    assert message == "--owner is empty: give a user name, or leave --owner out for a system job"
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

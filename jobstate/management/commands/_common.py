@@ -53,6 +53,14 @@ def check_text(options: Mapping[str, Any]) -> None:
                 )
 
 
+def not_blank(value: str | None, option: str, hint: str = "") -> str | None:
+    """``value``, None when the option was left out; a CommandError naming ``option``
+    when it was given empty or blank (a shell variable that is empty or unset)."""
+    if value is not None and not value.strip():
+        raise CommandError(f"{option} is empty{hint}")
+    return value
+
+
 def job_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw.strip())

@@ -25,7 +25,14 @@ from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError
-from jobstate.management.commands._common import check_text, cli_actor, fail, get_job, json_object
+from jobstate.management.commands._common import (
+    check_text,
+    cli_actor,
+    fail,
+    get_job,
+    json_object,
+    not_blank,
+)
 from jobstate.models import Job
 from jobstate.states import Status
 
@@ -174,8 +181,9 @@ class Command(BaseCommand):
     # --- helpers ---------------------------------------------------------------------
 
     @staticmethod
-    def _owner(name: str | None) -> Any:
-        if not name:
+    def _owner(raw: str | None) -> Any:
+        name = not_blank(raw, "--owner", ": give a user name, or leave --owner out for a system job")
+        if name is None:
             return None
         User = get_user_model()
         try:
