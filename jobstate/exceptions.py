@@ -99,6 +99,12 @@ class UnknownKind(ValidationError):
         super().__init__({"kind": [f"Unknown job kind '{kind}'."]}, code="unknown_kind")
         self.kind = kind
 
+    @property
+    def retry_refusal(self) -> str:
+        """Why a job of this kind cannot be retried (the REST API's and ``manage.py
+        jobstate retry``'s message): its handler was removed from the code since."""
+        return f"This job's kind '{self.kind}' is no longer registered: it cannot be retried."
+
 
 class InvalidParameters(ValidationError):
     """Parameters failed the handler's schema; ``errors`` maps field to messages."""

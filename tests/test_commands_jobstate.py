@@ -318,3 +318,13 @@ def test_a_second_retry_from_the_command_line_names_the_first() -> None:
     first = run("jobstate", "retry", str(old.pk))[0].strip()
     message = refused("jobstate", "retry", str(old.pk))
     assert message == f"retry: Job {old.pk} was already retried as job {first}: retry that one instead."
+
+
+def test_retry_of_a_job_whose_kind_is_gone_says_so() -> None:
+    # It said "retry: Unknown job kind 'test.gone'." as if the command had a kind to blame;
+    # the REST API's message says why.
+    old = failed()
+    Job.objects.filter(pk=old.pk).update(kind="test.gone")  # its handler since removed from the code
+    message = refused("jobstate", "retry", str(old.pk))
+    assert message == "retry: This job's kind 'test.gone' is no longer registered: it cannot be retried."
+    assert not Job.objects.filter(retry_of=old.pk).exists()

@@ -67,9 +67,9 @@ class KindGone(exceptions.APIException):
     status_code = status.HTTP_400_BAD_REQUEST
     default_code = "unknown_kind"
 
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"This job's kind '{kind}' is no longer registered: it cannot be retried.")
-        self.kind = kind
+    def __init__(self, exc: UnknownKind) -> None:
+        super().__init__(exc.retry_refusal)
+        self.kind = exc.kind
 
 
 class PayloadTooLarge(exceptions.APIException):

@@ -263,7 +263,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         try:
             new = services.retry(job, Actor.api(request.user), body.validated_data["reason"])
         except UnknownKind as exc:
-            raise KindGone(exc.kind) from None
+            raise KindGone(exc) from None
         return self._detail(new.pk, status.HTTP_201_CREATED, Location=self._location(new.pk))
 
     @extend_schema(

@@ -24,7 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import InvalidTransition, JobStateError
+from jobstate.exceptions import InvalidTransition, JobStateError, UnknownKind
 from jobstate.management.commands._common import (
     check_text,
     cli_actor,
@@ -108,7 +108,10 @@ class Command(BaseCommand):
             self.stdout.write(f"cancel requested for {job.pk}: its worker stops it at the next check")
 
     def do_retry(self, options: dict[str, Any]) -> None:
-        new = services.retry(get_job(options["job"]), cli_actor(), options["reason"])
+        try:
+            new = services.retry(get_job(options["job"]), cli_actor(), options["reason"])
+        except UnknownKind as exc:  # its handler removed since: no "kind" option to blame
+            raise CommandError(f"retry: {exc.retry_refusal}") from None
         self.stdout.write(str(new.pk))
 
     def do_kinds(self, options: dict[str, Any]) -> None:
