@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError, call_command, get_commands, load_command_class
 from django.test import override_settings
 from django.utils import timezone
 
@@ -167,7 +168,20 @@ def test_cancel_queued_and_running_jobs() -> None:
     assert "cancel requested" in out
     assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
     message = refused("jobstate", "cancel", str(waiting.pk))
-    assert message == "cancel refused: the job is cancelled; only a queued or running job can be cancelled"
+    assert message == (
+        "cancel refused: the job is cancelled; only a queued, waiting or running job can be cancelled"
+    )
+
+
+def test_cancel_of_a_job_waiting_for_its_children_is_at_once() -> None:
+    # The help and the refusal said only a queued or running job could be cancelled.
+    parent = processing()
+    child = queued(parent=parent)
+    services.suspend(parent, parent.lease_token)  # it waits for its child
+    assert Job.objects.get(pk=parent.pk).status == Status.WAITING
+    out, _ = run("jobstate", "cancel", str(parent.pk))
+    assert out.strip() == f"cancelled {parent.pk}"
+    assert Job.objects.get(pk=child.pk).status == Status.CANCELLED
 
 
 def test_retry_prints_the_new_job() -> None:
@@ -328,3 +342,25 @@ def test_retry_of_a_job_whose_kind_is_gone_says_so() -> None:
     message = refused("jobstate", "retry", str(old.pk))
     assert message == "retry: This job's kind 'test.gone' is no longer registered: it cannot be retried."
     assert not Job.objects.filter(retry_of=old.pk).exists()
+
+
+def _without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _without_help(sub, f"{path} {name}")
+        elif not action.help:
+            missing.append(f"{path} {action.dest}")
+    return missing
+
+
+def test_every_argument_of_the_jobstate_commands_has_a_help_text() -> None:
+    # jobstate_workflow's positional arguments and --reason, and jobstate_move_hot_columns'
+    # --database, had none (`--help` listed them bare).
+    names = sorted(name for name, app in get_commands().items() if app == "jobstate")
+    assert "jobstate_workflow" in names and "jobstate_move_hot_columns" in names
+    missing = []
+    for name in names:
+        missing += _without_help(load_command_class("jobstate", name).create_parser("manage.py", name), name)
+    assert missing == []

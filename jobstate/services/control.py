@@ -74,7 +74,7 @@ class _StatusMoved(Exception):
 
 
 def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
-    """Cancel a queued job at once; ask a processing one to stop.
+    """Cancel a queued or waiting job at once; ask a processing one to stop.
 
     The request on a processing job is stored (it survives restarts) and
     recorded in the history; its worker ends it ``cancelled``. Active children

@@ -27,7 +27,7 @@ def _lock_job(pk: Any) -> Job:
 
 
 def skip(job: Job | Any, names: list[str], name: str, *, actor: Actor, reason: str) -> None:
-    """An operator skips a failed or pending step of a job waiting to be run (queued)."""
+    """An operator skips a failed or pending step of a queued or waiting job."""
     pk = job.pk if isinstance(job, Job) else job
     now = timezone.now()
     with transaction.atomic():

@@ -38,7 +38,7 @@ from jobstate.states import Status
 
 HISTORY_ROWS = 50
 REFUSED = {
-    "cancel": "only a queued or running job can be cancelled",
+    "cancel": "only a queued, waiting or running job can be cancelled",
     "retry": "only a finished job can be retried",
 }
 
@@ -58,7 +58,9 @@ class Command(BaseCommand):
         enqueue.add_argument("--priority", type=int, default=0, help="Higher runs first (default 0).")
         enqueue.add_argument("--run-after", dest="run_after", help="Not before this ISO 8601 time.")
         enqueue.add_argument("--reason", default="", help="Recorded in the history.")
-        cancel = sub.add_parser("cancel", help="Cancel a queued job; ask a running one to stop.")
+        cancel = sub.add_parser(
+            "cancel", help="Cancel a queued or waiting job at once; ask a running one to stop."
+        )
         cancel.add_argument("job", help="The job's id.")
         cancel.add_argument("--reason", default="", help="Recorded in the history.")
         retry = sub.add_parser(

@@ -27,7 +27,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        parser.add_argument(
+            "--database",
+            default=DEFAULT_DB_ALIAS,
+            help=f"the alias in DATABASES of the database to change (default '{DEFAULT_DB_ALIAS}')",
+        )
         parser.add_argument(
             "--check", action="store_true", help="only say whether they are in place (exit 1 when not)"
         )
