@@ -45,6 +45,16 @@ class RangeNotSatisfiable(JobStateError):
         super().__init__(f"The requested range is not satisfiable: the file has {size} bytes.")
 
 
+class UnservableFile(JobStateError):
+    """An asset's stored file name is one the storage refuses to open (it leaves the
+    storage's folder: ``..`` or an absolute path, from a hand-edited or old row):
+    its download is a 404, as for a missing file."""
+
+    def __init__(self, asset_id: object) -> None:
+        self.asset_id = asset_id
+        super().__init__("The asset's file cannot be served.")
+
+
 class AlreadyRetried(JobStateError):
     """A job is retried once: this one has a retry already (``retry_of`` names it);
     retry that one, or its own retry, instead."""

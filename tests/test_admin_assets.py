@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -147,6 +148,37 @@ def test_missing_file_is_a_404(client: Any, django_user_model: Any, media: Any) 
     )
     client.force_login(staff)
     assert client.get(download(report)).status_code == 404
+
+
+def _warnings(caplog: Any, asset: Asset) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "jobstate" and r.levelno == logging.WARNING and str(asset.pk) in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("stored", ["../outside.csv", "/etc/passwd"])
+def test_a_stored_file_name_outside_the_storage_is_a_404(admin_client: Any, caplog: Any, stored: str) -> None:
+    # A row an old version wrote, or a hand-edited one: the storage's SuspiciousFileOperation was a 500.
+    _, report, *_ = make_assets()
+    Asset.objects.filter(pk=report.pk).update(file=stored)
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        assert admin_client.get(download(report)).status_code == 404
+    assert len(_warnings(caplog, report)) == 1
+
+
+def test_a_stored_content_type_with_a_line_break_is_sent_as_octet_stream(
+    admin_client: Any, caplog: Any
+) -> None:
+    # Django's BadHeaderError: a 500.
+    _, report, *_ = make_assets()
+    Asset.objects.filter(pk=report.pk).update(content_type="text/csv\r\nSet-Cookie: a=b")
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        response = admin_client.get(download(report))
+    assert response.status_code == 200 and response["Content-Type"] == "application/octet-stream"
+    assert b"".join(response.streaming_content) == b"x" * 2048
+    assert len(_warnings(caplog, report)) == 1
 
 
 def test_operator_sees_assets_on_the_job_page(client: Any, operator: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -161,6 +162,39 @@ def test_a_file_missing_from_storage_is_a_404_not_a_500(user, media):
     (media / asset.file.name).unlink()
     error = assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")
     assert "missing" in error["message"]
+
+
+def _warnings(caplog, asset):  # type: ignore[no-untyped-def]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "jobstate" and r.levelno == logging.WARNING and str(asset.pk) in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("stored", ["../outside.csv", "jobstate/../../outside.csv", "/etc/passwd"])
+def test_a_stored_file_name_outside_the_storage_is_a_404_not_a_500(user, caplog, stored):
+    # A row an old version wrote, or a hand-edited one: the storage's SuspiciousFileOperation was a 500.
+    asset = add_file(running(user))
+    Asset.objects.filter(pk=asset.pk).update(file=stored)
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    error = assert_error(response, 404, "not_found")
+    assert error["message"] == "The asset's file cannot be served."
+    assert len(_warnings(caplog, asset)) == 1
+
+
+@pytest.mark.parametrize("content_type", ["text/csv\r\nSet-Cookie: a=b", "text/csv\n", "text/plain; é"])
+def test_a_stored_content_type_no_header_can_carry_is_sent_as_octet_stream(user, caplog, content_type):
+    # A line break in it was Django's BadHeaderError: a 500.
+    asset = add_file(running(user))
+    Asset.objects.filter(pk=asset.pk).update(content_type=content_type)
+    with caplog.at_level(logging.WARNING, logger="jobstate"):
+        response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/octet-stream" and "Set-Cookie" not in response
+    assert read(response) == b"a,b\n1,2\n"
+    assert len(_warnings(caplog, asset)) == 1
 
 
 def test_assets_of_a_job_query_count(user, django_assert_num_queries):

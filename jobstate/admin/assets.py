@@ -18,7 +18,7 @@ from jobstate.admin.filters import JobIdFilter
 from jobstate.admin.inlines import download_link
 from jobstate.admin.jobs import LIST_DEFERRED
 from jobstate.admin.paginator import CappedPaginator
-from jobstate.exceptions import RangeNotSatisfiable
+from jobstate.exceptions import RangeNotSatisfiable, UnservableFile
 from jobstate.ids import short
 from jobstate.models import Asset
 from jobstate.models.job import may_view_all
@@ -137,6 +137,8 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
             return file_response(asset, request)
         except OSError:
             raise Http404("The stored file is missing.") from None
+        except UnservableFile as exc:  # logged by file_response
+            raise Http404(str(exc)) from None
         except RangeNotSatisfiable as exc:
             headers = {"Content-Range": exc.content_range}
             return HttpResponse(

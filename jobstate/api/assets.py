@@ -21,6 +21,7 @@ from jobstate.api.permissions import visible_assets
 from jobstate.api.renderers import PassthroughRenderer
 from jobstate.api.schema import extend_schema
 from jobstate.api.serializers import AssetSerializer, ErrorSerializer
+from jobstate.exceptions import UnservableFile
 from jobstate.models import Asset
 
 
@@ -110,3 +111,5 @@ class AssetViewSet(JobstateAPIView, viewsets.ReadOnlyModelViewSet[Asset]):
             return services.file_response(asset, request._request)
         except OSError:
             raise NotFound("The asset's file is missing from storage.") from None
+        except UnservableFile as exc:  # logged by file_response
+            raise NotFound(str(exc)) from None

@@ -13,7 +13,7 @@ from typing import IO, Any, cast
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import SuspiciousOperation, ValidationError
 from django.core.files.base import ContentFile, File
 from django.core.files.storage import Storage
 from django.db import transaction
@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
-from jobstate.exceptions import LeaseLost
+from jobstate.exceptions import LeaseLost, UnservableFile
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
 from jobstate.services import ranges
@@ -95,7 +95,7 @@ def add_asset(
         _check_url(url)
     if content_type:
         _check_line(content_type, "content_type", 200)
-        if not content_type.isascii() or "/" not in content_type:
+        if not _is_media_type(content_type):
             raise ValidationError({"content_type": ["A media type, such as text/csv."]})
     if metadata is not None and not isinstance(metadata, dict):
         raise ValidationError({"metadata": ["A JSON object."]})
@@ -158,6 +158,12 @@ def _check_line(value: Any, field: str, limit: int, *, required: bool = False) -
         raise ValidationError({field: ["No control characters, NUL or lone surrogates."]})
 
 
+def _is_media_type(value: str) -> bool:
+    """Printable ASCII with a "/", as ``add_asset`` stores a content type: one line
+    a response header can carry."""
+    return value.isascii() and "/" in value and not any(c < " " or c == "\x7f" for c in value)
+
+
 def _check_url(url: str) -> None:
     """An absolute http(s) URL: the API hands ``url`` to clients, which may show
     it as a link (``javascript:`` or ``data:`` would run there). Any host name,
@@ -218,8 +224,19 @@ def file_response(asset: Asset, request: HttpRequest | None = None) -> FileRespo
     those bytes only (a client resumes a download, a player seeks), unless its
     ``If-Range`` names another version than the ``ETag`` (the file's sha256);
     RangeNotSatisfiable for a range past the end (416). A HEAD reads no byte. The
-    file is sent as stored, never compressed by ``GZipMiddleware``."""
-    file = asset.file.open("rb")
+    file is sent as stored, never compressed by ``GZipMiddleware``.
+
+    A row written outside ``add_asset`` (an old version's, a hand-edited one) is
+    logged at WARNING: a stored name the storage refuses (``..``, absolute) raises
+    UnservableFile (a 404); a content type no header can carry is sent as
+    ``application/octet-stream``."""
+    try:
+        file = asset.file.open("rb")
+    except SuspiciousOperation as exc:  # the storage's SuspiciousFileOperation
+        logger.warning(
+            "Asset %s: its stored file name %r cannot be served: %s", asset.pk, asset.file.name, exc
+        )
+        raise UnservableFile(asset.pk) from None
     try:
         return _file_response(asset, file, request)
     except BaseException:
@@ -232,7 +249,7 @@ def _file_response(asset: Asset, file: IO[bytes], request: HttpRequest | None) -
         file,
         as_attachment=True,
         filename=safe_name(asset.name),
-        content_type=asset.content_type or "application/octet-stream",
+        content_type=_served_type(asset),
     )
     response["X-Content-Type-Options"] = "nosniff"
     patch_cache_control(response, private=True)
@@ -253,6 +270,18 @@ def _file_response(asset: Asset, file: IO[bytes], request: HttpRequest | None) -
     if request.method == "HEAD":
         response.streaming_content = iter(())
     return response
+
+
+def _served_type(asset: Asset) -> str:
+    if _is_media_type(asset.content_type):
+        return asset.content_type
+    if asset.content_type:
+        logger.warning(
+            "Asset %s: its content type %r is not one a header can carry; sent as application/octet-stream",
+            asset.pk,
+            asset.content_type,
+        )
+    return "application/octet-stream"
 
 
 def _serve_range(response: FileResponse, file: IO[bytes], request: HttpRequest, etag: str) -> None:
