@@ -3,6 +3,7 @@ permissions, bulk actions."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import timedelta
 from typing import Any
@@ -599,3 +600,15 @@ def test_bulk_cancel_of_a_parent_before_its_children_counts_them_cancelled(admin
     ]
     assert Job.objects.get(pk=parent.pk).cancel_requested_at is not None
     assert {Job.objects.get(pk=j.pk).status for j in (child, grandchild)} == {Status.CANCELLED}
+
+
+def test_retry_of_a_job_whose_kind_is_gone_says_so(admin_client: Any) -> None:
+    # It said "Unknown job kind 'x'." as if the operator had typed a kind; the API and
+    # `manage.py jobstate retry` say why the job cannot be retried.
+    done, other = completed(), completed()
+    Job.objects.filter(pk__in=[done.pk, other.pk]).update(kind="gone.kind")
+    why = "This job's kind 'gone.kind' is no longer registered: it cannot be retried."
+    assert any(why in m for m in texts(bulk(admin_client, "retry_selected", [done], "again")))
+    page = admin_client.post(act_url(other, "retry"), {"reason": "again"}, follow=True)
+    assert html.escape(why) in page.content.decode()
+    assert not Job.objects.filter(retry_of__in=[done, other]).exists()

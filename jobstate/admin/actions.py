@@ -19,7 +19,7 @@ from django.db.models import QuerySet
 from django.template.response import TemplateResponse
 
 from jobstate import services
-from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError
+from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError, UnknownKind
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
 from jobstate.models.job import latest_retry, was_retried, with_retried
@@ -88,7 +88,10 @@ def _force_cancel(job: Job, user: Any, reason: str) -> Job:
 
 
 def _retry(job: Job, user: Any, reason: str) -> Job:
-    return services.retry(job, Actor.admin(user), reason)
+    try:
+        return services.retry(job, Actor.admin(user), reason)
+    except UnknownKind as exc:  # the job's kind, not one the operator gave
+        raise ValidationError(exc.retry_refusal) from None
 
 
 def _requeue(job: Job, user: Any, reason: str) -> Job:
