@@ -223,6 +223,18 @@ def test_an_unknown_kind_fails_without_charging_an_attempt():
     assert job.status == Status.FAILED and job.error_type == "UnknownKind" and job.attempts == 0
 
 
+def test_an_unknown_kind_whose_cancel_was_requested_ends_cancelled():
+    job = services.enqueue("test.echo", {})
+    (claimed,) = services.claim("w1")
+    services.request_cancel(job, "api", "not needed")
+    Job.objects.filter(pk=job.pk).update(kind="gone.away")
+    claimed.kind = "gone.away"
+    assert run_job(claimed, "w1:1") == "cancelled"
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED and job.attempts == 0
+    assert "UnknownKind: No handler registered" in job.events.order_by("id").last().reason
+
+
 def test_a_cancel_before_the_handler_started_ends_it_cancelled_unrun(temp_handler):
     ran: list[int] = []
     temp_handler("t.never", lambda ctx: ran.append(1))

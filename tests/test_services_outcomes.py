@@ -95,3 +95,38 @@ def test_the_history_keeps_the_exception_line_of_a_traceback_with_a_long_message
     long_message = frames + "app.errors.Declined: " + "x" * 9000 + "\n"
     kept = _clipped_traceback(long_message, "Declined")
     assert len(kept) <= 8000 and "\napp.errors.Declined: xxx" in kept and kept.startswith(frames[-4000:])
+
+
+def cancel_requested_while_running(max_attempts: int = 3) -> Job:
+    """A started job (attempt 1 of ``max_attempts``) whose cancel was requested."""
+    job = services.enqueue("test.echo", {}, max_attempts=max_attempts)
+    started = services.start(job, "w")
+    services.request_cancel(job, "api", "not needed")
+    return started
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_fail_after_a_cancel_request_ends_the_job_cancelled_not_requeued(retry):
+    started = cancel_requested_while_running()
+    moved = services.fail(
+        started, started.lease_token, "boom", error_type="KeyError", retry=retry, progress={"progress": 40}
+    )
+    job = Job.objects.get(pk=started.pk)
+    assert moved is started and started.status == job.status == Status.CANCELLED
+    assert job.progress == 40 and job.attempts == 1 and job.lease_token is None
+    event = job.events.order_by("id").last()
+    assert (event.from_status, event.to_status, event.transition) == (
+        Status.PROCESSING,
+        Status.CANCELLED,
+        "cancel",
+    )
+    assert event.reason == "cancel requested; the attempt ended with KeyError: boom"
+    assert event.metadata["requested_at"] == job.cancel_requested_at.isoformat()
+
+
+def test_fail_of_the_last_attempt_after_a_cancel_request_ends_it_cancelled():
+    started = cancel_requested_while_running(max_attempts=1)
+    services.fail(started.pk, started.lease_token, "boom")
+    job = Job.objects.get(pk=started.pk)
+    assert job.status == Status.CANCELLED and job.error_message == ""
+    assert job.events.order_by("id").last().reason == "cancel requested; the attempt ended with boom"

@@ -188,7 +188,13 @@ def fail(
     """Fail the current attempt: requeue with backoff while attempts remain
     (and ``retry``), else end the job ``failed`` with the error. ``progress``:
     progress fields not yet written, stored with the outcome. ``unstarted``: the
-    handler never started, though ``begin`` charged the attempt: it is refunded."""
+    handler never started, though ``begin`` charged the attempt: it is refunded.
+
+    A processing job whose cancel was requested (read under its row lock) ends
+    ``cancelled`` instead, whatever ``retry`` and the attempts left say: a retry
+    would only be cancelled later, and the last attempt must not end ``failed``.
+    The reason names the error; ``progress`` is stored; the attempt stays
+    counted (``unstarted`` refunds only a requeued or failed attempt)."""
     now = now or timezone.now()
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
@@ -197,14 +203,25 @@ def fail(
         row = (
             Job.objects.select_for_update()
             .filter(pk=pk)
-            .values_list("status", "lease_token", "attempts", "max_attempts", "kind", "started_at")
+            .values_list(
+                "status",
+                "lease_token",
+                "attempts",
+                "max_attempts",
+                "kind",
+                "started_at",
+                "cancel_requested_at",
+            )
             .first()
         )
         if row is None:
             raise Job.DoesNotExist(f"Job {pk} does not exist")
-        status, lease_token, attempts, max_attempts, kind, started_at = row
+        status, lease_token, attempts, max_attempts, kind, started_at, requested = row
         if token is not None and (str(lease_token) != str(token) or status != Status.PROCESSING):
             raise LeaseLost(pk)
+        if status == Status.PROCESSING and requested is not None:
+            named = f"{error_type}: {error}" if error_type else error
+            return _cancel_instead(job, token, named, requested, actor, progress, now)
         details = {
             "attempt": attempts,
             "error": error,
@@ -252,6 +269,30 @@ def fail(
             metadata=details,
             now=now,
         )
+
+
+def _cancel_instead(
+    job: JobRef,
+    token: UUID | str | None,
+    error: str,
+    requested: datetime,
+    actor: Actor | None,
+    progress: dict[str, Any] | None,
+    now: datetime,
+) -> Job | None:
+    """``fail`` of a processing job whose cancel was requested: end it ``cancelled``
+    (inside fail's transaction, the row locked), the error named in the reason."""
+    logger.info("Job %s: cancel requested; the attempt ended with %s", _pk(job), error)
+    return move(
+        job,
+        "cancel",
+        actor=actor or _worker_actor(job),
+        token=token,
+        reason=f"cancel requested; the attempt ended with {error}"[:1000],
+        fields=progress,
+        metadata={"requested_at": requested.isoformat()},
+        now=now,
+    )
 
 
 def _worker_actor(job: JobRef) -> Actor:

@@ -15,7 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import connection
 
 from jobstate import services
 from jobstate.exceptions import (
@@ -96,35 +96,27 @@ def end_attempt(
     progress: dict[str, Any] | None = None,
     unstarted: bool = False,
 ) -> str:
-    """End an attempt that failed or was interrupted: ``cancelled`` if a cancel
-    was requested (a retry would be cancelled anyway, and the last attempt must
-    not end ``failed``), else ``services.fail``; either stores ``progress``.
-    Returns the outcome."""
-    with transaction.atomic(), services.parent_locked(job):  # parents before children: see lock_parent
-        # The row lock keeps a cancel request from landing between the two.
-        requested = (
-            Job.objects.select_for_update()
-            .filter(pk=job.pk)
-            .values_list("cancel_requested_at", flat=True)
-            .first()
-        )
-        if requested is not None:
-            logger.info("Job %s: cancel requested; attempt ended with %s: %s", job.pk, error_type, error)
-            reason = f"cancel requested; the attempt ended with {error_type}: {error}"
-            services.cancel_now(job, token, reason=reason[:1000], progress=progress)
-            return "cancelled"
-        moved = services.fail(
-            job,
-            token,
-            error,
-            error_type=error_type,
-            traceback=traceback,
-            retry=retry,
-            retry_delay=retry_delay,
-            progress=progress,
-            unstarted=unstarted,
-        )
-    # No re-read: fail() moved this Job object to its new status.
+    """End an attempt that failed or was interrupted: ``services.fail``, which
+    stores ``progress`` and ends the job ``cancelled`` instead if a cancel was
+    requested. Returns the outcome: "cancelled", "retrying" or "failed"."""
+    moved = services.fail(
+        job,
+        token,
+        error,
+        error_type=error_type,
+        traceback=traceback,
+        retry=retry,
+        retry_delay=retry_delay,
+        progress=progress,
+        unstarted=unstarted,
+    )
+    return _ended(moved)
+
+
+def _ended(moved: Job | None) -> str:
+    """What ``services.fail`` did, from the Job object it moved (no re-read)."""
+    if moved is not None and moved.status == Status.CANCELLED:
+        return "cancelled"
     return "retrying" if moved is not None and moved.status == Status.QUEUED else "failed"
 
 
@@ -151,9 +143,10 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
 
 
 def unknown_kind(job: Job) -> str:
-    """No handler for this kind in this process: fail it, no retry (no attempt charged)."""
+    """No handler for this kind in this process: fail it, no retry (no attempt
+    charged); cancelled instead if a cancel was requested."""
     try:
-        services.fail(
+        moved = services.fail(
             job,
             job.lease_token,
             f"No handler registered for kind '{job.kind}'",
@@ -162,7 +155,7 @@ def unknown_kind(job: Job) -> str:
         )
     except (LeaseLost, InvalidTransition):
         return "lost"
-    return "failed"
+    return _ended(moved)  # "cancelled" if a cancel was requested
 
 
 STOPPED = "stopped by Ctrl-C (KeyboardInterrupt) while it ran inline; the attempt is not counted"

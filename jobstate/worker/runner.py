@@ -57,6 +57,7 @@ error before the handler starts            requeued (or ``cancelled``), the erro
 (begin fails)                              recorded, no attempt charged
 cancel requested before it started         ``cancelled``, no attempt charged
 unknown kind                               ``failed`` UnknownKind, no attempt charged
+                                           (``cancelled`` if a cancel was requested)
 django-q2 hard time limit                  retry or ``failed`` HardTimeout
 worker process killed or frozen            the reaper: retry or ``failed`` WorkerLost
 cluster killed before a process began it   the reaper: ``queued``, no attempt charged
