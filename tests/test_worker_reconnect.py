@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import pytest
 from django.db import close_old_connections, connection
@@ -203,3 +204,53 @@ def test_a_worker_heartbeat_cut_off_from_the_database_logs_one_traceback_then_re
     assert [r.getMessage() for r in jobstate_records(caplog)] == [
         "jobstate worker heartbeat: the database answers again after 6 failed attempts"
     ]
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 10})
+@pytest.mark.parametrize("write", ["lease", "progress"])
+def test_a_job_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recovers(
+    write: str, temp_handler: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The running job's lease renewal and its pending progress write logged a
+    traceback at ERROR at each beat while the database was down. Now as the
+    process heartbeat: the first failure with its traceback, then a line a
+    minute, and once that it reached the database again."""
+    from jobstate import registry
+    from jobstate.worker.context import JobContext
+    from jobstate.worker.supervisor import Slot, supervisor
+
+    temp_handler("t.cut_off", lambda ctx: None)
+    services.enqueue("t.cut_off", {})
+    (job,) = services.claim("w1")
+    ctx = JobContext(job, registry.get_handler("t.cut_off"), "w1:1")
+    ctx.progress(10, "first")  # written at once
+    ctx.progress(20, "second")  # due in 10 s: the heartbeat writes it
+    slot = Slot(ctx, 60.0, interruptible=False)
+    sup = supervisor()
+    sup._job_outage.failures = sup._flush_outage.failures = 0  # a run of failures of its own
+    beat = sup._beat_job if write == "lease" else sup._flush
+
+    refuse_connections(monkeypatch)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    for _ in range(5):
+        beat(slot)
+    (first,) = jobstate_records(caplog)
+    assert first.levelno == logging.ERROR and first.exc_info
+    expected = "Heartbeat failed for job" if write == "lease" else "Progress of job"
+    assert expected in first.getMessage()
+    caplog.clear()
+    monkeypatch.setattr(outage, "REMIND_SECONDS", 0.0)
+    beat(slot)
+    (reminder,) = jobstate_records(caplog)
+    assert reminder.levelno == logging.WARNING and not reminder.exc_info
+    assert "the database still fails (6 attempts in" in reminder.getMessage()
+    monkeypatch.undo()
+    caplog.clear()
+    beat(slot)
+    what = "jobstate job heartbeat" if write == "lease" else "jobstate progress"
+    assert [r.getMessage() for r in jobstate_records(caplog)] == [
+        f"{what}: the database answers again after 6 failed attempts"
+    ]
+    assert not ctx.lease_lost.is_set()
+    job.refresh_from_db()
+    assert job.progress == (10 if write == "lease" else 20)

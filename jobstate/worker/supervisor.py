@@ -101,6 +101,10 @@ class Supervisor:
         self.renewed = 0  # job heartbeats since the last process beat
         # A database outage logs one traceback, then a line a minute (only under _beat_lock).
         self._beat_outage = Outage(logger, "jobstate worker heartbeat")
+        # The same for the running job's lease renewals and progress writes (only
+        # the heartbeat thread makes them); a run of failures spans jobs.
+        self._job_outage = Outage(logger, "jobstate job heartbeat")
+        self._flush_outage = Outage(logger, "jobstate progress")
         # Since when the heartbeat thread has been in its database work (None: idle).
         self.busy_since: float | None = None
         # PostgreSQL: the heartbeat's lock waits are bounded, so a call in flight
@@ -327,6 +331,7 @@ class Supervisor:
             # Logged here too: the handler may end on the flag before the watchdog
             # interrupts it, and then nothing else would say why.
             logger.warning("Heartbeat of job %s refused: lease lost", ctx.job.pk)
+            self._job_outage.ended()  # refused: the database answered
             ctx.lease_lost.set()
             self.watch_wake.set()
             return
@@ -338,9 +343,12 @@ class Supervisor:
                 slot.next_beat = time.monotonic()
                 logger.info("Heartbeat of job %s waited on a lock; trying again", ctx.job.pk)
             else:
-                logger.exception("Heartbeat failed for job %s", ctx.job.pk)
+                self._job_outage.failed(
+                    f"Heartbeat failed for job {ctx.job.pk}; trying again at each beat", exc
+                )
                 close_quietly()
             return
+        self._job_outage.ended()
         ctx.renewed(since)  # before ``blocked`` is cleared: see _watch
         slot.blocked = False
         self.renewed += 1
@@ -354,16 +362,17 @@ class Supervisor:
         try:
             with self._bounded_waits():
                 slot.ctx.flush_progress()
-        except CancelRequested:
-            self.watch_wake.set()
-        except LeaseLost:
+        except (CancelRequested, LeaseLost):  # refused: the database answered
             self.watch_wake.set()
         except Exception as exc:  # the report is kept for the next try (flush_progress)
             if waited_on_a_lock(exc):
                 logger.info("Progress of job %s waited on a lock; trying again", slot.ctx.job.pk)
             else:
-                logger.exception("Progress of job %s could not be written", slot.ctx.job.pk)
+                message = f"Progress of job {slot.ctx.job.pk} could not be written; kept for the next try"
+                self._flush_outage.failed(message, exc)
                 close_quietly()
+            return
+        self._flush_outage.ended()
 
     def _beat_process(self, slot: Slot | None) -> None:
         # Not waited for: the holder may be a heartbeat stuck in this call on a
