@@ -6,6 +6,7 @@ works in tests.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -154,7 +155,43 @@ NULLABLE: dict[str, tuple[type, ...]] = {
 
 # Numbers of seconds whose names do not end in _SECONDS: an int or a float, as a
 # handler's own ``timeout=``.
-SECONDS = frozenset({"DEFAULT_TIMEOUT"})
+SECONDS = frozenset({"DEFAULT_TIMEOUT", "WEBHOOK_TIMEOUT"})
+
+# Every number of seconds is finite and greater than 0 (E009): 0 or less ended a lease,
+# a request or a stream at once, or made a loop poll without pause; infinity or NaN
+# raised where a time is computed from it, or waited for ever. These take 0 too: it
+# turns something off, or writes, flags or refreshes at every call.
+SECONDS_FROM_ZERO = frozenset(
+    {
+        "CANCEL_GRACE_SECONDS",
+        "PROGRESS_FLUSH_SECONDS",
+        "WORKER_CHAIN_SECONDS",
+        "REAP_INTERVAL_SECONDS",
+        "HARD_KILL_MARGIN_SECONDS",
+        "LONGPOLL_MAX_SECONDS",
+        "STUCK_NO_HEARTBEAT_SECONDS",
+        "STUCK_QUEUED_PAST_DUE_SECONDS",
+        "STUCK_CANCEL_UNHONOURED_SECONDS",
+        "STUCK_RECENT_FAILURE_SECONDS",
+        "STUCK_TIMEOUT_GRACE_SECONDS",
+        "WEBHOOK_SECRET_OVERLAP_SECONDS",
+        "WEBHOOK_CACHE_SECONDS",
+        "METRICS_CACHE_SECONDS",
+        "METRICS_SETTLE_SECONDS",
+    }
+)
+
+
+def is_seconds(name: str) -> bool:
+    """Whether ``JOBSTATE[name]`` is a number of seconds (E009 checks its range)."""
+    return name.endswith("_SECONDS") or name in SECONDS
+
+
+def _seconds_in_range(name: str, value: Any) -> bool:
+    if not is_seconds(name) or value is None:
+        return True
+    least_ok = value >= 0 if name in SECONDS_FROM_ZERO else value > 0
+    return math.isfinite(value) and least_ok  # NaN is not finite
 
 
 def allowed_types(name: str) -> tuple[type, ...]:
@@ -188,9 +225,13 @@ def _accepts(types: tuple[type, ...], value: Any) -> bool:
 
 
 def well_typed(*names: str) -> bool:
-    """Whether these settings have types ``check_settings`` accepts: a check that
-    computes with them leaves a wrong type to E003 rather than crashing ``check``."""
-    return all(_accepts(allowed_types(name), get(name)) for name in names)
+    """Whether these settings have types ``check_settings`` accepts (and, for numbers
+    of seconds, values in range): a check that computes with them leaves a wrong
+    type to E003 and a number of seconds out of range to E009 rather than crashing
+    ``check``."""
+    return all(
+        _accepts(allowed_types(name), get(name)) and _seconds_in_range(name, get(name)) for name in names
+    )
 
 
 # The least value a numeric key takes (E005): of the right type, a smaller one would
@@ -266,6 +307,17 @@ def problems(user: Any) -> list[CheckMessage]:
                     hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E005",
+                )
+            )
+        elif not _seconds_in_range(key, value):
+            least = "0 or more" if key in SECONDS_FROM_ZERO else "greater than 0"
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be a finite number of seconds, "
+                    f"{least}.",
+                    hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.E009",
                 )
             )
         elif key in CHOICES and value not in CHOICES[key]:

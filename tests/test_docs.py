@@ -89,6 +89,16 @@ def test_the_checks_page_names_every_key_with_a_least_value():
     assert not [key for key in conf.MINIMUM if f"`{key}`" not in row]
 
 
+def test_the_checks_page_names_every_number_of_seconds_that_may_be_0():
+    page = (ROOT / CHECKS_PAGE).read_text()
+    (row,) = re.findall(r"^\| jobstate\.E009 \|.*$", page, flags=re.M)
+    stuck = "the `STUCK_*_SECONDS` thresholds" in row
+    missing = [
+        k for k in conf.SECONDS_FROM_ZERO if f"`{k}`" not in row and not (stuck and k.startswith("STUCK_"))
+    ]
+    assert not missing
+
+
 def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     """Settings that set off every system check the code defines."""
     temp_handler("docs.long", timeout=900)  # a hard limit above the cluster timeout below (W005)
@@ -105,6 +115,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += conf.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
     found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
     found += conf.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
+    found += conf.problems({"WEBHOOK_TIMEOUT": 0})  # E009
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
         found += conf.check_storage()  # E004
     with override_settings(MEDIA_ROOT=""):

@@ -162,6 +162,39 @@ def test_a_value_below_its_least_is_an_error():
         assert errors() == []
 
 
+@pytest.mark.parametrize("value", [0, -1, 0.0, float("nan"), float("inf"), -float("inf")])
+def test_a_webhook_timeout_must_be_a_finite_number_of_seconds_above_0(value):
+    # Each delivery then failed at once (0 or less) or waited for ever (inf, NaN).
+    with override_settings(JOBSTATE={"WEBHOOK_TIMEOUT": value}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E009", "WEBHOOK_TIMEOUT")
+    assert "finite number of seconds, greater than 0" in error.msg and "Default: 5.0" in error.hint
+
+
+def test_every_number_of_seconds_must_be_finite_and_most_above_0():
+    seconds = sorted(key for key in conf.DEFAULTS if conf.is_seconds(key))
+    assert {"LEASE_SECONDS", "HEARTBEAT_SECONDS", "DEFAULT_TIMEOUT", "WEBHOOK_TIMEOUT"} <= set(seconds)
+    assert conf.SECONDS_FROM_ZERO.issubset(seconds)
+    for bad in (float("inf"), float("nan"), -1):
+        found = conf.problems(dict.fromkeys(seconds, bad))
+        assert sorted((e.id, e.obj) for e in found) == [("jobstate.E009", key) for key in seconds]
+    zero = conf.problems(dict.fromkeys(seconds, 0))
+    assert sorted(e.obj for e in zero) == sorted(set(seconds) - conf.SECONDS_FROM_ZERO)
+    assert all("greater than 0" in e.msg for e in zero)
+    assert conf.problems(dict.fromkeys(conf.SECONDS_FROM_ZERO, 0)) == []
+    assert conf.problems(dict.fromkeys(seconds, 0.5)) == []
+
+
+@pytest.mark.parametrize("key", ["DEFAULT_TIMEOUT", "CANCEL_GRACE_SECONDS", "HARD_KILL_MARGIN_SECONDS"])
+def test_an_infinite_number_of_seconds_is_reported_not_a_crash_of_the_checks(key, temp_handler):
+    """W005 computes a hard limit from these: math.ceil(inf) raised in ``check``."""
+    temp_handler("test.checked")
+    q = {**settings.Q_CLUSTER, "broker_class": None, "timeout": 60, "retry": 90}
+    with override_settings(JOBSTATE={key: float("inf")}, Q_CLUSTER=q):
+        found = checks.run_checks(tags=["jobstate"])
+    assert [m.obj for m in found if m.id == "jobstate.E009"] == [key]
+
+
 def test_metrics_access_must_be_one_of_its_modes():
     # Any other value was taken as "token": every scrape without the token was refused.
     with override_settings(JOBSTATE={"METRICS_ACCESS": "Open"}):
