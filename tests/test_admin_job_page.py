@@ -56,6 +56,29 @@ def test_cancel_requested_shows_the_lease_with_the_request(admin_client: Any) ->
     assert "field-cancel_requested_at" in html and "Lease" in html
 
 
+def test_the_lease_token_is_shown_by_its_first_characters_only(
+    client: Any, viewer: Any, admin_client: Any
+) -> None:
+    # The page showed the whole token, the worker's credential for every write to the job
+    # (progress, heartbeat, outcome), to anyone who may view jobs.
+    job = processing()
+    token = str(job.lease_token)
+    client.force_login(viewer)
+    for user_client in (client, admin_client):
+        page = user_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+        assert f"<code>{token[:8]}…</code>" in page and token not in page
+        surfaces = [
+            reverse("admin:jobstate_job_changelist"),
+            reverse("admin:jobstate_job_live") + f"?ids={job.pk}",
+        ]
+        for url in surfaces:
+            response = user_client.get(url)
+            assert response.status_code == 200 and token not in response.content.decode()
+    cancel = reverse("admin:jobstate_job_transition", args=[job.pk, "cancel"])
+    response = admin_client.get(cancel)
+    assert response.status_code == 200 and token not in response.content.decode()
+
+
 def test_history_is_in_id_order_even_when_clocks_disagree(admin_client: Any) -> None:
     import datetime as dt
 

@@ -524,6 +524,20 @@ def test_staff_list_query_count(staff_user, user, other_user, django_assert_max_
 # Detail -----------------------------------------------------------------------
 
 
+def test_no_answer_shows_a_running_jobs_lease_token(user, staff_user):
+    # The token is the worker's credential for every write to the job: neither its owner
+    # nor staff who may view all jobs ever see it (nor any part of it).
+    job = running(user)
+    token = job.lease_token
+    assert token is not None
+    for client in (client_for(user), client_for(grant(staff_user, "view_job"))):
+        for url in (JOBS, job_url(job), job_url(job) + "?wait=0.01", job_url(job, "events/")):
+            response = client.get(url)
+            assert response.status_code == 200, url
+            text = response.content.decode()
+            assert str(token)[:8] not in text and token.hex[-8:] not in text, url
+
+
 def test_detail_shows_state_progress_steps_and_actions(user):
     job = running(user)
     services.report_progress(job, job.lease_token, 40, "halfway-ish", step="resize")

@@ -18,6 +18,8 @@ from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
+TOKEN_SHOWN = 8  # characters of a running job's lease token the page shows
+
 if TYPE_CHECKING:  # a mixin of JobAdmin: checked as part of it
     from django.contrib.admin.options import _FieldOpts, _FieldsetSpec
 
@@ -72,7 +74,7 @@ class JobPageFields(_JobAdmin):
         sections.append(("Parameters", {"fields": ("parameters_display",)}))
         requests = tuple(f for f in ("cancel_requested_at", "stop_requested_at") if getattr(obj, f))
         if (obj.status in ACTIVE and (obj.lease_expires_at or obj.heartbeat_at)) or requests:
-            lease = ("lease_expires_display", "heartbeat_display", "lease_token")
+            lease = ("lease_expires_display", "heartbeat_display", "lease_token_display")
             fields: list[Any] = [lease if obj.lease_token else lease[:2]]
             if requests:
                 fields.append(requests)
@@ -102,7 +104,7 @@ class JobPageFields(_JobAdmin):
         "heartbeat_display",
         "cancel_requested_at",
         "stop_requested_at",
-        "lease_token",
+        "lease_token_display",
         "parameters_display",
         "result_display",
         "error_type",
@@ -145,6 +147,12 @@ class JobPageFields(_JobAdmin):
     @admin.display(description="last heartbeat")
     def heartbeat_display(self, obj: Job) -> SafeString:
         return _relative(obj.heartbeat_at, "")
+
+    @admin.display(description="lease token")
+    def lease_token_display(self, obj: Job) -> SafeString:
+        # Its first characters only, enough to tell two leases apart: the whole token is
+        # the worker's credential for every write to the job (nothing in the admin needs it).
+        return format_html("<code>{}…</code>", str(obj.lease_token)[:TOKEN_SHOWN])
 
     @admin.display(description="parameters")
     def parameters_display(self, obj: Job) -> SafeString:
