@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,8 @@ from django.test import RequestFactory, override_settings
 from rest_framework.authtoken.models import Token
 
 from jobstate import services
-from tests.api_support import client_for, completed, job_url, make_job, running
+from jobstate.models import Job
+from tests.api_support import client_for, completed, grant, job_url, make_job, running
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -61,7 +63,8 @@ def test_a_finished_job_sends_its_snapshot_and_ends(user):
     assert "retry" in got[0]
     assert got[1]["event"] == "job" and got[1]["data"]["status"] == "completed"
     assert got[1]["data"]["progress"] == 100
-    assert got[1]["id"] == got[1]["data"]["updated_at"]
+    stamp, _, digest = got[1]["id"].rpartition("/")  # updated_at, and a digest of the snapshot
+    assert stamp == got[1]["data"]["updated_at"] and re.fullmatch("[0-9a-f]{16}", digest)
     assert got[2] == {"event": "end", "data": {"reason": "terminal", "status": "completed"}}
     assert len(got) == 3
 
@@ -112,6 +115,47 @@ def test_a_reconnect_with_last_event_id_skips_what_the_client_has(user):
     assert next(stream)["data"]["progress"] == 40  # the snapshot it had is not sent again
 
 
+def same_time_again(job: Any) -> Any:
+    """The job's ``updated_at``: the next change is made at that time too (a coarse
+    clock, or services given the same ``now``)."""
+    return Job.objects.values_list("updated_at", flat=True).get(pk=job.pk)
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 2})
+def test_a_change_at_the_same_time_as_the_last_one_is_sent_too(user):
+    # The stream compared updated_at alone: this change was never sent.
+    job = running(user)
+    stream = events(open_stream(user, job).streaming_content)
+    assert "retry" in next(stream)
+    first = next(stream)
+    services.report_progress(job, job.lease_token, 40, "resizing", now=same_time_again(job))
+    update = next(stream)
+    assert (update["event"], update["data"]["progress"]) == ("job", 40)
+    assert update["data"]["updated_at"] == first["data"]["updated_at"] and update["id"] != first["id"]
+
+
+@override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 2})
+def test_a_reconnect_gets_a_change_made_at_the_same_time_as_the_event_it_has(user):
+    job = running(user)
+    seen = list(islice(events(open_stream(user, job).streaming_content), 2))[1]["id"]
+    services.report_progress(job, job.lease_token, 40, "resizing", now=same_time_again(job))
+    got = next(islice(events(open_stream(user, job, HTTP_LAST_EVENT_ID=seen).streaming_content), 1, 2))
+    assert (got["event"], got["data"]["progress"]) == ("job", 40)
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_reconnect_without_the_final_event_of_a_job_that_ended_at_the_same_time_gets_it(user):
+    # It got 204: the job's updated_at was the id it had, so it never saw the job end.
+    job = running(user)
+    seen = list(islice(events(open_stream(user, job).streaming_content), 2))[1]["id"]
+    services.complete(job, job.lease_token, {"ok": True}, now=same_time_again(job))
+    got = list(events(reconnect(user, job, seen).streaming_content))
+    assert [(e["event"], e["data"]["status"]) for e in got[1:]] == [
+        ("job", "completed"),
+        ("end", "completed"),
+    ]
+
+
 def reconnect(user: Any, job: Any, last_event_id: str) -> Any:
     return client_for(user).get(
         job_url(job, "events/stream/"), HTTP_ACCEPT="text/event-stream", HTTP_LAST_EVENT_ID=last_event_id
@@ -119,11 +163,12 @@ def reconnect(user: Any, job: Any, last_event_id: str) -> Any:
 
 
 @override_settings(JOBSTATE={**FAST, "API_MAX_STREAMS_PER_USER": 1})
-def test_a_reconnect_that_has_a_finished_jobs_final_event_gets_204_and_holds_no_stream(user):
+def test_a_reconnect_that_has_a_finished_jobs_final_event_gets_204_and_holds_no_stream(user, staff_user):
     # It got `end` again and the stream closed: an EventSource whose page does not close()
     # on `end` reconnected every second or so, forever (204 stops it: the SSE specification).
     job = completed(user)
-    final = client_for(user).get(job_url(job)).json()["updated_at"]  # the final event's id
+    # The final event's id, as another client of the job's got it (the user's one stream stays free).
+    final = list(events(open_stream(grant(staff_user, "view_job"), job).streaming_content))[1]["id"]
     open_stream(user, running(user))  # the user's one stream, held
     response = reconnect(user, job, final)
     assert response.status_code == 204 and response.content == b""

@@ -32,7 +32,11 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
     "properties": {
         "event": {"type": "string", "enum": ["job", "end", "error"]},
         "data": {"type": "string", "description": "JSON"},
-        "id": {"type": "string", "description": "The job's updated_at (send back as Last-Event-ID)."},
+        "id": {
+            "type": "string",
+            "description": "The job's updated_at, '/' and a digest of the event's data "
+            "(send back as Last-Event-ID).",
+        },
         "retry": {"type": "integer", "minimum": 0},
     },
 }

@@ -4,10 +4,13 @@
   small row every ``SSE_POLL_SECONDS`` and sends a ``job`` event whenever the
   snapshot changes, an ``end`` event when the job is terminal or
   ``SSE_MAX_SECONDS`` have passed, and a comment line as keep-alive. Each
-  event's ``id`` is the job's ``updated_at``, so a reconnecting EventSource
-  (``Last-Event-ID``) gets no duplicate. A reconnect that already has a finished
-  job's final event gets ``204 No Content`` (``finished_and_seen``): by the SSE
-  specification the client stops reconnecting.
+  event's ``id`` is the job's ``updated_at`` and a digest of the whole snapshot
+  (``event_id``): two changes with the same ``updated_at`` (a coarse clock,
+  services given the same ``now``) are two events, and a reconnecting
+  EventSource (``Last-Event-ID``) gets no duplicate and misses no change. A
+  reconnect that already has a finished job's final event gets ``204 No
+  Content`` (``finished_and_seen``): by the SSE specification the client stops
+  reconnecting.
 - ``wait_for_change`` / ``await_change``: the long-poll behind
   ``GET /jobs/{id}/?wait=&since=``.
 
@@ -27,6 +30,7 @@ the client goes away or the server closes the response.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -72,6 +76,18 @@ def snapshot(job_id: Any) -> dict[str, Any] | None:
     return dict(JobSnapshotSerializer(row).data)
 
 
+def _data(data: dict[str, Any]) -> str:
+    return json.dumps(data, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+def event_id(current: dict[str, Any]) -> str:
+    """The id of the ``job`` event that sends ``current``: its ``updated_at`` and a
+    digest of what the event sends. ``updated_at`` alone missed a change made at the
+    same time as the one before it (a coarse clock, services given the same ``now``)."""
+    digest = hashlib.blake2b(_data(current).encode(), digest_size=8).hexdigest()
+    return f"{current['updated_at']}/{digest}"
+
+
 def finished_and_seen(job_id: Any, last_event_id: str | None) -> bool:
     """Whether the job is terminal and ``last_event_id`` is its final event's id: all a
     reconnecting client would get is ``end``, and, closing, it would reconnect again
@@ -79,14 +95,14 @@ def finished_and_seen(job_id: Any, last_event_id: str | None) -> bool:
     if not last_event_id:
         return False
     current = snapshot(job_id)
-    return current is not None and current["status"] in TERMINAL and current["updated_at"] == last_event_id
+    return current is not None and current["status"] in TERMINAL and event_id(current) == last_event_id
 
 
-def _event(name: str, data: dict[str, Any], event_id: str | None = None) -> bytes:
+def _event(name: str, data: dict[str, Any], ident: str | None = None) -> bytes:
     lines = [f"event: {name}"]
-    if event_id:
-        lines.append(f"id: {event_id}")
-    lines.append(f"data: {json.dumps(data, cls=DjangoJSONEncoder, separators=(',', ':'))}")
+    if ident:
+        lines.append(f"id: {ident}")
+    lines.append(f"data: {_data(data)}")
     return ("\n".join(lines) + "\n\n").encode()
 
 
@@ -111,11 +127,11 @@ class _Events:
             self.done = True
             return [_event("end", {"reason": "deleted"})]
         chunks = []
-        stamp = current["updated_at"]
-        if stamp != self.sent:
-            self.sent = stamp
+        ident = event_id(current)  # the whole snapshot's: any change is sent, whatever its time
+        if ident != self.sent:
+            self.sent = ident
             self.last_beat = self.clock()
-            chunks.append(_event("job", current, stamp))
+            chunks.append(_event("job", current, ident))
         if current["status"] in TERMINAL:
             self.done = True
             return [*chunks, _event("end", {"reason": "terminal", "status": current["status"]})]
