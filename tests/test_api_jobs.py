@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import time
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -585,6 +586,21 @@ def test_long_poll_returns_at_once_when_the_job_already_changed(user):
     long_ago = (job.updated_at - dt.timedelta(seconds=5)).isoformat()
     response = client_for(user).get(job_url(job), {"wait": 20, "since": long_ago})
     assert response.status_code == 200 and response.json()["id"] == str(job.pk)
+
+
+@override_settings(JOBSTATE={"LONGPOLL_MAX_SECONDS": 3, "SSE_POLL_SECONDS": 0.05})
+def test_long_poll_returns_at_once_when_the_job_changed_before_since(user):
+    # After the server's clock stepped back a change is earlier than the updated_at the client
+    # has: the poll waited for `updated_at > since`, its whole wait.
+    job = running(user)
+    client = client_for(user)
+    since = client.get(job_url(job)).json()["updated_at"]
+    stepped_back = dt.datetime.fromisoformat(since) - dt.timedelta(hours=1)
+    services.report_progress(job, job.lease_token, 40, "resizing", now=stepped_back)
+    started = time.monotonic()
+    response = client.get(job_url(job), {"wait": 20, "since": since})
+    assert response.status_code == 200 and response.json()["progress"] == 40
+    assert time.monotonic() - started < 2
 
 
 @override_settings(JOBSTATE={"LONGPOLL_MAX_SECONDS": 0.3, "SSE_POLL_SECONDS": 0.05})

@@ -203,8 +203,9 @@ async def aevent_stream(
 
 
 def _changed(job_id: Any, since: datetime) -> bool:
+    # Not ``>``: after the server's clock stepped back a change is earlier than ``since``.
     row = Job.objects.filter(pk=job_id).values_list("updated_at", "status").first()
-    return row is None or row[0] > since or row[1] in TERMINAL
+    return row is None or row[0] != since or row[1] in TERMINAL
 
 
 def wait_for_change(
@@ -215,8 +216,8 @@ def wait_for_change(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Return once the job's ``updated_at`` is later than ``since``, it is
-    terminal or gone, or ``seconds`` (capped by LONGPOLL_MAX_SECONDS) passed."""
+    """Return once the job's ``updated_at`` is other than ``since`` (it changed), it
+    is terminal or gone, or ``seconds`` (capped by LONGPOLL_MAX_SECONDS) passed."""
     seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
     poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
     deadline = clock() + seconds

@@ -98,7 +98,7 @@ class WaitSerializer(serializers.Serializer[Any]):
                 "wait",
                 OpenApiTypes.FLOAT,
                 description="Long-poll: wait up to this many seconds (capped by the server) for the job "
-                "to change after `since` before answering.",
+                "to change (its `updated_at` to differ from `since`) before answering.",
             ),
             OpenApiParameter(
                 "since",
