@@ -286,3 +286,13 @@ def test_events_are_in_id_order_even_when_clocks_disagree(user):
     page = client.get(job_url(job, "events/"), {"page_size": 2}).json()
     rest = client.get(page["next"]).json()["results"]
     assert [e["id"] for e in page["results"] + rest] == ids
+
+
+@pytest.mark.parametrize("path", [JOBS, "/api/webhooks/", "/api/assets/", "/api/kinds/"])
+def test_an_unknown_format_is_not_acceptable_not_a_missing_page(user, path):
+    # DRF answers ?format=<no renderer> with a 404 "Not found." for a page that exists,
+    # a status the schema does not declare (its negative tests found it).
+    client = client_for(user)
+    error = assert_error(client.get(path, {"format": "null"}), 406, "not_acceptable")
+    assert "'null'" in error["message"] and "json" in error["message"]
+    assert client.get(path, {"format": "json"}).status_code == 200

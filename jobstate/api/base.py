@@ -11,7 +11,6 @@ from django.urls import NoReverseMatch, reverse
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed, NotFound, ValidationError
 from rest_framework.metadata import SimpleMetadata
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.renderers import BrowsableAPIRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -20,6 +19,7 @@ from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from jobstate.api.errors import exception_handler
+from jobstate.api.negotiation import FormatNegotiation
 from jobstate.api.parsers import LimitedJSONParser
 from jobstate.api.schema import JobstateAutoSchema, extend_schema
 from jobstate.api.throttling import JobstateThrottle
@@ -39,7 +39,7 @@ class JobstateAPIView(APIView):
     throttle_scope = "jobstate"
     parser_classes = [LimitedJSONParser]
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer]
-    content_negotiation_class = DefaultContentNegotiation
+    content_negotiation_class = FormatNegotiation
     metadata_class = SimpleMetadata
     versioning_class = None
     schema = JobstateAutoSchema()

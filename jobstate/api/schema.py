@@ -17,10 +17,10 @@ from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.metadata import SimpleMetadata
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.views import APIView
 
 import jobstate
+from jobstate.api.negotiation import FormatNegotiation
 from jobstate.api.serializers import ErrorSerializer
 from jobstate.api.throttling import JobstateThrottle
 
@@ -130,7 +130,7 @@ class _OwnViews(APIView):
 
     throttle_classes = [JobstateThrottle]
     throttle_scope = "jobstate"
-    content_negotiation_class = DefaultContentNegotiation
+    content_negotiation_class = FormatNegotiation
     metadata_class = SimpleMetadata
     versioning_class = None
     schema = JobstateAutoSchema()
