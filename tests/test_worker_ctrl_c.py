@@ -157,3 +157,31 @@ def test_an_outcome_stored_by_someone_else_is_still_lost(temp_handler, monkeypat
     with pytest.raises(KeyboardInterrupt):
         drain()
     assert (Job.objects.get(pk=job.pk).status, ended) == (Status.FAILED, ["lost"])
+
+
+def test_a_second_ctrl_c_in_a_nested_hold_lands_at_once():
+    # The inner hold passed its second press to the outer one, which held it in turn:
+    # the operator's insisting Ctrl-C waited for the outer block to end.
+    from jobstate.worker.ctrl_c import ctrl_c_held
+
+    handler = signal.getsignal(signal.SIGINT)
+    after: list[str] = []
+    with pytest.raises(KeyboardInterrupt), ctrl_c_held():
+        with ctrl_c_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            after.append("inner")
+        after.append("outer")
+    assert after == [] and signal.getsignal(signal.SIGINT) is handler
+
+
+def test_one_ctrl_c_in_a_nested_hold_lands_once_the_outer_block_ends():
+    from jobstate.worker.ctrl_c import ctrl_c_held
+
+    handler = signal.getsignal(signal.SIGINT)
+    after: list[str] = []
+    with pytest.raises(KeyboardInterrupt), ctrl_c_held():
+        with ctrl_c_held():
+            signal.raise_signal(signal.SIGINT)
+        after.append("outer")
+    assert after == ["outer"] and signal.getsignal(signal.SIGINT) is handler

@@ -11,9 +11,26 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
+
+
+class _Hold:
+    """The SIGINT handler while a Ctrl-C is held: the first press is kept for
+    ``deliver`` (the handler it replaced), a second one is delivered at once."""
+
+    def __init__(self, deliver: Callable[[int, FrameType | None], Any]) -> None:
+        self.deliver = deliver
+        self.pending: list[FrameType | None] = []
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.pending:
+            self.pending.clear()
+            self.deliver(signum, frame)
+        else:
+            self.pending.append(frame)
 
 
 @contextmanager
@@ -23,25 +40,22 @@ def ctrl_c_held() -> Iterator[None]:
     raised. A second Ctrl-C while one is held is delivered at once: the operator
     insists (the call may be stuck on a lock). Only in the main thread (the only
     one Python runs signal handlers in) and when SIGINT has a Python handler (a
-    django-q2 worker process ignores it): elsewhere the block runs as it is."""
+    django-q2 worker process ignores it): elsewhere the block runs as it is, and
+    so does a block inside another held one (the outer one holds it, and a second
+    press still lands at once)."""
     previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or not callable(previous)
+        or isinstance(previous, _Hold)
+    ):
         yield
         return
-    deliver = previous  # narrowed for the nested function
-    pending: list[FrameType | None] = []
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if pending:
-            pending.clear()
-            deliver(signum, frame)
-        else:
-            pending.append(frame)
-
+    hold = _Hold(previous)
     signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if pending:
-            deliver(signal.SIGINT, pending.pop())
+        if hold.pending:
+            previous(signal.SIGINT, hold.pending.pop())
