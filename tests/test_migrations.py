@@ -286,3 +286,41 @@ def test_history_step_and_delivery_checks_take_the_services_rows_and_run_again_o
                 "SELECT conname, convalidated FROM pg_constraint WHERE conname = ANY(%s)", [list(CHECKS)]
             )
             assert dict(cursor.fetchall()) == dict.fromkeys(CHECKS, True)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_checks_give_up_the_table_lock_behind_a_long_transaction(monkeypatch):
+    # 0020's ADD CONSTRAINT takes the history table's exclusive lock for a moment; queued
+    # behind a long transaction that reads the table, it held up every transition (each
+    # writes a history row) until that transaction ended. It gives up after a lock timeout
+    # now, and runs again later.
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's lock queue")
+    import threading
+
+    import psycopg
+    from django.db import OperationalError
+
+    checks = import_module("jobstate.migrations.0020_history_step_delivery_checks")
+    monkeypatch.setattr(checks, "LOCK_TIMEOUT", "200ms")
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    migrate(BEFORE_CHECKS)
+    reader = psycopg.connect(
+        host=connection.settings_dict["HOST"] or None,
+        port=connection.settings_dict["PORT"] or None,
+        user=connection.settings_dict["USER"],
+        dbname=connection.settings_dict["NAME"],
+        autocommit=False,
+    )
+    reader.execute("SELECT count(*) FROM jobstate_jobevent")  # its transaction holds the table
+    ender = threading.Timer(10, reader.rollback)  # without the timeout: the ALTER waits this long
+    ender.start()
+    try:
+        with pytest.raises(OperationalError, match="lock timeout"):
+            migrate(latest)
+    finally:
+        ender.cancel()
+        reader.rollback()
+        reader.close()
+        migrate(latest)

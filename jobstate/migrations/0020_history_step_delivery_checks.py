@@ -13,6 +13,12 @@ from typing import Any
 
 from django.db import migrations, models, transaction
 
+# How long the ADD waits for the table's exclusive lock. Queued behind a long
+# transaction that reads the table, it would hold up every write to it (each
+# transition's history row) until that transaction ended; it gives up instead (a
+# "lock timeout" error: run ``migrate`` again later).
+LOCK_TIMEOUT = "5s"
+
 
 class AddCheck(migrations.AddConstraint):
     """``AddConstraint``; on PostgreSQL added ``NOT VALID``, then validated."""
@@ -28,6 +34,7 @@ class AddCheck(migrations.AddConstraint):
             return
         table, name = model._meta.db_table, self.constraint.name
         with transaction.atomic(using=connection.alias):
+            schema_editor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             if not _exists(schema_editor, table, name):  # left NOT VALID by a run that stopped
                 schema_editor.execute(f"{self.constraint.create_sql(model, schema_editor)} NOT VALID")
         qn = schema_editor.quote_name
