@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
@@ -101,7 +101,14 @@ _registry: dict[str, HandlerSpec] = {}
 _INTERNAL_OPTIONS = frozenset({"workflow"})
 _OPTIONS = "max_attempts, timeout, concurrency, retry_backoff, schema and api"
 
-Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Decorator(Protocol):
+    """Registers the function and returns it, its type kept (a strict project's
+    handlers stay typed)."""
+
+    def __call__(self, func: F, /) -> F: ...
 
 
 def handler(
@@ -174,7 +181,7 @@ def internal_handler(
     if retry_backoff is not None and not callable(retry_backoff) and not retry_backoff >= 0:
         raise ValueError("retry_backoff is a number of seconds >= 0 or a callable attempt -> seconds")
 
-    def register(func: Callable[..., Any]) -> Callable[..., Any]:
+    def register(func: F) -> F:
         existing = _registry.get(name)
         if (
             existing is not None

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, overload
 
 from jobstate import registry
 
@@ -57,6 +57,24 @@ class _Mark:
     collect_results: bool
 
 
+M = TypeVar("M", bound=Callable[..., Any])
+
+
+@overload
+def step(name: M, /) -> M: ...
+
+
+@overload
+def step(
+    name: str | None = None,
+    *,
+    undo: str | Callable[..., Any] | None = None,
+    batch: int | None = None,
+    on_child_failure: str = "fail",
+    collect_results: bool = True,
+) -> Callable[[M], M]: ...
+
+
 def step(
     name: str | Callable[..., Any] | None = None,
     *,
@@ -81,7 +99,7 @@ def step(
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ValueError("batch must be a positive integer")
 
-    def mark(func: Callable[..., Any]) -> Callable[..., Any]:
+    def mark(func: M) -> M:
         setattr(func, _MARK, _Mark(name, undo, batch, on_child_failure, collect_results))
         return func
 

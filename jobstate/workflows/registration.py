@@ -9,11 +9,18 @@ runtime loads the models.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from jobstate import registry
 from jobstate.workflows.definition import Workflow
+
+W = TypeVar("W", bound=type[Workflow])
+
+
+class WorkflowDecorator(Protocol):
+    """Registers the class and returns it, its type kept."""
+
+    def __call__(self, cls: W, /) -> W: ...
 
 
 def workflow(
@@ -25,12 +32,12 @@ def workflow(
     retry_backoff: Any = None,
     schema: Any = None,
     **options: Any,
-) -> Callable[[type[Workflow]], type[Workflow]]:
+) -> WorkflowDecorator:
     """Register a :class:`Workflow` subclass as the handler ``name`` (same options as
     ``jobstate.handler``; ``timeout`` applies to each run of the workflow, not to the
     whole: a workflow waiting for its children holds no worker)."""
 
-    def register(cls: type[Workflow]) -> type[Workflow]:
+    def register(cls: W) -> W:
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
             raise TypeError("@jobstate.workflow decorates a subclass of jobstate.Workflow")
         if not cls.steps:
