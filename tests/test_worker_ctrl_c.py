@@ -21,6 +21,16 @@ from jobstate.worker.runner import drain, run_next
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def pythons_ctrl_c_handler() -> Iterator[None]:
+    """Python's own SIGINT handler, as a run in a terminal has. A test run started in
+    the background (nohup, a CI job) inherits SIGINT ignored, which Python keeps, and
+    ``ctrl_c_held`` then rightly holds nothing: there is no Ctrl-C to hold."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def ended() -> Iterator[list[str]]:
     """The outcomes the ``attempt_ended`` hook was told."""
