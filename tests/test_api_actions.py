@@ -291,6 +291,23 @@ def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
     )
 
 
+@pytest.mark.parametrize("action", ["cancel", "retry", "requeue", "fail"])
+def test_an_unknown_action_field_is_a_400_naming_it_and_changes_nothing(user, staff_user, action):
+    # {"reasn": ...} was ignored: the job was cancelled (retried, …) with no reason recorded.
+    job = failed(user) if action == "retry" else running(user)
+    if action in ("requeue", "fail"):  # operator remedies
+        grant(staff_user, "requeue_job", "view_job")
+        client = client_for(type(staff_user).objects.get(pk=staff_user.pk))
+    else:
+        client = client_for(user)
+    before = list(Job.objects.values()), JobEvent.objects.count()
+    body = {"reason": "x", "reasn": "typo", "status": "cancelled"}
+    error = assert_error(client.post(job_url(job, f"{action}/"), body, format="json"), 400, "invalid")
+    assert error["fields"] == {"reasn": ["Unknown field."], "status": ["Unknown field."]}
+    assert error["message"] == "reasn: Unknown field."
+    assert (list(Job.objects.values()), JobEvent.objects.count()) == before
+
+
 def _job_in(status: str, owner: Any) -> Job:
     job = make_job(owner)
     if status == Status.QUEUED:

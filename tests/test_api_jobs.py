@@ -113,6 +113,46 @@ def test_bad_enqueue_input_is_a_400_naming_the_field_and_stores_nothing(user, bo
     assert counts() == before
 
 
+UNKNOWN = ["Unknown field."]
+
+
+@pytest.mark.parametrize(
+    ("body", "fields"),
+    [
+        # Misspelt: the job was queued with the defaults and a 201, the typo never seen.
+        ({"kind": "test.schema", "parmeters": {"width": 3}}, {"parmeters": UNKNOWN}),
+        ({"kind": "test.echo", "max_atempts": 1}, {"max_atempts": UNKNOWN}),
+        ({"kind": "test.echo", "run_afer": "2030-01-01T00:00:00Z"}, {"run_afer": UNKNOWN}),
+        # Not an enqueue's, though a job shows it.
+        (
+            {"kind": "test.echo", "max_attempts": 1, "status": "completed"},
+            {"max_attempts": UNKNOWN, "status": UNKNOWN},
+        ),
+        # Named first, with the other errors it explains.
+        ({"knd": "test.echo"}, {"knd": UNKNOWN, "kind": ["This field is required."]}),
+        (
+            {"kind": "test.echo", "priority": "3", "x": 1},
+            {"x": UNKNOWN, "priority": ["A valid integer is required."]},
+        ),
+    ],
+)
+def test_an_unknown_enqueue_field_is_a_400_naming_it_and_stores_nothing(user, body, fields):
+    before = counts()
+    error = assert_error(client_for(user).post(JOBS, body, format="json"), 400, "invalid")
+    assert error["fields"] == fields
+    name = next(iter(fields))
+    assert error["message"] == f"{name}: {fields[name][0]}"
+    assert counts() == before
+
+
+def test_an_unknown_field_named_with_a_lone_surrogate_is_a_400_not_a_500(user):
+    # The name is repeated in the error: as it came, the JSON renderer could not encode it.
+    raw = '{"kind": "test.echo", "a\\ud800": 1}'
+    error = assert_error(client_for(user).post(JOBS, raw, content_type="application/json"), 400, "invalid")
+    assert error["fields"] == {"a\\ud800": UNKNOWN}
+    assert not Job.objects.exists()
+
+
 def test_with_use_tz_false_an_aware_run_after_is_stored_or_a_400_that_says_why(user, settings):
     # With USE_TZ = False, DRF made the time naive and the service refused it ("run_after
     # is a timezone-aware datetime."): no job could be deferred, on PostgreSQL too.

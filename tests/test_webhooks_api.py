@@ -513,3 +513,41 @@ def test_an_event_with_a_lone_surrogate_is_a_400(user):
     response = client.patch(f"{URL}{endpoint.pk}/", raw, content_type="application/json")
     assert response.status_code == 400 and "events" in response.json()["error"]["fields"]
     assert WebhookEndpoint.objects.get().events == endpoint.events
+
+
+def test_a_field_an_endpoint_does_not_take_is_a_400_naming_it_and_writes_nothing(user):
+    # "secret", "owner" and typos were ignored: made with a secret of the server's, a 201.
+    client = client_for(user)
+    body = {"url": "https://hooks.example.com/a", "secret": "whsec_mine", "owner": "bob", "bogus": 1}
+    error = client.post(URL, body, format="json").json()["error"]
+    assert error["code"] == "invalid" and error["message"] == "secret: This field is read-only."
+    read_only = ["This field is read-only."]
+    assert error["fields"] == {"secret": read_only, "owner": read_only, "bogus": ["Unknown field."]}
+    assert not WebhookEndpoint.objects.exists()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    before = WebhookEndpoint.objects.values().get()
+    for call in (client.patch, client.put):
+        response = call(
+            f"{URL}{endpoint.pk}/", {"url": "https://hooks.example.com/b", "enabeld": False}, format="json"
+        )
+        assert response.status_code == 400 and response.json()["error"]["fields"] == {
+            "enabeld": ["Unknown field."]
+        }
+    rotated = client.post(f"{URL}{endpoint.pk}/rotate-secret/", {"overlap": 0}, format="json")
+    assert rotated.status_code == 400 and rotated.json()["error"]["fields"] == {"overlap": ["Unknown field."]}
+    assert WebhookEndpoint.objects.values().get() == before
+
+
+def test_a_get_echoed_back_in_a_put_is_a_400_naming_its_read_only_fields(user):
+    """Strict: a PUT takes the writable fields only (docs/reference/rest-api.md says why)."""
+    client = client_for(user)
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    shown = client.get(f"{URL}{endpoint.pk}/").json()
+    response = client.put(f"{URL}{endpoint.pk}/", {**shown, "description": "new"}, format="json")
+    assert response.status_code == 400
+    read_only = {"id", "owner", *WebhookEndpoint.SERVER_FIELDS}
+    assert set(response.json()["error"]["fields"]) == read_only
+    assert WebhookEndpoint.objects.get().description == ""
+    writable = {k: v for k, v in shown.items() if k not in read_only}
+    response = client.put(f"{URL}{endpoint.pk}/", {**writable, "description": "new"}, format="json")
+    assert response.status_code == 200 and WebhookEndpoint.objects.get().description == "new"

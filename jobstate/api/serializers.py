@@ -8,6 +8,7 @@ job may be created or moved is decided by jobstate.services.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
@@ -18,6 +19,7 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import ISO_8601, serializers
+from rest_framework.exceptions import ErrorDetail
 from rest_framework.settings import api_settings
 
 from jobstate import conf
@@ -182,7 +184,55 @@ def _check_tree(value: Any) -> None:
             stack.extend(item)
 
 
-class EnqueueSerializer(serializers.Serializer[Any]):
+class StrictInput(serializers.Serializer[Any]):
+    """The base of every request body's serializer (before ``OutputSerializer`` for
+    a model's): a body field it does not take is refused, a 400 ``invalid`` naming
+    each one in ``fields`` ("Unknown field.", or "This field is read-only." for one
+    it shows but does not take, e.g. an ``id`` echoed from a GET), with the body's
+    other field errors; nothing is written. A misspelt field (``"parmeters"``) was
+    ignored: the job ran with the defaults and the client never learnt of the typo.
+    The schema says so too (``additionalProperties: false``, jobstate.api.schema)."""
+
+    default_error_messages = {
+        "unknown_field": "Unknown field.",
+        "read_only_field": "This field is read-only.",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        refused = self.refused_fields(data)
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if refused and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**refused, **exc.detail}) from None
+            raise
+        if refused:
+            raise serializers.ValidationError(refused)
+        return value
+
+    def refused_fields(self, data: Any) -> dict[str, list[ErrorDetail]]:
+        """The body's fields this serializer does not take, each with its message, in
+        the body's order (first: a misspelt field is also why a required one is missing)."""
+        if not isinstance(data, Mapping):
+            return {}  # DRF's own error: not a JSON object
+        fields = self.fields
+        refused = {}
+        for name in data:
+            field = fields.get(name)
+            if field is not None and not field.read_only:
+                continue
+            code = "unknown_field" if field is None else "read_only_field"
+            refused[_printable(name)] = [ErrorDetail(str(self.error_messages[code]), code=code)]
+        return refused
+
+
+def _printable(name: Any) -> str:
+    """A field name as the error can show it: a lone surrogate (valid in a JSON
+    string) escaped, or the JSON renderer could not encode the response (a 500)."""
+    return str(name).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class EnqueueSerializer(StrictInput):
     kind = StrictCharField(max_length=200, help_text="A registered handler name.")
     parameters = ParametersField(required=False, default=dict, help_text="Validated by the handler's schema.")
     key = StrictCharField(
@@ -211,11 +261,11 @@ class EnqueueSerializer(serializers.Serializer[Any]):
     )
 
 
-class ReasonSerializer(serializers.Serializer[Any]):
+class ReasonSerializer(StrictInput):
     reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
-class RequiredReasonSerializer(serializers.Serializer[Any]):
+class RequiredReasonSerializer(StrictInput):
     reason = StrictCharField(max_length=1000, help_text="Why: recorded in the history.")
 
 

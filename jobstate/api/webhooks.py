@@ -40,6 +40,7 @@ from jobstate.api.serializers import (
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
+    StrictInput,
     StrictIntegerField,
     StrictURLField,
 )
@@ -61,8 +62,9 @@ def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bo
 
 
 # OutputSerializer: date-times in the API's format (ISO 8601 in UTC, "…Z"), not the
-# project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE.
-class WebhookEndpointSerializer(OutputSerializer):
+# project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE. StrictInput: a body
+# field it does not take (``secret``, ``owner``, a typo) is a 400, not ignored.
+class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     # Strict JSON types, as the jobs API's inputs: DRF's own fields took "yes" or 1
     # for true and 5 for "5".
     serializer_field_mapping = {
@@ -165,7 +167,7 @@ class DeliverySerializer(OutputSerializer):
         read_only_fields = fields
 
 
-class RotateSerializer(serializers.Serializer[Any]):
+class RotateSerializer(StrictInput):
     overlap_seconds = StrictIntegerField(
         min_value=0,
         max_value=30 * 24 * 3600,
