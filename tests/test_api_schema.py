@@ -63,6 +63,24 @@ def test_schema_is_served_and_lists_every_endpoint(user):
     assert "text/event-stream" in paths["/api/jobs/{id}/events/stream/"]["get"]["responses"]["200"]["content"]
 
 
+def test_every_request_body_refuses_properties_it_does_not_list(user):
+    # The API refuses a body field it does not take (a 400): the schema says so, and
+    # generated examples no longer send typos a positive case expects to be accepted.
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    components = schema["components"]["schemas"]
+    bodies = {
+        f"{method.upper()} {path}": op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if "requestBody" in op
+    }
+    assert {"POST /api/jobs/", "POST /api/jobs/{id}/fail/", "PATCH /api/webhooks/{id}/"} <= set(bodies)
+    for operation, ref in bodies.items():
+        assert components[ref.rsplit("/", 1)[1]].get("additionalProperties") is False, operation
+    # A field of free-form JSON stays open.
+    assert components["Enqueue"]["properties"]["parameters"]["additionalProperties"] is True
+
+
 def test_docs_are_served_from_the_installed_packages_without_a_cdn(user):
     response = client_for(None).get("/api/docs/")
     assert response.status_code == 200

@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 import jobstate
 from jobstate.api.negotiation import FormatNegotiation
-from jobstate.api.serializers import ErrorSerializer
+from jobstate.api.serializers import ErrorSerializer, StrictInput
 from jobstate.api.throttling import JobstateThrottle
 
 # One Server-Sent Event, as OpenAPI describes an event stream's items. ``data``
@@ -78,6 +78,17 @@ def extend_schema(**kwargs: Any) -> Callable[[Any], Any]:
 
 
 class JobstateAutoSchema(AutoSchema):
+    def _map_serializer(
+        self, serializer: Any, direction: Any, bypass_extensions: bool = False
+    ) -> dict[str, Any]:
+        schema: dict[str, Any] = super()._map_serializer(serializer, direction, bypass_extensions)
+        if isinstance(serializer, StrictInput) and "properties" in schema:
+            # A body field the serializer does not take is a 400 (StrictInput): say so,
+            # so that generated clients and tests send none. Its component is the
+            # response's too (no COMPONENT_SPLIT_REQUEST), which shows nothing else either.
+            schema["additionalProperties"] = False
+        return schema
+
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
         if direction != "response":
