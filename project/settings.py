@@ -133,7 +133,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "jobstate.states.Status",
-        "StepStatusEnum": "jobstate.models.step.StepStatus",
+        "StepStatusEnum": "jobstate.models.step.SHOWN_STEP_STATUS",
     },
 }
 

@@ -276,6 +276,18 @@ def test_job_page_shows_history_steps_assets_and_pretty_json(admin_client: Any, 
     assert "TB line" in html
 
 
+def test_job_page_shows_a_step_in_progress_when_its_job_ended_as_interrupted(admin_client: Any) -> None:
+    """As state(job) does; the page showed it Running in a cancelled job."""
+    job = processing()
+    JobStep.objects.create(job=job, position=0, name="load", status="running", started_at=job.started_at)
+    assert ">Running<" in admin_client.get(change_url(job)).content.decode()
+    services.request_cancel(job, reason="enough")
+    services.cancel_now(job, job.lease_token)
+    html = admin_client.get(change_url(job)).content.decode()
+    assert "Interrupted (was running)" in html and ">Running<" not in html
+    assert JobStep.objects.get(job=job).status == "running"  # read-side: nothing written
+
+
 def test_job_page_is_read_only(admin_client: Any) -> None:
     job = queued()
     html = admin_client.get(change_url(job)).content.decode()

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from jobstate import services
 from jobstate.models import Job, JobEvent, JobStep
+from jobstate.workflows import state
 from tests.api_support import JOBS, assert_error, client_for, completed, grant, job_url, make_job, running
 
 pytestmark = pytest.mark.django_db
@@ -596,6 +597,26 @@ def test_detail_shows_state_progress_steps_and_actions(user):
     assert body["started_at"] and body["finished_at"] is None
     assert body["allowed_actions"] == ["cancel"]
     assert body["parameters"] == {"n": 1}
+
+
+@pytest.mark.parametrize("stored", ["running", "serving", "waiting"])
+def test_a_step_in_progress_when_its_job_ended_is_interrupted_as_in_state(user, stored):
+    """The API showed it running in a failed job (state(job) said interrupted)."""
+    job = running(user)
+    JobStep.objects.create(job=job, position=0, name="s1", status="completed", finished_at=timezone.now())
+    JobStep.objects.create(job=job, position=1, name="s2", status=stored)
+    client = client_for(user)
+    live = client.get(job_url(job)).json()["steps"]
+    assert [(s["status"], s["stored_status"]) for s in live] == [("completed", None), (stored, None)]
+    services.fail(job, job.lease_token, "boom", retry=False)
+    steps = client.get(job_url(job)).json()["steps"]
+    assert [(s["status"], s["stored_status"]) for s in steps] == [
+        ("completed", None),
+        ("interrupted", stored),
+    ]
+    shown = [(s["status"], s.get("stored_status")) for s in state(job.pk)["steps"]]
+    assert shown == [(s["status"], s["stored_status"]) for s in steps]
+    assert JobStep.objects.get(job=job, name="s2").status == stored  # read-side: nothing written
 
 
 def test_detail_of_a_finished_job(user):

@@ -29,6 +29,7 @@ import jobstate
 from jobstate import services
 from jobstate.api.serializers import JobDetailSerializer
 from jobstate.models import JobStep
+from jobstate.models.step import StepStatus
 from tests.api_support import client_for, completed, failed, make_job, running
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
@@ -177,7 +178,9 @@ def seeded(user, settings, tmp_path) -> dict[str, list[str]]:  # type: ignore[no
         services.add_asset(done, asset_type="report", name="out.csv", content=b"a,b\n1,2\n"),
         services.add_asset(done, asset_type="link", url="https://example.org/data.json"),
     ]
-    jobs = [make_job(user), running(user), cancelling, cancelled, done, failed(user)]
+    dead = failed(user)
+    JobStep.objects.create(job=dead, position=0, name="load", status="running", started_at=dead.started_at)
+    jobs = [make_job(user), running(user), cancelling, cancelled, done, dead]
     return {"jobs": [str(j.pk) for j in jobs], "assets": [str(a.pk) for a in files]}
 
 
@@ -253,6 +256,9 @@ def test_success_responses_conform_to_the_schema(user, token, seeded):
     assert call(token, "/api/jobs/", "GET", 200, query=following).json()["results"]
     detail = call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": done}).json()
     assert detail["result"] == {"rows": 3} and detail["steps"][0]["name"] == "load"
+    # A step left running in a failed job is shown as state(job) shows it (in the schema's enum).
+    (step,) = call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": dead}).json()["steps"]
+    assert (step["status"], step["stored_status"]) == ("interrupted", "running")
     call(token, "/api/jobs/{id}/", "GET", 200, path_parameters={"id": processing}, query={"wait": 0.05})
     events = call(token, "/api/jobs/{id}/events/", "GET", 200, path_parameters={"id": done}).json()
     assert [e["to_status"] for e in events["results"]] == ["queued", "processing", "completed"]
@@ -355,6 +361,8 @@ def test_in_a_project_without_spectacular_settings_the_schema_and_docs_are_jobst
     schema = response.json()
     assert (schema["info"]["title"], schema["info"]["version"]) == ("jobstate API", jobstate.__version__)
     assert {"JobStatusEnum", "StepStatusEnum"} <= set(schema["components"]["schemas"])
+    steps = schema["components"]["schemas"]["StepStatusEnum"]["enum"]
+    assert steps == [*StepStatus.values, "interrupted"]
     assert "Warning" not in capsys.readouterr().err
     html = client_for(None).get("/api/docs/").content.decode()
     assert not re.search(r"(src|href)=\"https?://", html), "no external assets"

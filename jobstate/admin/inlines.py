@@ -12,6 +12,7 @@ from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import admin
+from django.db.models import F
 from django.forms.models import BaseInlineFormSet
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
@@ -19,6 +20,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from jobstate.admin import display
 from jobstate.models import Asset, JobEvent, JobStep
+from jobstate.models.step import SHOWN_STEP_STATUS, shown_status
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -143,12 +145,37 @@ class EventColumns:
         return out
 
 
+STEP_LABELS: dict[str, str] = {str(value): str(label) for value, label in SHOWN_STEP_STATUS}
+
+
 class JobStepInline(ReadOnlyInline):
     model = JobStep
     verbose_name = "step"
     verbose_name_plural = "Workflow steps"
-    fields = ("position", "name", "status", "attempts", "cursor_display", "output_display", "error_message")
+    fields = (
+        "position",
+        "name",
+        "step_status",
+        "attempts",
+        "cursor_display",
+        "output_display",
+        "error_message",
+    )
     classes = ("js-steps",)
+
+    def get_queryset(self, request: Any) -> Any:
+        # The job's status, for each step's shown status, in the same query.
+        return super().get_queryset(request).annotate(job_status=F("job__status"))
+
+    @admin.display(description="status")
+    def step_status(self, obj: JobStep) -> str:
+        """As ``jobstate.workflows.state`` shows it: "Interrupted (was running)" for a
+        step still in progress when its job ended."""
+        job_status = getattr(obj, "job_status", None) or obj.job.status
+        shown = shown_status(obj.status, job_status)
+        if shown == obj.status:
+            return STEP_LABELS.get(shown, shown)
+        return f"{STEP_LABELS[shown]} (was {STEP_LABELS.get(obj.status, obj.status).lower()})"
 
     @admin.display(description="cursor")
     def cursor_display(self, obj: JobStep) -> SafeString:

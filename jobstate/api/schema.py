@@ -132,7 +132,11 @@ class JobstateSchemaGenerator(SchemaGenerator):
 
 
 # The two ``status`` choice sets of the API, by name (see JobstateSchemaView).
-ENUM_NAMES = {"JobStatusEnum": "jobstate.states.Status", "StepStatusEnum": "jobstate.models.step.StepStatus"}
+# A step's shows ``interrupted`` too (``models.step.shown_status``).
+ENUM_NAMES = {
+    "JobStatusEnum": "jobstate.states.Status",
+    "StepStatusEnum": "jobstate.models.step.SHOWN_STEP_STATUS",
+}
 
 
 class _OwnViews(APIView):

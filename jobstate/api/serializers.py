@@ -26,6 +26,7 @@ from jobstate import conf
 from jobstate.api.permissions import OPERATOR, allowed_actions
 from jobstate.api.times import as_stored
 from jobstate.models import Asset, Job, JobEvent, JobStep
+from jobstate.models.step import SHOWN_STEP_STATUS, STEP_BUSY, shown_status
 from jobstate.states import Status
 from jobstate.storable import MAX_DEPTH, too_deep
 
@@ -294,12 +295,24 @@ class OutputSerializer(serializers.ModelSerializer[Any]):
 
 
 class StepSerializer(OutputSerializer):
+    """A step as ``jobstate.workflows.state`` shows it: still busy in a job that ended,
+    it is ``interrupted``, its stored status in ``stored_status``. (Its job is the
+    prefetched or related-manager instance: no query per step.)"""
+
+    status = serializers.SerializerMethodField(
+        help_text="`interrupted`: the step was in progress when its job ended (cancelled or failed)."
+    )
+    stored_status = serializers.SerializerMethodField(
+        help_text="The stored status of an `interrupted` step (null otherwise)."
+    )
+
     class Meta:
         model = JobStep
         fields = [
             "position",
             "name",
             "status",
+            "stored_status",
             "attempts",
             "cursor",
             "output",
@@ -309,6 +322,14 @@ class StepSerializer(OutputSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ChoiceField(choices=SHOWN_STEP_STATUS))
+    def get_status(self, step: JobStep) -> str:
+        return shown_status(step.status, step.job.status)
+
+    @extend_schema_field(serializers.ChoiceField(choices=[str(s) for s in STEP_BUSY], allow_null=True))
+    def get_stored_status(self, step: JobStep) -> str | None:
+        return None if self.get_status(step) == step.status else str(step.status)
 
 
 class JobSerializer(OutputSerializer):

@@ -11,6 +11,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import FSMField, FSMModelMixin, transition
 
+from jobstate.states import TERMINAL
+
 
 class StepStatus(models.TextChoices):
     PENDING = "pending", "Pending"
@@ -34,6 +36,18 @@ S = StepStatus
 RUNNABLE = (S.PENDING, S.RUNNING, S.FAILED, S.SERVING)
 # A step a worker is in the middle of.
 STEP_BUSY = (S.RUNNING, S.SERVING, S.WAITING)
+
+# How a step is shown (``workflows.state``, the REST API, the admin): a step still
+# busy in a job that ended (cancelled, or failed by the reaper or an operator while
+# the step was in progress) is ``interrupted``; no worker will finish it. Read-side
+# only: the stored row keeps its status (the step's history stays as it happened).
+INTERRUPTED = "interrupted"
+SHOWN_STEP_STATUS: list[tuple[str, str]] = [*StepStatus.choices, (INTERRUPTED, "Interrupted")]
+
+
+def shown_status(step_status: str, job_status: str) -> str:
+    """The status to show for a step stored as ``step_status`` in a job in ``job_status``."""
+    return INTERRUPTED if job_status in TERMINAL and step_status in STEP_BUSY else step_status
 
 
 class JobStep(FSMModelMixin, models.Model):

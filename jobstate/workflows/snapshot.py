@@ -1,11 +1,12 @@
 """The whole state of a workflow job as JSON, ``jobstate.workflows.state(job)``: its
 steps (status, attempts, cursor, output, error, timestamps) and its children.
 ``manage.py jobstate_workflow state`` prints it; the REST API's job detail and the
-admin's job page list the stored step rows instead (no ``interrupted``, no children).
+admin's job page show the same step statuses (no children).
 
 A step still ``running``, ``serving`` or ``waiting`` in a finished job (it was
 cancelled, failed by the reaper or by an operator while the step was in progress)
-is shown as ``interrupted``, its stored status kept as ``stored_status``."""
+is shown as ``interrupted``, its stored status kept as ``stored_status``
+(``models.step.shown_status``)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ from datetime import datetime
 from typing import Any
 
 from jobstate.models import Job, JobStep
-from jobstate.models.step import StepStatus
-from jobstate.states import ACTIVE, TERMINAL, Status
+from jobstate.models.step import StepStatus, shown_status
+from jobstate.states import ACTIVE, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import retried, rows_of
-
-IN_PROGRESS = (StepStatus.RUNNING, StepStatus.SERVING, StepStatus.WAITING)
-INTERRUPTED = "interrupted"
 
 
 def _when(value: datetime | None) -> str | None:
@@ -28,7 +26,7 @@ def _when(value: datetime | None) -> str | None:
 
 
 def _step(
-    row: JobStep, ids: list[str] | None, children: Mapping[str, Mapping[str, Any]], finished: bool
+    row: JobStep, ids: list[str] | None, children: Mapping[str, Mapping[str, Any]], job_status: str
 ) -> dict[str, Any]:
     detail = dict(row.detail or {})
     detail.pop("children", None)
@@ -46,8 +44,9 @@ def _step(
         "updated_at": _when(row.updated_at),
         "detail": detail,
     }
-    if finished and row.status in IN_PROGRESS:
-        out["status"], out["stored_status"] = INTERRUPTED, row.status
+    shown = shown_status(row.status, job_status)
+    if shown != row.status:
+        out["status"], out["stored_status"] = shown, row.status
     if ids is not None:
         out["children"] = _summary([children[i] for i in ids if i in children], len(ids))
     return out
@@ -93,12 +92,11 @@ def state(job: Job | Any) -> dict[str, Any]:
     borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
     kids.update({str(r["pk"]): r for r in rows_of(borrowed, ("status", "progress"))})
     counted = {r.name: _counted(job.pk, r, kids) for r in rows}
-    finished = job.status in TERMINAL
     if rows:
-        step_list = [_step(r, counted[r.name], kids, finished) for r in rows]
+        step_list = [_step(r, counted[r.name], kids, job.status) for r in rows]
     elif cls is not None:
         blank = [JobStep(job_id=job.pk, name=s.name, position=s.position) for s in cls.steps]
-        step_list = [_step(r, None, kids, finished) for r in blank]
+        step_list = [_step(r, None, kids, job.status) for r in blank]
     else:
         step_list = []
     waiting = job.status == Status.WAITING
