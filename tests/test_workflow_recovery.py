@@ -73,6 +73,7 @@ def test_a_worker_lost_on_the_last_attempt_still_compensates():
     assert job.error_type == "WorkflowFailed"
     assert job.error_message == "step 'ship' failed: worker lost; undone: charge, book"
     assert labels(job) == ["book", "charge", "notify", "undo:charge:C1", "undo:book:B1"]
+    assert (job.current_step, job.progress_message) == ("ship", "step 'ship' failed; undone: charge, book")
     assert statuses(job) == {"book": "undone", "charge": "undone", "notify": "completed", "ship": "failed"}
     assert JobEvent.objects.filter(job_id=job.pk, transition="claim").count() == 2  # one attempt, two runs
 

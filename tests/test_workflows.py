@@ -198,6 +198,9 @@ def test_compensation_undoes_completed_steps_in_reverse_order():
     ]
     assert job.error_type == "WorkflowFailed"
     assert job.error_message == "step 'ship' failed: RuntimeError: carrier down; undone: charge, book"
+    # The job names the step that failed, not the last one undone ("undid book").
+    assert job.current_step == "ship" and job.progress == 75
+    assert job.progress_message == "step 'ship' failed; undone: charge, book"
     assert {n: r.status for n, r in step_rows(job).items()} == {
         "book": "undone",
         "charge": "undone",
@@ -226,6 +229,10 @@ def test_a_failing_undo_is_recorded_and_the_others_still_run():
     job.refresh_from_db()
     assert job.status == Status.FAILED
     assert job.error_message.endswith("undone: charge; undo failed: book (RuntimeError: booking system down)")
+    assert job.current_step == "ship"
+    assert job.progress_message == (
+        "step 'ship' failed; undone: charge; undo failed: book (RuntimeError: booking system down)"
+    )
     rows = step_rows(job)
     assert rows["charge"].status == "undone" and rows["book"].status == "completed"
     assert "booking system down" in rows["book"].detail["undo_error"]

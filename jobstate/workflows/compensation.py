@@ -37,7 +37,16 @@ class Report:
         return bool(self.undone or self.failed)
 
     def message(self, step: str, error: str) -> str:
-        parts = [f"step '{step}' failed: {error}"]
+        """The job's error: ``step 'ship' failed: <error>; undone: charge, book``."""
+        return self._parts(f"step '{step}' failed: {error}")
+
+    def summary(self, step: str) -> str:
+        """The job's final progress message: ``step 'ship' failed; undone: charge, book``
+        (its error text without the step's error)."""
+        return self._parts(f"step '{step}' failed")
+
+    def _parts(self, first: str) -> str:
+        parts = [first]
         if self.undone:
             parts.append(f"undone: {', '.join(self.undone)}")
         if self.failed:
@@ -83,7 +92,9 @@ def report_of(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> Report:
 def compensate(run: RunState, failed_step: str, error: str) -> Report:
     """Run the undo of every completed step that has one and was not undone yet,
     last step first. An undo that raises (or is interrupted by the timeout or a
-    cancel: the failure is already decided) is recorded and the others still run."""
+    cancel: the failure is already decided) is recorded and the others still run.
+    Then the job's current step and progress message name the failed step again
+    (each undo showed its own: "undid book")."""
     because = f"step '{failed_step}' failed: {error}"[:1000]
     for spec in reversed(run.specs):
         row = run.rows.get(spec.name)
@@ -104,7 +115,10 @@ def compensate(run: RunState, failed_step: str, error: str) -> Report:
         else:
             steps.undone(run.job, run.token, spec.name, because=because)
             row.status = S.UNDONE
-    return report_of(run.specs, run.rows)
+    report = report_of(run.specs, run.rows)
+    if report:
+        steps.compensated(run.job, run.token, failed_step, report.summary(failed_step))
+    return report
 
 
 def _undo_failed(run: RunState, name: str, row: Any, message: str, because: str) -> None:

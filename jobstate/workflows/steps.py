@@ -377,6 +377,13 @@ def undo_failed(job: Job, token: Any, name: str, error: str, *, because: str) ->
         )
 
 
+def compensated(job: Job, token: Any, failed_step: str, message: str) -> None:
+    """Compensation ended: the job's current step is the step that failed for good
+    again, its progress message what was undone (the job then fails with the error)."""
+    with transaction.atomic():
+        _hold(job, token, message=message, step=failed_step, cancel_ok=True)
+
+
 def children_of(job_id: Any, name: str) -> list[str]:
     """Ids of the child jobs step ``name`` started, in start order."""
     detail = JobStep.objects.filter(job_id=job_id, name=name).values_list("detail", flat=True).first()
