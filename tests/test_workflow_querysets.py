@@ -3,6 +3,7 @@ LIMIT/OFFSET chunks from the step's cursor on, never loaded whole; resume as for
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import Count, F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -128,3 +130,87 @@ def test_an_unordered_queryset_is_refused_before_any_item() -> None:
     job.refresh_from_db()
     assert job.status == Status.FAILED and "order it" in job.error_message
     assert ran(job) == [] and Seen.queries == [q for q in Seen.queries if "COUNT(" in q.upper()]
+
+
+# Orderings with ties: the pk is the chunks' last tie-breaker ------------------------
+
+
+def tied(order: str) -> Any:
+    """Querysets ordered on a field whose values are all equal."""
+    if order == "meta":  # Job.Meta.ordering = ("-created_at",)
+        return Job.objects.filter(kind="test.echo")
+    rows = Effect.objects.filter(job_id=ROWS).order_by("label")  # every label is "row"
+    if order == "values_list":
+        return rows.values_list("item", flat=True)
+    if order == "values":
+        return rows.values("item", "label")
+    return rows
+
+
+class ReadTies(jobstate.Workflow):
+    @jobstate.step(batch=4)
+    def load(self, ctx: Any) -> int:
+        rows = tied(ctx.parameters["order"])
+        with CaptureQueriesContext(connection) as captured:
+            walked = list(ctx.batches(rows)) if ctx.parameters.get("batches") else [ctx.iterate(rows)]
+            for part in walked:
+                for row in part:
+                    seen = row.pk if isinstance(row, Job) else row["item"] if isinstance(row, dict) else row
+                    seen = getattr(seen, "item", seen)
+                    Effect.objects.create(job_id=ctx.job.pk, label=str(seen))
+        Seen.queries += [q["sql"] for q in captured.captured_queries if " LIMIT " in q["sql"].upper()]
+        return int(ctx.cursor)
+
+
+@pytest.fixture
+def ties(workflow: None) -> Iterator[None]:
+    """The ``workflow`` fixture's 35 rows, 30 jobs enqueued at the same instant, and ``t.ties``."""
+    Job.objects.bulk_create(Job(kind="test.echo", parameters={"n": i}) for i in range(30))
+    Job.objects.filter(kind="test.echo").update(created_at=timezone.now())
+    jobstate.workflow("t.ties", max_attempts=1)(ReadTies)
+    try:
+        yield
+    finally:
+        registry.unregister("t.ties")
+
+
+@pytest.mark.usefixtures("ties")
+@pytest.mark.parametrize("order", ["label", "values", "values_list", "meta"])
+@pytest.mark.parametrize("batches", [False, True])
+def test_a_queryset_ordered_with_ties_is_read_once_per_row_in_chunks(order: str, batches: bool) -> None:
+    """Ordered on a field with equal values, LIMIT/OFFSET chunks (of 4 here) could skip
+    and repeat rows on PostgreSQL: the pk is appended as the last tie-breaker."""
+    job = services.enqueue("t.ties", {"order": order, "batches": batches})
+    run_job(services.start(job.pk, "w1"), "w1")  # (not drain(): the 30 jobs stay queued)
+    job.refresh_from_db()
+    expected = sorted(str(r.pk) for r in tied("meta")) if order == "meta" else [str(i) for i in range(35)]
+    assert job.status == Status.COMPLETED and job.result == len(expected)
+    seen = sorted(Effect.objects.filter(job_id=job.pk).values_list("label", flat=True))
+    assert seen == sorted(expected)  # every row exactly once
+    assert len(Seen.queries) == len(expected) // 4 + 1
+    pk = f'"{tied(order).model._meta.db_table}"."id"'
+    assert all(re.search(rf"ORDER BY .*, {re.escape(pk)} ASC LIMIT", q) for q in Seen.queries), Seen.queries
+
+
+def test_the_pk_is_appended_to_an_ordering_unless_it_ends_with_it_or_would_change_the_rows() -> None:
+    rows = Effect.objects.filter(job_id=ROWS)
+
+    def order_of(qs: Any) -> list[Any]:
+        return list(items.by_pk_last(qs).query.order_by)
+
+    assert order_of(rows.order_by("label")) == ["label", "pk"]
+    assert order_of(rows.order_by("-label").values("label")) == ["-label", "pk"]
+    assert order_of(rows.order_by("label").values_list("item", flat=True)) == ["label", "pk"]
+    assert order_of(rows.order_by("label").distinct()) == ["label", "pk"]  # rows: the pk is in them
+    assert order_of(rows.order_by("label").values("pk", "label").distinct()) == ["label", "pk"]
+    assert order_of(Job.objects.all()) == ["-created_at", "pk"]  # Meta.ordering
+    for ended in ("pk", "-pk", "id", "-id"):
+        assert order_of(rows.order_by("label", ended)) == ["label", ended]
+    desc = F("id").desc()
+    assert order_of(rows.order_by(desc)) == [desc]
+    # Adding the pk would change the rows: they are left as they are (documented).
+    distinct = rows.order_by("label").values("label").distinct()
+    grouped = rows.order_by("label").values("label").annotate(n=Count("id"))
+    for qs in (distinct, grouped):
+        assert items.by_pk_last(qs) is qs
+        assert list(items.by_pk_last(qs)) == list(qs)

@@ -1,6 +1,15 @@
 """The items ``ctx.iterate`` and ``ctx.batches`` walk: how many there are (for the
 progress) and those from the step's cursor on. A QuerySet is never loaded whole: it is
-counted with one COUNT query and read in chunks of LIMIT/OFFSET queries."""
+counted with one COUNT query and read in chunks of LIMIT/OFFSET queries.
+
+The chunks are ordered on the primary key last (``by_pk_last``): ordered on a field with
+equal values (``-created_at``, ``status``), PostgreSQL may return the rows that tie
+in any order in each query, so a row could be skipped by one chunk and repeated by the
+next. A grouped ``values()`` queryset (``.values(...).annotate(...)``), a ``values()``
+queryset with ``.distinct()`` that does not select the pk, a combined one (``union``)
+or one ordered with ``extra()`` is read as ordered: adding the pk would change its rows
+(it would join the GROUP BY, or the DISTINCT columns) or cannot be done. Order those
+on a unique key of their own (for ``values(...).distinct()``: every selected field)."""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from typing import Any, TypeGuard
 
-from django.db.models import QuerySet
+from django.db.models import F, OrderBy, QuerySet
 
 # Rows per query when reading a QuerySet (or the step's interval, if larger).
 READ_CHUNK = 1000
@@ -33,7 +42,7 @@ def rows_from(items: Iterable[Any], start: int, chunk: int) -> Iterable[Any]:
                 "iterate/batches read a queryset in chunks and resume by position: "
                 'order it, e.g. .order_by("pk")'
             )
-        return _chunks(items, start, max(chunk, READ_CHUNK))
+        return _chunks(by_pk_last(items), start, max(chunk, READ_CHUNK))
     if not start:
         return items
     if hasattr(items, "__getitem__") and not isinstance(items, Mapping):
@@ -48,6 +57,34 @@ def rows_from(items: Iterable[Any], start: int, chunk: int) -> Iterable[Any]:
 def _unread(items: Iterable[Any]) -> TypeGuard[QuerySet[Any]]:
     """A QuerySet not yet evaluated (an evaluated one is a list already)."""
     return isinstance(items, QuerySet) and items._result_cache is None
+
+
+def by_pk_last(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """``queryset`` (ordered) with the primary key as its ordering's last tie-breaker,
+    so that its order is total, unless it already ends with the pk or adding it
+    would change its rows (see the module's docstring)."""
+    query = queryset.query
+    if query.combinator or query.extra_order_by:
+        return queryset
+    default = (query.get_meta().ordering or ()) if query.default_ordering else ()
+    ordering = list(query.order_by or default)
+    pk = queryset.model._meta.pk
+    names = {"pk", pk.attname} | ({pk.name} if pk.attname == pk.name else set())
+    if ordering and _field_name(ordering[-1]) in names:
+        return queryset
+    selects_pk = not query.values_select or bool(names & set(query.values_select))
+    if not selects_pk and (query.group_by is not None or (query.distinct and not query.distinct_fields)):
+        return queryset
+    return queryset.order_by(*ordering, "pk")
+
+
+def _field_name(term: Any) -> str | None:
+    """The field an ordering term names (``"-id"``, ``F("pk").desc()``), if it is one."""
+    if isinstance(term, str):
+        return term.removeprefix("-")
+    if isinstance(term, OrderBy):
+        term = term.expression
+    return str(term.name) if isinstance(term, F) else None  # type: ignore[attr-defined]
 
 
 def _chunks(queryset: QuerySet[Any], start: int, size: int) -> Iterator[Any]:
