@@ -300,10 +300,12 @@ def problems(user: Any) -> list[CheckMessage]:
                     id="jobstate.E003",
                 )
             )
-        elif key in MINIMUM and value is not None and not value >= MINIMUM[key]:  # NaN fails too
+        elif key in MINIMUM and value is not None and not (value >= MINIMUM[key] and math.isfinite(value)):
+            # NaN fails the comparison; infinity passed it (RETENTION_DAYS: timedelta raised).
             found.append(
                 Error(
-                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be {MINIMUM[key]:g} or more.",
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be a finite number, "
+                    f"{MINIMUM[key]:g} or more.",
                     hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E005",

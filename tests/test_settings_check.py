@@ -162,6 +162,16 @@ def test_a_value_below_its_least_is_an_error():
         assert errors() == []
 
 
+def test_retention_of_infinite_days_is_an_error():
+    # It passed the check ("inf >= 0"), and the daily prune raised (timedelta(days=inf));
+    # None keeps every job.
+    with override_settings(JOBSTATE={"RETENTION_DAYS": float("inf")}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E005", "RETENTION_DAYS") and "finite" in error.msg
+    with override_settings(JOBSTATE={"RETENTION_DAYS": None}):
+        assert errors() == []
+
+
 @pytest.mark.parametrize("value", [0, -1, 0.0, float("nan"), float("inf"), -float("inf")])
 def test_a_webhook_timeout_must_be_a_finite_number_of_seconds_above_0(value):
     # Each delivery then failed at once (0 or less) or waited for ever (inf, NaN).
