@@ -9,7 +9,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -132,38 +132,7 @@ def handler(
     (any authenticated user) or a permission name such as
     ``"reports.run_report"`` (users holding it). See docs/reference/api-access.md.
     """
-    return internal_handler(
-        name,
-        {},
-        max_attempts=max_attempts,
-        timeout=timeout,
-        concurrency=concurrency,
-        retry_backoff=retry_backoff,
-        schema=schema,
-        api=api,
-        **options,
-    )
-
-
-def internal_handler(
-    name: str,
-    internal: dict[str, Any],
-    /,
-    *,
-    max_attempts: int | None = None,
-    timeout: float | None = None,
-    concurrency: int | None = None,
-    retry_backoff: Backoff | None = None,
-    schema: Any = None,
-    api: ApiPolicy = False,
-    **options: Any,
-) -> Decorator:
-    """``handler``, with options jobstate itself sets (``internal``, keys among
-    ``_INTERNAL_OPTIONS``: ``jobstate.workflow`` passes its class as ``workflow``),
-    kept in the spec's ``options``. Any keyword option besides the named ones is refused."""
     validate_name(name)
-    if not set(internal) <= _INTERNAL_OPTIONS:
-        raise ValueError(f"Handler '{name}': not internal options: {', '.join(sorted(internal))}")
     unknown = sorted(options)
     if unknown:
         # A typo (max_attemps=5) would otherwise be kept and never read.
@@ -202,11 +171,27 @@ def internal_handler(
             schema=schema,
             description=summary(func.__doc__),
             api=api,
-            options=dict(internal),
         )
         return func
 
     return register
+
+
+def internal_handler(name: str, internal: dict[str, Any], /, **options: Any) -> Decorator:
+    """``handler``, with options jobstate itself sets (``internal``, keys among
+    ``_INTERNAL_OPTIONS``: ``jobstate.workflow`` passes its class as ``workflow``),
+    kept in the spec's ``options``."""
+    wrong = sorted(set(internal) - _INTERNAL_OPTIONS)
+    if wrong:
+        raise ValueError(f"Handler '{name}': not internal options: {', '.join(wrong)}")
+    register = handler(name, **options)
+
+    def register_internal(func: F) -> F:
+        register(func)
+        _registry[name] = replace(_registry[name], options=dict(internal))
+        return func
+
+    return register_internal
 
 
 def validate_name(name: str) -> None:
