@@ -407,3 +407,21 @@ def test_the_admins_reap_button_is_counted_as_the_reapers(admin_client: Any) -> 
     s = scrape(admin_client)
     assert value(s, "jobstate_reaper_actions_total", kind=job.kind, action="requeue") == 1
     assert value(s, "jobstate_outcomes_total", kind=job.kind, outcome="rescued") == 1
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_CACHE_SECONDS": 60})
+def test_a_process_serving_an_older_snapshot_never_reports_lower_counters(client):
+    # Two web processes behind one scrape target: each caches its own snapshot. One whose
+    # snapshot is older than the other's fold reported lower counters, which Prometheus
+    # reads as a counter reset (rate() then counts the whole total again).
+    services.enqueue("test.echo", {})
+    workers.beat("h:1:3", cluster="h:1", role="worker", renewed=2)
+    s = scrape(client)  # this process's snapshot, cached for a minute
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **ENQUEUED) == 1
+    services.enqueue("test.echo", {})
+    workers.beat("h:1:3", cluster="h:1", role="worker", renewed=3)
+    totals.fold()  # another process's refresh: its scrapes now report 2 enqueues, 5 renewals
+    s = scrape(client)
+    assert value(s, "jobstate_transitions_total", kind="test.echo", **ENQUEUED) == 2
+    assert value(s, "jobstate_lease_renewals_total", cluster="h:1", process="h:1:3") == 5
+    assert value(s, "jobstate_jobs", kind="test.echo", status="queued") == 1  # the gauges stay cached

@@ -1,5 +1,5 @@
 """The Prometheus collector: gauges from the cached snapshot, counters and
-histograms from the stored totals (see ``totals``)."""
+histograms from the stored totals, read at each scrape (see ``totals``)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def _gauge(name: str, documentation: str, labels: list[str], values: Mapping[Any
 class JobstateCollector(Collector):
     def collect(self) -> Iterator[Any]:
         snap = gauges.current()
+        counted = gauges.counters()
         yield _gauge("jobstate_jobs", "Jobs by kind and status.", ["kind", "status"], snap.jobs)
         yield _gauge(
             "jobstate_oldest_ready_job_age_seconds",
@@ -71,13 +72,13 @@ class JobstateCollector(Collector):
             "extensions of jobs waiting in its queue.",
             labels=["cluster", "process"],
         )
-        for (cluster, process), n in sorted(snap.renewals.items()):
+        for (cluster, process), n in sorted(counted.renewals.items()):
             renewals.add_metric([cluster, process], n)
         yield renewals
         yield GaugeMetricFamily(
             "jobstate_metrics_snapshot_age_seconds", "Age of the gauges above.", value=gauges.age(snap)
         )
-        yield from self._totals(snap.totals)
+        yield from self._totals(counted.totals)
 
     def _totals(self, t: totals.Totals) -> Iterator[Any]:
         families = {

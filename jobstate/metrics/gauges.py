@@ -1,5 +1,7 @@
-"""What a scrape reports, taken as one snapshot and cached per process: the
-current-state gauges (a few grouped queries) and the counters (``totals.fold``).
+"""What a scrape reports: the current-state gauges, taken as one snapshot (a
+few grouped queries) and cached per process, and the counters, read at each
+scrape (``counters``) from the totals a snapshot's refresh folds in
+(``totals.fold``) and the process rows.
 
 A scrape is served from memory while the snapshot is younger than
 METRICS_CACHE_SECONDS; past that, the first scrape starts one background
@@ -38,8 +40,6 @@ class Snapshot:
     stuck: dict[str, int] = field(default_factory=dict)
     workers: dict[tuple[str, str], int] = field(default_factory=dict)
     clusters: dict[str, float] = field(default_factory=dict)
-    renewals: dict[tuple[str, str], int] = field(default_factory=dict)
-    totals: totals.Totals = field(default_factory=lambda: totals.Totals())
     seconds: float = 0.0
 
 
@@ -79,12 +79,27 @@ def take(now: datetime | None = None) -> Snapshot:
         snap.workers[(cluster, role)] = n
     for cluster, seen in alive.values_list("cluster").annotate(seen=Max("seen_at")):
         snap.clusters[cluster] = seen.timestamp()
-    # Every process still recorded (dead ones until pruned): each series only grows.
-    for cluster, name, n in workers.recorded().values_list("cluster", "name", "leases_renewed"):
-        snap.renewals[(cluster, name)] = n
-    snap.totals = totals.fold(now)
+    totals.fold(now)
     snap.seconds = time.monotonic() - started
     return snap
+
+
+@dataclass
+class Counters:
+    renewals: dict[tuple[str, str], int]
+    totals: totals.Totals
+
+
+def counters() -> Counters:
+    """The counters as stored now (two small tables), read at every scrape: served from
+    a process's cached snapshot, they went backwards whenever a scrape reached a process
+    whose snapshot was older than another's (Prometheus reads a drop as a reset)."""
+    # Every process still recorded (dead ones until pruned): each series only grows.
+    renewals = {
+        (cluster, name): n
+        for cluster, name, n in workers.recorded().values_list("cluster", "name", "leases_renewed")
+    }
+    return Counters(renewals=renewals, totals=totals.stored())
 
 
 _lock = threading.Lock()

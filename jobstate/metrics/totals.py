@@ -157,9 +157,9 @@ def _settled_upto(cursor: int, now: datetime, limit: int) -> int:
     return young - 1 if young is not None else last
 
 
-def fold(now: datetime | None = None) -> Totals:
+def fold(now: datetime | None = None) -> None:
     """Fold settled history rows into the stored totals (one process at a time;
-    a process that finds another folding skips it) and return the stored totals."""
+    a process that finds another folding skips it)."""
     now = now or timezone.now()
     limit = max(1, int(conf.get("METRICS_FOLD_BATCH")))
     with transaction.atomic():
@@ -172,6 +172,12 @@ def fold(now: datetime | None = None) -> Totals:
             row = lock.values_list("value", flat=True).first()
         if row is not None:
             _fold_locked(int(row), now, limit)
+
+
+def stored() -> Totals:
+    """The stored totals, as every process sees them now (a small table: one row per
+    series). Read at each scrape, not cached: a process must never report less than
+    another process already reported from a later fold."""
     stored = dict(MetricTotal.objects.values_list("key", "value"))
     totals = Totals(cursor=int(stored.pop(CURSOR, 0)))
     totals.values.update(stored)
