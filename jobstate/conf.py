@@ -127,6 +127,10 @@ DEFAULTS: dict[str, Any] = {
     # Tracing ---------------------------------------------------------------
     # Trace jobs when opentelemetry-api is installed (None: whenever it is).
     "TRACING": None,
+    # Send free text and user names in spans: ``jobstate.reason`` (an attempt's exception
+    # message, an operator's reason; also a failed span's error description) and the
+    # username in ``jobstate.actor`` ("user:<username>"; without it, "user").
+    "TRACING_SENSITIVE_ATTRIBUTES": False,
 }
 
 

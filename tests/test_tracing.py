@@ -236,3 +236,43 @@ def test_tracing_on_without_opentelemetry_is_a_warning(monkeypatch, settings):
     for value in (None, False):  # None: "when it is installed"; False: off
         settings.JOBSTATE = {"TRACING": value}
         assert tracing_warnings() == []
+
+
+def _traced_failure_and_cancel(exporter, temp_handler, user) -> list:
+    def decline(ctx):
+        raise ValueError("card of alice@example.com declined")
+
+    temp_handler("test.trace_decline", decline, max_attempts=1)
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request"):
+        services.enqueue("test.trace_decline", {})
+        other = services.enqueue("test.echo", {})
+    drain(kinds=["test.trace_decline"])
+    services.request_cancel(other, actor=user, reason="erasure request from alice@example.com")
+    return [s for s in exporter.get_finished_spans() if s.name in ("jobstate.fail", "jobstate.cancel")]
+
+
+def test_spans_carry_no_free_text_reason_or_user_name_by_default(exporter, temp_handler, user):
+    # An exception message, an operator's reason and a username may hold personal data or
+    # secrets; they went to the tracing backend by default (as attributes and the error status).
+    cancel, fail = sorted(_traced_failure_and_cancel(exporter, temp_handler, user), key=lambda s: s.name)
+    for span in (fail, cancel):
+        assert "jobstate.reason" not in span.attributes
+        assert "alice" not in json.dumps({**span.attributes, "status": span.status.description})
+    assert fail.status.status_code is StatusCode.ERROR
+    assert cancel.attributes["jobstate.actor"] == "user"
+    assert fail.attributes["jobstate.actor"].startswith("worker:")
+
+
+def test_tracing_sensitive_attributes_sends_them(exporter, temp_handler, user, settings):
+    settings.JOBSTATE = {"TRACING_SENSITIVE_ATTRIBUTES": True}
+    cancel, fail = sorted(_traced_failure_and_cancel(exporter, temp_handler, user), key=lambda s: s.name)
+    assert fail.attributes["jobstate.reason"] == fail.status.description
+    assert "alice@example.com declined" in fail.status.description
+    assert cancel.attributes["jobstate.reason"] == "erasure request from alice@example.com"
+    assert cancel.attributes["jobstate.actor"] == "user:alice"
+
+
+def test_tracing_sensitive_attributes_must_be_a_bool():
+    from jobstate import conf
+
+    assert [p.id for p in conf.problems({"TRACING_SENSITIVE_ATTRIBUTES": "yes"})] == ["jobstate.E003"]

@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from jobstate import hooks
+from jobstate import conf, hooks
 
 logger = logging.getLogger("jobstate.tracing")
 SCOPE = "jobstate"
@@ -94,13 +94,19 @@ def on_transition(change: hooks.Transition) -> None:
         logger.exception("Tracing failed for job %s (%s)", change.job_id, change.transition)
 
 
+def _actor(label: str, sensitive: bool) -> str:
+    # A username is personal data: the backend learns only that a user acted.
+    return "user" if label.startswith("user:") and not sensitive else label
+
+
 def _on_transition(change: hooks.Transition) -> None:
+    sensitive = conf.get("TRACING_SENSITIVE_ATTRIBUTES") is True
     attributes = {
         "jobstate.job_id": str(change.job_id),
         "jobstate.transition": change.transition,
         "jobstate.from_status": change.from_status or "none",
         "jobstate.to_status": change.to_status,
-        "jobstate.actor": change.actor_label,
+        "jobstate.actor": _actor(change.actor_label, sensitive),
     }
     if change.transition == "enqueue":
         if not trace.get_current_span().get_span_context().is_valid:
@@ -134,8 +140,10 @@ def _on_transition(change: hooks.Transition) -> None:
         step, start = _step(change.job_id)
         name = f"jobstate.step {step}"
         attributes["jobstate.step"] = step
-    if change.reason:
-        attributes["jobstate.reason"] = change.reason[:500]
+    # Free text (exception messages, operators' reasons) may hold personal data or secrets.
+    reason = change.reason[:500] if sensitive else ""
+    if reason:
+        attributes["jobstate.reason"] = reason
     # A transition is a moment (a step's span runs from the step's start): never
     # end a span before its start, which an exporter would show as a negative duration.
     end = _ns(change.at)
@@ -144,7 +152,7 @@ def _on_transition(change: hooks.Transition) -> None:
         end = max(start, end)
     span = _tracer().start_span(name, context=parent, attributes=attributes, start_time=start)
     if change.transition in FAILED:
-        span.set_status(StatusCode.ERROR, change.reason[:500] or None)
+        span.set_status(StatusCode.ERROR, reason or None)
     span.end(end_time=end)
 
 
