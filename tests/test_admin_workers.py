@@ -80,6 +80,31 @@ def test_no_process_at_all_says_so(admin_client: Any) -> None:
     assert 'id="js-no-workers"' in html
 
 
+def test_more_processes_than_the_panel_shows_are_still_counted(
+    admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past PROCESS_ROWS the panel lists some rows only; its figures (and the tile's)
+    # counted the rows listed, and dead rows of a cluster named earlier pushed live
+    # ones out: five processes killed in the last hour made this tile read 0.
+    monkeypatch.setattr(stats, "PROCESS_ROWS", 4)
+    now = timezone.now()
+    for pid in range(5):  # killed ten minutes ago (a hard limit, OOM): dead rows
+        workers.beat(f"a-old:1:{pid}", cluster="a-old:1", role="worker", now=now - timedelta(minutes=10))
+    job = processing()
+    workers.beat("z-new:2:1", cluster="z-new:2", role="worker", job_id=job.pk, now=now)
+    idle_cluster("z-new:3", n=2, now=now)
+    found = stats.workers(now)
+    assert found.truncated
+    assert (found.alive, found.busy, found.clusters_alive) == (3, 1, 2)
+    assert [c.name for c in found.clusters] == ["z-new:2", "z-new:3"]  # live rows first
+    board = admin_client.get(f"{LIVE}?dashboard=1").json()["dashboard"]
+    assert (board["counts"]["workers"], board["counts"]["busy"]) == (3, 1)
+    monkeypatch.setattr(stats, "PROCESS_ROWS", 2)  # fewer rows shown than processes alive
+    found = stats.workers(now)
+    assert found.truncated and sum(len(c.processes) for c in found.clusters) == 2
+    assert (found.alive, found.busy, found.clusters_alive) == (3, 1, 2)
+
+
 def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: Any) -> None:
     idle_cluster()
     client.force_login(viewer)

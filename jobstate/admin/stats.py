@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.db import connections
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.db.models.functions import TruncHour, TruncMinute
 from django.utils import timezone
 
@@ -239,18 +239,27 @@ class Workers:
     clusters: list[Cluster] = field(default_factory=list)
     alive_seconds: int = 0
     truncated: bool = False
+    # (worker processes alive, busy, clusters alive) counted in the table when
+    # ``clusters`` does not list every process; None: they are counted from it.
+    counted: tuple[int, int, int] | None = None
 
     @property
     def alive(self) -> int:
         """Worker processes alive (busy or idle)."""
+        if self.counted is not None:
+            return self.counted[0]
         return sum(c.workers_alive for c in self.clusters)
 
     @property
     def busy(self) -> int:
+        if self.counted is not None:
+            return self.counted[1]
         return sum(c.busy for c in self.clusters)
 
     @property
     def clusters_alive(self) -> int:
+        if self.counted is not None:
+            return self.counted[2]
         return sum(1 for c in self.clusters if c.alive)
 
     @property
@@ -260,17 +269,21 @@ class Workers:
 
 def workers(now: datetime, using: str = "default") -> Workers:
     """Every cluster process seen in the last hour: alive when seen within
-    ``WORKER_ALIVE_SECONDS`` (idle or busy), else dead. Two small queries."""
+    ``WORKER_ALIVE_SECONDS`` (idle or busy), else dead. At most ``PROCESS_ROWS``
+    are listed, live ones first; past that the figures are counted in the table."""
     from jobstate.models import WorkerProcess
 
     alive_seconds = float(conf.get("WORKER_ALIVE_SECONDS"))
     fresh = now - timedelta(seconds=alive_seconds)
-    rows = list(
-        WorkerProcess.objects.using(using)
-        .filter(seen_at__gte=now - max(DEAD_SHOWN, timedelta(seconds=alive_seconds)))
-        .order_by("cluster", "role", "name")[: PROCESS_ROWS + 1]
-    )
+    recent = WorkerProcess.objects.using(using).order_by("cluster", "role", "name")
+    # Live rows first: dead ones only fill the room they leave.
+    rows = list(recent.filter(seen_at__gte=fresh)[: PROCESS_ROWS + 1])
+    if len(rows) <= PROCESS_ROWS:
+        shown_since = now - max(DEAD_SHOWN, timedelta(seconds=alive_seconds))
+        rows += recent.filter(seen_at__gte=shown_since, seen_at__lt=fresh)[: PROCESS_ROWS + 1 - len(rows)]
     result = Workers(alive_seconds=int(alive_seconds), truncated=len(rows) > PROCESS_ROWS)
+    if result.truncated:
+        result.counted = _count_alive(using, fresh)
     running = {r.job_id for r in rows[:PROCESS_ROWS] if r.job_id and r.seen_at >= fresh}
     jobs: dict[UUID | None, tuple[str, int | None]] = {
         pk: (kind, progress)
@@ -305,3 +318,20 @@ def workers(now: datetime, using: str = "default") -> Workers:
     for c in result.clusters:
         c.processes.sort(key=lambda p: (p.role != "pusher", not p.alive, p.pid, p.name))
     return result
+
+
+def _count_alive(using: str, fresh: datetime) -> tuple[int, int, int]:
+    """(worker processes alive, busy, clusters alive): one query over the live rows."""
+    from jobstate.models import WorkerProcess
+
+    worker = Q(role=WorkerProcess.Role.WORKER)
+    counts = (
+        WorkerProcess.objects.using(using)
+        .filter(seen_at__gte=fresh)
+        .aggregate(
+            alive=Count("pk", filter=worker),
+            busy=Count("pk", filter=worker & Q(job_id__isnull=False)),
+            clusters=Count("cluster", distinct=True),
+        )
+    )
+    return counts["alive"], counts["busy"], counts["clusters"]
