@@ -133,6 +133,25 @@ def test_durations_per_kind() -> None:
     assert row.p50 == pytest.approx(3.0) and row.p95 == pytest.approx(80.8)
 
 
+@pytest.mark.django_db
+def test_durations_count_every_job_of_the_window_beyond_the_sample(
+    monkeypatch: pytest.MonkeyPatch, temp_handler: Any
+) -> None:
+    # Off PostgreSQL the percentiles come from the most recent jobs; the "Jobs" column
+    # counted that sample (5,000 in all kinds), not the jobs of the last 24 hours.
+    temp_handler("test.rare")
+    monkeypatch.setattr(stats, "DURATION_SAMPLE", 3)
+    now = timezone.now()
+    for minutes in range(5):
+        finished_at(completed(), now - timedelta(minutes=minutes), 2)
+    finished_at(completed(kind="test.rare"), now - timedelta(hours=2), 7)  # older than the sample
+    rows = {d.kind: d for d in stats.durations(now)}
+    assert rows["test.echo"].count == 5 and rows["test.echo"].p50 == pytest.approx(2.0)
+    # PostgreSQL's percentiles cover every job; elsewhere this one is not in the sample.
+    assert rows["test.rare"].count == 1
+    assert rows["test.rare"].p50 == (7.0 if connection.vendor == "postgresql" else None)
+
+
 def test_percentile_matches_percentile_cont() -> None:
     assert stats.percentile([], 0.5) is None
     assert stats.percentile([5.0], 0.95) == 5.0

@@ -135,7 +135,9 @@ class Durations:
 def durations(
     now: datetime, *, span: timedelta = timedelta(days=1), using: str = "default"
 ) -> list[Durations]:
-    """Run time (start of the last attempt to finish) of jobs that succeeded in the window."""
+    """Run time (start of the last attempt to finish) of jobs that succeeded in the window:
+    every one on PostgreSQL; elsewhere the percentiles are those of the ``DURATION_SAMPLE``
+    most recent (the counts are of every one)."""
     since = now - span
     connection = connections[using]
     if connection.vendor == "postgresql":
@@ -150,22 +152,21 @@ def durations(
         with connection.cursor() as cursor:
             cursor.execute(sql, [Status.COMPLETED, Status.PARTIAL, since])
             return [Durations(k, n, _f(a), _f(b)) for k, n, a, b in cursor.fetchall()]
-    rows = (
-        Job.objects.using(using)
-        .filter(
-            status__in=[Status.COMPLETED, Status.PARTIAL], finished_at__gte=since, started_at__isnull=False
-        )
-        .order_by("-finished_at")
-        .values_list("kind", "started_at", "finished_at")[:DURATION_SAMPLE]
+    done = Job.objects.using(using).filter(
+        status__in=[Status.COMPLETED, Status.PARTIAL], finished_at__gte=since, started_at__isnull=False
     )
+    rows = done.order_by("-finished_at").values_list("kind", "started_at", "finished_at")[:DURATION_SAMPLE]
     samples: dict[str, list[float]] = {}
     for kind, started, finished in rows:
         if started is None or finished is None:  # (the filter leaves none)
             continue
         samples.setdefault(kind, []).append((finished - started).total_seconds())
+    # The percentiles are the sample's; the count is every job of the window (a kind
+    # with none among the sample has no percentile).
+    counts = dict(done.order_by().values_list("kind").annotate(n=Count("*")).values_list("kind", "n"))
     return [
-        Durations(kind, len(v), percentile(v, 0.5), percentile(v, 0.95))
-        for kind, v in sorted(samples.items())
+        Durations(kind, n, percentile(samples.get(kind, []), 0.5), percentile(samples.get(kind, []), 0.95))
+        for kind, n in sorted(counts.items())
     ]
 
 
