@@ -204,11 +204,14 @@ class StepContext:
 
     def child_jobs(self, step: str | None = None) -> Any:
         """The children started by ``step`` (default: all this job's), in start order.
-        A step copied into a retry lists the children of the job that ran it."""
+        A step copied into a retry lists the children of the job that ran it, and one
+        that reused an earlier run's completed children lists those too."""
         if step is not None:
             qs = Job.objects.filter(pk__in=steps.children_of(self.job.pk, step))
         else:
-            copied = JobStep.objects.filter(job_id=self.job.pk, detail__has_key="copied_from")
+            copied = JobStep.objects.filter(job_id=self.job.pk).filter(
+                Q(detail__has_key="copied_from") | Q(detail__has_key=steps.REUSED)
+            )
             borrowed = [i for d in copied.values_list("detail", flat=True) for i in d.get("children", ())]
             qs = Job.objects.filter(Q(parent_id=self.job.pk) | Q(pk__in=borrowed))
         return qs.order_by("created_at", "id")

@@ -33,9 +33,17 @@ class ChildrenFailed(NonRetryable):
     """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled."""
 
 
-def start(run: RunState, spec: StepSpec, sctx: StepContext, value: Any) -> None:
-    children = steps.wait(run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec))
-    raise Suspend(f"step '{spec.name}' waits for {len(children)} child jobs")
+def start(
+    run: RunState, spec: StepSpec, sctx: StepContext, value: Any, reuse: steps.Reuse | None = None
+) -> None:
+    """``reuse``: the earlier run's completed children the spawns take (``workflows.reuse``)."""
+    children = steps.wait(
+        run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec), reuse=reuse
+    )
+    taken = len(reuse.jobs) if reuse is not None else 0
+    raise Suspend(
+        f"step '{spec.name}' waits for {len(children)} child jobs" + (f" ({taken} reused)" if taken else "")
+    )
 
 
 def is_waiting(row: Any) -> bool:
@@ -123,6 +131,7 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
         **{str(k): v for k, v in counts.items()},
         "jobs": ids,
         **({"retried": replaced} if replaced else {}),
+        **({steps.REUSED: row.detail[steps.REUSED]} if steps.REUSED in row.detail else {}),
         "failures": failures,
         "value": row.detail.get("value"),
     }

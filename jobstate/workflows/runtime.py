@@ -28,7 +28,7 @@ from jobstate.exceptions import (
 from jobstate.models import JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.storable import result_value
-from jobstate.workflows import compensation, fanout, steps
+from jobstate.workflows import compensation, fanout, reuse, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow
 
@@ -115,7 +115,8 @@ class Run:
                         result_value(output, "output")  # kept with the children: stored once
                     except ValidationError as bad:
                         raise _unstorable(name, "an output", bad) from bad
-                    fanout.start(self, spec, sctx, output)  # raises Suspend
+                    taken = reuse.plan(self.job, name, sctx.spawned)
+                    fanout.start(self, spec, sctx, output, taken)  # raises Suspend
             try:
                 steps.complete(self.job, self.token, row, output, percent=self.band(spec)[1])
             except ValidationError as bad:

@@ -88,7 +88,8 @@ def state(job: Job | Any) -> dict[str, Any]:
         str(r["pk"]): r for r in Job.objects.filter(parent_id=job.pk).values("pk", "status", "progress")
     }
     own = dict(kids)
-    # Steps copied into a retry list the children of the job they came from.
+    # Steps copied into a retry list the children of the job they came from; a
+    # retry's fan-out step lists the earlier run's children it reused.
     borrowed = [i for r in rows for i in r.detail.get("children", ()) if i not in kids]
     kids.update({str(r["pk"]): r for r in rows_of(borrowed, ("status", "progress"))})
     counted = {r.name: _counted(job.pk, r, kids) for r in rows}

@@ -44,6 +44,8 @@ COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 # its fan-in's (children that did not complete).
 PARTIAL = "partial"
 FAN_IN_PARTIAL = "fan_in_partial"
+# A fan-out step's children reused from an earlier run (``jobstate.workflows.reuse``).
+REUSED = "reused"
 
 
 def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
@@ -58,6 +60,24 @@ class ChildSpec:
     kind: str
     parameters: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """For each spawn of a fan-out step, in order, the earlier run's completed child
+    it takes, or None to start a new one (``jobstate.workflows.reuse``)."""
+
+    source: str = ""  # the earlier job whose step started those children
+    picks: tuple[str | None, ...] = ()
+
+    @property
+    def jobs(self) -> list[str]:
+        return [pk for pk in self.picks if pk is not None]
+
+    def note(self) -> dict[str, Any]:
+        """The step's ``detail`` entry, shown in its fan-in output too (empty when
+        nothing is reused)."""
+        return {REUSED: {"from": self.source, "jobs": self.jobs}} if self.jobs else {}
 
 
 def _hold(
@@ -259,31 +279,51 @@ def note(job: Job, token: Any, name: str, **detail: Any) -> None:
 
 
 def wait(
-    job: Job, token: Any, name: str, children: list[ChildSpec], *, value: Any, band: tuple[float, float]
+    job: Job,
+    token: Any,
+    name: str,
+    children: list[ChildSpec],
+    *,
+    value: Any,
+    band: tuple[float, float],
+    reuse: Reuse | None = None,
 ) -> list[Job]:
     """Start the step's child jobs and mark it ``waiting``, all in one transaction:
-    either every child exists and the step waits for them, or nothing happened."""
+    either every child exists and the step waits for them, or nothing happened.
+    ``reuse``: the earlier run's completed children some of them take instead
+    (``jobstate.workflows.reuse``); the step's ``detail`` and history name them."""
     value = result_value(value, "output")
+    picks = reuse.picks if reuse is not None and reuse.picks else (None,) * len(children)
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
         if row.status != S.RUNNING:  # checked before its children are created
             raise StepStateError(job.pk, name, "wait in it", row.status)
-        created = [
-            services.enqueue(
-                child.kind,
-                child.parameters,
-                owner=job.owner,
-                parent=job,
-                actor=_worker(job),
-                reason=f"child of step '{name}'",
-                **child.options,
-            )
-            for child in children
-        ]
-        ids = [str(c.pk) for c in created]
-        detail = {**row.detail, "children": ids, "total": len(ids), "value": value, "band": list(band)}
+        created: list[Job] = []
+        ids: list[str] = []
+        for child, pick in zip(children, picks, strict=True):
+            if pick is None:
+                created.append(
+                    services.enqueue(
+                        child.kind,
+                        child.parameters,
+                        owner=job.owner,
+                        parent=job,
+                        actor=_worker(job),
+                        reason=f"child of step '{name}'",
+                        **child.options,
+                    )
+                )
+            ids.append(pick or str(created[-1].pk))
+        reuse = reuse or Reuse()
+        detail = {k: v for k, v in row.detail.items() if k != REUSED}
+        detail.update(children=ids, total=len(ids), value=value, band=list(band), **reuse.note())
+        metadata: dict[str, Any] = {"children": len(ids)}
+        reason = ""
+        if reuse.jobs:
+            metadata.update(reused=len(reuse.jobs), reused_from=reuse.source)
+            reason = f"reused {len(reuse.jobs)} completed child jobs of {reuse.source}"
         move_step(
             job.pk,
             name,
@@ -291,7 +331,8 @@ def wait(
             actor=_worker(job),
             job_status=Status.PROCESSING,
             fields={"detail": detail},
-            metadata={"children": len(ids)},
+            reason=reason,
+            metadata=metadata,
             requested="wait in it",
             now=now,
         )

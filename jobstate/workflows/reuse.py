@@ -1,0 +1,95 @@
+"""The children a retried fan-out step takes over from the run it retries.
+
+When a retry of a workflow (``services.retry``, ``retry_from``) spawns a fan-out
+step's children, each spawn whose kind and parameters equal those of a child that
+completed in the earlier run takes that child instead of starting a new one: the
+fan-in adopts its stored result, at the new spawn's place. A spawn whose earlier
+child failed, was cancelled, ended partial, is gone (retention) or never existed
+starts a new child.
+
+Children are matched by the work they were asked for (kind and parameters), never by
+position: when the step's items changed between the runs (rows added, removed or
+reordered in a QuerySet), a new item is never handed another item's result. Equal
+spawns take equal earlier children in their earlier order.
+
+The earlier run is the nearest job up the retry chain (``retry_of``) whose step of
+that name started children (a retry that skipped the step, or failed before it, is
+looked past). Nothing is reused when a job on the way completed (retrying a
+completed workflow runs it all again), nor from a step that compensation undid (or
+tried to: its children's effects may be undone).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from jobstate.models import Job, JobStep
+from jobstate.models.step import StepStatus
+from jobstate.states import Status
+from jobstate.workflows.fanout import retried, rows_of
+from jobstate.workflows.steps import UNDO_ERROR, ChildSpec, Reuse
+
+
+def plan(job: Job, name: str, spawned: Sequence[ChildSpec]) -> Reuse:
+    """Which of ``spawned`` (step ``name`` of ``job``) take an earlier child."""
+    earlier = _earlier(job.retry_of_id, name) if spawned else None
+    if earlier is None:
+        return Reuse()
+    source, ids = earlier
+    pool = _completed(ids)
+    if not pool:
+        return Reuse()
+    picks = []
+    for child in spawned:
+        found = pool.get(_key(child.kind, child.parameters))
+        picks.append(found.popleft() if found else None)
+    return Reuse(source, tuple(picks))
+
+
+def _earlier(pk: Any, name: str) -> tuple[str, list[str]] | None:
+    """The nearest job up the chain from ``pk`` whose step ``name`` started children,
+    and their ids; None if there is none usable."""
+    seen = set()
+    while pk is not None and pk not in seen:
+        seen.add(pk)
+        job = Job.objects.filter(pk=pk).values_list("status", "retry_of_id").first()
+        if job is None or job[0] == Status.COMPLETED:
+            return None
+        row = JobStep.objects.filter(job_id=pk, name=name).values_list("status", "detail").first()
+        if row is not None and "children" in (row[1] or {}):
+            status, detail = row
+            if status == StepStatus.UNDONE or "undone_at" in detail or UNDO_ERROR in detail:
+                return None
+            return str(pk), list(detail["children"])
+        pk = job[1]
+    return None
+
+
+def _completed(ids: list[str]) -> dict[tuple[str, str], deque[str]]:
+    """The completed ones of ``ids`` by their work, in order; a child that did not
+    complete stands for its newest operator retry, as in the fan-in."""
+    fields = ("kind", "parameters", "status", "parent_id")
+    found = {str(r["pk"]): r for r in rows_of(ids, fields)}
+    unfinished: dict[Any, list[str]] = defaultdict(list)
+    for pk, row in found.items():
+        if row["status"] != Status.COMPLETED and row["parent_id"] is not None:
+            unfinished[row["parent_id"]].append(pk)
+    replaced: dict[str, str] = {}
+    for parent, group in unfinished.items():
+        replaced.update(retried(parent, group))
+    found.update((str(r["pk"]), r) for r in rows_of(list(replaced.values()), fields))
+    pool: dict[tuple[str, str], deque[str]] = defaultdict(deque)
+    for pk in dict.fromkeys(replaced.get(pk, pk) for pk in ids):
+        child = found.get(pk)
+        if child is not None and child["status"] == Status.COMPLETED:
+            pool[_key(child["kind"], child["parameters"])].append(pk)
+    return pool
+
+
+def _key(kind: str, parameters: Any) -> tuple[str, str]:
+    return kind, json.dumps(parameters, sort_keys=True, cls=DjangoJSONEncoder)
