@@ -5,7 +5,7 @@ endpoints alone, whatever the project's REST_FRAMEWORK settings (a project that
 mounts drf-spectacular's own views earlier at the same paths serves those).
 
 ``urlpatterns`` ends with a JSON 404 for any other path under the mount point;
-include ``api_patterns`` instead to leave unmatched paths to the project.
+``include(api_patterns)`` instead leaves unmatched paths to the project.
 """
 
 from django.urls import path, re_path
@@ -26,11 +26,15 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("assets", AssetViewSet, basename="asset")
 router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 
-api_patterns = [
+patterns = [
     path("", ApiRoot.as_view(), name="root"),
     path("kinds/", KindList.as_view(), name="kind-list"),
     path("schema/", JobstateSchemaView.as_view(), name="schema"),
     path("docs/", JobstateDocsView.as_view(), name="docs"),
     *router.urls,
 ]
-urlpatterns = [*api_patterns, re_path(r"^[\s\S]*$", not_found, name="not-found")]
+# With the app name: the API reverses its own URLs in it (the Location of a new job,
+# the links of the API root, the schema URL of Swagger UI), so a bare list of
+# patterns, included, answered 500s.
+api_patterns = (patterns, app_name)
+urlpatterns = [*patterns, re_path(r"^[\s\S]*$", not_found, name="not-found")]
