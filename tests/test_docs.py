@@ -137,6 +137,10 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     from jobstate.tasks.checks import options_problems
 
     found += options_problems("default", {"MAX_ATTEMPTS": 0, "RETRIES": 3, "MODULES": "x"})  # E902-E904
+    from jobstate.worker.checks import check_django_q
+
+    with mock.patch("jobstate.worker.checks.apps.is_installed", return_value=False):
+        found += check_django_q()  # W013
     from jobstate.api.checks import check_api_apps
 
     with mock.patch("jobstate.api.checks.apps.is_installed", return_value=False):

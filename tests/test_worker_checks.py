@@ -37,6 +37,17 @@ def test_w001_broker_is_not_the_job_table():
     assert "jobstate.W001" in ids(broker_class="django_q.brokers.orm.ORM")
 
 
+def test_w013_django_q_is_not_installed(monkeypatch):
+    # The check passed: migrate and enqueue worked, `qcluster` was an unknown command
+    # and jobstate_schedule failed with "no such table: django_q_schedule".
+    from django.apps import apps
+
+    installed = apps.is_installed
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q" and installed(name))
+    (warning,) = [c for c in run_checks(tags=["jobstate"]) if c.id == "jobstate.W013"]
+    assert "'django_q' is not in INSTALLED_APPS" in warning.msg
+
+
 @pytest.mark.parametrize(("timeout", "retry"), [(660, 660), (700, 660), (None, 660)])
 def test_w002_timeout_not_below_retry(timeout, retry):
     assert "jobstate.W002" in ids(timeout=timeout, retry=retry)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core.checks import Warning, register
 
@@ -94,6 +95,22 @@ def check_q_cluster(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
             )
         )
     return found
+
+
+@register("jobstate")
+def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """django-q2 runs the jobs: without its app the project started, migrated and
+    enqueued, and no job ever ran."""
+    if apps.is_installed("django_q"):
+        return []
+    return [
+        Warning(
+            "'django_q' is not in INSTALLED_APPS: there is no qcluster command, so jobs stay queued, "
+            "and jobstate_schedule fails (no django_q_schedule table).",
+            hint=f"Add 'django_q' to INSTALLED_APPS, then run migrate. {DOCS}",
+            id="jobstate.W013",
+        )
+    ]
 
 
 @register("jobstate")
