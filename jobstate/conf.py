@@ -21,7 +21,8 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_MAX_ATTEMPTS": 3,
     # Per-attempt timeout for handlers that do not set one (seconds).
     "DEFAULT_TIMEOUT": 600,
-    # Retry backoff: base * 2 ** (attempt - 1), capped, plus up to JITTER of it.
+    # Retry backoff: base * 2 ** (attempt - 1) seconds, capped at max (not below base),
+    # plus up to JITTER (a fraction, 0 to 1) of it.
     "RETRY_BACKOFF_BASE": 5.0,
     "RETRY_BACKOFF_MAX": 3600.0,
     "RETRY_JITTER": 0.25,
@@ -159,7 +160,17 @@ NULLABLE: dict[str, tuple[type, ...]] = {
 
 # Numbers of seconds whose names do not end in _SECONDS: an int or a float, as a
 # handler's own ``timeout=``.
-SECONDS = frozenset({"DEFAULT_TIMEOUT", "WEBHOOK_TIMEOUT"})
+SECONDS = frozenset(
+    {
+        "DEFAULT_TIMEOUT",
+        "WEBHOOK_TIMEOUT",
+        "WORKER_CONN_MAX_AGE",
+        "RETRY_BACKOFF_BASE",
+        "RETRY_BACKOFF_MAX",
+        "WEBHOOK_BACKOFF_BASE",
+        "WEBHOOK_BACKOFF_MAX",
+    }
+)
 
 # Every number of seconds is finite and greater than 0 (E009): 0 or less ended a lease,
 # a request or a stream at once, or made a loop poll without pause; infinity or NaN
@@ -182,6 +193,11 @@ SECONDS_FROM_ZERO = frozenset(
         "WEBHOOK_CACHE_SECONDS",
         "METRICS_CACHE_SECONDS",
         "METRICS_SETTLE_SECONDS",
+        "WORKER_CONN_MAX_AGE",
+        "RETRY_BACKOFF_BASE",
+        "RETRY_BACKOFF_MAX",
+        "WEBHOOK_BACKOFF_BASE",
+        "WEBHOOK_BACKOFF_MAX",
     }
 )
 
@@ -245,7 +261,25 @@ MINIMUM: dict[str, float] = {
     "MAX_RESULT_BYTES": 1,  # 0 refused every result
     "ADMIN_COUNT_CAP": 1,  # 0 counted no stuck job (jobstate_stuck exited 0), less than 0 raised
     "RETENTION_DAYS": 0,  # the daily prune raised
+    "DEFAULT_MAX_ATTEMPTS": 1,  # an enqueue of a kind without its own max_attempts failed in the database
+    "WEBHOOK_MAX_ATTEMPTS": 1,  # every webhook delivery's enqueue failed in the database
+    "WEBHOOK_DISABLE_AFTER": 1,  # read as 1: an endpoint was disabled at its first failure
+    "WORKFLOW_BATCH": 1,  # every ctx.iterate / ctx.batches without every= raised
+    "MAX_PARAMETERS_BYTES": 1,  # every enqueue was refused
+    "API_MAX_BODY_BYTES": 1,  # every API request with a body was refused (413)
+    "WEBHOOK_MAX_RESPONSE_BYTES": 0,  # less than 0 read the whole response, however large
+    "STUCK_LIST_LIMIT": 0,  # less than 0 made the stuck page a 500
+    "PREFETCH": 0,  # less than 0 claimed nothing for idle workers (0 acts as None)
+    "API_MAX_STREAMS_PER_USER": 0,  # less than 0 refused every stream (0 acts as None)
+    "METRICS_FOLD_BATCH": 1,  # read as 1: a scrape folded one history row
 }
+
+# Fractions (E010): finite, 0 to 1. RETRY_JITTER above 1 (25 for 25 %) multiplied
+# delays; below 0 shortened them, NaN made every retry immediate.
+FRACTIONS = frozenset({"RETRY_JITTER"})
+
+# Backoff caps (E011): a cap below its base made every delay the cap.
+CAPS = {"RETRY_BACKOFF_MAX": "RETRY_BACKOFF_BASE", "WEBHOOK_BACKOFF_MAX": "WEBHOOK_BACKOFF_BASE"}
 
 
 # The values a text key takes (E006).
@@ -336,6 +370,35 @@ def problems(user: Any) -> list[CheckMessage]:
                     id="jobstate.E006",
                 )
             )
+        elif key in FRACTIONS and not 0 <= value <= 1:  # NaN fails it too
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be a fraction from 0 to 1 "
+                    "(0.25 adds up to 25 %).",
+                    hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.E010",
+                )
+            )
+    return found + _caps_below_base(user, {m.obj for m in found})
+
+
+def _caps_below_base(user: dict[str, Any], wrong: set[Any]) -> list[CheckMessage]:
+    found: list[CheckMessage] = []
+    for cap, base in CAPS.items():
+        if (cap in user or base in user) and not {cap, base} & wrong:
+            cap_value, base_value = user.get(cap, DEFAULTS[cap]), user.get(base, DEFAULTS[base])
+            if cap_value < base_value:
+                found.append(
+                    Error(
+                        f"settings.JOBSTATE[{cap!r}] is {cap_value!r}, below {base} ({base_value!r}): "
+                        "every delay would be the cap.",
+                        hint=f"Set {cap} to {base} or more (defaults: {DEFAULTS[base]!r}, "
+                        f"{DEFAULTS[cap]!r}). {CHECKS_DOCS}",
+                        obj=cap,
+                        id="jobstate.E011",
+                    )
+                )
     return found
 
 

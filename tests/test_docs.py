@@ -95,6 +95,14 @@ def test_the_checks_page_names_every_key_with_a_least_value():
     assert not [key for key in conf.MINIMUM if f"`{key}`" not in row]
 
 
+def test_the_checks_page_names_every_fraction_and_every_backoff_cap():
+    page = (ROOT / CHECKS_PAGE).read_text()
+    (fractions,) = re.findall(r"^\| jobstate\.E010 \|.*$", page, flags=re.M)
+    (caps,) = re.findall(r"^\| jobstate\.E011 \|.*$", page, flags=re.M)
+    assert not [key for key in conf.FRACTIONS if f"`{key}`" not in fractions]
+    assert not [key for pair in conf.CAPS.items() for key in pair if f"`{key}`" not in caps]
+
+
 def test_the_checks_page_names_every_number_of_seconds_that_may_be_0():
     page = (ROOT / CHECKS_PAGE).read_text()
     (row,) = re.findall(r"^\| jobstate\.E009 \|.*$", page, flags=re.M)
@@ -122,6 +130,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
     found += conf.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
     found += conf.problems({"WEBHOOK_TIMEOUT": 0})  # E009
+    found += conf.problems({"RETRY_JITTER": 25, "RETRY_BACKOFF_MAX": 1})  # E010, E011
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
         found += conf.check_storage()  # E004
     with override_settings(MEDIA_ROOT=""):

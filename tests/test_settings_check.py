@@ -195,6 +195,98 @@ def test_every_number_of_seconds_must_be_finite_and_most_above_0():
     assert conf.problems(dict.fromkeys(seconds, 0.5)) == []
 
 
+BACKOFF = ["RETRY_BACKOFF_BASE", "RETRY_BACKOFF_MAX", "WEBHOOK_BACKOFF_BASE", "WEBHOOK_BACKOFF_MAX"]
+
+
+@pytest.mark.parametrize("key", BACKOFF)
+@pytest.mark.parametrize("value", [-1, -0.5, float("nan"), float("inf"), -float("inf")])
+def test_a_backoff_must_be_a_finite_number_of_seconds_from_0(key, value):
+    # They passed: NaN made every retry immediate (the delay read as 0), a negative
+    # base too, an infinite cap put a retry off by a year.
+    with override_settings(JOBSTATE={key: value}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E009", key) and "0 or more" in error.msg
+
+
+@pytest.mark.parametrize("key", BACKOFF)
+@pytest.mark.parametrize("value", ["5", True, None])
+def test_a_backoff_of_another_type_is_an_error(key, value):
+    with override_settings(JOBSTATE={key: value}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E003", key)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, 25, float("nan"), float("inf")])
+def test_the_retry_jitter_must_be_a_fraction_from_0_to_1(value):
+    # 25 (meant as 25 %) multiplied every delay by up to 26; NaN made every retry immediate.
+    with override_settings(JOBSTATE={"RETRY_JITTER": value}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E010", "RETRY_JITTER") and "from 0 to 1" in error.msg
+    for fine in (0, 0.5, 1, 1.0):
+        with override_settings(JOBSTATE={"RETRY_JITTER": fine}):
+            assert errors() == []
+    with override_settings(JOBSTATE={"RETRY_JITTER": "0.25"}):
+        assert [e.id for e in errors()] == ["jobstate.E003"]
+
+
+@pytest.mark.parametrize(
+    ("cap", "base"),
+    [("RETRY_BACKOFF_MAX", "RETRY_BACKOFF_BASE"), ("WEBHOOK_BACKOFF_MAX", "WEBHOOK_BACKOFF_BASE")],
+)
+def test_a_backoff_cap_below_its_base_is_an_error(cap, base):
+    # Every delay was the cap, whatever the attempt.
+    with override_settings(JOBSTATE={base: 100, cap: 10}):
+        (error,) = errors()
+    assert (error.id, error.obj) == ("jobstate.E011", cap) and base in error.msg
+    default_base = conf.DEFAULTS[base]
+    with override_settings(JOBSTATE={cap: default_base / 2}):  # below the default base
+        assert [(e.id, e.obj) for e in errors()] == [("jobstate.E011", cap)]
+    with override_settings(JOBSTATE={base: 10 * conf.DEFAULTS[cap]}):  # above the default cap
+        assert [(e.id, e.obj) for e in errors()] == [("jobstate.E011", cap)]
+    for fine in ({base: 10, cap: 10}, {base: 0, cap: 0}, {base: 1, cap: 100}):
+        with override_settings(JOBSTATE=fine):
+            assert errors() == []
+    with override_settings(JOBSTATE={base: float("nan"), cap: 10}):  # E009 alone: no comparison with NaN
+        assert [(e.id, e.obj) for e in errors()] == [("jobstate.E009", base)]
+
+
+LEAST = {
+    "DEFAULT_MAX_ATTEMPTS": 1,
+    "WEBHOOK_MAX_ATTEMPTS": 1,
+    "WEBHOOK_DISABLE_AFTER": 1,
+    "WORKFLOW_BATCH": 1,
+    "MAX_PARAMETERS_BYTES": 1,
+    "API_MAX_BODY_BYTES": 1,
+    "METRICS_FOLD_BATCH": 1,
+    "WEBHOOK_MAX_RESPONSE_BYTES": 0,
+    "STUCK_LIST_LIMIT": 0,
+    "PREFETCH": 0,
+    "API_MAX_STREAMS_PER_USER": 0,
+}
+
+
+@pytest.mark.parametrize(("key", "least"), sorted(LEAST.items()))
+def test_a_count_below_its_least_is_an_error(key, least):
+    # DEFAULT_MAX_ATTEMPTS 0: an enqueue failed the database's constraint (a 500);
+    # WORKFLOW_BATCH 0: every ctx.iterate raised; STUCK_LIST_LIMIT -1: the stuck page
+    # was a 500; WEBHOOK_MAX_RESPONSE_BYTES -1 read whole responses.
+    for bad in (least - 1, -1000):
+        with override_settings(JOBSTATE={key: bad}):
+            (error,) = errors()
+        assert (error.id, error.obj) == ("jobstate.E005", key) and f"{least} or more" in error.msg
+    with override_settings(JOBSTATE={key: least}):
+        assert errors() == []
+
+
+def test_the_connection_age_of_a_worker_is_a_finite_number_of_seconds_from_0():
+    for bad in (-1, float("nan"), float("inf")):
+        with override_settings(JOBSTATE={"WORKER_CONN_MAX_AGE": bad}):
+            assert [(e.id, e.obj) for e in errors()] == [("jobstate.E009", "WORKER_CONN_MAX_AGE")]
+    for fine in (None, 0, 30.5):
+        with override_settings(JOBSTATE={"WORKER_CONN_MAX_AGE": fine}):
+            assert errors() == []
+
+
 @pytest.mark.parametrize("key", ["DEFAULT_TIMEOUT", "CANCEL_GRACE_SECONDS", "HARD_KILL_MARGIN_SECONDS"])
 def test_an_infinite_number_of_seconds_is_reported_not_a_crash_of_the_checks(key, temp_handler):
     """W005 computes a hard limit from these: math.ceil(inf) raised in ``check``."""
