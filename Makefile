@@ -68,7 +68,7 @@ format: setup-dev
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# mypy, strict for jobstate/ ([tool.mypy] in pyproject.toml).
+# mypy, strict for jobstate/ and project/ ([tool.mypy] in pyproject.toml).
 typecheck: setup-dev
 	$(BIN)/mypy
 

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import time
 from collections import defaultdict
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,8 @@ PRODUCTS = ("tea", "coffee", "cocoa", "juice", "water")
 FINAL_ASSETS = ("sales.csv", "report.csv", "summary.json")  # finalize attaches them in this order
 
 
-class ETLParameters(serializers.Serializer):
-    day = serializers.DateField(required=False, default="2026-01-01")
+class ETLParameters(serializers.Serializer[Any]):
+    day = serializers.DateField(required=False, default=date(2026, 1, 1))
     rows = serializers.IntegerField(min_value=1, max_value=1_000_000, default=20_000)
     chunk_size = serializers.IntegerField(min_value=100, max_value=50_000, default=2_000)
     delay = serializers.FloatField(min_value=0, max_value=10, default=0.3, help_text="Seconds per chunk.")

@@ -21,7 +21,7 @@ import jobstate
 from jobstate.worker.context import JobContext
 
 
-class ChartParameters(serializers.Serializer):
+class ChartParameters(serializers.Serializer[Any]):
     title = serializers.CharField(max_length=60, default="Jobs per day")
     values = serializers.ListField(
         child=serializers.IntegerField(min_value=0, max_value=1000), min_length=1, max_length=24
@@ -87,7 +87,8 @@ def flaky(ctx: JobContext) -> dict[str, Any]:
 def import_rows(ctx: JobContext) -> dict[str, Any]:
     """Import rows; bad rows are skipped, so the job ends ``partial``."""
     rows = ctx.parameters.get("rows", ["alice,30", "bob,x", "carol,41", "dave"])
-    imported, rejected = [], []
+    imported: list[str] = []
+    rejected: list[str] = []
     for i, row in enumerate(rows, start=1):
         ctx.progress(int(100 * (i - 1) / len(rows)), f"row {i} of {len(rows)}")
         name, _, age = str(row).partition(",")

@@ -216,6 +216,15 @@ def test_requirements_txt_pins_the_same_ranges_as_pyproject():
         assert requirements.get(name) == spec.replace(" ", ""), f"requirements.txt: {spec}"
 
 
+def test_the_example_project_is_type_checked_as_strictly_as_the_package():
+    # The docs point users at project/ (its settings and handlers) to copy from; it was
+    # outside mypy's files and held errors the strict configuration reports.
+    mypy = PYPROJECT["tool"]["mypy"]
+    assert mypy["strict"] is True and {"jobstate", "project"} <= set(mypy["files"])
+    relaxed = [str(override["module"]) for override in mypy.get("overrides", [])]
+    assert not [modules for modules in relaxed if "project" in modules]
+
+
 # --- the generated references (docs/hooks.py) ----------------------------------------------
 
 
