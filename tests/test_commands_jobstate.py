@@ -316,13 +316,13 @@ def test_workflow_stop_of_a_job_that_ends_meanwhile_says_so(monkeypatch: pytest.
 def test_retry_of_a_job_deleted_meanwhile_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     # Retention deletes the job between the command's read and the retry's lock.
     old = failed()
-    real = control._check_parent_goes_on
+    real = control.lock_parent
 
-    def retention_runs_meanwhile(job: Job) -> None:
+    def retention_runs_meanwhile(job: Job) -> Any:
         Job.objects.filter(pk=old.pk).delete()
-        real(job)
+        return real(job)
 
-    monkeypatch.setattr(control, "_check_parent_goes_on", retention_runs_meanwhile)
+    monkeypatch.setattr(control, "lock_parent", retention_runs_meanwhile)
     message = refused("jobstate", "retry", str(old.pk))
     assert message == f"retry: Job {old.pk} no longer exists (deleted meanwhile)"
 

@@ -245,7 +245,7 @@ def test_a_retry_of_a_job_deleted_meanwhile_says_the_job_is_gone(monkeypatch):
     # It was a DuplicateActiveKey "with key 'None'": the foreign key's error read as a key's.
     old = services.enqueue("test.echo", {})
     services.force_fail(old, "ops", "broken")
-    _deleted_by_retention_at(monkeypatch, "_check_parent_goes_on", old)
+    _deleted_by_retention_at(monkeypatch, "lock_parent", old)
     with pytest.raises(Job.DoesNotExist, match=f"Job {old.pk} no longer exists"):
         services.retry(old, "ops", "again")
     assert not Job.objects.filter(retry_of=old.pk).exists()  # (the delete rolled back with it)
@@ -255,7 +255,7 @@ def test_a_retry_of_a_job_deleted_meanwhile_says_the_job_is_gone(monkeypatch):
 def test_the_api_answers_a_retry_of_a_job_deleted_meanwhile_with_404(user, monkeypatch):
     old = services.enqueue("test.echo", {}, owner=user)
     services.force_fail(old, "ops", "broken")
-    _deleted_by_retention_at(monkeypatch, "_check_parent_goes_on", old)
+    _deleted_by_retention_at(monkeypatch, "lock_parent", old)
     assert_error(client_for(user).post(f"{JOBS}{old.pk}/retry/"), 404, "not_found")
     assert not Job.objects.filter(retry_of=old.pk).exists()
 

@@ -16,17 +16,14 @@ from django.utils import timezone
 
 from jobstate import hooks
 from jobstate.exceptions import (
-    AlreadyRetried,
     DuplicateActiveKey,
     InvalidTransition,
     LeaseLost,
-    ParentEnded,
     sqlstate,
 )
 from jobstate.models import Job, JobEvent
-from jobstate.models.job import latest_retry
 from jobstate.registry import get_handler
-from jobstate.services import cascade
+from jobstate.services import cascade, retryable
 from jobstate.services._rows import JobRef, create_job, record_event
 from jobstate.services._rows import get_job as _get
 from jobstate.services.actors import Actor
@@ -182,15 +179,18 @@ def retry(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "")
     """A new job linked to a terminal one (``retry_of``); the old one is untouched.
 
     A job is retried once: one that has a retry already raises ``AlreadyRetried``
-    (retry the newest instead). A job deleted meanwhile (retention) raises
-    ``Job.DoesNotExist``."""
+    (retry the newest instead). A child whose parent failed, was cancelled or is
+    being cancelled raises ``ParentEnded``; a job whose key an active job holds,
+    ``DuplicateActiveKey`` (``jobstate.services.retryable``, which lists use too).
+    A job deleted meanwhile (retention) raises ``Job.DoesNotExist``."""
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry")
     try:
         with transaction.atomic():
-            _check_parent_goes_on(old)
+            lock_parent(old)
             _lock_retried(old.pk)
+            retryable.refuse(old)
             new, _created = (
                 get_or_enqueue(
                     old.kind,
@@ -218,29 +218,10 @@ def _lock_retried(job_id: Any) -> None:
     two retries of it take turns, the second seeing the first's new job."""
     if not list(Job.objects.filter(pk=job_id).select_for_update(no_key=True).values_list("pk", flat=True)):
         raise Job.DoesNotExist(f"Job {job_id} no longer exists (deleted meanwhile)")
-    retried = latest_retry(job_id)
-    if retried is not None:
-        raise AlreadyRetried(job_id, retried)
-
-
-def _check_parent_goes_on(old: Job) -> None:
-    """Under the parent's row lock (parents before children), refuse a child's retry
-    once its parent failed, was cancelled or was asked to cancel: that ended its
-    active children, and the cancel's cascade would not see a child queued meanwhile."""
-    parent_id = lock_parent(old)
-    if parent_id is None:
-        return
-    status, requested = Job.objects.filter(pk=parent_id).values_list("status", "cancel_requested_at").get()
-    if status in (Status.FAILED, Status.CANCELLED):
-        raise ParentEnded(parent_id, status)
-    if requested is not None and status in ACTIVE:
-        raise ParentEnded(parent_id, "being cancelled")
 
 
 def _retry_keyed(old: Job, actor: Any, reason: str) -> tuple[Job, bool]:
     # Keys are scoped per owner (owner_id=None: the system jobs' scope).
-    if Job.objects.filter(kind=old.kind, owner_id=old.owner_id, key=old.key, status__in=ACTIVE).exists():
-        raise IntegrityError("active key")
     job = create_job(
         get_handler(old.kind),
         old.parameters,

@@ -9,6 +9,7 @@ from typing import Any
 from django.db.models import Exists, OuterRef, Q
 
 from jobstate.models import Job
+from jobstate.services.retryable import retryable_q
 from jobstate.states import ACTIVE, Status
 from jobstate.stuck.codes import OPERATOR_FAILED
 from jobstate.stuck.context import Context, _ago, _seconds
@@ -60,21 +61,15 @@ def _not_superseded() -> Q:
     )
 
 
-# A child whose parent failed or was cancelled cannot be retried (``services.retry``
-# refuses it: retry the parent instead), and a retry of the parent makes new children,
-# none linked to it: its remedy could never work, nor would it ever leave the list.
-PARENT_ENDED = (Status.FAILED, Status.CANCELLED)
-
-
 def _q_recently_failed(ctx: Context) -> Q:
+    """Failed lately and retryable (``services.retryable``: its remedy, a retry, is
+    accepted, so a job leaves the list once retried), not failed on purpose by an
+    operator, and not superseded by a later job with its key."""
     since = ctx.now - _seconds("STUCK_RECENT_FAILURE_SECONDS")
-    retried = Exists(Job.objects.filter(retry_of=OuterRef("pk")))
-    parent_ended = Exists(Job.objects.filter(pk=OuterRef("parent_id"), status__in=PARENT_ENDED))
     return (
         Q(status=Status.FAILED, finished_at__gte=since)
         & ~Q(error_type=OPERATOR_FAILED)
-        & ~Q(retried)
-        & ~Q(parent_ended)
+        & retryable_q()
         & _not_superseded()
     )
 
@@ -86,17 +81,7 @@ def _is_recently_failed(job: Job, ctx: Context) -> bool:
         and job.finished_at is not None
         and job.finished_at >= since
         and job.error_type != OPERATOR_FAILED
-        and not Job.objects.filter(retry_of=job.pk).exists()
-        and not (
-            job.parent_id is not None
-            and Job.objects.filter(pk=job.parent_id, status__in=PARENT_ENDED).exists()
-        )
-        and not (
-            job.key is not None
-            and Job.objects.filter(
-                kind=job.kind, key=job.key, owner_id=job.owner_id, created_at__gt=job.created_at
-            ).exists()
-        )
+        and Job.objects.filter(Q(pk=job.pk) & retryable_q() & _not_superseded()).exists()
     )
 
 
