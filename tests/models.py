@@ -21,3 +21,18 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} {self.item if self.item is not None else ''}".strip()
+
+
+class Ledger(models.Model):
+    """Rows with ties, NULLs and many column types, read in chunks by keyset (test_workflow_keyset)."""
+
+    name = models.CharField(max_length=20)
+    rank = models.IntegerField(null=True)
+    amount = models.DecimalField(max_digits=8, decimal_places=2)
+    day = models.DateField()
+    at = models.DateTimeField(null=True)
+    code = models.UUIDField()
+    blob = models.BinaryField(default=b"")
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.rank}"

@@ -19,7 +19,7 @@ from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.workflows import steps
-from jobstate.workflows.items import length, rows_from
+from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
 from jobstate.workflows.steps import ChildSpec
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class StepContext:
         self.step: str = spec.name
         self.step_attempt: int = row.attempts
         self.cursor: Any = row.cursor
+        self._read_after: Any = (row.detail or {}).get(READ_AFTER)
         self.undoing = undoing
         self.outputs: Mapping[str, Any] = MappingProxyType(dict(run.outputs))
         self.spawned: list[ChildSpec] = []
@@ -119,15 +120,29 @@ class StepContext:
     def checkpoint(self, cursor: Any, *, percent: float | None = None, message: str | None = None) -> None:
         """Store ``cursor`` (any JSON) on this step, atomically and lease-checked. After a
         crash, a timeout or a retry the step starts again with ``ctx.cursor`` set to it."""
+        self._checkpoint(cursor, percent=percent, message=message)
+
+    def _checkpoint(
+        self, cursor: Any, *, percent: float | None, message: str | None, read_after: Any = None
+    ) -> None:
         self._active("checkpoint")
+        detail = {READ_AFTER: read_after} if read_after is not None else None
         try:
             steps.checkpoint(
-                self.job, self.token, self.step, cursor, percent=self._job_percent(percent), message=message
+                self.job,
+                self.token,
+                self.step,
+                cursor,
+                percent=self._job_percent(percent),
+                message=message,
+                detail=detail,
             )
         except CancelRequested:
             self.job_context.cancel_seen.set()
             raise
         self.cursor = cursor
+        if read_after is not None:
+            self._read_after = read_after
 
     def _index(self) -> int:
         if self.cursor is None:
@@ -142,9 +157,11 @@ class StepContext:
             raise ValueError("the checkpoint interval is a positive integer")
         return n
 
-    def _done(self, done: int, total: int | None) -> None:
+    def _done(self, done: int, total: int | None, read_after: Any = None) -> None:
+        """Checkpoint ``done`` items; ``read_after``: where a keyset read stands then."""
         percent = 100 * done / total if total else None
-        self.checkpoint(done, percent=percent, message=f"{done}/{total}" if total else f"{done} done")
+        message = f"{done}/{total}" if total else f"{done} done"
+        self._checkpoint(done, percent=percent, message=message, read_after=read_after)
 
     def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
         """Yield ``items`` from the step's cursor on, checkpointing the number of items
@@ -158,13 +175,14 @@ class StepContext:
         every = self._every(every)
         start = done = self._index()
         total = length(items)
-        for item in rows_from(items, start, every):
+        rows = rows_from(items, start, every, self._read_after)
+        for item in rows:
             yield item
             done += 1
             if (done - start) % every == 0:
-                self._done(done, total)
+                self._done(done, total, position_of(rows))
         if done != start and self.cursor != done:
-            self._done(done, total)
+            self._done(done, total, position_of(rows))
 
     def batches(self, items: Iterable[Any], size: int | None = None) -> Iterator[Batch]:
         """Yield lists of ``size`` items from the cursor on. Used as ``with batch:``,
@@ -173,12 +191,13 @@ class StepContext:
         size = self._every(size)
         done = self._index()
         total = length(items)
-        it = iter(rows_from(items, done, size))
+        rows = rows_from(items, done, size, self._read_after)
+        it = iter(rows)
         while chunk := list(islice(it, size)):
-            batch = Batch(self, chunk, done, total)
+            batch = Batch(self, chunk, done, total, position_of(rows))
             yield batch
             if not batch.committed:
-                self._done(batch.end, total)
+                self._done(batch.end, total, batch.read_after)
             done = batch.end
 
     # Child jobs ----------------------------------------------------------------
@@ -261,12 +280,15 @@ class Batch:
     """A list of items from :meth:`StepContext.batches`; ``with batch:`` makes its
     work and its checkpoint one transaction."""
 
-    def __init__(self, ctx: StepContext, items: list[Any], start: int, total: int | None) -> None:
+    def __init__(
+        self, ctx: StepContext, items: list[Any], start: int, total: int | None, read_after: Any = None
+    ) -> None:
         self.ctx = ctx
         self.items = items
         self.start = start
         self.end = start + len(items)
         self.total = total
+        self.read_after = read_after  # where the read stood after the batch's last item
         self.committed = False
         self._atomic: Any = None
 
@@ -286,7 +308,7 @@ class Batch:
     ) -> bool | None:
         if et is None:
             try:
-                self.ctx._done(self.end, self.total)
+                self.ctx._done(self.end, self.total, self.read_after)
             except BaseException:
                 self._atomic.__exit__(*sys.exc_info())
                 raise

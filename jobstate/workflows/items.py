@@ -1,6 +1,11 @@
 """The items ``ctx.iterate`` and ``ctx.batches`` walk: how many there are (for the
 progress) and those from the step's cursor on. A QuerySet is never loaded whole: it is
-counted with one COUNT query and read in chunks of LIMIT/OFFSET queries.
+counted with one COUNT query and read in chunks of LIMIT queries, each continuing
+after the last row's ordering values (``workflows.keyset``) where that is exact, with
+an OFFSET otherwise. ``Chunks.position`` is what a checkpoint stores (in the step's
+``detail``, as ``READ_AFTER``) for a resume to continue after the same row; a resume
+without it (a checkpoint written by an older release, another ordering) starts with
+an OFFSET of the cursor's item count.
 
 The chunks are ordered on the primary key last (``by_pk_last``): ordered on a field with
 equal values (``-created_at``, ``status``), PostgreSQL may return the rows that tie
@@ -19,8 +24,13 @@ from typing import Any, TypeGuard
 
 from django.db.models import F, OrderBy, QuerySet
 
+from jobstate.workflows import keyset
+from jobstate.workflows.keyset import ordering_of
+
 # Rows per query when reading a QuerySet (or the step's interval, if larger).
 READ_CHUNK = 1000
+# The key of ``JobStep.detail`` where a checkpoint keeps ``Chunks.position``.
+READ_AFTER = "read_after"
 
 
 def length(items: Iterable[Any]) -> int | None:
@@ -33,16 +43,17 @@ def length(items: Iterable[Any]) -> int | None:
         return None
 
 
-def rows_from(items: Iterable[Any], start: int, chunk: int) -> Iterable[Any]:
+def rows_from(items: Iterable[Any], start: int, chunk: int, stored: Any = None) -> Iterable[Any]:
     """``items`` from the ``start``-th on; a QuerySet read ``chunk`` rows (at least
-    ``READ_CHUNK``) a query."""
+    ``READ_CHUNK``) a query, after the row ``stored`` (a ``Chunks.position``) names
+    if it was taken at ``start`` over the same ordering."""
     if _unread(items):
         if not items.ordered:
             raise ValueError(
                 "iterate/batches read a queryset in chunks and resume by position: "
                 'order it, e.g. .order_by("pk")'
             )
-        return _chunks(by_pk_last(items), start, max(chunk, READ_CHUNK))
+        return Chunks(by_pk_last(items), start, max(chunk, READ_CHUNK), stored)
     if not start:
         return items
     if hasattr(items, "__getitem__") and not isinstance(items, Mapping):
@@ -66,8 +77,7 @@ def by_pk_last(queryset: QuerySet[Any]) -> QuerySet[Any]:
     query = queryset.query
     if query.combinator or query.extra_order_by:
         return queryset
-    default = (query.get_meta().ordering or ()) if query.default_ordering else ()
-    ordering = list(query.order_by or default)
+    ordering = ordering_of(queryset)
     pk = queryset.model._meta.pk
     names = {"pk", pk.attname} | ({pk.name} if pk.attname == pk.name else set())
     if ordering and _field_name(ordering[-1]) in names:
@@ -87,10 +97,52 @@ def _field_name(term: Any) -> str | None:
     return str(term.name) if isinstance(term, F) else None  # type: ignore[attr-defined]
 
 
-def _chunks(queryset: QuerySet[Any], start: int, size: int) -> Iterator[Any]:
-    while True:
-        rows = list(queryset[start : start + size])
-        yield from rows
-        if len(rows) < size:
-            return
-        start += size
+def position_of(rows: Iterable[Any]) -> dict[str, Any] | None:
+    """Where a keyset read of ``rows_from`` stands (None: not read by keyset)."""
+    return rows.position() if isinstance(rows, Chunks) else None
+
+
+class Chunks:
+    """A QuerySet's rows from the ``start``-th on, ``size`` a query."""
+
+    def __init__(self, queryset: QuerySet[Any], start: int, size: int, stored: Any) -> None:
+        self.queryset = queryset
+        self.size = size
+        self.done = start
+        self.keyset = keyset.plan(queryset)
+        self._last: tuple[Any, ...] | None = None  # the ordering values of the last row handed out
+        self._after: tuple[Any, ...] | None = None
+        plan = self.keyset
+        if (
+            plan
+            and isinstance(stored, dict)
+            and (stored.get("at"), stored.get("order")) == (start, plan.signature)
+        ):
+            self._after = keyset.decode(plan, stored.get("after"))
+
+    def __iter__(self) -> Iterator[Any]:
+        offset, after, plan = self.done, self._after, self.keyset
+        while True:
+            if plan is not None and after is not None:
+                rows = list(self.queryset.filter(keyset.after(plan, after))[: self.size])
+            else:
+                rows = list(self.queryset[offset : offset + self.size])
+            # Taken as read: the step may change a row's fields before the checkpoint.
+            keys = [plan.key(row) for row in rows] if plan is not None else []
+            for i, row in enumerate(rows):
+                self.done += 1
+                self._last = keys[i] if keys else None
+                yield row
+            if len(rows) < self.size:
+                return
+            offset += self.size
+            after = keys[-1] if keys else None
+
+    def position(self) -> dict[str, Any] | None:
+        """JSON for ``rows_from(..., stored=)`` to continue after the last row handed out."""
+        if self.keyset is None or self._last is None:
+            return None
+        values = keyset.encode(self._last)
+        if values is None:
+            return None
+        return {"at": self.done, "order": self.keyset.signature, "after": values}

@@ -19,6 +19,7 @@ from jobstate.models.step import StepStatus, shown_status
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import retried, rows_of
+from jobstate.workflows.items import READ_AFTER
 
 
 def _when(value: datetime | None) -> str | None:
@@ -31,6 +32,7 @@ def _step(
     detail = dict(row.detail or {})
     detail.pop("children", None)
     detail.pop("band", None)
+    detail.pop(READ_AFTER, None)
     out: dict[str, Any] = {
         "name": row.name,
         "position": row.position,

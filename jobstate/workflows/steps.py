@@ -163,15 +163,27 @@ def begin(job: Job, token: Any, row: JobStep, *, percent: float) -> JobStep:
 
 
 def checkpoint(
-    job: Job, token: Any, name: str, cursor: Any, *, percent: float | None = None, message: str | None = None
+    job: Job,
+    token: Any,
+    name: str,
+    cursor: Any,
+    *,
+    percent: float | None = None,
+    message: str | None = None,
+    detail: dict[str, Any] | None = None,
 ) -> None:
-    """Store the running step's cursor (any JSON) atomically with a lease check."""
+    """Store the running step's cursor (any JSON) atomically with a lease check, and
+    merge ``detail`` (bookkeeping that goes with it) into the step's in the same write."""
     cursor = json_value(cursor, "cursor")
+    extra = json_value(detail, "detail") if detail else None
     with transaction.atomic():
         _hold(job, token, percent=percent, message=message, step=name)
-        if not JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS).update(
-            cursor=cursor, updated_at=timezone.now()
-        ):
+        rows = JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS)
+        fields: dict[str, Any] = {"cursor": cursor, "updated_at": timezone.now()}
+        if extra:
+            held = list(rows.order_by().select_for_update().values_list("detail", flat=True))
+            fields["detail"] = {**(held[0] if held else {}), **extra}
+        if not rows.update(**fields):
             raise _refused(job.pk, name, "checkpoint it")
 
 
