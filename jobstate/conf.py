@@ -31,8 +31,6 @@ DEFAULTS: dict[str, Any] = {
     # ctx.progress() writes at most once per this many seconds (the latest value wins;
     # the last one is stored with the outcome). 0 writes every call.
     "PROGRESS_FLUSH_SECONDS": 0.25,
-    # How many jobs a worker claims at once.
-    "CLAIM_BATCH": 10,
     # django-q2 workers (jobstate.worker.broker.JobBroker): jobs claimed but not yet
     # started per cluster (None: one per idle worker process; a busy one claims its
     # next job itself as it ends one, for up to WORKER_CHAIN_SECONDS before it returns
@@ -292,6 +290,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 REMOVED = {
     "PREFETCH_SECONDS": "a busy worker process claims its next job itself and the pusher "
     "claims only for idle ones (WORKER_CHAIN_SECONDS; PREFETCH still sets a fixed prefetch).",
+    "CLAIM_BATCH": "the pusher claims one job per idle worker process, or PREFETCH jobs if set, "
+    "in one statement; a busy worker process claims its next job itself as it ends one.",
 }
 
 

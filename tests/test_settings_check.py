@@ -43,8 +43,8 @@ def test_a_default_timeout_may_be_a_float_as_a_handlers_timeout():
 
 
 def test_booleans_are_not_numbers_and_counts_are_not_floats():
-    with override_settings(JOBSTATE={"CLAIM_BATCH": True, "PRUNE_BATCH": 10.5, "PREFETCH": "x"}):
-        assert sorted(e.obj for e in errors()) == ["CLAIM_BATCH", "PREFETCH", "PRUNE_BATCH"]
+    with override_settings(JOBSTATE={"STUCK_LIST_LIMIT": True, "PRUNE_BATCH": 10.5, "PREFETCH": "x"}):
+        assert sorted(e.obj for e in errors()) == ["PREFETCH", "PRUNE_BATCH", "STUCK_LIST_LIMIT"]
 
 
 def test_an_unknown_key_is_an_error_listing_the_allowed_keys():
@@ -74,6 +74,15 @@ def test_a_key_of_an_earlier_version_warns_and_the_project_still_starts():
         (warning,) = [m for m in checks.run_checks(tags=["jobstate"]) if m.id == "jobstate.W010"]
     assert warning.level == checks.WARNING and "'PREFETCH_SECONDS'" in warning.msg
     assert "WORKER_CHAIN_SECONDS" in warning.msg
+
+
+def test_claim_batch_is_no_longer_read_and_says_so():
+    # The pusher sizes its claims by idle worker processes (or PREFETCH): CLAIM_BATCH
+    # was listed as a setting long after nothing read it.
+    with override_settings(JOBSTATE={"CLAIM_BATCH": 50}):
+        assert errors() == []
+        (warning,) = [m for m in checks.run_checks(tags=["jobstate"]) if m.id == "jobstate.W010"]
+    assert "'CLAIM_BATCH'" in warning.msg and "PREFETCH" in warning.msg
 
 
 def test_values_are_kept_and_read_again_when_jobstate_changes():
