@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -193,10 +194,11 @@ def execute(task: Task[..., Any], ctx: JobContext) -> Any:
     kwargs = dict(parameters.get("kwargs") or {})
     rebuilt = rebuild_task(task, ctx.job)
     result = build_result(ctx.job, rebuilt)
+    sender = backend_class(rebuilt)
     if len(_running) >= RUNNING_LIMIT:  # attempts that lost their lease are never seen to end here
         _running.pop(next(iter(_running)))
-    _running[ctx.job.pk] = Attempt(rebuilt, result)
-    task_started.send(JobstateBackend, task_result=result)
+    _running[ctx.job.pk] = Attempt(rebuilt, result, sender)
+    task_started.send(sender, task_result=result)
     token = _current.set(ctx)
     value: Any
     try:
@@ -218,13 +220,23 @@ def execute(task: Task[..., Any], ctx: JobContext) -> Any:
     return value
 
 
+def backend_class(task: Task[..., Any]) -> type[Any]:
+    """The class of the backend ``task`` was enqueued on: the sender of the signals,
+    as Django sends them (a subclass of ``JobstateBackend``, say). ``JobstateBackend``
+    for an alias no longer in ``TASKS``: its job still runs."""
+    try:
+        return type(task.get_backend())
+    except ImproperlyConfigured:  # InvalidTaskBackend (InvalidTaskBackendError in the backport)
+        return JobstateBackend
+
+
 class Attempt:
     """A task attempt running in this process: what ``task_finished`` needs."""
 
-    __slots__ = ("result", "returned", "task", "value")
+    __slots__ = ("result", "returned", "sender", "task", "value")
 
-    def __init__(self, task: Task[..., Any], result: Any) -> None:
-        self.task, self.result = task, result
+    def __init__(self, task: Task[..., Any], result: Any, sender: type[Any]) -> None:
+        self.task, self.result, self.sender = task, result, sender
         self.returned, self.value = False, None
 
 
@@ -255,13 +267,13 @@ def on_transition(change: Any) -> None:
         object.__setattr__(result, "_return_value", stored(attempt.value))
         # robust: a receiver that raises is logged; the committed outcome is the
         # worker's to report, not an error storing it (it would be reported "lost").
-        transaction.on_commit(lambda: task_finished.send(JobstateBackend, task_result=result), robust=True)
+        transaction.on_commit(lambda: task_finished.send(attempt.sender, task_result=result), robust=True)
         return
 
     def send() -> None:
         job = Job.objects.filter(pk=change.job_id).first()
         if job is not None:
-            task_finished.send(JobstateBackend, task_result=build_result(job, attempt.task))
+            task_finished.send(attempt.sender, task_result=build_result(job, attempt.task))
 
     transaction.on_commit(send, robust=True)
 
