@@ -50,15 +50,30 @@ def __getattr__(name: str) -> Any:
 
 
 def configured_aliases() -> list[str]:
-    """Aliases in ``settings.TASKS`` whose backend is jobstate's."""
+    """Aliases in ``settings.TASKS`` whose backend is jobstate's (or a subclass of it)."""
     from django.conf import settings
 
     tasks = getattr(settings, "TASKS", None) or {}
-    return [
-        alias
-        for alias, config in tasks.items()
-        if isinstance(config, dict) and str(config.get("BACKEND", "")).startswith("jobstate.tasks")
-    ]
+    return [alias for alias, config in tasks.items() if isinstance(config, dict) and _is_jobstates(config)]
+
+
+def _is_jobstates(config: dict[str, Any]) -> bool:
+    path = config.get("BACKEND")
+    if not isinstance(path, str):
+        return False
+    if path.startswith("jobstate.tasks."):
+        return True
+    from django.utils.module_loading import import_string
+
+    try:
+        backend = import_string(path)
+    except ImportError:  # Django raises InvalidTaskBackend when the alias is used
+        return False
+    # Compared by name: importing jobstate's backend would import the tasks framework.
+    return isinstance(backend, type) and any(
+        f"{cls.__module__}.{cls.__qualname__}" == "jobstate.tasks.backend.JobstateBackend"
+        for cls in backend.__mro__
+    )
 
 
 @checks.register("jobstate")
