@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import sys
@@ -11,6 +12,7 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -489,3 +491,18 @@ def test_a_base_exception_from_the_handler_is_recorded_then_raised(temp_handler,
     job.refresh_from_db()  # not left processing until its lease runs out
     assert job.status == Status.QUEUED and job.error_type == type(error).__name__ and job.attempts == 1
     assert type(error).__name__ in job.traceback
+
+
+def test_a_cancelled_error_from_the_handler_is_its_error_not_an_exit(temp_handler):
+    # asyncio.CancelledError is a BaseException: an async handler (or a task) whose
+    # coroutine was cancelled left its job processing, charged to a lost worker by the
+    # reaper, and the error went on up and ended the worker process.
+    async def cancelled(ctx):
+        raise asyncio.CancelledError("the awaited task was cancelled")
+
+    temp_handler("t.cancelled", lambda ctx: async_to_sync(cancelled)(ctx), max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.cancelled", {})
+    assert drain("w1") == 2
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_type == "CancelledError" and job.attempts == 2
+    assert "asyncio.exceptions.CancelledError: the awaited task was cancelled" in job.traceback

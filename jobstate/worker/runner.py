@@ -34,6 +34,7 @@ handler leaves its transaction open        ``failed`` TransactionLeftOpen (rolle
 ``Partial`` with an unstorable result      ``failed`` UnstorableResult, never re-run
 ``Partial``                                ``partial``
 handler raises                             retry (``queued``) or ``failed``, traceback
+(``asyncio.CancelledError`` included)
 handler raises SystemExit,                 the same, then it is raised on
 KeyboardInterrupt or GeneratorExit         (django-q2's hard limit: see below)
 KeyboardInterrupt in an inline run         ``queued``, attempt refunded, pending progress
@@ -68,6 +69,7 @@ an attempt observer hook raises            logged and ignored; the outcome stand
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -196,7 +198,9 @@ def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None, 
             left_open = roll_back_left_open(before)
     except Interrupted as exc:
         outcome = ("interrupted", exc.why)
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        # CancelledError (a BaseException) is an async handler's own error: a coroutine
+        # it awaited was cancelled; the worker process is not exiting.
         # A database error raised because the interrupt broke what the handler
         # was doing (say, a transaction's rollback on a connection left
         # mid-query) is the interrupt's doing: record the interrupt.
