@@ -102,7 +102,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             hour.times,
             _series(hour),
             label="Jobs finished per hour, last 24 hours",
-            tick_format="%H:00",
+            tick_format="%H:%M",
             kind="columns",
         ),
         minute=minute,

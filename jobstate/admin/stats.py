@@ -7,7 +7,8 @@ Windows are bounded (the last hour, the last day); durations use PostgreSQL's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -87,14 +88,24 @@ class Throughput:
 
 
 def throughput(now: datetime, *, span: timedelta, bucket: str, using: str = "default") -> Throughput:
-    """Jobs finished per ``bucket`` ("minute" or "hour") over the last ``span``."""
+    """Jobs finished per ``bucket`` ("minute" or "hour") over the last ``span``.
+
+    Each bucket is a minute or an hour of real time, whatever daylight-saving time does
+    to the clock; ``times`` are their starts in local time (01:00 twice at fall back,
+    no 02:00 at spring forward). Hours start at local whole hours on ``now``'s clock,
+    in India at 10:00 (not at 10:30, UTC's). With ``USE_TZ = False`` the times stored
+    are naive, in ``TIME_ZONE``: the buckets are hours of that wall clock."""
     step = timedelta(minutes=1) if bucket == "minute" else timedelta(hours=1)
     trunc = TruncMinute if bucket == "minute" else TruncHour
-    end = _floor(now, step)
+    frame = None
+    if timezone.is_aware(now):
+        frame = _frame(now, step)
+        now = now.astimezone(UTC)  # ``now - span`` in a local zone is wall-clock time
+    end = _floor(now, step, frame)
     start = end - span + step
-    times = [start + step * i for i in range(int(span / step))]
-    index = {t: i for i, t in enumerate(times)}
-    by_status: dict[str, list[int]] = {s: [0] * len(times) for s in FINISHED}
+    starts = [start + step * i for i in range(int(span / step))]
+    index = {t: i for i, t in enumerate(starts)}
+    by_status: dict[str, list[int]] = {s: [0] * len(starts) for s in FINISHED}
     earlier: dict[str, int] = {}
     rows = (
         Job.objects.using(using)
@@ -102,23 +113,34 @@ def throughput(now: datetime, *, span: timedelta, bucket: str, using: str = "def
         # (it was left out: "last 24 h" missed up to an hour of jobs).
         .filter(status__in=FINISHED, finished_at__gte=now - span)
         .order_by()
-        .annotate(b=trunc("finished_at"))
+        .annotate(b=trunc("finished_at", tzinfo=frame))
         .values_list("b", "status")
         .annotate(n=Count("*"))
     )
     for moment, status, n in rows:
-        i = index.get(_floor(moment, step))
+        floored = _floor(moment, step, frame)
+        i = index.get(floored)
         if status not in by_status:
             continue
         if i is not None:
             by_status[status][i] += n
-        elif _floor(moment, step) < start:
+        elif floored < start:
             earlier[status] = earlier.get(status, 0) + n
+    times = starts if frame is None else [timezone.localtime(t) for t in starts]
     return Throughput(times, by_status, earlier)
 
 
-def _floor(moment: datetime, step: timedelta) -> datetime:
-    moment = moment.astimezone(timezone.get_current_timezone())
+def _frame(now: datetime, step: timedelta) -> tzinfo:
+    """A zone of fixed offset whose whole ``step``s are the local clock's at ``now``:
+    UTC where the offset is whole hours, UTC+00:30 in India. Cut there, every bucket
+    is ``step`` of real time (cut in the local zone, wall-clock hours repeat or skip)."""
+    shift = (timezone.localtime(now).utcoffset() or timedelta(0)) % step
+    return dt_timezone(shift) if shift else UTC
+
+
+def _floor(moment: datetime, step: timedelta, frame: tzinfo | None) -> datetime:
+    if frame is not None:
+        moment = moment.astimezone(frame)
     if step >= timedelta(hours=1):
         return moment.replace(minute=0, second=0, microsecond=0)
     return moment.replace(second=0, microsecond=0)
