@@ -18,9 +18,9 @@ from django.db.models import Q
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
-from jobstate.workflows import steps
+from jobstate.workflows import spawns, steps
 from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
-from jobstate.workflows.steps import ChildSpec
+from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec
 
 if TYPE_CHECKING:
     from jobstate.workflows.definition import RunState, StepSpec
@@ -42,9 +42,11 @@ class StepContext:
         self.step_attempt: int = row.attempts
         self.cursor: Any = row.cursor
         self._read_after: Any = (row.detail or {}).get(READ_AFTER)
+        self._stored: dict[str, Any] = row.detail or {}  # spawns an earlier attempt's iteration stored
         self.undoing = undoing
         self.outputs: Mapping[str, Any] = MappingProxyType(dict(run.outputs))
         self.spawned: list[ChildSpec] = []
+        self._iterated: int | None = None  # where in ``spawned`` the iteration's spawns begin
 
     # The job -------------------------------------------------------------------
 
@@ -123,10 +125,9 @@ class StepContext:
         self._checkpoint(cursor, percent=percent, message=message)
 
     def _checkpoint(
-        self, cursor: Any, *, percent: float | None, message: str | None, read_after: Any = None
+        self, cursor: Any, *, percent: float | None, message: str | None, detail: dict[str, Any] | None = None
     ) -> None:
         self._active("checkpoint")
-        detail = {READ_AFTER: read_after} if read_after is not None else None
         try:
             steps.checkpoint(
                 self.job,
@@ -141,8 +142,8 @@ class StepContext:
             self.job_context.cancel_seen.set()
             raise
         self.cursor = cursor
-        if read_after is not None:
-            self._read_after = read_after
+        if detail and READ_AFTER in detail:
+            self._read_after = detail[READ_AFTER]
 
     def _index(self) -> int:
         if self.cursor is None:
@@ -158,10 +159,21 @@ class StepContext:
         return n
 
     def _done(self, done: int, total: int | None, read_after: Any = None) -> None:
-        """Checkpoint ``done`` items; ``read_after``: where a keyset read stands then."""
+        """Checkpoint ``done`` items; ``read_after``: where a keyset read stands then.
+        The spawns made for those items are stored with it (``workflows.spawns``)."""
         percent = 100 * done / total if total else None
         message = f"{done}/{total}" if total else f"{done} done"
-        self._checkpoint(done, percent=percent, message=message, read_after=read_after)
+        detail: dict[str, Any] = {READ_AFTER: read_after} if read_after is not None else {}
+        if self._iterated is not None and len(self.spawned) > self._iterated:
+            detail[SPAWNED] = spawns.stored(self.spawned[self._iterated :], done)
+        self._checkpoint(done, percent=percent, message=message, detail=detail)
+
+    def _iterating(self, start: int) -> None:
+        """An iteration begins at item ``start``: the spawns an earlier attempt made for
+        the items before it (stored with the checkpoint it resumes from) come back here."""
+        if self._iterated is None:
+            self._iterated = len(self.spawned)
+            self.spawned.extend(spawns.restored(self._stored, start))
 
     def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
         """Yield ``items`` from the step's cursor on, checkpointing the number of items
@@ -175,6 +187,7 @@ class StepContext:
         every = self._every(every)
         start = done = self._index()
         total = length(items)
+        self._iterating(start)
         rows = rows_from(items, start, every, self._read_after)
         for item in rows:
             yield item
@@ -191,6 +204,7 @@ class StepContext:
         size = self._every(size)
         done = self._index()
         total = length(items)
+        self._iterating(done)
         rows = rows_from(items, done, size, self._read_after)
         it = iter(rows)
         while chunk := list(islice(it, size)):
@@ -229,7 +243,7 @@ class StepContext:
             qs = Job.objects.filter(pk__in=steps.children_of(self.job.pk, step))
         else:
             copied = JobStep.objects.filter(job_id=self.job.pk).filter(
-                Q(detail__has_key="copied_from") | Q(detail__has_key=steps.REUSED)
+                Q(detail__has_key="copied_from") | Q(detail__has_key=REUSED)
             )
             borrowed = [i for d in copied.values_list("detail", flat=True) for i in d.get("children", ())]
             qs = Job.objects.filter(Q(parent_id=self.job.pk) | Q(pk__in=borrowed))

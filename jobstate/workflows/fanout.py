@@ -21,6 +21,7 @@ from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
+from jobstate.workflows.spawns import REUSED, Reuse
 
 if TYPE_CHECKING:
     from jobstate.workflows.definition import RunState, StepSpec
@@ -33,9 +34,7 @@ class ChildrenFailed(NonRetryable):
     """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled."""
 
 
-def start(
-    run: RunState, spec: StepSpec, sctx: StepContext, value: Any, reuse: steps.Reuse | None = None
-) -> None:
+def start(run: RunState, spec: StepSpec, sctx: StepContext, value: Any, reuse: Reuse | None = None) -> None:
     """``reuse``: the earlier run's completed children the spawns take (``workflows.reuse``)."""
     children = steps.wait(
         run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec), reuse=reuse
@@ -131,7 +130,7 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
         **{str(k): v for k, v in counts.items()},
         "jobs": ids,
         **({"retried": replaced} if replaced else {}),
-        **({steps.REUSED: row.detail[steps.REUSED]} if steps.REUSED in row.detail else {}),
+        **({REUSED: row.detail[REUSED]} if REUSED in row.detail else {}),
         "failures": failures,
         "value": row.detail.get("value"),
     }

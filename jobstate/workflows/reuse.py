@@ -32,7 +32,8 @@ from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import Status
 from jobstate.workflows.fanout import retried, rows_of
-from jobstate.workflows.steps import UNDO_ERROR, ChildSpec, Reuse
+from jobstate.workflows.spawns import ChildSpec, Reuse
+from jobstate.workflows.steps import UNDO_ERROR
 
 
 def plan(job: Job, name: str, spawned: Sequence[ChildSpec]) -> Reuse:

@@ -20,6 +20,7 @@ from jobstate.states import ACTIVE, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import retried, rows_of
 from jobstate.workflows.items import READ_AFTER
+from jobstate.workflows.spawns import SPAWNED
 
 
 def _when(value: datetime | None) -> str | None:
@@ -33,6 +34,7 @@ def _step(
     detail.pop("children", None)
     detail.pop("band", None)
     detail.pop(READ_AFTER, None)
+    detail.pop(SPAWNED, None)  # an iteration's spawns, not started yet (``workflows.spawns``)
     out: dict[str, Any] = {
         "name": row.name,
         "position": row.position,

@@ -13,7 +13,6 @@ created pending, cursors, bookkeeping in ``detail``).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +29,7 @@ from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
 from jobstate.storable import json_value, result_value, text
+from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec, Reuse
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -44,40 +44,11 @@ COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 # its fan-in's (children that did not complete).
 PARTIAL = "partial"
 FAN_IN_PARTIAL = "fan_in_partial"
-# A fan-out step's children reused from an earlier run (``jobstate.workflows.reuse``).
-REUSED = "reused"
 
 
 def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
     row = JobStep.objects.filter(job_id=job_id, name=name).values_list("status", flat=True).first()
     return StepStateError(job_id, name, requested, row)
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """A child job a fan-out step asked for (see ``StepContext.spawn``)."""
-
-    kind: str
-    parameters: dict[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Reuse:
-    """For each spawn of a fan-out step, in order, the earlier run's completed child
-    it takes, or None to start a new one (``jobstate.workflows.reuse``)."""
-
-    source: str = ""  # the earlier job whose step started those children
-    picks: tuple[str | None, ...] = ()
-
-    @property
-    def jobs(self) -> list[str]:
-        return [pk for pk in self.picks if pk is not None]
-
-    def note(self) -> dict[str, Any]:
-        """The step's ``detail`` entry, shown in its fan-in output too (empty when
-        nothing is reused)."""
-        return {REUSED: {"from": self.source, "jobs": self.jobs}} if self.jobs else {}
 
 
 def _hold(
@@ -329,7 +300,7 @@ def wait(
                 )
             ids.append(pick or str(created[-1].pk))
         reuse = reuse or Reuse()
-        detail = {k: v for k, v in row.detail.items() if k != REUSED}
+        detail = {k: v for k, v in row.detail.items() if k not in (REUSED, SPAWNED)}
         detail.update(children=ids, total=len(ids), value=value, band=list(band), **reuse.note())
         metadata: dict[str, Any] = {"children": len(ids)}
         reason = ""
