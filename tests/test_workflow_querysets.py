@@ -44,6 +44,8 @@ class ReadRows(jobstate.Workflow):
         rows = Effect.objects.filter(job_id=ROWS).order_by("pk")
         if ctx.parameters.get("unordered"):
             rows = rows.order_by()
+        if ctx.parameters.get("sliced"):  # every label is "row": the pk breaks the ties
+            rows = rows.order_by("label")[3:33]
         with CaptureQueriesContext(connection) as captured:
             try:
                 for row in walk(ctx, rows):
@@ -130,6 +132,31 @@ def test_an_unordered_queryset_is_refused_before_any_item() -> None:
     job.refresh_from_db()
     assert job.status == Status.FAILED and "order it" in job.error_message
     assert ran(job) == [] and Seen.queries == [q for q in Seen.queries if "COUNT(" in q.upper()]
+
+
+@pytest.mark.usefixtures("workflow")
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_sliced_queryset_is_read_in_chunks_with_the_pk_last_and_resumes(atomic: bool) -> None:
+    """``order_by("label")[3:33]``: the slice is taken over the ordering with the pk
+    appended, so the rows that tie across its edges are the same on every attempt."""
+    job = services.enqueue("t.rows", {"sliced": True, "atomic": atomic})
+    with pytest.raises(SimulatedCrash):
+        drain()
+    assert JobStep.objects.get(job_id=job.pk, name="load").cursor == 20 and Seen.message == ["20/30"]
+    assert services.requeue_expired(now=timezone.now() + timedelta(hours=1)).requeued == [job.pk]
+    run_job(services.start(job.pk, "w2"), "w2")
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.result == 30, job.error_message
+    assert ran(job) == (list(range(3, 33)) if atomic else [*range(3, 24), *range(23, 33)])
+    reads = [q for q in Seen.queries if "COUNT(" not in q.upper()]
+    assert all(re.search(r'ORDER BY .*"label" ASC, .*"id" ASC LIMIT 10', q) for q in reads), reads
+
+
+@pytest.mark.usefixtures("workflow")
+def test_an_unordered_sliced_queryset_is_refused_with_what_to_do() -> None:
+    rows = Effect.objects.filter(job_id=ROWS).order_by()[:10]
+    with pytest.raises(ValueError, match=r"order it before slicing"):
+        items.rows_from(rows, 0, 10)
 
 
 # Orderings with ties: the pk is the chunks' last tie-breaker ------------------------

@@ -14,7 +14,10 @@ next. A grouped ``values()`` queryset (``.values(...).annotate(...)``), a ``valu
 queryset with ``.distinct()`` that does not select the pk, a combined one (``union``)
 or one ordered with ``extra()`` is read as ordered: adding the pk would change its rows
 (it would join the GROUP BY, or the DISTINCT columns) or cannot be done. Order those
-on a unique key of their own (for ``values(...).distinct()``: every selected field)."""
+on a unique key of their own (for ``values(...).distinct()``: every selected field).
+A sliced queryset (``qs.order_by("name")[:10]``) is the same slice of its rows ordered
+with the pk last: the rows that tie across the slice's edges are then the same on
+every attempt."""
 
 from __future__ import annotations
 
@@ -49,9 +52,10 @@ def rows_from(items: Iterable[Any], start: int, chunk: int, stored: Any = None) 
     if it was taken at ``start`` over the same ordering."""
     if _unread(items):
         if not items.ordered:
+            before = " before slicing" if items.query.is_sliced else ""
             raise ValueError(
                 "iterate/batches read a queryset in chunks and resume by position: "
-                'order it, e.g. .order_by("pk")'
+                f'order it{before}, e.g. .order_by("pk")'
             )
         return Chunks(by_pk_last(items), start, max(chunk, READ_CHUNK), stored)
     if not start:
@@ -77,6 +81,12 @@ def by_pk_last(queryset: QuerySet[Any]) -> QuerySet[Any]:
     query = queryset.query
     if query.combinator or query.extra_order_by:
         return queryset
+    if query.is_sliced:  # Django reorders no slice: the same slice of the reordered rows
+        whole = queryset.all()
+        whole.query.clear_limits()
+        ordered = by_pk_last(whole)
+        ordered.query.set_limits(query.low_mark, query.high_mark)
+        return ordered
     ordering = ordering_of(queryset)
     pk = queryset.model._meta.pk
     names = {"pk", pk.attname} | ({pk.name} if pk.attname == pk.name else set())
