@@ -322,6 +322,29 @@ def test_malformed_json_is_a_400(user, raw):
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"kind": "test.forbidden", "kind": "test.echo"}', "kind"),
+        (b'{"kind": "test.echo", "parameters": {"n": {"a": 1, "a": 2}}}', "a"),
+        (b'{"kind": "test.echo", "parameters": {"\\ud800": 1, "\\ud800": 2}}', "\\ud800"),
+    ],
+)
+def test_a_name_given_twice_in_one_object_is_a_400_naming_it(user, raw, key):
+    # The last one was taken silently: whatever read the first saw another request.
+    response = client_for(user).generic("POST", JOBS, raw, content_type="application/json")
+    error = assert_error(response, 400, "parse_error")
+    assert error["message"] == f"JSON parse error - duplicate key {key!r}"
+    assert Job.objects.count() == 0
+
+
+def test_the_same_name_in_different_objects_is_fine(user):
+    raw = b'{"kind": "test.echo", "parameters": {"kind": "x", "n": {"kind": "y"}}}'
+    response = client_for(user).generic("POST", JOBS, raw, content_type="application/json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get().parameters == {"kind": "x", "n": {"kind": "y"}}
+
+
 def test_non_json_content_is_a_415(user):
     response = client_for(user).post(JOBS, "kind=test.echo", content_type="application/x-www-form-urlencoded")
     assert_error(response, 415, "unsupported_media_type")

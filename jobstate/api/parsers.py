@@ -42,7 +42,7 @@ class LimitedJSONParser(JSONParser):
                 raise ParseError(f"JSON parse error - nested more than {BODY_MAX_DEPTH} levels deep.")
             # Always strict (whatever REST_FRAMEWORK["STRICT_JSON"] says): PostgreSQL
             # refuses NaN and Infinity in JSON.
-            return json.loads(text, parse_constant=_reject_constant)
+            return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
         except RecursionError:
             raise ParseError("JSON parse error - nested too deeply.") from None
         except (ValueError, LookupError) as exc:
@@ -66,3 +66,19 @@ def _content_length(request: Any) -> int | None:
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose names are unique. A repeated name was taken silently, the last
+    one winning: a proxy or client library that reads the first (RFC 8259 leaves it
+    open) saw another ``kind`` or parameters than the job that ran."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                # Escaped: a lone surrogate in the message made the response a 500.
+                shown = key[:100].encode("utf-8", "backslashreplace").decode("utf-8")
+                raise ValueError(f"duplicate key {shown!r}")
+            seen.add(key)
+    return obj
