@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from jobstate import services
 from jobstate.models import Asset, Job
-from tests.api_support import JOBS, assert_error, client_for, completed, make_job
+from tests.api_support import JOBS, assert_error, client_for, completed, grant, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -257,3 +257,31 @@ def test_the_api_root_links_the_endpoints_schema_and_docs():
         "schema": "http://testserver/api/schema/",
         "docs": "http://testserver/api/docs/",
     }
+
+
+@override_settings(JOBSTATE=FAST)
+def test_others_learn_nothing_of_a_job_by_filters_head_or_action_permissions_alone(
+    objects, user, other_user, staff_user
+):
+    # Another user, and staff holding every action permission but not view_job: the
+    # owner's job answers as a job that does not exist would, and no filter naming it
+    # (its parent, the job it retries, its key) lists it or its relatives.
+    done, parent = objects["done"], make_job(user, key="alices-key")
+    child, retry = make_job(user, parent=parent), services.retry(done, None)
+    operator = grant(staff_user, "cancel_job", "retry_job", "requeue_job", "view_asset")
+    theirs = {str(job.pk) for job in (done, parent, child, retry)}
+    missing = "00000000-0000-4000-8000-000000000000"
+    for who in (other_user, operator):
+        client = client_for(who)
+        make_job(who, key="alices-key")  # a key is the caller's own: not alice's job
+        for suffix in ("", "?wait=1", "events/", "events/stream/", "assets/"):
+            for method in ("get", "head"):
+                seen = getattr(client, method)(f"{JOBS}{parent.pk}/{suffix}")
+                absent = getattr(client, method)(f"{JOBS}{missing}/{suffix}")
+                assert seen.status_code == absent.status_code == 404, (who, method, suffix)
+                assert seen.content == absent.content
+        for query in (f"parent={parent.pk}", f"retry_of={done.pk}", "key=alices-key", "kind=test.echo"):
+            listed = {job["id"] for job in client.get(f"{JOBS}?{query}").json()["results"]}
+            assert not listed & theirs, (who, query)
+        asset = objects["asset"].pk
+        assert client.head(f"/api/assets/{asset}/download/").status_code == 404
