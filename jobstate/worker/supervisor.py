@@ -8,15 +8,19 @@ block it, and interrupts the handler (``Interrupted``, raised through
 ``INTERRUPT_SIGNAL`` in the handler's own frames only) on timeout, cancel grace
 or lease loss. ``jobstate.worker.runner`` explains how an attempt ends.
 
-A lease is also lost when it runs out (on this process's clock) while the
-heartbeat cannot reach the database: from then on the reaper may give the job
-to another worker. A heartbeat that waits on a lock does not count: whoever
-holds the lock (often the handler's own transaction) holds off the reaper too.
-On PostgreSQL the heartbeat's lock waits end after half of ``HEARTBEAT_SECONDS``
-(``SET LOCAL lock_timeout``, in the heartbeat's own transaction, so that it never
-stays on a pooled connection), so a call that lasts longer than twice that is a
-connection that no longer answers; on SQLite every wait is a lock wait on a file
-the reaper shares. The reaper itself (PostgreSQL) leaves a job whose row a
+A lease is also given up ``lease_margin()`` before it runs out (on this
+process's clock, from the start of the last write that renewed it) while the
+heartbeat cannot renew it: failing, or stuck in a call on a connection that no
+longer answers (which may last minutes, the TCP timeout). From then on the
+reaper may give the job to another worker, so the handler must be stopped by
+then. A heartbeat that waits on a lock does not count: whoever holds the lock
+(often the handler's own transaction) holds off the reaper too. On PostgreSQL
+the heartbeat's lock waits end after half of ``HEARTBEAT_SECONDS`` (``SET LOCAL
+lock_timeout``, in the heartbeat's own transaction, so that it never stays on a
+pooled connection): a call in flight counts as a lock wait only if the one
+before it ended in one, and then only until it has lasted twice
+``HEARTBEAT_SECONDS``; on SQLite every wait is a lock wait on a file the reaper
+shares. The reaper itself (PostgreSQL) leaves a job whose row a
 transaction holds for its next sweep (``services.requeue_expired``), so that the
 heartbeat can renew the lease once the handler's transaction ends. A heartbeat
 stuck in such a call costs the job it renews; the next job this process begins
@@ -51,6 +55,13 @@ logger = logging.getLogger("jobstate")
 INTERRUPT_SIGNAL = signal.SIGUSR1
 # Longest the watchdog sleeps while a job runs (it also wakes at the deadline).
 WATCH_SECONDS = 0.25
+
+
+def lease_margin() -> float:
+    """How long before its lease runs out (on this process's clock) the watchdog
+    gives a job up when the heartbeat cannot renew it: the reaper may requeue it
+    from then on, and the interrupt takes a moment to land."""
+    return float(conf.get("HEARTBEAT_SECONDS")) / 2
 
 
 def timeout_for(spec: HandlerSpec | None) -> float:
@@ -215,9 +226,10 @@ class Supervisor:
             slot.cancel_since = now
         # The heartbeat's state is read before the lease: a beat that succeeds in
         # between has moved the lease on by then (it renews, then reports).
-        if not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now) and now >= slot.ctx.lease_until:
+        given_up = slot.ctx.lease_until - lease_margin()
+        if not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now) and now >= given_up:
             logger.warning(
-                "Job %s: its lease ran out while the heartbeat could not reach the database", slot.ctx.job.pk
+                "Job %s: its lease runs out while the heartbeat cannot reach the database", slot.ctx.job.pk
             )
             slot.ctx.lease_lost.set()
         if slot.ctx.lease_lost.is_set():
@@ -229,16 +241,22 @@ class Supervisor:
         if slot.interrupted is not None:
             return WATCH_SECONDS * 4
         until = slot.deadline - now
-        if slot.ctx.lease_until > now:
-            until = min(until, slot.ctx.lease_until - now)
+        if given_up > now:
+            until = min(until, given_up - now)
         if slot.cancel_since is not None:
             until = min(until, slot.cancel_since + grace - now)
         return max(0.0, min(WATCH_SECONDS, until))
 
     def _cut_off(self, slot: Slot, now: float) -> bool:
-        """Is the heartbeat unable to reach the database (not waiting on a lock)?"""
+        """Is the heartbeat unable to reach the database (not waiting on a lock)?
+
+        A call in flight on PostgreSQL counts unless the one before it ended in a
+        lock wait: it may be a connection that no longer answers, and until it
+        returns nothing holds off the reaper. On SQLite every wait is a lock wait."""
         if self.busy_since is not None:
-            return self._heart_hung(now)
+            if not self.bounded_waits:
+                return False
+            return not slot.blocked or self._heart_hung(now)
         return not slot.blocked
 
     def interrupt(self, slot: Slot, why: str) -> None:

@@ -1,0 +1,154 @@
+"""A worker process that is hung or cut off, not dead: its handler is stopped
+before its lease runs out, so that the job the reaper requeues then never runs
+twice at once (docs/explanation/workers.md, "A hung or partitioned worker")."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+from jobstate import services
+from jobstate.models import Job
+from jobstate.registry import HandlerSpec
+from jobstate.states import Status
+from jobstate.worker import supervisor as supervisor_module
+from jobstate.worker.context import JobContext
+from jobstate.worker.runner import run_job
+from jobstate.worker.supervisor import Slot, Supervisor
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The most the checks allow: a heartbeat at half the lease.
+HALF = {"HEARTBEAT_SECONDS": 2, "LEASE_SECONDS": 4}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):  # type: ignore[no-untyped-def]
+    fake = FakeClock()
+    monkeypatch.setattr(supervisor_module, "time", fake)
+    return fake
+
+
+def _watchdog(bounded_waits: bool) -> Supervisor:
+    """A Supervisor's watchdog decisions, without its threads."""
+    sup = object.__new__(Supervisor)
+    sup.busy_since = None
+    sup.bounded_waits = bounded_waits
+    sup.watch_wake = threading.Event()
+    return sup
+
+
+def _slot(clock: FakeClock) -> Slot:
+    job = Job(kind="t.watched", lease_token=uuid.uuid4())
+    ctx = JobContext(job, HandlerSpec("t.watched", lambda ctx: None), "w1:1")
+    ctx.lease_until = clock.now + 4  # renewed just now
+    return Slot(ctx, 3600, interruptible=False)
+
+
+@override_settings(JOBSTATE=HALF)
+def test_a_heartbeat_call_that_hangs_gives_the_lease_up_before_it_runs_out(clock):
+    # The renewal after the last one hangs (a server that stopped answering: no
+    # RST, so it waits for the TCP timeout). The reaper may requeue the job once
+    # the lease runs out: the handler is stopped before, on this process's clock.
+    sup, slot = _watchdog(bounded_waits=True), _slot(clock)
+    clock.now += 2
+    sup.busy_since = clock.now  # the next beat, in flight from now on
+    clock.now += 0.9
+    sup._watch(slot)
+    assert slot.interrupted is None  # the lease still has 1.1 s, more than the margin
+    clock.now += 0.2
+    sup._watch(slot)
+    assert slot.ctx.lease_lost.is_set() and slot.interrupted == "lease"
+    assert clock.now < slot.ctx.lease_until  # before another worker can have it
+
+
+@override_settings(JOBSTATE=HALF)
+def test_a_heartbeat_waiting_on_a_lock_keeps_the_lease_past_its_end(clock):
+    # The beat before ended in a lock wait (the handler's own transaction holds the
+    # row, say): whoever holds the row holds off the reaper too.
+    sup, slot = _watchdog(bounded_waits=True), _slot(clock)
+    slot.blocked = True
+    sup.busy_since = clock.now + 5
+    clock.now += 5.5
+    sup._watch(slot)
+    assert slot.interrupted is None
+    clock.now += 4  # but a call that never returns is not a lock wait
+    sup._watch(slot)
+    assert slot.interrupted == "lease"
+
+
+@override_settings(JOBSTATE=HALF)
+def test_on_sqlite_a_heartbeat_call_in_flight_is_a_lock_wait_the_reaper_shares(clock):
+    sup, slot = _watchdog(bounded_waits=False), _slot(clock)
+    sup.busy_since = clock.now + 2
+    clock.now += 10
+    sup._watch(slot)
+    assert slot.interrupted is None
+
+
+@override_settings(JOBSTATE=HALF)
+def test_a_failing_heartbeat_gives_the_lease_up_a_margin_before_it_runs_out(clock):
+    sup, slot = _watchdog(bounded_waits=True), _slot(clock)
+    clock.now += 2.9
+    sup._watch(slot)
+    assert slot.interrupted is None
+    clock.now += 0.2
+    sup._watch(slot)
+    assert slot.interrupted == "lease"
+
+
+@pytest.fixture
+def hung_heartbeat(monkeypatch):  # type: ignore[no-untyped-def]
+    """services.heartbeat blocks (a connection that no longer answers) until the test ends."""
+    release, entered = threading.Event(), threading.Event()
+    real = services.heartbeat
+
+    def hang(*args, **kwargs):  # type: ignore[no-untyped-def]
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "heartbeat", hang)
+    yield entered
+    release.set()
+
+
+@override_settings(JOBSTATE=HALF)
+def test_a_handler_whose_heartbeat_hangs_is_stopped_before_its_lease_runs_out(temp_handler, hung_heartbeat):
+    alive: list[float] = []
+    leases: list[JobContext] = []
+
+    def long(ctx):  # type: ignore[no-untyped-def]
+        leases.append(ctx)
+        deadline = time.monotonic() + 7
+        while time.monotonic() < deadline:
+            alive.append(time.monotonic())
+            time.sleep(0.02)
+        return {"ran": True}
+
+    temp_handler("t.hung_long", long, max_attempts=2)
+    job = services.enqueue("t.hung_long", {})
+    (claimed,) = services.claim("w1")
+    outcome = run_job(claimed, "w1:1")
+    job.refresh_from_db()
+    assert hung_heartbeat.is_set()
+    if connection.vendor == "postgresql":
+        assert outcome == "lost" and job.status == Status.PROCESSING  # the reaper's to requeue
+        # Stopped with a second of the lease left (the margin), not once the
+        # stuck call was taken for a hang, two seconds after it ran out.
+        assert alive[-1] < leases[0].lease_until
+    else:  # every wait is a lock wait on the file the reaper shares
+        assert outcome == "completed"
