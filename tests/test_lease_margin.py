@@ -7,10 +7,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from jobstate import services
 from jobstate.models import Job
@@ -152,3 +154,35 @@ def test_a_handler_whose_heartbeat_hangs_is_stopped_before_its_lease_runs_out(te
         assert alive[-1] < leases[0].lease_until
     else:  # every wait is a lock wait on the file the reaper shares
         assert outcome == "completed"
+
+
+@override_settings(JOBSTATE=HALF)
+def test_a_process_resumed_after_a_pause_past_its_lease_stops_its_handler_at_once(clock):
+    # SIGSTOP, a long GC pause, a frozen VM: every thread stopped, the clock did not.
+    sup, slot = _watchdog(bounded_waits=True), _slot(clock)
+    clock.now += 3600
+    sup._watch(slot)
+    assert slot.interrupted == "lease"
+
+
+def test_a_reserved_job_reclaimed_after_its_lease_ran_out_is_not_begun_by_its_first_cluster(temp_handler):
+    # The pusher's renewals of a job waiting in django-q2's queue stopped (hung), the
+    # lease ran out, the reaper requeued it and another cluster began it. The first
+    # cluster's worker process then takes its package: begin's guarded UPDATE (this
+    # lease token, not begun) refuses it, and the handler never runs.
+    calls: list[str] = []
+    temp_handler("t.reserved", lambda ctx: calls.append(ctx.worker_id))
+    services.enqueue("t.reserved", {})
+    (stale,) = services.claim("first-cluster", lease_seconds=1)
+    later = timezone.now() + timedelta(seconds=5)
+    assert services.requeue_expired(now=later).requeued == [stale.pk]
+    (fresh,) = services.claim("second-cluster", start=True, now=later)
+    assert run_job(stale, "first-cluster:1") == "lost"
+    assert calls == []
+    row = Job.objects.get(pk=stale.pk)
+    assert (row.status, row.lease_token, row.worker_id, row.attempts) == (
+        Status.PROCESSING,
+        fresh.lease_token,
+        "second-cluster",
+        1,
+    )
