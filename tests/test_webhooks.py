@@ -148,6 +148,10 @@ def test_no_delivery_to_loopback_unless_allowed(user, receiver):
         "64:ff9b::7f00:1",
         "64:ff9b::a9fe:a9fe",
         "64:ff9b:1::5db8:d822",
+        # Site-local (fec0::/10, deprecated by RFC 3879 but still routed inside some
+        # networks): ipaddress counts it neither private nor reserved.
+        "fec0::1",
+        "feff:ffff::1",
     ],
 )
 def test_private_addresses_are_forbidden(address):

@@ -65,6 +65,7 @@ def test_events_are_checked(user):
         "http://127.0.0.1:8000/x",
         "http://[::1]/x",
         "http://10.0.0.8/",
+        "http://[fec0::1]/",  # site-local
         "ftp://a.b/",
         # Credentials were accepted, shown in the API and the admin, and never sent.
         "https://user:secret@hooks.example.com/a",

@@ -50,12 +50,13 @@ _NAT64_LOCAL = ipaddress.ip_network("64:ff9b:1::/48")
 
 def forbidden(address: str) -> bool:
     """Whether ``address`` is not a public one: private, loopback, link-local,
-    multicast, reserved, unspecified or otherwise not global; an IPv6 address
+    site-local, multicast, reserved, unspecified or otherwise not global; an IPv6 address
     that embeds an IPv4 one (mapped, 6to4, NAT64) is judged by that address,
     which a relay or gateway on the way would reach."""
     ip = ipaddress.ip_address(address)
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip in _NAT64_LOCAL:
+        # Site-local (fec0::/10) is neither private nor reserved to ipaddress.
+        if ip in _NAT64_LOCAL or ip.is_site_local:
             return True
         embedded = ip.ipv4_mapped or ip.sixtofour
         if embedded is None and ip in _NAT64:
