@@ -552,3 +552,20 @@ def test_a_get_echoed_back_in_a_put_is_a_400_naming_its_read_only_fields(user):
     writable = {k: v for k, v in shown.items() if k not in read_only}
     response = client.put(f"{URL}{endpoint.pk}/", {**writable, "description": "new"}, format="json")
     assert response.status_code == 200 and WebhookEndpoint.objects.get().description == "new"
+
+
+def test_a_list_carries_no_secrets(user, staff_user):
+    """One GET of the list gave every endpoint's secret to whoever may change them
+    (staff with change_webhookendpoint: every user's, and the global ones'); it is
+    read one endpoint at a time, from its own page."""
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    alice = client_for(user)
+    assert {e["id"]: e["secret"] for e in editor.get(URL).data["results"]} == {
+        theirs.pk: None,
+        everyone.pk: None,
+    }
+    assert [e["secret"] for e in alice.get(URL).data["results"]] == [None]
+    assert editor.get(f"{URL}{everyone.pk}/").data["secret"] == everyone.secret
+    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret

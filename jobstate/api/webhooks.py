@@ -94,8 +94,8 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     secret = serializers.CharField(
         read_only=True,
         allow_null=True,
-        help_text="The signing secret. Null on another user's endpoint or a global one unless you "
-        "may change it (jobstate.change_webhookendpoint).",
+        help_text="The signing secret. Null in the list, and on another user's endpoint or a global "
+        "one unless you may change it (jobstate.change_webhookendpoint).",
     )
 
     class Meta:
@@ -121,9 +121,11 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
         data["is_global"] = instance.owner_id is None
         request = self.context.get("request")
         view = self.context.get("view")
-        # The create response shows a new endpoint's secret to whoever made it.
-        if getattr(view, "action", None) != "create" and not (
-            request is not None and may_manage(request.user, instance)
+        # The create response shows a new endpoint's secret to whoever made it. A list
+        # shows none: one GET would hand over every secret its reader may change.
+        action = getattr(view, "action", None)
+        if action == "list" or (
+            action != "create" and not (request is not None and may_manage(request.user, instance))
         ):
             data["secret"] = None
         return data
