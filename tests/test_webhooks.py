@@ -4,6 +4,7 @@ receiver, retries, the address guard, rotation, auto-disable and rescue."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from datetime import timedelta
 from types import SimpleNamespace
@@ -458,3 +459,51 @@ def test_an_endpoint_deleted_during_an_attempt_ends_the_delivery(user, monkeypat
     (sent,) = deliveries()
     assert (sent.status, sent.attempts, sent.error_message) == ("completed", 1, "")
     assert result in sent.result and not WebhookDelivery.objects.exists()
+
+
+@override_settings(JOBSTATE=ALLOW)
+@pytest.mark.parametrize("moved", ["job", "endpoint"])
+def test_a_delivery_whose_job_or_endpoint_changed_owner_sends_nothing(user, other_user, receiver, moved):
+    """The outbox picks endpoints by the job's owner as the transition commits; by the
+    attempt, the job (or the endpoint) may be another user's: nothing is sent."""
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    job = services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])
+    (queued,) = deliveries()
+    if moved == "job":
+        Job.objects.filter(pk=job.pk).update(owner=other_user)
+    else:
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(owner=other_user)
+    drain()
+    queued.refresh_from_db()
+    assert receiver.requests == [] and queued.status == "failed"
+    assert "does not own this job" in queued.error_message
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
+    """DNS rebinding: a name public when checked and loopback when asked again is
+    looked up once; http and https connect to that checked address."""
+    answers = {"rebind.example": ["93.184.216.34", "127.0.0.1"]}
+    looked_up: list[str] = []
+    connected: list[tuple[str, int]] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in answers:
+            return real(host, port, *args, **kwargs)
+        looked_up.append(host)
+        address = answers[host][min(len(looked_up), 2) - 1]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    def create_connection(address, *args, **kwargs):
+        connected.append(address)
+        raise ConnectionRefusedError("not really connecting")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    for url, port in [("http://rebind.example/hook", 80), ("https://rebind.example/hook", 443)]:
+        looked_up.clear()
+        connected.clear()
+        with pytest.raises(ConnectionRefusedError):
+            transport.post(url, b"{}", {})
+        assert looked_up == ["rebind.example"] and connected == [("93.184.216.34", port)]
