@@ -26,6 +26,7 @@ from jobstate.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
+from jobstate.tasks.exceptions import TaskUnavailable
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
 from tests.tasks_support import run_all
@@ -130,6 +131,40 @@ def test_get_result_of_an_unknown_kind_starting_with_a_dot(temp_handler):
     job = services.enqueue(".hidden.job", {})
     registry.unregister(".hidden.job")  # a process that does not register it
     with pytest.raises(TaskResultDoesNotExist):  # not importlib's TypeError
+        default_task_backend.get_result(str(job.pk))
+
+
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        # The function renamed, its module removed, a kind= of its own dropped.
+        ("tests.tasks_app.tasks.renamed_away", 'does not define a "renamed_away" attribute'),
+        ("tests.tasks_app.gone.send", "ModuleNotFoundError: No module named 'tests.tasks_app.gone'"),
+        ("emails:welcome", "no task is registered under that kind"),
+        ("tests.tasks_app.tasks.time", "tests.tasks_app.tasks.time is not a Task (a 'module' object)"),
+    ],
+)
+def test_get_result_of_a_task_removed_from_the_code_says_so(temp_handler, kind, why):
+    # Enqueued while the task existed; the code that registered it is gone since.
+    temp_handler(kind)
+    job = services.enqueue(kind, {"args": [1], "kwargs": {"b": 2}})
+    registry.unregister(kind)
+    for get in (default_task_backend.get_result, async_to_sync(default_task_backend.aget_result)):
+        with pytest.raises(TaskUnavailable) as caught:  # the result exists: not TaskResultDoesNotExist
+            get(str(job.pk))
+        assert isinstance(caught.value, ImportError)  # as django-tasks-db raises it
+        assert not isinstance(caught.value, TaskResultDoesNotExist)
+        message = str(caught.value)
+        assert f"Job {job.pk} exists, but its task {kind!r} is not found in this process" in message
+        assert why in message and "renamed or removed from the code?" in message
+        assert (caught.value.result_id, caught.value.kind) == (str(job.pk), kind)
+
+
+def test_get_result_of_a_removed_plain_handler_job_has_no_task_result(temp_handler):
+    temp_handler("plain.gone")
+    job = services.enqueue("plain.gone", {"args": [1]})  # not the shape of a task call
+    registry.unregister("plain.gone")
+    with pytest.raises(TaskResultDoesNotExist):
         default_task_backend.get_result(str(job.pk))
 
 

@@ -47,6 +47,7 @@ from jobstate.tasks.compat import (
     task_started,
 )
 from jobstate.tasks.exceptions import UnstorableResult
+from jobstate.tasks.missing import enqueued_as_task, unavailable
 from jobstate.tasks.options import KEY_TEXT, kind_of, option, split_kind, storable_key, validate_options
 from jobstate.tasks.results import build_result
 
@@ -425,9 +426,13 @@ class JobstateBackend(BaseTaskBackend):
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
         job = Job.objects.select_related("owner").filter(pk=pk).first()
-        task = task_for_kind(job.kind) if job is not None else None
-        if job is None or task is None:
+        if job is None:
             raise TaskResultDoesNotExist(result_id)
+        task = task_for_kind(job.kind)
+        if task is None:
+            if enqueued_as_task(job):
+                raise unavailable(job)
+            raise TaskResultDoesNotExist(result_id)  # a job of a plain jobstate handler
         return build_result(job, rebuild_task(task, job))
 
     # A generator: Django's checks take any iterable (the stub says list).

@@ -25,3 +25,15 @@ class OperatorFailed(Exception):
 class UnstorableResult(NonRetryable):
     """The task returned a value the database cannot store (not JSON, NaN, a NUL
     character...); it is not run again."""
+
+
+class TaskUnavailable(ImportError):
+    """``get_result`` of a job that was enqueued as a task whose task this process
+    cannot find any more (renamed or removed from the code, or its module fails to
+    import): the result exists, its task does not. An ``ImportError``, as
+    django-tasks-db raises for a stored task path that no longer imports; not
+    ``TaskResultDoesNotExist``, which says there is no such result."""
+
+    def __init__(self, message: str, *, result_id: str, kind: str) -> None:
+        super().__init__(message)
+        self.result_id, self.kind = result_id, kind
