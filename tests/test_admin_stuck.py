@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from jobstate import services, stuck
+from jobstate import registry, services, stuck
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from tests.admin_support import ago, completed, expired, failed, processing, queued
@@ -608,3 +608,45 @@ def test_queued_no_worker_is_found_beyond_the_first_200_kinds(temp_handler: Any)
         queued(kind=f"a.k{i:03d}", run_after=timezone.now() + timedelta(hours=1))
     late = queued(kind="zz.orphan", run_after=ago(hours=1))
     assert {f.job.pk: f.reason for f in stuck.find_stuck()} == {late.pk: "queued_no_worker"}
+
+
+def test_a_queued_job_whose_handler_was_removed_from_the_code_says_so(
+    admin_client: Any, temp_handler: Any
+) -> None:
+    """Its kind registered when it was enqueued, gone since (a handler, or a task, renamed
+    or removed): no worker claims it; the stuck page, the command and the API say why."""
+    temp_handler("test.orphan")  # registered, only no worker runs it
+    idle = queued(kind="test.orphan", run_after=ago(hours=1))
+    for kind in ("test.gone", "tests.tasks_app.tasks.renamed_away"):
+        temp_handler(kind)
+    gone = queued(kind="test.gone", run_after=ago(hours=1))
+    task = queued(kind="tests.tasks_app.tasks.renamed_away", run_after=ago(hours=2), parameters={"args": []})
+    registry.unregister("test.gone")
+    registry.unregister("tests.tasks_app.tasks.renamed_away")
+    texts = {f.job.pk: (f.reason, f.text) for f in stuck.find_stuck()}
+    assert texts[idle.pk] == (
+        "queued_no_worker",
+        "Due 1\xa0hour ago and still queued: no worker has run a 'test.orphan' job recently.",
+    )
+    for job in (gone, task):
+        reason, text = texts[job.pk]
+        assert reason == "queued_no_worker"
+        assert (
+            f"no handler or task is registered as '{job.kind}' in this code (renamed or removed?), so no "
+            "worker running it will claim the job. Cancel it, or deploy code that registers the kind again."
+        ) in text
+    section = admin_client.get(STUCK).content.decode().split('id="reason-queued_no_worker"', 1)[1]
+    section = section.split("</section>", 1)[0]
+    assert (
+        f'data-job="{task.pk}"' in section
+        and escape("'tests.tasks_app.tasks.renamed_away' in this code") in section
+    )
+    code, out = run("--reason", "queued_no_worker")
+    assert (
+        code == 2 and f"{gone.pk}  test.gone  Due 1\xa0hour ago and still queued: no handler or task" in out
+    )
+    api = {f["job"]: f["text"] for f in admin_client.get("/api/jobs/stuck/").json()}
+    assert "no handler or task is registered as 'test.gone'" in api[str(gone.pk)]
+    assert remedy(admin_client, task, "cancel").status_code == 302
+    task.refresh_from_db()
+    assert task.status == Status.CANCELLED

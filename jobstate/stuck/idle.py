@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import Exists, OuterRef, Q
 
+from jobstate import registry
 from jobstate.models import Job
 from jobstate.services.retryable import retryable_q
 from jobstate.states import ACTIVE, Status
@@ -86,9 +87,16 @@ def _is_recently_failed(job: Job, ctx: Context) -> bool:
 
 
 def _describe_queued(job: Job, ctx: Context) -> str:
-    return (
-        f"Due {_ago(job.run_after, ctx.now)} and still queued: no worker has run a '{job.kind}' job recently."
-    )
+    due = f"Due {_ago(job.run_after, ctx.now)} and still queued"
+    if job.kind not in registry.all_handlers():
+        # Workers claim the kinds their code registers: with the same code as this
+        # process, none will ever claim it (an older worker still might, mid-deploy).
+        return (
+            f"{due}: no handler or task is registered as '{job.kind}' in this code (renamed or "
+            "removed?), so no worker running it will claim the job. Cancel it, or deploy code that "
+            "registers the kind again."
+        )
+    return f"{due}: no worker has run a '{job.kind}' job recently."
 
 
 def _describe_waiting(job: Job, ctx: Context) -> str:

@@ -124,7 +124,8 @@ REASONS: tuple[Reason, ...] = (
         QUEUED_NO_WORKER,
         "Queued past due, no worker serving its kind",
         START_WORKER,
-        "Start a worker that serves this kind (python manage.py qcluster), or cancel the job.",
+        "Start a worker that serves this kind (python manage.py qcluster), or cancel the job "
+        "(its handler or task may have been renamed or removed from the code).",
         _q_queued_no_worker,
         _is_queued_no_worker,
         _describe_queued,
