@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from django.db import connection
 from django_q.conf import Conf
 
-from jobstate import registry
+from jobstate import registry, services
 from jobstate.worker import broker as broker_module
 from jobstate.worker import counters
 from jobstate.worker.broker import JobBroker
@@ -125,3 +126,20 @@ def broker(monkeypatch):  # type: ignore[no-untyped-def]
     broker = JobBroker(list_key="jobstate-test")
     yield broker
     broker.close()
+
+
+@pytest.fixture
+def hung_heartbeat(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """services.heartbeat blocks (a row lock, a connection that no longer answers) until
+    the test ends; yields the event set once a heartbeat entered the block."""
+    release, entered = threading.Event(), threading.Event()
+    real = services.heartbeat
+
+    def hang(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "heartbeat", hang)
+    yield entered
+    release.set()

@@ -356,23 +356,6 @@ def test_an_interrupt_in_the_middle_of_a_database_call_leaves_the_next_job_a_cle
 # -- the watchdog does not depend on the heartbeat ---------------------------------
 
 
-@pytest.fixture
-def hung_heartbeat(monkeypatch):  # type: ignore[no-untyped-def]
-    """services.heartbeat blocks (a row lock, a dead connection) until the test ends."""
-    release = threading.Event()
-    entered = threading.Event()
-    real = services.heartbeat
-
-    def hang(*args, **kwargs):  # type: ignore[no-untyped-def]
-        entered.set()
-        release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "heartbeat", hang)
-    yield entered
-    release.set()
-
-
 def _loop(seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

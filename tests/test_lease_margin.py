@@ -112,22 +112,6 @@ def test_a_failing_heartbeat_gives_the_lease_up_a_margin_before_it_runs_out(cloc
     assert slot.interrupted == "lease"
 
 
-@pytest.fixture
-def hung_heartbeat(monkeypatch):  # type: ignore[no-untyped-def]
-    """services.heartbeat blocks (a connection that no longer answers) until the test ends."""
-    release, entered = threading.Event(), threading.Event()
-    real = services.heartbeat
-
-    def hang(*args, **kwargs):  # type: ignore[no-untyped-def]
-        entered.set()
-        release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "heartbeat", hang)
-    yield entered
-    release.set()
-
-
 @override_settings(JOBSTATE=HALF)
 def test_a_handler_whose_heartbeat_hangs_is_stopped_before_its_lease_runs_out(temp_handler, hung_heartbeat):
     alive: list[float] = []
