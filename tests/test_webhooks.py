@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import time
 from datetime import timedelta
 from types import SimpleNamespace
@@ -126,7 +127,7 @@ def test_no_delivery_to_loopback_unless_allowed(user, receiver):
     assert receiver.requests == []
     (sent,) = deliveries()
     assert sent.status == "failed" and sent.attempts == 1  # not retried
-    assert "non-public address (127.0.0.1)" in sent.error_message
+    assert "127.0.0.1 resolves to a non-public address" in sent.error_message
     (row,) = WebhookDelivery.objects.all()
     assert not row.ok and row.status_code is None and "WEBHOOK_ALLOW_PRIVATE" in row.error
 
@@ -507,3 +508,95 @@ def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
         with pytest.raises(ConnectionRefusedError):
             transport.post(url, b"{}", {})
         assert looked_up == ["rebind.example"] and connected == [("93.184.216.34", port)]
+
+
+def fake_dns(monkeypatch, answers: dict[str, str]) -> None:
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host not in answers:
+            return real(host, port, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+
+def test_a_refused_name_does_not_tell_its_owner_the_address(user, monkeypatch, caplog):
+    """The stored error is the owner's to read (API, admin, disabled_reason): naming
+    the address made the server's DNS an oracle for internal names. The log has it."""
+    fake_dns(monkeypatch, {"intranet.example": "10.20.30.40"})
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://intranet.example/hook")
+    services.enqueue("test.echo", {}, owner=user)
+    with caplog.at_level("WARNING", logger="jobstate.webhooks"):
+        drain()
+    (row,) = WebhookDelivery.objects.all()
+    assert row.error == "intranet.example resolves to a non-public address; see WEBHOOK_ALLOW_PRIVATE"
+    (sent,) = deliveries()
+    assert sent.status == "failed" and "10.20.30.40" not in sent.error_message + sent.traceback
+    with override_settings(JOBSTATE={"WEBHOOK_DISABLE_AFTER": 1}):
+        services.enqueue("test.echo", {}, owner=user)
+        drain()
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and "10.20.30.40" not in endpoint.disabled_reason
+    assert "intranet.example" in caplog.text and "10.20.30.40" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("raised", "stored"),
+    [
+        (OSError(113, "No route to host", "10.0.0.7"), "OSError: No route to host"),
+        (ConnectionRefusedError(111, "Connection refused"), "ConnectionRefusedError: Connection refused"),
+        (TimeoutError("timed out connecting to 10.0.0.7"), "TimeoutError: timed out"),
+        (socket.gaierror(-2, "Name or service not known"), "gaierror: Name or service not known"),
+        (RuntimeError("proxy at 10.0.0.7:3128 refused"), "RuntimeError (details in the server's log)"),
+    ],
+)
+def test_a_failed_connection_stores_no_server_details(user, monkeypatch, caplog, raised, stored):
+    def create_connection(*args, **kwargs):
+        raise raised
+
+    fake_dns(monkeypatch, {"hooks.example": "93.184.216.34"})
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example/hook")
+    services.enqueue("test.echo", {}, owner=user)
+    with (
+        override_settings(JOBSTATE={"WEBHOOK_MAX_ATTEMPTS": 1}),
+        caplog.at_level("WARNING", logger="jobstate.webhooks"),
+    ):
+        drain()
+    (row,) = WebhookDelivery.objects.all()
+    assert row.error == stored
+    (sent,) = deliveries()
+    assert sent.status == "failed" and sent.error_message == stored
+    if isinstance(raised, RuntimeError):
+        assert "10.0.0.7:3128" in caplog.text
+
+
+@override_settings(JOBSTATE={**ALLOW, "WEBHOOK_MAX_ATTEMPTS": 1})
+def test_a_tls_error_is_stored_without_the_librarys_source_line(user, receiver):
+    # https to a plain http receiver: the handshake fails.
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url.replace("http:", "https:"))
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (row,) = WebhookDelivery.objects.all()
+    assert row.error.startswith("TLS error: [SSL: ") and "_ssl.c" not in row.error, row.error
+
+
+def test_dns_and_certificate_errors_say_what_went_wrong(monkeypatch):
+    from jobstate.webhooks import errors
+
+    def getaddrinfo(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with pytest.raises(transport.Unresolvable) as raised:
+        transport.post("https://nowhere.invalid/hook", b"{}", {})
+    assert (
+        errors.public(raised.value)
+        == "Unresolvable: cannot resolve nowhere.invalid: Name or service not known"
+    )
+    verify = ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed (_ssl.c:1006)"
+    )
+    verify.verify_message = "self-signed certificate"
+    assert errors.public(verify) == "TLS certificate not accepted: self-signed certificate"

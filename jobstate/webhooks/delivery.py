@@ -27,7 +27,7 @@ from django.utils import timezone
 from jobstate import conf, registry
 from jobstate.exceptions import NonRetryable
 from jobstate.storable import text
-from jobstate.webhooks import signing, transport
+from jobstate.webhooks import errors, signing, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.webhooks.outbox import KIND
 
@@ -115,14 +115,14 @@ def deliver(ctx: Any) -> dict[str, Any]:
     try:
         headers = signing.headers(endpoint.signing_secrets(), webhook_id, int(time.time()), body)
         response = transport.post(endpoint.url, body, headers)
-    except transport.Blocked as exc:
-        if not _failed(record, endpoint, str(exc), started):
-            return {"skipped": ENDPOINT_DELETED}
-        raise NonRetryable(str(exc)) from exc
     except Exception as exc:
-        if not _failed(record, endpoint, f"{type(exc).__name__}: {exc}", started):
+        # Stored where the endpoint's owner reads it: no addresses or server details.
+        error = errors.public(exc)
+        if not _failed(record, endpoint, error, started):
             return {"skipped": ENDPOINT_DELETED}
-        raise DeliveryFailed(f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(exc, transport.Blocked):
+            raise NonRetryable(error) from exc
+        raise DeliveryFailed(error) from exc
     record.status_code = response.status
     # As text PostgreSQL stores: a NUL in a 2xx answer failed the save, and the
     # delivered message was sent again up to every attempt.

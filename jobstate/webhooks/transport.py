@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import ipaddress
+import logging
 import socket
 import ssl
 import threading
@@ -26,9 +27,15 @@ from jobstate import conf
 
 USER_AGENT = "jobstate-webhooks/1"
 
+logger = logging.getLogger("jobstate.webhooks")
+
 
 class Blocked(Exception):
     """The URL may not be delivered to (a private address, a bad scheme or port)."""
+
+
+class Unresolvable(ConnectionError):
+    """DNS gives no address for the host (retried)."""
 
 
 class DeadlineExceeded(TimeoutError):
@@ -76,16 +83,23 @@ def forbidden(address: str) -> bool:
 
 def resolve(host: str, port: int) -> str:
     """The address to connect to: the first one DNS gives, refused if any of them
-    is not public (unless WEBHOOK_ALLOW_PRIVATE)."""
+    is not public (unless WEBHOOK_ALLOW_PRIVATE).
+
+    The refusal does not name the address: its text is stored for the endpoint's
+    owner, who could otherwise read this server's DNS answers for internal names.
+    Operators find the address in the log."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise ConnectionError(f"cannot resolve {host}: {exc}") from exc
+        raise Unresolvable(f"cannot resolve {host}: {exc.strerror or 'no address'}") from exc
     addresses = [str(info[4][0]) for info in infos]  # a str already for IPv4 and IPv6
     if not conf.get("WEBHOOK_ALLOW_PRIVATE"):
         bad = [a for a in addresses if forbidden(a)]
         if bad:
-            raise Blocked(f"{host} resolves to a non-public address ({bad[0]}); see WEBHOOK_ALLOW_PRIVATE")
+            logger.warning(
+                "webhook delivery to %s refused: it resolves to %s, a non-public address", host, bad[0]
+            )
+            raise Blocked(f"{host} resolves to a non-public address; see WEBHOOK_ALLOW_PRIVATE")
     return addresses[0]
 
 

@@ -115,7 +115,7 @@ def test_nothing_reaches_loopback_unless_private_addresses_are_allowed(
     if not allowed:
         assert receiver.requests == []
         assert delivery.status == Status.FAILED  # refused at once, not retried
-        assert "non-public address (127.0.0.1)" in delivery.error_message
+        assert "127.0.0.1 resolves to a non-public address" in delivery.error_message
         assert not row.ok and row.status_code is None and "WEBHOOK_ALLOW_PRIVATE" in row.error
         return
     (request,) = receiver.requests
