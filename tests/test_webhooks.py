@@ -600,3 +600,44 @@ def test_dns_and_certificate_errors_say_what_went_wrong(monkeypatch):
     )
     verify.verify_message = "self-signed certificate"
     assert errors.public(verify) == "TLS certificate not accepted: self-signed certificate"
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_an_inactive_users_endpoints_hear_nothing_until_active_again(user, receiver):
+    """A user made inactive (is_active false) kept receiving events about their
+    jobs. Staff's global endpoints still hear of every job."""
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/own")
+    WebhookEndpoint.objects.create(owner=None, url=receiver.url + "/global")
+    type(user).objects.filter(pk=user.pk).update(is_active=False)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert [r.path for r in receiver.requests] == ["/hooks/jobs/global"]
+    assert len(deliveries()) == 1
+    type(user).objects.filter(pk=user.pk).update(is_active=True)
+    receiver.requests.clear()
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert sorted(r.path for r in receiver.requests) == ["/hooks/jobs/global", "/hooks/jobs/own"]
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_delivery_queued_before_its_owner_was_made_inactive_sends_nothing(user, receiver):
+    WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])
+    (queued,) = deliveries()
+    type(user).objects.filter(pk=user.pk).update(is_active=False)
+    drain()
+    queued.refresh_from_db()
+    assert receiver.requests == [] and not WebhookDelivery.objects.exists()
+    assert queued.status == "completed" and queued.result == {"skipped": delivery.OWNER_INACTIVE}
+
+
+def test_a_user_model_without_is_active_keeps_its_users_endpoints(monkeypatch):
+    # AbstractBaseUser's is_active is a class attribute; a custom model may store none,
+    # and a filter on owner__is_active would fail every transition (a FieldError).
+    from django.db.models import Q
+
+    monkeypatch.setattr(outbox, "get_user_model", lambda: WebhookDelivery)
+    assert outbox.listeners(7) == Q(owner__isnull=True) | Q(owner_id=7)
+    assert outbox.listeners(None) == Q(owner__isnull=True)

@@ -38,6 +38,8 @@ class DeliveryFailed(Exception):
 
 # Why a delivery whose endpoint is gone (before or during the attempt) sent nothing more.
 ENDPOINT_DELETED = "endpoint deleted"
+# Why a delivery queued before its endpoint's owner was made inactive sends nothing.
+OWNER_INACTIVE = "the endpoint's owner is inactive (is_active false)"
 
 
 # What an attempt needs besides the request WEBHOOK_TIMEOUT bounds: the DNS lookup
@@ -96,6 +98,8 @@ def deliver(ctx: Any) -> dict[str, Any]:
         return {"skipped": ENDPOINT_DELETED}
     if not endpoint.enabled:
         return {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
+    if endpoint.owner is not None and not getattr(endpoint.owner, "is_active", True):
+        return {"skipped": OWNER_INACTIVE}
     job = Job.objects.select_related("owner").prefetch_related("steps").filter(pk=params["job"]).first()
     if job is None:
         return {"skipped": "job deleted"}

@@ -8,6 +8,9 @@ all (an outbox), and a worker delivers them, with retries, leases and rescue.
 The common case, no endpoint wanting this event, costs no query: a process
 keeps the set of event types any enabled endpoint wants for a second or two.
 
+The endpoints of a user made inactive are left out (``listeners``): they hear
+nothing until the user is active again.
+
 A row whose ``events`` or ``kinds`` are not lists of strings (saved around the
 API's and the admin's checks) is skipped and logged: it must not fail the
 transition, whose transaction this is.
@@ -19,6 +22,8 @@ import logging
 import uuid
 from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.core.exceptions import FieldDoesNotExist
 from django.db.models import Q
 from django.utils import timezone
 
@@ -83,9 +88,7 @@ def on_transition(change: hooks.Transition) -> None:
     kind, owner_id = row
     if kind == KIND:
         return  # a delivery's own outcome is never announced (no recursion)
-    endpoints = WebhookEndpoint.objects.filter(enabled=True).filter(
-        Q(owner__isnull=True) | Q(owner_id=owner_id) if owner_id is not None else Q(owner__isnull=True)
-    )
+    endpoints = WebhookEndpoint.objects.filter(enabled=True).filter(listeners(owner_id))
     for endpoint_id, stored_events, stored_kinds in endpoints.values_list("pk", "events", "kinds"):
         events = validation.events_or_none(stored_events)
         kinds = validation.kinds_or_none(stored_kinds)
@@ -95,6 +98,28 @@ def on_transition(change: hooks.Transition) -> None:
             _malformed(endpoint_id, "kinds", stored_kinds)
         elif event in events and (not kinds or kind in kinds):
             queue_delivery(endpoint_id, change.job_id, event, change.at)
+
+
+def listeners(owner_id: Any) -> Q:
+    """The endpoints that hear of a job of ``owner_id``: the global ones, and the
+    owner's own while the owner is active (a user made inactive hears nothing until
+    made active again; the join is in the query the outbox makes anyway)."""
+    if owner_id is None:
+        return Q(owner__isnull=True)
+    own = Q(owner_id=owner_id)
+    if users_can_be_inactive():
+        own &= Q(owner__is_active=True)
+    return Q(owner__isnull=True) | own
+
+
+def users_can_be_inactive() -> bool:
+    """Whether the user model stores ``is_active`` (AbstractBaseUser's is a class
+    attribute, always true, that a custom model may leave as it is)."""
+    try:
+        get_user_model()._meta.get_field("is_active")
+    except FieldDoesNotExist:
+        return False
+    return True
 
 
 def _malformed(endpoint_id: int, field: str, value: Any) -> None:
