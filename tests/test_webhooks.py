@@ -7,6 +7,7 @@ import json
 import socket
 import ssl
 import time
+import uuid
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -212,8 +213,11 @@ def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver)
     assert not endpoint.enabled
     assert endpoint.consecutive_failures == 3 and endpoint.disabled_at is not None
     assert endpoint.disabled_reason.startswith(
-        "disabled after 3 failed attempts in a row; the last: HTTP 503"
+        "disabled after 3 failed attempts in a row; the last: HTTP 503. "
     )
+    # And what to do about it: the reason is all its owner is shown.
+    assert 'PATCH {"enabled": true} on the endpoint in the webhooks API' in endpoint.disabled_reason
+    assert 'tick "Enabled" on its admin page' in endpoint.disabled_reason
     assert len(receiver.requests) == 3  # the fourth attempt was skipped, not sent
     assert Job.objects.filter(kind=outbox.KIND, result__skipped__startswith="endpoint disabled").count() == 1
     services.enqueue("test.echo", {}, owner=user)
@@ -641,3 +645,21 @@ def test_a_user_model_without_is_active_keeps_its_users_endpoints(monkeypatch):
     monkeypatch.setattr(outbox, "get_user_model", lambda: WebhookDelivery)
     assert outbox.listeners(7) == Q(owner__isnull=True) | Q(owner_id=7)
     assert outbox.listeners(None) == Q(owner__isnull=True)
+
+
+@override_settings(JOBSTATE={"WEBHOOK_DISABLE_AFTER": 1})
+def test_a_long_last_error_leaves_how_to_re_enable_whole(user):
+    # The reason was cut at 2000 characters from the end, which would take the part
+    # saying how to resume deliveries after a long error.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    record = WebhookDelivery(
+        endpoint=endpoint, webhook_id="msg_1", event="job.completed", job_id=uuid.uuid4()
+    )
+    assert delivery._failed(record, endpoint, "BadStatusLine: " + "x" * 3000, time.monotonic())
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and len(endpoint.disabled_reason) < 2000
+    assert endpoint.disabled_reason.startswith(
+        "disabled after 1 failed attempts in a row; the last: BadStatusLine: xx"
+    )
+    assert endpoint.disabled_reason.endswith(delivery.REENABLE)
+    assert endpoint.disabled_reason.endswith("Fix the receiver first.")

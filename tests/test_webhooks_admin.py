@@ -9,6 +9,7 @@ from unittest import mock
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
+from django.utils import timezone
 
 from jobstate.webhooks import outbox
 from jobstate.webhooks.models import WebhookEndpoint
@@ -312,3 +313,27 @@ def test_the_endpoint_search_finds_an_owner_by_the_user_models_own_name_field(
     response = admin_client.get("/admin/jobstate/webhookendpoint/", {"q": "dora@example.org"})
     assert response.status_code == 200
     assert [e.url for e in response.context["cl"].result_list] == ["https://hooks.example.com/dora"]
+
+
+def test_disabled_endpoints_are_listed_with_their_reason_and_re_enabled_by_the_checkbox(admin_client, user):
+    reason = "disabled after 20 failed attempts in a row; the last: HTTP 503. " + "x" * 300
+    disabled = WebhookEndpoint.objects.create(
+        owner=user,
+        url="https://hooks.example.com/broken",
+        enabled=False,
+        consecutive_failures=20,
+        disabled_at=timezone.now(),
+        disabled_reason=reason,
+    )
+    WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/fine")
+    listed = admin_client.get("/admin/jobstate/webhookendpoint/?enabled__exact=0").content.decode()
+    assert "hooks.example.com/broken" in listed and "hooks.example.com/fine" not in listed
+    assert "Disabled at" in listed and reason[:100] in listed and reason not in listed  # the start
+    page = f"/admin/jobstate/webhookendpoint/{disabled.pk}/change/"
+    shown = admin_client.get(page).content.decode()
+    assert "Tick it again, once the receiver works, to resume them" in shown and reason in shown
+    response = admin_client.post(page, {**GOOD, "owner": user.pk, "url": disabled.url})
+    assert response.status_code == 302, errors(response)
+    disabled.refresh_from_db()
+    assert disabled.enabled and disabled.consecutive_failures == 0
+    assert disabled.disabled_at is None and disabled.disabled_reason == ""

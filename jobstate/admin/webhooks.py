@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils.text import Truncator
 
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
@@ -66,6 +67,10 @@ class WebhookEndpointForm(forms.ModelForm):
         # As the admin's formfield_overrides, for the form on its own (Django 6's default).
         formfield_callback = staticmethod(_https_by_default)
         field_classes = {"events": _ShownJSON, "kinds": _ShownJSON}
+        help_texts = {
+            "enabled": "Deliveries stop when an endpoint keeps failing (see the disabled reason). "
+            "Tick it again, once the receiver works, to resume them and reset the failure count.",
+        }
 
     def clean_url(self) -> str:
         return validation.url(self.cleaned_data["url"])
@@ -105,13 +110,18 @@ class WebhookEndpointForm(forms.ModelForm):
 class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     form = WebhookEndpointForm
-    list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_reason", "created_at")
+    list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_at", "reason", "created_at")
     list_filter = ("enabled",)
     search_fields = ("url", "description")  # and the owner's name: get_search_fields
     raw_id_fields = ("owner",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     readonly_fields = WebhookEndpoint.SERVER_FIELDS
     inlines = [DeliveryInline]
+
+    @admin.display(description="disabled reason")
+    def reason(self, obj: WebhookEndpoint) -> str:
+        # The start: the whole reason (the last error, how to re-enable) is on its page.
+        return Truncator(obj.disabled_reason).chars(120)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         # The signing secret lets one forge the endpoint's messages: shown, as in the

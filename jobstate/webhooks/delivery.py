@@ -42,6 +42,15 @@ ENDPOINT_DELETED = "endpoint deleted"
 OWNER_INACTIVE = "the endpoint's owner is inactive (is_active false)"
 
 
+# How an endpoint disabled after failures resumes (ends its disabled_reason, which
+# its owner reads; the error quoted before it is cut short so that this stays whole).
+REENABLE = (
+    "Deliveries resume once it is enabled again, which also resets the failure count: "
+    'PATCH {"enabled": true} on the endpoint in the webhooks API, or tick "Enabled" on its '
+    "admin page. Fix the receiver first."
+)
+
+
 # What an attempt needs besides the request WEBHOOK_TIMEOUT bounds: the DNS lookup
 # before it (the system resolver's own timeouts: up to 30 s with glibc's defaults
 # and three name servers), reading the job and the endpoint, storing the attempt.
@@ -164,7 +173,7 @@ def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, star
         return False
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
-    reason = text(f"disabled after {limit} failed attempts in a row; the last: {error}")[:2000]
+    reason = text(f"disabled after {limit} failed attempts in a row; the last: {error[:1000]}. {REENABLE}")
     if WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit).update(
         enabled=False, disabled_at=timezone.now(), disabled_reason=reason
     ):
