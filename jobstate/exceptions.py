@@ -46,9 +46,9 @@ class RangeNotSatisfiable(JobStateError):
 
 
 class UnservableFile(JobStateError):
-    """An asset's stored file name is one the storage refuses to open (it leaves the
-    storage's folder: ``..`` or an absolute path, from a hand-edited or old row):
-    its download is a 404, as for a missing file."""
+    """An asset's stored file is not one to serve: its name is not inside its job's
+    own folder of the storage (another job's file, another app's, ``..``, absolute:
+    a hand-edited or old row). Its download is a 404, as for a missing file."""
 
     def __init__(self, asset_id: object) -> None:
         self.asset_id = asset_id

@@ -361,9 +361,11 @@ def test_if_range_sends_the_range_only_of_the_same_file(user):
 def test_a_file_without_a_checksum_has_no_etag_and_if_range_gets_it_whole(user, media):
     job = running(user)
     # A row stored otherwise than by add_asset, without a sha256.
-    (media / "jobstate").mkdir()
-    (media / "jobstate" / "old.bin").write_bytes(DIGITS)
-    asset = Asset.objects.create(job=job, owner=user, asset_type="x", name="old.bin", file="jobstate/old.bin")
+    (media / "jobstate" / str(job.pk)).mkdir(parents=True)
+    (media / "jobstate" / str(job.pk) / "old.bin").write_bytes(DIGITS)
+    asset = Asset.objects.create(
+        job=job, owner=user, asset_type="x", name="old.bin", file=f"jobstate/{job.pk}/old.bin"
+    )
     assert "ETag" not in download(user, asset)
     assert read(download(user, asset, HTTP_RANGE="bytes=0-0")) == DIGITS[:1]
     whole = download(user, asset, HTTP_RANGE="bytes=0-0", HTTP_IF_RANGE='""')

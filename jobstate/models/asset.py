@@ -15,8 +15,13 @@ from django.utils import timezone
 from jobstate.ids import new_id
 
 
+def job_folder(job_id: object) -> str:
+    """The folder of the assets' storage that holds ``job_id``'s files (with its "/")."""
+    return f"jobstate/{job_id}/"
+
+
 def asset_upload_to(instance: Asset, filename: str) -> str:
-    return f"jobstate/{instance.job_id}/{filename}"
+    return f"{job_folder(instance.job_id)}{filename}"
 
 
 def _asset_storage():  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from typing import IO, Any, cast
 from urllib.parse import urlsplit
 from uuid import UUID
 
-from django.core.exceptions import SuspiciousOperation, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.files.base import ContentFile, File
 from django.core.files.storage import Storage
 from django.db import transaction
@@ -23,10 +23,11 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
-from jobstate.exceptions import LeaseLost, UnservableFile
+from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
 from jobstate.services import ranges
+from jobstate.services.asset_files import open_stored
 from jobstate.states import Status
 from jobstate.storable import json_value, text
 
@@ -227,16 +228,11 @@ def file_response(asset: Asset, request: HttpRequest | None = None) -> FileRespo
     file is sent as stored, never compressed by ``GZipMiddleware``.
 
     A row written outside ``add_asset`` (an old version's, a hand-edited one) is
-    logged at WARNING: a stored name the storage refuses (``..``, absolute) raises
-    UnservableFile (a 404); a content type no header can carry is sent as
+    logged at WARNING: a stored name outside the job's own folder (another job's
+    file, another app's, ``..``, absolute) raises UnservableFile (a 404), see
+    ``asset_files.open_stored``; a content type no header can carry is sent as
     ``application/octet-stream``."""
-    try:
-        file = asset.file.open("rb")
-    except SuspiciousOperation as exc:  # the storage's SuspiciousFileOperation
-        logger.warning(
-            "Asset %s: its stored file name %r cannot be served: %s", asset.pk, asset.file.name, exc
-        )
-        raise UnservableFile(asset.pk) from None
+    file = open_stored(asset)
     try:
         return _file_response(asset, file, request)
     except BaseException:
