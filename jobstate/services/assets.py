@@ -27,7 +27,7 @@ from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
 from jobstate.models.asset import asset_upload_to
 from jobstate.services import ranges
-from jobstate.services.asset_files import open_stored
+from jobstate.services.asset_files import in_job_folder, open_stored
 from jobstate.states import Status
 from jobstate.storable import json_value, text
 
@@ -203,13 +203,19 @@ def _as_file(content: bytes | str | IO[bytes] | File[bytes], name: str) -> File[
 
 
 def delete_stored_file(asset: Asset) -> None:
-    """Remove an asset's stored file once the deleting transaction commits.
+    """Remove an asset's stored file once the deleting transaction commits: only
+    a file inside its job's folder, as a download opens only those.
 
     ``robust``: a storage that fails (a network error, a permission) is logged, and
     the rest goes on (the next files of a pruned batch, the next batch, the request
     that deleted the job); the file is left to ``remove_orphan_files``."""
     name = asset.file.name
     if not name:  # (a FieldFile is false exactly when it has no name)
+        return
+    if not in_job_folder(name, asset.job_id):  # another job's file, another app's: not this job's to delete
+        logger.warning(
+            "Asset %s: its stored file name %r is not inside its job's folder: kept", asset.pk, name
+        )
         return
     storage = asset.file.storage
     transaction.on_commit(lambda: storage.delete(name), robust=True)

@@ -1,0 +1,66 @@
+"""Deleting a job (or an asset) removes the job's own files, and nothing else."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from jobstate import services
+from jobstate.models import Asset, Job
+from tests.api_support import completed
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def media(settings: Any, tmp_path: Any) -> Any:
+    settings.MEDIA_ROOT = tmp_path
+    return tmp_path
+
+
+def add_file(job: Job, name: str = "r.csv") -> Asset:
+    return services.add_asset(job, asset_type="report", name=name, content=b"a,b\n")
+
+
+def admin_delete(admin_client: Any, job: Job) -> None:
+    response = admin_client.post(reverse("admin:jobstate_job_delete", args=[job.pk]), {"post": "yes"})
+    assert response.status_code == 302 and not Job.objects.filter(pk=job.pk).exists()
+
+
+@pytest.mark.parametrize("where", ["another job's file", "another app's media"])
+def test_deleting_a_job_deletes_no_file_outside_its_folder(
+    admin_client: Any, user: Any, media: Any, caplog: Any, django_capture_on_commit_callbacks: Any, where: str
+) -> None:
+    # A row naming another file (hand-edited, say) took that file with it.
+    job = completed(user)
+    asset = add_file(job)
+    if where == "another job's file":
+        kept = media / str(add_file(completed(user)).file.name)
+    else:
+        (media / "avatars").mkdir()
+        kept = media / "avatars" / "me.png"
+        kept.write_bytes(b"theirs")
+    own = media / str(asset.file.name)
+    Asset.objects.filter(pk=asset.pk).update(file=str(kept.relative_to(media)))
+    with (
+        caplog.at_level(logging.WARNING, logger="jobstate"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        admin_delete(admin_client, job)
+    assert kept.exists()
+    assert own.exists()  # an orphan now, which remove_orphan_files sweeps
+    assert any(str(asset.pk) in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_deleting_a_job_deletes_its_files(
+    admin_client: Any, user: Any, media: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    job = completed(user)
+    files = [media / str(add_file(job).file.name) for _ in range(2)]
+    assert all(f.exists() for f in files)
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_delete(admin_client, job)
+    assert not any(f.exists() for f in files)
