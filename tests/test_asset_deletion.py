@@ -64,3 +64,29 @@ def test_deleting_a_job_deletes_its_files(
     with django_capture_on_commit_callbacks(execute=True):
         admin_delete(admin_client, job)
     assert not any(f.exists() for f in files)
+
+
+def test_deleting_a_job_removes_its_folder(
+    admin_client: Any, user: Any, media: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    # It stayed, empty, until the next jobstate_prune swept it.
+    job, other = completed(user), completed(user)
+    for owner_job in (job, job, other):
+        add_file(owner_job)
+    folder = media / "jobstate" / str(job.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_delete(admin_client, job)
+    assert not folder.exists()
+    assert (media / "jobstate" / str(other.pk)).is_dir()
+
+
+def test_deleting_the_last_asset_of_a_job_that_remains_keeps_its_folder(
+    user: Any, media: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    # The job may be storing another file there at this instant.
+    job = completed(user)
+    asset = add_file(job)
+    with django_capture_on_commit_callbacks(execute=True):
+        asset.delete()
+    assert not (media / str(asset.file.name)).exists()
+    assert (media / "jobstate" / str(job.pk)).is_dir()

@@ -25,7 +25,7 @@ from django.utils.text import get_valid_filename
 
 from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
-from jobstate.models.asset import asset_upload_to
+from jobstate.models.asset import asset_upload_to, job_folder
 from jobstate.services import ranges
 from jobstate.services.asset_files import in_job_folder, open_stored
 from jobstate.states import Status
@@ -217,8 +217,27 @@ def delete_stored_file(asset: Asset) -> None:
             "Asset %s: its stored file name %r is not inside its job's folder: kept", asset.pk, name
         )
         return
-    storage = asset.file.storage
-    transaction.on_commit(lambda: storage.delete(name), robust=True)
+    storage, job_id = asset.file.storage, asset.job_id
+
+    def delete() -> None:
+        storage.delete(name)
+        _remove_job_folder(storage, job_id)
+
+    transaction.on_commit(delete, robust=True)
+
+
+def _remove_job_folder(storage: Storage, job_id: Any) -> None:
+    """A file system's folder of a deleted job, once its last file is gone (else
+    it waited for ``remove_orphan_files``). A job that still exists keeps it: it
+    may be storing a file there at this instant."""
+    try:
+        path = storage.path(job_folder(job_id))
+    except NotImplementedError:  # no local paths (object storages have no folders)
+        return
+    with contextlib.suppress(OSError):  # not empty, or gone already
+        if os.listdir(path) or Job.objects.filter(pk=job_id).exists():
+            return
+        os.rmdir(path)
 
 
 def file_response(asset: Asset, request: HttpRequest | None = None) -> FileResponse:
