@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import pytest
+from django.core.files.storage import FileSystemStorage
 from django.urls import reverse
 
 from jobstate import services
@@ -90,3 +91,27 @@ def test_deleting_the_last_asset_of_a_job_that_remains_keeps_its_folder(
         asset.delete()
     assert not (media / str(asset.file.name)).exists()
     assert (media / "jobstate" / str(job.pk)).is_dir()
+
+
+@pytest.fixture
+def overwriting(media: Any, monkeypatch: Any) -> FileSystemStorage:
+    """A storage that overwrites a file of the same name, as django-storages' S3 does by default."""
+    storage = FileSystemStorage(location=media, allow_overwrite=True)
+    monkeypatch.setattr(Asset._meta.get_field("file"), "storage", storage)
+    return storage
+
+
+def test_two_assets_of_one_name_in_a_job_keep_their_own_files(
+    user: Any, overwriting: FileSystemStorage, django_capture_on_commit_callbacks: Any
+) -> None:
+    # They shared one file: the first one's download was the second's content, and
+    # deleting either deleted both's.
+    job = completed(user)
+    first = services.add_asset(job, asset_type="report", name="r.csv", content=b"first")
+    second = services.add_asset(job, asset_type="report", name="r.csv", content=b"second")
+    assert first.file.name != second.file.name
+    assert all(a.file.name.startswith(f"jobstate/{job.pk}/") for a in (first, second))
+    with django_capture_on_commit_callbacks(execute=True):
+        first.delete()
+    assert not overwriting.exists(first.file.name)
+    assert overwriting.open(second.file.name).read() == b"second"

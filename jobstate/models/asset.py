@@ -21,7 +21,9 @@ def job_folder(job_id: object) -> str:
 
 
 def asset_upload_to(instance: Asset, filename: str) -> str:
-    return f"{job_folder(instance.job_id)}{filename}"
+    # The asset's id first: a storage that overwrites (django-storages' S3 by default)
+    # gave two assets of one name a single file, and deleting either took both's.
+    return f"{job_folder(instance.job_id)}{instance.pk}_{filename}"
 
 
 def _asset_storage():  # type: ignore[no-untyped-def]

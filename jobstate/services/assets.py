@@ -49,7 +49,7 @@ def safe_name(name: str) -> str:
     return _fit(cleaned[:200]) or "file"
 
 
-NAME_MAX_BYTES = 200  # of a file system's 255 per name: room for the storage's "_abc1234"
+NAME_MAX_BYTES = 200  # of a file system's 255 per name: room for the asset id's 37 and a storage's "_abc1234"
 
 
 def _fit(name: str) -> str:
