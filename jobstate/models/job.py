@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
@@ -13,6 +13,10 @@ from django_fsm import FSMField, FSMModelMixin, transition
 from jobstate.ids import new_id
 from jobstate.states import ACTIVE, TERMINAL, Status
 
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models.sql.compiler import SQLCompiler
+
 # Who sees every job (the admin's rule, used by the API, webhooks and metrics too).
 VIEW_ALL_PERMISSIONS = ("jobstate.view_job", "jobstate.change_job")
 
@@ -22,6 +26,21 @@ def may_view_all(user: Any) -> bool:
     if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
         return False
     return any(user.has_perm(perm) for perm in VIEW_ALL_PERMISSIONS)
+
+
+class LeaseClock(models.Expression):
+    """Now, to compare lease expiries with: on PostgreSQL the database's clock
+    (``STATEMENT_TIMESTAMP()``), the one clock every machine shares, so that a
+    reaper whose own clock is off neither takes healthy jobs nor leaves dead
+    ones; elsewhere (SQLite: one machine) this process's clock, as a parameter."""
+
+    def __init__(self) -> None:
+        super().__init__(output_field=models.DateTimeField())
+
+    def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> tuple[str, Any]:
+        if connection.vendor == "postgresql":
+            return "STATEMENT_TIMESTAMP()", ()
+        return compiler.compile(models.Value(timezone.now(), output_field=models.DateTimeField()))
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -55,8 +74,9 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.queued().filter(run_after__lte=now or timezone.now()).order_by(*CLAIM_ORDER)
 
     def expired(self, now: Any = None) -> JobQuerySet:
-        """Processing jobs whose lease has run out (their worker is presumed dead)."""
-        return self.processing().filter(lease_expires_at__lt=now or timezone.now())
+        """Processing jobs whose lease has run out (their worker is presumed dead):
+        at ``now``, or by ``LeaseClock`` when None."""
+        return self.processing().filter(lease_expires_at__lt=now or LeaseClock())
 
 
 def with_retried(jobs: models.QuerySet[Job]) -> models.QuerySet[Job]:

@@ -22,6 +22,7 @@ from jobstate.exceptions import (
     sqlstate,
 )
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import LeaseClock
 from jobstate.registry import get_handler
 from jobstate.services import cascade, retryable
 from jobstate.services._rows import JobRef, create_job, record_event
@@ -277,6 +278,9 @@ def requeue_expired(
 
     The history rows name ``actor``: the system's reaper unless given (the
     admin's "Run the reaper now" names the admin user)."""
+    # Expiry is judged at ``now`` when given, else by the database's clock on
+    # PostgreSQL (``LeaseClock``); ``now`` still dates what the reaper writes.
+    clock = now
     now = now or timezone.now()
     report = ReapReport()
     reaper = actor or Actor.system("reaper")
@@ -289,19 +293,20 @@ def requeue_expired(
     waits = 0
     while (used := report.total + waits) < limit:
         size = limit - used
-        rows = list(_expired_after(now, after).values_list(*_REAP_COLUMNS)[:size])
+        rows = list(_expired_after(clock, after).values_list(*_REAP_COLUMNS)[:size])
         for row in rows:
-            waits += _reap(row, report, reaper, now)
+            waits += _reap(row, report, reaper, now, clock)
         if len(rows) < size:
             break
         after = (rows[-1][-1], rows[-1][0])
     else:  # stopped by the limit: one more row tells whether any was left unseen
-        report.more = _expired_after(now, after).exists()
+        report.more = _expired_after(clock, after).exists()
     return report
 
 
-def _expired_after(now: datetime, after: tuple[datetime, Any] | None) -> QuerySet[Job]:
-    """The jobs expired at ``now``, oldest expiry first, past ``after`` (expiry, pk)."""
+def _expired_after(now: datetime | None, after: tuple[datetime, Any] | None) -> QuerySet[Job]:
+    """The jobs expired at ``now`` (None: ``LeaseClock``), oldest expiry first, past
+    ``after`` (expiry, pk)."""
     page = Job.objects.expired(now)
     if after is not None:
         expiry, pk = after
@@ -322,11 +327,13 @@ _REAP_COLUMNS = (
 )
 
 
-def _reap(row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime) -> bool:
+def _reap(
+    row: tuple[Any, ...], report: ReapReport, reaper: Actor, now: datetime, clock: datetime | None
+) -> bool:
     """One expired job's move (see ``requeue_expired``), recorded in ``report``.
     True when it waited REAP_PARENT_WAIT_MS for a held parent row (and left the job)."""
     pk, kind, token, attempts, max_attempts, cancel_at, worker, started, _expiry = row
-    guard = {"token": token, "condition": _still_expired(now), "actor": reaper, "now": now}
+    guard = {"token": token, "condition": _still_expired(clock), "actor": reaper, "now": now}
     meta = {"attempt": attempts, "worker": worker}
     lost = f"lease expired (worker {worker or '?'} lost)"
     last, cancelling = attempts >= max_attempts, cancel_at is not None
@@ -446,10 +453,8 @@ def _lock_unless_held(pk: Any) -> bool:
     return bool(list(free.values_list("pk", flat=True)))
 
 
-def _still_expired(now: datetime) -> Any:
-    from django.db.models import Q
-
-    return Q(lease_expires_at__lt=now)
+def _still_expired(now: datetime | None) -> Any:
+    return Q(lease_expires_at__lt=now or LeaseClock())
 
 
 # The move an operator's requeue makes, by the job's status.
