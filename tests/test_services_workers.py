@@ -35,3 +35,18 @@ def test_alive_and_forget_dead():
     assert workers.forget_dead(older_than_seconds=45, now=now) == 1
     workers.gone("h:1:2")
     assert WorkerProcess.objects.count() == 0
+
+
+def test_a_beat_returns_the_database_clock_on_postgresql_and_stores_the_offset_given():
+    from django.db import connection
+
+    assert workers.beat("h:1:2", cluster="h:1", role="worker") is None  # the first inserts
+    before = timezone.now()
+    database_now = workers.beat("h:1:2", cluster="h:1", role="worker", clock_offset=-1.5)
+    if connection.vendor == "postgresql":
+        assert database_now is not None and database_now.tzinfo is not None
+    else:
+        assert database_now is None
+    workers.beat("h:1:2", cluster="h:1", role="worker", finished=1)  # no offset: kept
+    row = WorkerProcess.objects.get()
+    assert row.clock_offset == -1.5 and row.jobs_done == 1 and row.seen_at >= before

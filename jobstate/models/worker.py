@@ -33,6 +33,10 @@ class WorkerProcess(models.Model):
     # Leases this process renewed: a worker's heartbeats of its running job, a
     # pusher's extensions of jobs waiting in its queue (a counter per process).
     leases_renewed = models.PositiveBigIntegerField(default=0)
+    # How far the process's clock is ahead of the database's, in seconds (negative:
+    # behind), as its last beat measured it (``jobstate.worker.clock``); NULL
+    # until measured, and on SQLite.
+    clock_offset = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ("cluster", "role", "name")

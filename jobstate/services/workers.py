@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F, QuerySet
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from jobstate import conf
@@ -23,13 +24,18 @@ def beat(
     job_id: Any = None,
     finished: int = 0,
     renewed: int = 0,
+    clock_offset: float | None = None,
     now: datetime | None = None,
-) -> None:
+) -> datetime | None:
     """Record that process ``name`` is alive (running ``job_id``, or idle when None).
 
     One UPDATE in the common case; the first beat of a process inserts its row.
     ``finished`` adds to the process's count of jobs done, ``renewed`` to its
-    count of lease renewals.
+    count of lease renewals; ``clock_offset`` (when given) is stored.
+
+    On PostgreSQL the UPDATE also returns the database's clock
+    (``STATEMENT_TIMESTAMP()``), which is returned for ``jobstate.worker.clock``;
+    None elsewhere and on a first beat.
     """
     now = now or timezone.now()
     values: dict[str, Any] = {"seen_at": now, "job_id": job_id}
@@ -37,8 +43,16 @@ def beat(
         values["jobs_done"] = F("jobs_done") + finished
     if renewed:
         values["leases_renewed"] = F("leases_renewed") + renewed
-    if WorkerProcess.objects.filter(name=name).update(**values):
-        return
+    if clock_offset is not None:
+        values["clock_offset"] = clock_offset
+    rows = WorkerProcess.objects.filter(name=name)
+    db = router.db_for_write(WorkerProcess)
+    if connections[db].vendor == "postgresql":
+        database_now = _update_returning_clock(rows, values, db)
+        if database_now is not None:
+            return database_now
+    elif rows.update(**values):
+        return None
     host, _, pid = name.rpartition(":")
     try:
         with transaction.atomic():
@@ -56,6 +70,21 @@ def beat(
             )
     except IntegrityError:  # a concurrent first beat of the same name
         WorkerProcess.objects.filter(name=name).update(**values)
+    return None
+
+
+def _update_returning_clock(
+    rows: QuerySet[WorkerProcess], values: dict[str, Any], db: str
+) -> datetime | None:
+    """``rows.update(**values)`` with ``RETURNING STATEMENT_TIMESTAMP()``: the
+    database's clock from the statement the beat runs anyway; None if no row matched."""
+    query = cast(UpdateQuery, rows.query.chain(UpdateQuery))
+    query.add_update_values(values)
+    sql, params = query.get_compiler(db).as_sql()
+    with connections[db].cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING STATEMENT_TIMESTAMP()", params)
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def gone(name: str) -> None:

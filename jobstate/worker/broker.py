@@ -37,7 +37,8 @@ from jobstate import conf, registry, services
 from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
-from jobstate.worker import counters, q2
+from jobstate.worker import clock, counters, q2
+from jobstate.worker.clock import ClockWatch
 from jobstate.worker.counters import JOB_ACK_PREFIX
 from jobstate.worker.listen import Listener
 from jobstate.worker.outage import Outage
@@ -106,6 +107,7 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         self._listener: Listener | None = None
         self._outage = Outage(logger, "jobstate broker")
         self._exit_hooked = 0  # the pid whose pusher row is removed at its clean exit
+        self._clock = ClockWatch()  # the pusher's clock (it claims, and renews leases)
         self._reset()
 
     def _reset(self) -> None:
@@ -299,7 +301,15 @@ class JobBroker(q2.OrmBroker):  # type: ignore[misc]  # django-q2 is untyped (An
         self._next_renew = now + float(conf.get("HEARTBEAT_SECONDS"))
         name = f"{cluster_id()}:{os.getpid()}"
         try:
-            worker_processes.beat(name, cluster=cluster_id(), role="pusher", renewed=self._renewed)
+            before = clock.wall()
+            database_now = worker_processes.beat(
+                name,
+                cluster=cluster_id(),
+                role="pusher",
+                renewed=self._renewed,
+                clock_offset=self._clock.offset,
+            )
+            self._clock.measured(before, database_now, clock.wall(), name)
             self._renewed = 0
             if self._exit_hooked != os.getpid() and q2.at_clean_exit(functools.partial(_pusher_gone, name)):
                 self._exit_hooked = os.getpid()

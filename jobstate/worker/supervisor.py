@@ -46,7 +46,8 @@ from django.db import connection, transaction
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, Interrupted, LeaseLost, waited_on_a_lock
 from jobstate.registry import HandlerSpec
-from jobstate.worker import q2
+from jobstate.worker import clock, q2
+from jobstate.worker.clock import ClockWatch
 from jobstate.worker.context import JobContext
 from jobstate.worker.outage import Outage
 
@@ -112,6 +113,8 @@ class Supervisor:
         self.renewed = 0  # job heartbeats since the last process beat
         # A database outage logs one traceback, then a line a minute (only under _beat_lock).
         self._beat_outage = Outage(logger, "jobstate worker heartbeat")
+        # This process's clock against the database's, read by each process beat.
+        self.clock = ClockWatch()
         # The same for the running job's lease renewals and progress writes (only
         # the heartbeat thread makes them); a run of failures spans jobs.
         self._job_outage = Outage(logger, "jobstate job heartbeat")
@@ -410,14 +413,17 @@ class Supervisor:
         finished, self.finished = self.finished, 0
         renewed, self.renewed = self.renewed, 0
         try:
-            workers.beat(
+            before = clock.wall()
+            database_now = workers.beat(
                 name,
                 cluster=cluster,
                 role="worker",
                 job_id=slot.ctx.job.pk if slot is not None and not slot.done.is_set() else None,
                 finished=finished,
                 renewed=renewed,
+                clock_offset=self.clock.offset,
             )
+            self.clock.measured(before, database_now, clock.wall(), name)
         except Exception as exc:
             self.finished += finished
             self.renewed += renewed
