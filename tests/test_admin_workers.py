@@ -120,6 +120,27 @@ def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: A
     assert client.get(reverse("admin:jobstate_workerprocess_delete", args=[row.pk])).status_code == 403
 
 
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 10})  # flagged past 2.5 s
+def test_the_process_list_shows_each_clock_offset_and_flags_those_past_the_limit(admin_client: Any) -> None:
+    idle_cluster(n=3)
+    workers.beat("web-1:400:401", cluster="web-1:400", role="worker", clock_offset=0.04)
+    workers.beat("web-1:400:402", cluster="web-1:400", role="worker", clock_offset=-3.1)
+    html = admin_client.get(PROCESSES).content.decode()
+    cells = dict(
+        re.findall(
+            r'<a href="[^"]*">(web-1:400:\d+)</a>.*?<td class="field-clock_col">(.*?)</td>', html, re.S
+        )
+    )
+    assert cells["web-1:400:400"] == "—" and cells["web-1:400:403"] == "—"  # not measured (SQLite)
+    assert cells["web-1:400:401"] == "+0.04 s"
+    flagged = cells["web-1:400:402"]
+    assert (
+        "js-badge-failed" in flagged
+        and "-3.10 s" in flagged
+        and "behind the database&#x27;s clock" in flagged
+    )
+
+
 def test_staff_who_may_view_jobs_by_change_job_see_the_process_list_too(
     client: Any, django_user_model: Any
 ) -> None:

@@ -26,6 +26,7 @@ from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import WorkerProcess
 from jobstate.models.job import may_view_all
+from jobstate.worker import clock
 
 STATE_CLASSES = {"busy": "processing", "idle": "completed", "alive": "completed", "dead": "failed"}
 
@@ -70,7 +71,16 @@ def render_panel(request: HttpRequest, now: datetime | None = None) -> str:
 class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     """Every process row, alive or dead: read-only (the processes write them)."""
 
-    list_display = ("name", "role", "state_col", "job_col", "seen_col", "started_at", "jobs_done")
+    list_display = (
+        "name",
+        "role",
+        "state_col",
+        "job_col",
+        "seen_col",
+        "clock_col",
+        "started_at",
+        "jobs_done",
+    )
     list_filter = ("role", "cluster")
     search_fields = ("name", "cluster", "host")
     ordering = ("cluster", "role", "name")
@@ -118,3 +128,21 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="last heartbeat", ordering="seen_at")
     def seen_col(self, obj: WorkerProcess) -> str:
         return f"{_whole_seconds(obj.seen_at, timezone.now())} ago"
+
+    @admin.display(description="clock offset", ordering="clock_offset")
+    def clock_col(self, obj: WorkerProcess) -> SafeString:
+        """How far the process's clock is from the database's (PostgreSQL), flagged
+        past ``clock.limit()``: leases it writes are off by as much."""
+        offset = obj.clock_offset
+        if offset is None:
+            return format_html("{}", "—")
+        shown = f"{offset:+.2f} s"
+        if not clock.past_limit(offset):
+            return format_html("{}", shown)
+        side = "ahead of" if offset > 0 else "behind"
+        return format_html(
+            '<span class="js-badge js-badge-failed" title="{}">{}</span>',
+            f"{side} the database's clock by more than a quarter of HEARTBEAT_SECONDS"
+            f" ({clock.limit():g} s): the leases it writes are off by as much",
+            shown,
+        )
