@@ -56,7 +56,7 @@ def test_reap_once_requeues_or_fails_lost_jobs():
 
 
 def test_reap_exits_non_zero_when_a_job_could_not_be_reaped(monkeypatch):
-    from jobstate.services import control
+    from jobstate.services import reaper
 
     lost = services.enqueue("test.echo", {})
     (claimed,) = services.claim("lost:1")
@@ -66,7 +66,7 @@ def test_reap_exits_non_zero_when_a_job_could_not_be_reaped(monkeypatch):
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("a hook failed")
 
-    monkeypatch.setattr(control, "move", broken)
+    monkeypatch.setattr(reaper, "move", broken)
     out = StringIO()
     with pytest.raises(CommandError, match="1 expired job"):
         call_command("jobstate_reap", stdout=out)

@@ -384,7 +384,7 @@ def test_the_reaper_does_not_wait_long_for_a_parent_someone_holds():
     # It locks an expired child's parent first (parents before children), waiting
     # at most about a second: a parent held longer (its handler's own transaction)
     # leaves the child for the next sweep rather than stalling every other rescue.
-    from jobstate.services import control
+    from jobstate.services import reaper
 
     services.enqueue("test.echo", {})
     (parent,) = services.claim("w1", kinds=["test.echo"])
@@ -410,7 +410,7 @@ def test_the_reaper_does_not_wait_long_for_a_parent_someone_holds():
     release.set()
     holder.join(10)
     assert errors == []
-    assert control.REAP_PARENT_WAIT_MS / 1000 <= waited < 10
+    assert reaper.REAP_PARENT_WAIT_MS / 1000 <= waited < 10
     # Parent and child both expired by then: the parent (nobody holds it now that
     # the sweep ran) is requeued; the child was left for the next sweep.
     assert kid.pk in report.skipped

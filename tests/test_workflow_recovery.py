@@ -156,14 +156,14 @@ def test_a_reaping_that_raises_leaves_that_job_and_reaps_the_others(monkeypatch,
     second = services.enqueue("test.echo", {}, max_attempts=1)
     for job in (first, second):
         services.start(job.pk, "w1")
-    real = services.control.move
+    real = services.reaper.move
 
     def move(pk: Any, *args: Any, **kwargs: Any) -> Any:
         if pk == first.pk:
             raise KeyError("a hook's bug")
         return real(pk, *args, **kwargs)
 
-    monkeypatch.setattr(services.control, "move", move)
+    monkeypatch.setattr(services.reaper, "move", move)
     report = reap()
     assert report.errors == [first.pk] and report.failed == [second.pk]
     assert fresh(first).status == Status.PROCESSING and fresh(second).status == Status.FAILED
@@ -180,14 +180,14 @@ def test_jobs_whose_reaping_raises_do_not_hide_the_others_from_a_limited_sweep(m
     for offset, job in enumerate(jobs):  # expiry order: jobs[0], jobs[1], jobs[2]
         Job.objects.filter(pk=job.pk).update(lease_expires_at=base + timedelta(seconds=offset))
     broken = {jobs[0].pk, jobs[1].pk}
-    real = services.control.move
+    real = services.reaper.move
 
     def move(pk: Any, *args: Any, **kwargs: Any) -> Any:
         if pk in broken:
             raise KeyError("a hook's bug")
         return real(pk, *args, **kwargs)
 
-    monkeypatch.setattr(services.control, "move", move)
+    monkeypatch.setattr(services.reaper, "move", move)
     report = services.requeue_expired(now=base + timedelta(hours=1), limit=2)
     assert report.failed == [jobs[2].pk] and set(report.errors) == broken
     assert fresh(jobs[2]).status == Status.FAILED
@@ -199,7 +199,7 @@ def test_waits_for_a_held_parent_row_count_against_the_sweeps_limit(monkeypatch)
     jobs = [services.enqueue("test.echo", {}, max_attempts=1) for _ in range(3)]
     for job in jobs:
         services.start(job.pk, "w1")
-    monkeypatch.setattr(services.control, "_lock_parent_briefly", lambda pk: False)
+    monkeypatch.setattr(services.reaper, "_lock_parent_briefly", lambda pk: False)
     report = services.requeue_expired(now=timezone.now() + timedelta(hours=1), limit=2)
     assert len(report.skipped) == 2 and report.total == 0
 
@@ -214,8 +214,8 @@ def test_jobs_whose_own_row_is_held_do_not_hide_the_others_from_a_limited_sweep(
     for offset, job in enumerate(jobs):
         Job.objects.filter(pk=job.pk).update(lease_expires_at=base + timedelta(seconds=offset))
     held = {jobs[0].pk, jobs[1].pk}
-    real = services.control._lock_unless_held
-    monkeypatch.setattr(services.control, "_lock_unless_held", lambda pk: pk not in held and real(pk))
+    real = services.reaper._lock_unless_held
+    monkeypatch.setattr(services.reaper, "_lock_unless_held", lambda pk: pk not in held and real(pk))
     report = services.requeue_expired(now=base + timedelta(hours=1), limit=2)
     assert set(report.skipped) == held and report.failed == [jobs[2].pk]
 

@@ -14,7 +14,6 @@ from jobstate.services.assets import (
 )
 from jobstate.services.control import (
     DuplicateActiveKey,
-    ReapReport,
     cancel_now,
     force_fail,
     hand_back,
@@ -22,7 +21,6 @@ from jobstate.services.control import (
     request_cancel,
     request_stop,
     requeue,
-    requeue_expired,
     retry,
     suspend,
 )
@@ -40,6 +38,7 @@ from jobstate.services.lease import (
     start,
 )
 from jobstate.services.outcomes import complete, fail, mark_partial
+from jobstate.services.reaper import ReapReport, requeue_expired
 from jobstate.services.steps import all_step_transitions, move_step
 from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent, parent_locked
 
