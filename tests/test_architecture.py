@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -74,10 +75,21 @@ def test_import_contracts_hold(monkeypatch: pytest.MonkeyPatch):
     from importlinter import cli
 
     monkeypatch.chdir(ROOT)
-    assert (
-        cli.lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True)
-        == cli.EXIT_STATUS_SUCCESS
-    )
+    # lint_imports configures logging with disable_existing_loggers: "jobstate" and
+    # its children would stay disabled for the tests that run after this one in
+    # the same process (their caplog assertions then saw no record).
+    loggers = [
+        logging.getLogger(),
+        *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
+    ]
+    disabled = {logger: logger.disabled for logger in loggers}
+    try:
+        status = cli.lint_imports(config_filename=str(ROOT / ".importlinter"), no_cache=True)
+    finally:
+        for logger, was in disabled.items():
+            logger.disabled = was
+    assert status == cli.EXIT_STATUS_SUCCESS
+    assert not logging.getLogger("jobstate").disabled
 
 
 def test_the_contracts_fail_when_the_core_imports_workflows(tmp_path: Path):
