@@ -5,7 +5,10 @@ step's children, each spawn whose kind and parameters equal those of a child tha
 completed in the earlier run takes that child instead of starting a new one: the
 fan-in adopts its stored result, at the new spawn's place. A spawn whose earlier
 child failed, was cancelled, ended partial, is gone (retention) or never existed
-starts a new child.
+starts a new child. When there was such an earlier child (failed, cancelled or
+partial), the new one is its retry (``retry_of``, as ``services.retry`` makes): a
+child that is itself a workflow then applies this rule one level down, and reuses
+the completed children of its own fan-out steps.
 
 Children are matched by the work they were asked for (kind and parameters), never by
 position: when the step's items changed between the runs (rows added, removed or
@@ -14,14 +17,16 @@ spawns take equal earlier children in their earlier order.
 
 The earlier run is the nearest job up the retry chain (``retry_of``) whose step of
 that name started children (a retry that skipped the step, or failed before it, is
-looked past). Nothing is reused when a job on the way completed (retrying a
-completed workflow runs it all again), nor from a step that compensation undid (or
-tried to: its children's effects may be undone).
+looked past). Nothing is reused, and no new child is a retry, when a job on the way
+completed (retrying a completed workflow runs it all again), nor from a step that
+compensation undid (or tried to: its children's effects may be undone). An earlier
+child that has a retry already (a job is retried once) is retried by none.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Any
@@ -31,25 +36,37 @@ from django.core.serializers.json import DjangoJSONEncoder
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import Status
-from jobstate.workflows.fanout import retried, rows_of
+from jobstate.workflows.fanout import CHUNK, retried, rows_of
 from jobstate.workflows.spawns import ChildSpec, Reuse
 from jobstate.workflows.steps import UNDO_ERROR
 
+# The earlier children a new spawn retries: those that ended without completing.
+RETRIED = (Status.FAILED, Status.CANCELLED, Status.PARTIAL)
+
 
 def plan(job: Job, name: str, spawned: Sequence[ChildSpec]) -> Reuse:
-    """Which of ``spawned`` (step ``name`` of ``job``) take an earlier child."""
+    """Which of ``spawned`` (step ``name`` of ``job``) take an earlier child, and
+    which of the others retry one."""
     earlier = _earlier(job.retry_of_id, name) if spawned else None
     if earlier is None:
         return Reuse()
     source, ids = earlier
-    pool = _completed(ids)
-    if not pool:
+    done, undone = _ended(ids)
+    if not done and not undone:
         return Reuse()
-    picks = []
+    picks: list[str | None] = []
+    retries: list[str | None] = []
     for child in spawned:
-        found = pool.get(_key(child.kind, child.parameters))
-        picks.append(found.popleft() if found else None)
-    return Reuse(source, tuple(picks))
+        key = _key(child.kind, child.parameters)
+        pick = _take(done, key)
+        picks.append(pick)
+        retries.append(_take(undone, key) if pick is None else None)
+    return Reuse(source, tuple(picks), tuple(retries))
+
+
+def _take(pool: dict[tuple[str, str], deque[str]], key: tuple[str, str]) -> str | None:
+    found = pool.get(key)
+    return found.popleft() if found else None
 
 
 def _earlier(pk: Any, name: str) -> tuple[str, list[str]] | None:
@@ -71,9 +88,10 @@ def _earlier(pk: Any, name: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def _completed(ids: list[str]) -> dict[tuple[str, str], deque[str]]:
-    """The completed ones of ``ids`` by their work, in order; a child that did not
-    complete stands for its newest operator retry, as in the fan-in."""
+def _ended(ids: list[str]) -> tuple[dict[tuple[str, str], deque[str]], dict[tuple[str, str], deque[str]]]:
+    """Those of ``ids`` that completed, and those that ended otherwise (failed,
+    cancelled, partial) with no retry yet, each by their work, in order; a child that
+    did not complete stands for its newest operator retry, as in the fan-in."""
     fields = ("kind", "parameters", "status", "parent_id")
     found = {str(r["pk"]): r for r in rows_of(ids, fields)}
     unfinished: dict[Any, list[str]] = defaultdict(list)
@@ -84,12 +102,27 @@ def _completed(ids: list[str]) -> dict[tuple[str, str], deque[str]]:
     for parent, group in unfinished.items():
         replaced.update(retried(parent, group))
     found.update((str(r["pk"]), r) for r in rows_of(list(replaced.values()), fields))
-    pool: dict[tuple[str, str], deque[str]] = defaultdict(deque)
-    for pk in dict.fromkeys(replaced.get(pk, pk) for pk in ids):
-        child = found.get(pk)
-        if child is not None and child["status"] == Status.COMPLETED:
-            pool[_key(child["kind"], child["parameters"])].append(pk)
-    return pool
+    current = [pk for pk in dict.fromkeys(replaced.get(pk, pk) for pk in ids) if pk in found]
+    taken = _with_retry([pk for pk in current if found[pk]["status"] in RETRIED])
+    done: dict[tuple[str, str], deque[str]] = defaultdict(deque)
+    undone: dict[tuple[str, str], deque[str]] = defaultdict(deque)
+    for pk in current:
+        child = found[pk]
+        if child["status"] == Status.COMPLETED:
+            done[_key(child["kind"], child["parameters"])].append(pk)
+        elif child["status"] in RETRIED and pk not in taken:
+            undone[_key(child["kind"], child["parameters"])].append(pk)
+    return done, undone
+
+
+def _with_retry(ids: list[str]) -> set[str]:
+    """Those of ``ids`` that some job retries already."""
+    taken: set[str] = set()
+    for i in range(0, len(ids), CHUNK):
+        chunk = [uuid.UUID(pk) for pk in ids[i : i + CHUNK]]
+        rows = Job.objects.filter(retry_of_id__in=chunk).values_list("retry_of_id", flat=True)
+        taken.update(str(pk) for pk in rows)
+    return taken
 
 
 def _key(kind: str, parameters: Any) -> tuple[str, str]:

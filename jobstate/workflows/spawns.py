@@ -35,14 +35,21 @@ class ChildSpec:
 @dataclass(frozen=True)
 class Reuse:
     """For each spawn of a fan-out step, in order, the earlier run's completed child
-    it takes, or None to start a new one (``jobstate.workflows.reuse``)."""
+    it takes, or None to start a new one; and for each new one, the earlier child that
+    did not complete which it retries (``retry_of``), or None
+    (``jobstate.workflows.reuse``)."""
 
     source: str = ""  # the earlier job whose step started those children
     picks: tuple[str | None, ...] = ()
+    retries: tuple[str | None, ...] = ()
 
     @property
     def jobs(self) -> list[str]:
         return [pk for pk in self.picks if pk is not None]
+
+    @property
+    def retried(self) -> list[str]:
+        return [pk for pk in self.retries if pk is not None]
 
     def note(self) -> dict[str, Any]:
         """The step's ``detail`` entry, shown in its fan-in output too (empty when

@@ -273,28 +273,33 @@ def wait(
 ) -> list[Job]:
     """Start the step's child jobs and mark it ``waiting``, all in one transaction:
     either every child exists and the step waits for them, or nothing happened.
-    ``reuse``: the earlier run's completed children some of them take instead
+    ``reuse``: the earlier run's completed children some of them take instead, and
+    those that did not complete which the new ones retry (``retry_of``)
     (``jobstate.workflows.reuse``); the step's ``detail`` and history name them."""
     value = result_value(value, "output")
     picks = reuse.picks if reuse is not None and reuse.picks else (None,) * len(children)
+    retries = reuse.retries if reuse is not None and reuse.retries else (None,) * len(children)
     now = timezone.now()
     with transaction.atomic():
         _hold(job, token, percent=band[0], message=f"waiting for {len(children)} child jobs", step=name)
         row = JobStep.objects.select_for_update().get(job_id=job.pk, name=name)
         if row.status != S.RUNNING:  # checked before its children are created
             raise StepStateError(job.pk, name, "wait in it", row.status)
+        earlier = _retried(reuse)
         created: list[Job] = []
         ids: list[str] = []
-        for child, pick in zip(children, picks, strict=True):
+        for child, pick, old in zip(children, picks, retries, strict=True):
             if pick is None:
+                retry_of = earlier.get(old) if old is not None else None
                 created.append(
                     services.enqueue(
                         child.kind,
                         child.parameters,
                         owner=job.owner,
                         parent=job,
+                        retry_of=retry_of,
                         actor=_worker(job),
-                        reason=f"child of step '{name}'",
+                        reason=f"child of step '{name}'" + (f", retry of {old}" if retry_of else ""),
                         **child.options,
                     )
                 )
@@ -307,6 +312,8 @@ def wait(
         if reuse.jobs:
             metadata.update(reused=len(reuse.jobs), reused_from=reuse.source)
             reason = f"reused {len(reuse.jobs)} completed child jobs of {reuse.source}"
+        if earlier:
+            metadata.update(retries=len(earlier), retries_from=reuse.source)
         move_step(
             job.pk,
             name,
@@ -320,6 +327,13 @@ def wait(
             now=now,
         )
     return created
+
+
+def _retried(reuse: Reuse | None) -> dict[str, Job]:
+    """The earlier children the new ones retry, by id (one deleted meanwhile is left
+    out: its spawn starts a child that retries none)."""
+    ids = reuse.retried if reuse is not None else []
+    return {str(pk): old for pk, old in Job.objects.in_bulk(ids).items()} if ids else {}
 
 
 def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
