@@ -183,3 +183,28 @@ def test_a_child_retried_already_is_retried_by_no_other() -> None:
     assert again.status == Status.COMPLETED, again.error_message
     assert [j.retry_of_id for j in children(again)] == [None]
     assert runs() == [2, 2, 2, 1, 1, 1]
+
+
+def test_a_child_retried_by_hand_after_the_plan_is_retried_by_no_other(monkeypatch: Any) -> None:
+    """The plan reads the earlier children outside the step's transaction: a retry by hand
+    in between keeps its job, and the new spawn starts a child that retries none (a job
+    is retried once)."""
+    from jobstate.workflows import reuse
+
+    first = first_run("t.outer", "t.inner_partial", Status.PARTIAL)
+    partial_inner = children(first)[0]
+    planned = reuse.plan
+    by_hand: list[Job] = []
+
+    def plan_then_retry_by_hand(*args: Any, **kwargs: Any) -> Any:
+        taken = planned(*args, **kwargs)
+        if taken.retries and not by_hand:
+            by_hand.append(services.retry(partial_inner, "ops", "by hand"))
+        return taken
+
+    monkeypatch.setattr(reuse, "plan", plan_then_retry_by_hand)
+    again = services.retry(first, "ops")
+    drain()
+    assert len(by_hand) == 1
+    assert list(Job.objects.filter(retry_of=partial_inner)) == by_hand
+    assert [j.retry_of_id for j in children(again)] == [None]

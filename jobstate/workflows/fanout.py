@@ -21,12 +21,11 @@ from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
-from jobstate.workflows.spawns import REUSED, Reuse
+from jobstate.workflows.spawns import CHUNK, REUSED, Reuse
 
 if TYPE_CHECKING:
     from jobstate.workflows.definition import RunState, StepSpec
 
-CHUNK = 500  # ids per IN (...) query
 MAX_FAILURES_LISTED = 20
 
 

@@ -36,8 +36,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import Status
-from jobstate.workflows.fanout import CHUNK, retried, rows_of
-from jobstate.workflows.spawns import ChildSpec, Reuse
+from jobstate.workflows.fanout import retried, rows_of
+from jobstate.workflows.spawns import CHUNK, ChildSpec, Reuse
 from jobstate.workflows.steps import UNDO_ERROR
 
 # The earlier children a new spawn retries: those that ended without completing.

@@ -21,6 +21,7 @@ from typing import Any
 # run (``jobstate.workflows.reuse``); SPAWNED, the spawns of its iteration so far.
 REUSED = "reused"
 SPAWNED = "spawned"
+CHUNK = 500  # ids per IN (...) query
 
 
 @dataclass(frozen=True)

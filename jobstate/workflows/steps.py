@@ -12,6 +12,7 @@ created pending, cursors, bookkeeping in ``detail``).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -29,7 +30,7 @@ from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
 from jobstate.storable import json_value, result_value, text
-from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec, Reuse
+from jobstate.workflows.spawns import CHUNK, REUSED, SPAWNED, ChildSpec, Reuse
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -330,10 +331,20 @@ def wait(
 
 
 def _retried(reuse: Reuse | None) -> dict[str, Job]:
-    """The earlier children the new ones retry, by id (one deleted meanwhile is left
-    out: its spawn starts a child that retries none)."""
-    ids = reuse.retried if reuse is not None else []
-    return {str(pk): old for pk, old in Job.objects.in_bulk(ids).items()} if ids else {}
+    """The earlier children the new ones retry, by id, each locked as ``services.retry``
+    locks the job it retries. One deleted meanwhile, or retried by someone else since
+    the plan (a job is retried once), is left out: its spawn starts a child that
+    retries none."""
+    ids = sorted(reuse.retried) if reuse is not None else []
+    found: dict[str, Job] = {}
+    for i in range(0, len(ids), CHUNK):
+        chunk = [uuid.UUID(pk) for pk in ids[i : i + CHUNK]]
+        locked = Job.objects.select_for_update(no_key=True).filter(pk__in=chunk).order_by("pk")
+        found.update((str(old.pk), old) for old in locked)
+        taken = Job.objects.filter(retry_of_id__in=chunk).values_list("retry_of_id", flat=True)
+        for pk in taken:
+            found.pop(str(pk), None)
+    return found
 
 
 def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
