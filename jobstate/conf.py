@@ -12,12 +12,17 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
+# The most runs a job may have: enqueue, handler and task options and the settings
+# that give a job its max_attempts all keep to it (a registration or a setting above
+# it made jobs that enqueue's own max_attempts= refused).
+MAX_ATTEMPTS_LIMIT = 1000
+
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
     "LEASE_SECONDS": 60,
     # Seconds between background heartbeats while a handler runs.
     "HEARTBEAT_SECONDS": 10,
-    # Runs of a job (the first one counts) for handlers that do not set max_attempts.
+    # Runs of a job (the first one counts; 1 to 1000) for handlers that do not set max_attempts.
     "DEFAULT_MAX_ATTEMPTS": 3,
     # Per-attempt timeout for handlers that do not set one (seconds).
     "DEFAULT_TIMEOUT": 600,
@@ -95,7 +100,7 @@ DEFAULTS: dict[str, Any] = {
     "WEBHOOK_TIMEOUT": 5.0,
     # Bytes of the receiver's response read (and kept, up to 1 KiB) at most.
     "WEBHOOK_MAX_RESPONSE_BYTES": 64 * 1024,
-    # Attempts per delivery, and the backoff between them: base * 2 ** (attempt - 1)
+    # Attempts per delivery (1 to 1000), and the backoff between them: base * 2 ** (attempt - 1)
     # seconds, capped at max, plus up to 25% jitter.
     "WEBHOOK_MAX_ATTEMPTS": 8,
     "WEBHOOK_BACKOFF_BASE": 10.0,
@@ -272,6 +277,12 @@ MINIMUM: dict[str, float] = {
     "METRICS_FOLD_BATCH": 1,  # read as 1: a scrape folded one history row
 }
 
+# The most a numeric key takes (E012).
+MAXIMUM: dict[str, float] = {
+    "DEFAULT_MAX_ATTEMPTS": MAX_ATTEMPTS_LIMIT,
+    "WEBHOOK_MAX_ATTEMPTS": MAX_ATTEMPTS_LIMIT,
+}
+
 # Fractions (E010): finite, 0 to 1. RETRY_JITTER above 1 (25 for 25 %) multiplied
 # delays; below 0 shortened them, NaN made every retry immediate.
 FRACTIONS = frozenset({"RETRY_JITTER"})
@@ -347,6 +358,15 @@ def problems(user: Any) -> list[CheckMessage]:
                     hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
                     obj=key,
                     id="jobstate.E005",
+                )
+            )
+        elif key in MAXIMUM and value is not None and value > MAXIMUM[key]:
+            found.append(
+                Error(
+                    f"settings.JOBSTATE[{key!r}] is {value!r}; it must be {MAXIMUM[key]:g} or less.",
+                    hint=f"Default: {DEFAULTS[key]!r}. {CHECKS_DOCS}",
+                    obj=key,
+                    id="jobstate.E012",
                 )
             )
         elif not _seconds_in_range(key, value):

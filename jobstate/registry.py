@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 
+from jobstate.conf import MAX_ATTEMPTS_LIMIT
 from jobstate.exceptions import InvalidParameters, UnknownKind
 
 Backoff = float | Callable[[int], float]
@@ -140,9 +141,8 @@ def handler(
             f"Handler '{name}': unknown option(s) {', '.join(unknown)}; the options are {_OPTIONS}"
         )
     validate_api_policy(name, api)
+    validate_max_attempts(name, max_attempts)
     # "not >= 1" and isfinite(): NaN compares false, and int(inf) raises at the first claim.
-    if max_attempts is not None and not (max_attempts >= 1 and math.isfinite(max_attempts)):
-        raise ValueError("max_attempts must be at least 1")
     if concurrency is not None and not (concurrency >= 1 and math.isfinite(concurrency)):
         raise ValueError("concurrency must be at least 1")
     if timeout is not None and not timeout > 0:
@@ -199,6 +199,22 @@ def validate_name(name: str) -> None:
     admin and logs show them badly, and the metrics join labels with one (\\x1f)."""
     if not isinstance(name, str) or not name or any(unicodedata.category(c) == "Cc" for c in name):
         raise ValueError(f"A job kind is a non-empty name without control characters, not {name!r}")
+
+
+def validate_max_attempts(name: str, max_attempts: Any) -> None:
+    """What ``enqueue(max_attempts=...)`` takes: a kind registered with another value
+    made jobs that enqueue itself refused (5000 runs, 2.5, True)."""
+    if max_attempts is None:
+        return
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise ValueError(
+            f"Handler '{name}': max_attempts must be a whole number (an int) between 1 and "
+            f"{MAX_ATTEMPTS_LIMIT}, not {max_attempts!r}"
+        )
 
 
 def validate_api_policy(name: str, api: Any) -> None:

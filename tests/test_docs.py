@@ -95,6 +95,13 @@ def test_the_checks_page_names_every_key_with_a_least_value():
     assert not [key for key in conf.MINIMUM if f"`{key}`" not in row]
 
 
+def test_the_checks_page_names_every_key_with_a_most_value():
+    page = (ROOT / CHECKS_PAGE).read_text()
+    (row,) = re.findall(r"^\| jobstate\.E012 \|.*$", page, flags=re.M)
+    assert not [key for key in conf.MAXIMUM if f"`{key}`" not in row]
+    assert f" {conf.MAX_ATTEMPTS_LIMIT}" in row
+
+
 def test_the_checks_page_names_every_fraction_and_every_backoff_cap():
     page = (ROOT / CHECKS_PAGE).read_text()
     (fractions,) = re.findall(r"^\| jobstate\.E010 \|.*$", page, flags=re.M)
@@ -131,6 +138,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found += conf.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
     found += conf.problems({"WEBHOOK_TIMEOUT": 0})  # E009
     found += conf.problems({"RETRY_JITTER": 25, "RETRY_BACKOFF_MAX": 1})  # E010, E011
+    found += conf.problems({"DEFAULT_MAX_ATTEMPTS": 1001})  # E012
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
         found += conf.check_storage()  # E004
     with override_settings(MEDIA_ROOT=""):

@@ -79,9 +79,11 @@ def _clean(
         # and then cannot be read back; SQLite's conversion overflows.
         errors["run_after"] = ["run_after is between the years 1 and 9999 in UTC."]
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 1000
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= conf.MAX_ATTEMPTS_LIMIT
     ):
-        errors["max_attempts"] = ["max_attempts is an integer between 1 and 1000."]
+        errors["max_attempts"] = [f"max_attempts is an integer between 1 and {conf.MAX_ATTEMPTS_LIMIT}."]
     if errors:
         raise ValidationError(errors)
     return spec, cleaned

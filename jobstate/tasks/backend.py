@@ -164,9 +164,11 @@ def register(task: Task[..., Any], queue: str | None = None) -> str:
             return kind
     options: dict[str, Any] = {"api": False}  # task kinds are enqueued from code, not through the API
     registry.unregister(kind)
+    attempts = option(task, "max_attempts")
     registry.handler(
         kind,
-        max_attempts=option(task, "max_attempts"),
+        # A whole float (5.0) is a valid task option; a handler's max_attempts is an int.
+        max_attempts=None if attempts is None else int(attempts),
         timeout=option(task, "timeout"),
         concurrency=option(task, "concurrency"),
         retry_backoff=option(task, "retry_backoff"),

@@ -9,7 +9,7 @@ from typing import Any, TypeGuard
 from django.core import checks
 
 from jobstate import conf
-from jobstate.tasks.options import MAX_ATTEMPTS_LIMIT
+from jobstate.conf import MAX_ATTEMPTS_LIMIT
 
 # The OPTIONS keys JobstateBackend reads (its docstring and docs/howto/django-tasks.md say what).
 OPTION_KEYS = ("MAX_ATTEMPTS", "MODULES")

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, router
 
+from jobstate.conf import MAX_ATTEMPTS_LIMIT
 from jobstate.models import Job
 from jobstate.storable import text
 from jobstate.tasks.compat import (
@@ -20,7 +21,6 @@ from jobstate.tasks.compat import (
 )
 
 KIND_MAX_LENGTH = Job._meta.get_field("kind").max_length or 200
-MAX_ATTEMPTS_LIMIT = 1000
 # Between a queue name and the task's own kind in a job kind ("emails:myapp.tasks.send").
 # A task's own kind never contains it (module paths cannot; ``kind=`` is refused), so
 # everything before the last one is the queue name, which may contain it.
