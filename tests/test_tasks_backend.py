@@ -10,6 +10,7 @@ changes, transactions) is in test_tasks_running.py. The worker there is
 
 from __future__ import annotations
 
+import sys
 import uuid
 from datetime import timedelta
 
@@ -139,7 +140,7 @@ def test_get_result_of_an_unknown_kind_starting_with_a_dot(temp_handler):
     [
         # The function renamed, its module removed, a kind= of its own dropped.
         ("tests.tasks_app.tasks.renamed_away", 'does not define a "renamed_away" attribute'),
-        ("tests.tasks_app.gone.send", "ModuleNotFoundError: No module named 'tests.tasks_app.gone'"),
+        ("tests.tasks_app.gone.send", "module 'tests.tasks_app.gone' is not loaded in this process"),
         ("emails:welcome", "no task is registered under that kind"),
         ("tests.tasks_app.tasks.time", "tests.tasks_app.tasks.time is not a Task (a 'module' object)"),
     ],
@@ -158,6 +159,27 @@ def test_get_result_of_a_task_removed_from_the_code_says_so(temp_handler, kind, 
         assert f"Job {job.pk} exists, but its task {kind!r} is not found in this process" in message
         assert why in message and "renamed or removed from the code?" in message
         assert (caught.value.result_id, caught.value.kind) == (str(job.pk), kind)
+
+
+def test_get_result_never_imports_the_module_a_job_kind_names(temp_handler):
+    # The kind is stored data: get_result imported the module it names (running its
+    # code in the web process) to find the task, then again to word the error.
+    module = "tests.tasks_app.never_imported"
+    kind = f"{module}.send"
+    assert module not in sys.modules
+    temp_handler(kind)
+    job = services.enqueue(kind, {"args": [], "kwargs": {}})
+    registry.unregister(kind)
+    try:
+        for get in (default_task_backend.get_result, async_to_sync(default_task_backend.aget_result)):
+            with pytest.raises(TaskUnavailable) as caught:
+                get(str(job.pk))
+            assert module not in sys.modules
+            message = str(caught.value)
+            assert f"module {module!r} is not loaded in this process" in message
+            assert "OPTIONS['MODULES']" in message and "renamed or removed from the code?" in message
+    finally:
+        sys.modules.pop(module, None)
 
 
 def test_get_result_of_a_removed_plain_handler_job_has_no_task_result(temp_handler):

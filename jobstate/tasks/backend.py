@@ -26,7 +26,6 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from jobstate import registry, services
 from jobstate.exceptions import UnknownKind
@@ -47,7 +46,7 @@ from jobstate.tasks.compat import (
     task_started,
 )
 from jobstate.tasks.exceptions import UnstorableResult
-from jobstate.tasks.missing import enqueued_as_task, unavailable
+from jobstate.tasks.missing import enqueued_as_task, loaded_task, unavailable
 from jobstate.tasks.options import KEY_TEXT, kind_of, option, split_kind, storable_key, validate_options
 from jobstate.tasks.results import build_result
 
@@ -321,23 +320,18 @@ def _owner(given: Any, job: Job) -> Any:
 
 
 def task_for_kind(kind: str) -> Task[..., Any] | None:
-    """The registered Task of a job kind; a kind not registered in this process is
-    imported from its module path, if (and only if) that names a Task."""
+    """The registered Task of a job kind; for a kind not registered in this process,
+    the Task its module path names in a module already imported (never imported
+    here: the kind is stored data), if any."""
     spec = _spec(kind)
     if spec is not None:
         return getattr(spec.func, "jobstate_task", None)
     queue, path = split_kind(kind)
     if "." not in path:
         return None
-    try:
-        found = import_string(path)
-    except (ImportError, TypeError, ValueError):  # TypeError: a relative path (".x.y")
+    found, _ = loaded_task(path)
+    if found is None:
         return None
-    if not isinstance(found, Task):
-        return None
-    spec = _spec(kind)
-    if spec is not None:
-        return getattr(spec.func, "jobstate_task", None)
     # A queue this process never registered the task in (named only in another
     # process's .using(queue_name=...)): the job is still that task's.
     return found if kind_of(found, queue) == kind else None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.utils.module_loading import import_string
+import sys
+from typing import Any
 
 from jobstate import registry
 from jobstate.models import Job
@@ -11,6 +12,7 @@ from jobstate.tasks.exceptions import TaskUnavailable
 from jobstate.tasks.options import kind_of, split_kind
 
 _TASK_PARAMETERS = frozenset({"args", "kwargs", "backend", "run_after"})
+_ABSENT = object()
 
 
 def enqueued_as_task(job: Job) -> bool:
@@ -37,15 +39,32 @@ def unavailable(job: Job) -> TaskUnavailable:
     )
 
 
+def loaded_task(path: str) -> tuple[Task[..., Any] | None, str]:
+    """The Task a module path ("myapp.tasks.send") names in a module this process has
+    already imported, or None and why not. The path comes from a stored job kind, so
+    it is looked up in ``sys.modules`` only: a module named by stored data is never
+    imported (``jobstate.tasks.install`` imports the tasks modules at startup)."""
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    if module is None:
+        return None, (
+            f"module {module_name!r} is not loaded in this process, and jobstate never imports a module "
+            "a job kind names; if it still exists, list it in the backend's OPTIONS['MODULES']"
+        )
+    found = getattr(module, name, _ABSENT)
+    if found is _ABSENT:
+        return None, f'module "{module_name}" does not define a "{name}" attribute'
+    if not isinstance(found, Task):
+        return None, f"{path} is not a Task (a {type(found).__name__!r} object)"
+    return found, ""
+
+
 def _why(kind: str) -> str:
     """What stands in the way of ``backend.task_for_kind``."""
     queue, path = split_kind(kind)
     if "." not in path:
         return "no task is registered under that kind"
-    try:
-        found = import_string(path)
-    except Exception as exc:  # what the import says: any error its module raises
-        return f"{type(exc).__name__}: {exc}"
-    if not isinstance(found, Task):
-        return f"{path} is not a Task (a {type(found).__name__!r} object)"
+    found, why = loaded_task(path)
+    if found is None:
+        return why
     return f"{path} is now the task of kind {kind_of(found, queue)!r}"
