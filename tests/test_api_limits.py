@@ -105,6 +105,25 @@ def test_a_nul_in_the_token_is_a_401_not_a_database_error(user: Any) -> None:
     assert "Null characters" in error["message"]
 
 
+@pytest.mark.parametrize("path", [*GETS, *POSTS])
+def test_more_query_parameters_than_django_takes_is_a_400_that_changes_nothing(
+    user: Any, objects: dict[str, Any], settings: Any, path: str
+) -> None:
+    # Django's TooManyFieldsSent, raised when the view first read them, was a 500.
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    before = counts()
+    query = "&".join(f"status=queued&p{i}=1" for i in range(6))
+    url = f"{path.format(**objects)}?{query}"
+    client = client_for(user)
+    if path in POSTS:
+        response = client.post(url, {"kind": "test.echo", "reason": "because"}, format="json")
+    else:
+        response = client.get(url, HTTP_ACCEPT="application/json")
+    error = assert_error(response, 400, "invalid")
+    assert error["message"] == "Too many parameters: at most 10."
+    assert counts() == before
+
+
 # --- streams and long-polls -------------------------------------------------------
 
 FAST = {"SSE_POLL_SECONDS": 0.01, "SSE_MAX_SECONDS": 0.05, "LONGPOLL_MAX_SECONDS": 0.05}

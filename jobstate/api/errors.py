@@ -11,7 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import (
+    ObjectDoesNotExist,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+)
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import OperationalError
@@ -162,6 +168,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code, message, fields = "permission_denied", 403, "Permission denied.", {}
     elif isinstance(exc, RequestDataTooBig):
         code, status_code, message, fields = "payload_too_large", 413, "The request body is too large.", {}
+    elif isinstance(exc, SuspiciousOperation):
+        # Django answers these 400 (e.g. more query parameters than DATA_UPLOAD_MAX_NUMBER_FIELDS,
+        # raised when the view first reads them); caught here, they were 500s.
+        logging.getLogger(f"django.security.{type(exc).__name__}").error(str(exc))
+        code, status_code, fields = "invalid", 400, {}
+        message = _suspicious_message(exc)
     elif isinstance(exc, KindNotAllowed):
         code, status_code, message = "kind_not_allowed", 403, str(exc.detail)
         fields = {"kind": [message]}
@@ -190,6 +202,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code, message, fields = "server_error", 500, "Internal server error.", {}
     _roll_back(context)
     return Response(error_body(code, message, fields, **extra), status=status_code, headers=headers)
+
+
+def _suspicious_message(exc: SuspiciousOperation) -> str:
+    if isinstance(exc, TooManyFieldsSent):
+        return f"Too many parameters: at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS}."
+    return "Bad request."
 
 
 def _authenticate_header(context: dict[str, Any]) -> str | None:
