@@ -154,6 +154,19 @@ def test_an_unknown_field_named_with_a_lone_surrogate_is_a_400_not_a_500(user):
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("use_tz", [True, False])
+@pytest.mark.parametrize(
+    ("zone", "when"), [("America/New_York", "9999-12-31T23:59:59"), ("Etc/GMT-14", "0001-01-01T00:00:00")]
+)
+def test_a_naive_run_after_past_the_calendars_edge_in_utc_is_a_400(user, settings, use_tz, zone, when):
+    # Read in the current time zone, it is past year 9999 (or before year 1) in UTC: a 500.
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, zone
+    response = client_for(user).post(JOBS, {"kind": "test.echo", "run_after": when}, format="json")
+    error = assert_error(response, 400, "invalid")
+    assert error["fields"] == {"run_after": ["Datetime value out of range."]}
+    assert counts() == (0, 0)
+
+
 def test_with_use_tz_false_an_aware_run_after_is_stored_or_a_400_that_says_why(user, settings):
     # With USE_TZ = False, DRF made the time naive and the service refused it ("run_after
     # is a timezone-aware datetime."): no job could be deferred, on PostgreSQL too.

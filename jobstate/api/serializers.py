@@ -79,6 +79,14 @@ class AwareDateTimeField(serializers.DateTimeField):
     def default_timezone(self) -> tzinfo:
         return timezone.get_current_timezone()
 
+    def enforce_timezone(self, value: datetime) -> datetime:
+        try:
+            return super().enforce_timezone(value)
+        except OverflowError:
+            # DRF's check of a naive time at the calendar's edge converts it to UTC
+            # (9999-12-31T23:59 in New York): its "overflow" error, not a 500.
+            self.fail("overflow")
+
 
 class StoredDateTimeField(AwareDateTimeField):
     """An input time to compare with stored ones (``as_stored``): with ``USE_TZ = False``
