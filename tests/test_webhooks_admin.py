@@ -196,16 +196,99 @@ def services_job(user: Any) -> Any:
     return services.enqueue("test.echo", {}, owner=user)
 
 
-def test_the_admin_shows_the_secret_only_to_staff_who_may_change_the_endpoint(client, user, staff_user):
+def secrets_in(html: str) -> list[str]:
+    import re
+
+    return re.findall(r"whsec_[A-Za-z0-9+/=]+", html)
+
+
+def test_the_endpoint_page_shows_no_secret_and_offers_a_rotation_to_those_who_may_change_it(
+    client, user, staff_user
+):
+    # It showed the secret to whoever may change the endpoint, as often as they liked.
     from tests.api_support import grant
 
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
     page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    rotate = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/rotate-secret/"
     client.force_login(grant(staff_user, "view_job", "view_webhookendpoint"))
     response = client.get(page)
-    assert response.status_code == 200 and endpoint.secret not in response.content.decode()
+    assert response.status_code == 200 and secrets_in(response.content.decode()) == []
+    assert rotate not in response.content.decode()
+    assert (
+        client.get(rotate).status_code == 403
+        and client.post(rotate, {"overlap_seconds": 0}).status_code == 403
+    )
     client.force_login(grant(staff_user, "change_webhookendpoint"))
-    assert endpoint.secret in client.get(page).content.decode()
+    html = client.get(page).content.decode()
+    assert secrets_in(html) == [] and "Set. It is shown once" in html and rotate in html
+    assert secrets_in(client.get("/admin/jobstate/webhookendpoint/").content.decode()) == []
+    assert WebhookEndpoint.objects.get().secret == endpoint.secret
+
+
+def test_a_new_endpoints_secret_is_shown_once_after_it_is_saved(admin_client):
+    # The add form showed a secret of an unsaved instance (not the one stored), and the
+    # stored one was shown on the endpoint's page ever after.
+    assert secrets_in(admin_client.get(ADD).content.decode()) == []
+    response = admin_client.post(ADD, GOOD)
+    endpoint = WebhookEndpoint.objects.get()
+    secret_page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/secret/"
+    assert response.status_code == 302 and response["Location"] == secret_page
+    shown = admin_client.get(secret_page)
+    assert shown.status_code == 200 and secrets_in(shown.content.decode()) == [endpoint.secret]
+    assert 'href="/admin/jobstate/webhookendpoint/"' in shown.content.decode()  # on to the list
+    again = admin_client.get(secret_page).content.decode()
+    assert secrets_in(again) == [] and "is not shown again" in again
+    change = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    assert secrets_in(admin_client.get(change).content.decode()) == []
+    # "Save and continue editing": the same once, then the endpoint's page.
+    admin_client.post(ADD, {**GOOD, "_continue": "1"})
+    other = WebhookEndpoint.objects.exclude(pk=endpoint.pk).get()
+    shown = admin_client.get(f"/admin/jobstate/webhookendpoint/{other.pk}/secret/").content.decode()
+    assert (
+        secrets_in(shown) == [other.secret] and f"/admin/jobstate/webhookendpoint/{other.pk}/change/" in shown
+    )
+
+
+def test_rotating_in_the_admin_shows_the_new_secret_once_by_the_apis_rules(admin_client, client, user):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    old = endpoint.secret
+    rotate = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/rotate-secret/"
+    secret_page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/secret/"
+    form = admin_client.get(rotate)
+    assert form.status_code == 200 and secrets_in(form.content.decode()) == []
+    assert 'value="86400"' in form.content.decode()  # WEBHOOK_SECRET_OVERLAP_SECONDS
+    for bad in ("", "soon", "-1", str(30 * 24 * 3600 + 1)):
+        refused = admin_client.post(rotate, {"overlap_seconds": bad})
+        assert refused.status_code == 200 and refused.context["form"].errors, bad
+    assert WebhookEndpoint.objects.get().secret == old
+    # Nothing to see before a rotation.
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == []
+    response = admin_client.post(rotate, {"overlap_seconds": "600"})
+    assert response.status_code == 302 and response["Location"] == secret_page
+    endpoint.refresh_from_db()
+    assert endpoint.secret != old and endpoint.signing_secrets() == [endpoint.secret, old]
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == [endpoint.secret]
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == []
+    # As in the API: while the overlap runs, only a rotation with overlap 0 is taken.
+    refused = admin_client.post(rotate, {"overlap_seconds": "600"})
+    assert refused.status_code == 200 and "The previous secret signs until" in refused.content.decode()
+    assert WebhookEndpoint.objects.get().secret == endpoint.secret
+    assert admin_client.post(rotate, {"overlap_seconds": "0"}).status_code == 302
+    newest = WebhookEndpoint.objects.get()
+    assert newest.signing_secrets() == [newest.secret]
+    # A rotation made after the grant: the grant was for another secret.
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(secret="whsec_c3dhcHBlZA==")
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == []
+
+
+def test_another_session_or_user_never_sees_a_granted_secret(admin_client, client, user, admin_user):
+    admin_client.post(ADD, GOOD)
+    endpoint = WebhookEndpoint.objects.get()
+    secret_page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/secret/"
+    client.force_login(admin_user)  # the same user, another session
+    assert secrets_in(client.get(secret_page).content.decode()) == []
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == [endpoint.secret]
 
 
 def test_the_endpoint_page_shows_its_latest_deliveries_and_links_to_all(admin_client, user):
@@ -337,3 +420,21 @@ def test_disabled_endpoints_are_listed_with_their_reason_and_re_enabled_by_the_c
     disabled.refresh_from_db()
     assert disabled.enabled and disabled.consecutive_failures == 0
     assert disabled.disabled_at is None and disabled.disabled_reason == ""
+
+
+def test_staff_who_see_only_their_own_endpoints_reach_no_other_secret_page(client, django_user_model, user):
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("hooks-admin", password="x", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_webhookendpoint", "change_webhookendpoint"])
+    )
+    theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
+    client.force_login(staff)
+    for page in ("rotate-secret", "secret"):
+        assert client.get(f"/admin/jobstate/webhookendpoint/{theirs.pk}/{page}/").status_code == 404
+    response = client.post(
+        f"/admin/jobstate/webhookendpoint/{theirs.pk}/rotate-secret/", {"overlap_seconds": 0}
+    )
+    assert response.status_code == 404
+    assert WebhookEndpoint.objects.get().secret == theirs.secret

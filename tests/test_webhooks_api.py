@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from jobstate.api import webhooks as webhooks_api
 from jobstate.models import Job
-from jobstate.webhooks import outbox
+from jobstate.webhooks import outbox, rotation
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests.api_support import client_for, grant, job_url, make_job
 
@@ -210,7 +210,7 @@ def test_two_rotations_at_once_do_not_both_pass_the_overlap_check(user, monkeypa
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
     api = client_for(user)
     rotate = f"{URL}{endpoint.pk}/rotate-secret/"
-    reached = held_after_read(monkeypatch, "new_secret")
+    reached = held_after_read(monkeypatch, "new_secret", rotation)
     first, got_first = in_thread(lambda: api.post(rotate, {"overlap_seconds": 600}, format="json"))
     assert reached.wait(5)
     second, got_second = in_thread(lambda: api.post(rotate, {"overlap_seconds": 600}, format="json"))

@@ -7,12 +7,15 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path
 from django.utils.text import Truncator
 
+from jobstate.admin import webhook_secret
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
@@ -115,7 +118,8 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     search_fields = ("url", "description")  # and the owner's name: get_search_fields
     raw_id_fields = ("owner",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
-    readonly_fields = WebhookEndpoint.SERVER_FIELDS
+    # The secret itself never: shown once, as it is made (``webhook_secret``).
+    readonly_fields = ("signing_secret", *(f for f in WebhookEndpoint.SERVER_FIELDS if f != "secret"))
     inlines = [DeliveryInline]
 
     @admin.display(description="disabled reason")
@@ -123,13 +127,44 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         # The start: the whole reason (the last error, how to re-enable) is on its page.
         return Truncator(obj.disabled_reason).chars(120)
 
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        # The signing secret lets one forge the endpoint's messages: shown, as in the
-        # API, only to those who may change the endpoint.
-        fields = super().get_fields(request, obj)
-        if obj is not None and not self.has_change_permission(request, obj):
-            fields = [f for f in fields if f != "secret"]
-        return fields
+    @admin.display(description="signing secret")
+    def signing_secret(self, obj: WebhookEndpoint) -> str:
+        if obj.pk is None:
+            return "Made when the endpoint is saved, and shown once then."
+        return (
+            "Set. It is shown once, when it is made (the endpoint's creation, a rotation), and never "
+            "again: whoever lost it rotates it (Rotate secret, above, for those who may change the endpoint)."
+        )
+
+    def get_urls(self) -> list[Any]:
+        def bind(view: Any) -> Any:
+            def bound(request: HttpRequest, object_id: str) -> HttpResponse:
+                response: HttpResponse = view(self, request, object_id)
+                return response
+
+            return self.admin_site.admin_view(bound)
+
+        return [
+            path(
+                "<path:object_id>/secret/",
+                bind(webhook_secret.secret_view),
+                name="jobstate_webhookendpoint_secret",
+            ),
+            path(
+                "<path:object_id>/rotate-secret/",
+                bind(webhook_secret.rotate_view),
+                name="jobstate_webhookendpoint_rotate_secret",
+            ),
+            *super().get_urls(),
+        ]
+
+    def response_add(self, request: HttpRequest, obj: WebhookEndpoint, post_url_continue: Any = None) -> Any:
+        # The new secret, this once, on its own page; then on to where the admin
+        # would have gone (the list, the endpoint's page, another form).
+        response = super().response_add(request, obj, post_url_continue)
+        if IS_POPUP_VAR in request.POST or not isinstance(response, HttpResponseRedirect):
+            return response
+        return webhook_secret.show_once(request, obj, response.url)
 
     def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
         # The user model's own name field: a custom one may have no ``username`` (a 500).

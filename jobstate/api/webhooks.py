@@ -16,12 +16,10 @@ below it.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.db import models, transaction
 from django.db.models import QuerySet
-from django.utils import timezone
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -44,8 +42,8 @@ from jobstate.api.serializers import (
     StrictIntegerField,
     StrictURLField,
 )
-from jobstate.webhooks import validation
-from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint, new_secret
+from jobstate.webhooks import rotation, validation
+from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
 def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bool:
@@ -260,19 +258,10 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         body = RotateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         overlap = body.validated_data.get("overlap_seconds", conf.get("WEBHOOK_SECRET_OVERLAP_SECONDS"))
-        signing_until = endpoint.previous_secret_expires_at
-        if overlap > 0 and endpoint.previous_secret and signing_until and signing_until > timezone.now():
-            # One previous secret is kept: rotating again would stop the one whose
-            # overlap receivers were promised at once.
-            raise Conflict(
-                f"The previous secret signs until {signing_until.isoformat()} (the last rotation's "
-                "overlap): rotate again after that, or with overlap_seconds 0 to stop every older "
-                "secret signing now."
-            )
-        endpoint.previous_secret = endpoint.secret
-        endpoint.previous_secret_expires_at = timezone.now() + timedelta(seconds=overlap)
-        endpoint.secret = new_secret()
-        endpoint.save()
+        try:
+            endpoint = rotation.rotate(endpoint.pk, overlap)
+        except rotation.RotationRefused as exc:
+            raise Conflict(str(exc)) from None
         return Response(self.get_serializer(endpoint).data, status=status.HTTP_200_OK)
 
     @extend_schema(summary="Delivery attempts, newest first", responses=DeliverySerializer(many=True))
