@@ -348,7 +348,7 @@ def test_staff_who_may_view_all_read_others_endpoints_but_not_their_secrets(user
         )
     # The owner still sees and manages their own.
     alice = client_for(user)
-    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret
+    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] is None  # shown once, when made
     assert alice.post(f"{URL}{theirs.pk}/rotate-secret/", {}, format="json").status_code == 200
     # A viewer's new global endpoint shows its secret once, to its maker.
     made = viewer.post(URL, {"url": "https://hooks.example.com/mine", "is_global": True}, format="json")
@@ -361,7 +361,7 @@ def test_staff_with_the_model_permissions_manage_others_endpoints(user, staff_us
     theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
     everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
     editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
-    assert editor.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret
+    assert editor.get(f"{URL}{theirs.pk}/").data["secret"] is None  # shown once, when made
     moved = editor.patch(f"{URL}{theirs.pk}/", {"url": "https://hooks.example.com/moved"}, format="json")
     assert moved.status_code == 200 and moved.data["url"] == "https://hooks.example.com/moved"
     rotated = editor.post(f"{URL}{everyone.pk}/rotate-secret/", {}, format="json")
@@ -373,7 +373,7 @@ def test_staff_with_the_model_permissions_manage_others_endpoints(user, staff_us
     assert deleter.delete(f"{URL}{theirs.pk}/").status_code == 204
     # Superusers hold every permission.
     root = client_for(admin_user)
-    assert root.get(f"{URL}{everyone.pk}/").data["secret"] is not None
+    assert root.get(f"{URL}{everyone.pk}/").data["secret"] is None  # shown once, when made
     assert root.delete(f"{URL}{everyone.pk}/").status_code == 204
     assert not WebhookEndpoint.objects.exists()
 
@@ -557,7 +557,7 @@ def test_a_get_echoed_back_in_a_put_is_a_400_naming_its_read_only_fields(user):
 def test_a_list_carries_no_secrets(user, staff_user):
     """One GET of the list gave every endpoint's secret to whoever may change them
     (staff with change_webhookendpoint: every user's, and the global ones'); it is
-    read one endpoint at a time, from its own page."""
+    shown once, in the answer that made it (see test_a_secret_is_shown_once...)."""
     theirs = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/alice")
     everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
     editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
@@ -567,5 +567,31 @@ def test_a_list_carries_no_secrets(user, staff_user):
         everyone.pk: None,
     }
     assert [e["secret"] for e in alice.get(URL).data["results"]] == [None]
-    assert editor.get(f"{URL}{everyone.pk}/").data["secret"] == everyone.secret
-    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] == theirs.secret
+    assert editor.get(f"{URL}{everyone.pk}/").data["secret"] is None
+    assert alice.get(f"{URL}{theirs.pk}/").data["secret"] is None
+
+
+def test_a_secret_is_shown_once_in_the_answer_that_made_it(user, staff_user):
+    """A GET, PUT or PATCH of the endpoint showed its secret to its owner (and to staff
+    with change_webhookendpoint) at any later time: whoever held the owner's token
+    could read it again. Only the create and rotate-secret answers show it now."""
+    alice = client_for(user)
+    made = alice.post(URL, {"url": "https://hooks.example.com/a"}, format="json")
+    assert made.status_code == 201
+    endpoint = WebhookEndpoint.objects.get()
+    assert made.data["secret"] == endpoint.secret
+    page = f"{URL}{endpoint.pk}/"
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    for client in (alice, editor):
+        answers = [
+            client.get(page),
+            client.patch(page, {"description": "x"}, format="json"),
+            client.put(page, {"url": "https://hooks.example.com/b"}, format="json"),
+        ]
+        assert [a.status_code for a in answers] == [200, 200, 200]
+        assert [a.data["secret"] for a in answers] == [None, None, None]
+        assert endpoint.secret not in str([a.content for a in answers])
+    rotated = alice.post(f"{page}rotate-secret/", {"overlap_seconds": 0}, format="json")
+    assert rotated.status_code == 200
+    assert rotated.data["secret"] == WebhookEndpoint.objects.get().secret != endpoint.secret
+    assert alice.get(page).data["secret"] is None

@@ -8,8 +8,9 @@ job: only those who may view all jobs may. Staff without the permission are
 ordinary owners here. Seeing is not changing: another user's endpoint, or a
 global one, is changed, rotated or made global only by staff holding
 ``jobstate.change_webhookendpoint`` and deleted only with
-``delete_webhookendpoint`` (a 403 otherwise), and its secret (which lets one
-forge its messages) is shown only to those who may change it. This module sits
+``delete_webhookendpoint`` (a 403 otherwise). Its secret (which lets one forge
+its messages) is shown once, in the answer that made it (creation, rotation).
+This module sits
 at the API layer (it builds on ``jobstate.api``); the rest of the package sits
 below it.
 """
@@ -59,6 +60,10 @@ def may_manage(user: Any, endpoint: WebhookEndpoint, perm: str = "change") -> bo
     )
 
 
+# The actions whose answer shows the secret they just made.
+SHOWS_SECRET = frozenset({"create", "rotate_secret"})
+
+
 # OutputSerializer: date-times in the API's format (ISO 8601 in UTC, "…Z"), not the
 # project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE. StrictInput: a body
 # field it does not take (``secret``, ``owner``, a typo) is a 400, not ignored.
@@ -92,8 +97,8 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     secret = serializers.CharField(
         read_only=True,
         allow_null=True,
-        help_text="The signing secret. Null in the list, and on another user's endpoint or a global "
-        "one unless you may change it (jobstate.change_webhookendpoint).",
+        help_text="The signing secret: in the answers to the endpoint's creation and to a rotation "
+        "only (shown once: keep it); null everywhere else. Lost it? Rotate it.",
     )
 
     class Meta:
@@ -117,14 +122,11 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     def to_representation(self, instance: WebhookEndpoint) -> dict[str, Any]:
         data = super().to_representation(instance)
         data["is_global"] = instance.owner_id is None
-        request = self.context.get("request")
-        view = self.context.get("view")
-        # The create response shows a new endpoint's secret to whoever made it. A list
-        # shows none: one GET would hand over every secret its reader may change.
-        action = getattr(view, "action", None)
-        if action == "list" or (
-            action != "create" and not (request is not None and may_manage(request.user, instance))
-        ):
+        # A secret is shown once, in the answer to the request that made it: the
+        # endpoint's creation (to its maker) or a rotation (to whoever may rotate it).
+        # Never again: a list would hand over every secret its reader may change, and a
+        # GET or PUT showed one to anyone holding its owner's token at any later time.
+        if getattr(self.context.get("view"), "action", None) not in SHOWS_SECRET:
             data["secret"] = None
         return data
 
