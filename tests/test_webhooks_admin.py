@@ -438,3 +438,35 @@ def test_staff_who_see_only_their_own_endpoints_reach_no_other_secret_page(clien
     )
     assert response.status_code == 404
     assert WebhookEndpoint.objects.get().secret == theirs.secret
+
+
+def test_the_admin_marks_the_endpoints_of_an_inactive_owner_as_delivering_nothing(
+    admin_client, django_user_model, user
+):
+    # Their deliveries are skipped (jobstate.webhooks.outbox and delivery): the list and
+    # the endpoint's page looked like those of any enabled endpoint.
+    gone = django_user_model.objects.create_user("gone", password="x", is_active=False)
+    quiet = WebhookEndpoint.objects.create(owner=gone, url="https://hooks.example.com/gone")
+    heard = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/heard")
+    everyone = WebhookEndpoint.objects.create(url="https://hooks.example.com/all")
+    listed = admin_client.get("/admin/jobstate/webhookendpoint/")
+    rows = {e.url: listed.context["cl"].model_admin.owner_column(e) for e in listed.context["cl"].result_list}
+    assert rows == {
+        quiet.url: "gone <strong>(owner inactive: nothing is delivered)</strong>",
+        heard.url: str(user),
+        everyone.url: "global (every job)",
+    }
+    assert listed.content.decode().count("owner inactive: nothing is delivered") == 1
+
+    def page(endpoint: WebhookEndpoint) -> str:
+        html = admin_client.get(f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/").content.decode()
+        return " ".join(html.split())
+
+    shown = page(quiet)
+    assert "Owner inactive: nothing is delivered." in shown
+    assert "dropped while they are, not queued for later" in shown
+    assert "nothing is delivered" not in page(heard) and "Active: their jobs" in page(heard)
+    assert "It belongs to no user" in page(everyone)
+    gone.is_active = True
+    gone.save()
+    assert "nothing is delivered" not in page(quiet)

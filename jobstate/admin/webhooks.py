@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from jobstate.admin import webhook_secret
@@ -24,6 +25,15 @@ from jobstate.models.job import may_view_all
 from jobstate.storable import text
 from jobstate.webhooks import validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
+
+# Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
+# queues none, ``delivery`` ends the ones queued before): the admin says so.
+INACTIVE_MARK = "owner inactive: nothing is delivered"
+
+
+def owner_inactive(endpoint: WebhookEndpoint) -> bool:
+    """As ``jobstate.webhooks.delivery`` judges it."""
+    return endpoint.owner is not None and not getattr(endpoint.owner, "is_active", True)
 
 
 class DeliveryInline(CappedInline):
@@ -113,19 +123,60 @@ class WebhookEndpointForm(forms.ModelForm):
 class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
     form = WebhookEndpointForm
-    list_display = ("url", "owner", "enabled", "consecutive_failures", "disabled_at", "reason", "created_at")
+    list_display = (
+        "url",
+        "owner_column",
+        "enabled",
+        "consecutive_failures",
+        "disabled_at",
+        "reason",
+        "created_at",
+    )
+    list_select_related = ("owner",)
     list_filter = ("enabled",)
     search_fields = ("url", "description")  # and the owner's name: get_search_fields
     raw_id_fields = ("owner",)
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     # The secret itself never: shown once, as it is made (``webhook_secret``).
-    readonly_fields = ("signing_secret", *(f for f in WebhookEndpoint.SERVER_FIELDS if f != "secret"))
+    readonly_fields = (
+        "owner_state",
+        "signing_secret",
+        *(f for f in WebhookEndpoint.SERVER_FIELDS if f != "secret"),
+    )
     inlines = [DeliveryInline]
 
     @admin.display(description="disabled reason")
     def reason(self, obj: WebhookEndpoint) -> str:
         # The start: the whole reason (the last error, how to re-enable) is on its page.
         return Truncator(obj.disabled_reason).chars(120)
+
+    @admin.display(description="owner", ordering="owner")
+    def owner_column(self, obj: WebhookEndpoint) -> str:
+        if obj.owner is None:
+            return "global (every job)"
+        if owner_inactive(obj):
+            return format_html("{} <strong>({})</strong>", obj.owner, INACTIVE_MARK)
+        return str(obj.owner)
+
+    @admin.display(description="owner status")
+    def owner_state(self, obj: WebhookEndpoint) -> str:
+        if obj.pk is None:
+            return "-"
+        if obj.owner is None:
+            return (
+                "Global: hears about every job, whoever owns it. It belongs to no user, not even "
+                "the one who made it (made inactive or deleted, it still receives), until it is "
+                "disabled or deleted."
+            )
+        if owner_inactive(obj):
+            return format_html(
+                "<strong>{}.</strong> {} is inactive (is_active false): events of their jobs are dropped "
+                "while they are, not queued for later, and deliveries queued before end without "
+                "sending. New events are delivered again once the owner is active.",
+                INACTIVE_MARK.capitalize(),
+                obj.owner,
+            )
+        return "Active: their jobs' events are delivered."
 
     @admin.display(description="signing secret")
     def signing_secret(self, obj: WebhookEndpoint) -> str:
