@@ -663,3 +663,23 @@ def test_a_long_last_error_leaves_how_to_re_enable_whole(user):
     )
     assert endpoint.disabled_reason.endswith(delivery.REENABLE)
     assert endpoint.disabled_reason.endswith("Fix the receiver first.")
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_a_global_endpoint_outlives_the_staff_user_who_made_it(user, staff_user, receiver):
+    """A global endpoint is the installation's (an operator's integration, like a log
+    sink), not its maker's: jobstate does not record who made it, and it keeps hearing
+    of every job after that user is made inactive or deleted (docs/howto/webhooks.md)."""
+    from tests.api_support import client_for, grant
+
+    maker = client_for(grant(staff_user, "view_job"))
+    made = maker.post("/api/webhooks/", {"url": receiver.url, "is_global": True}, format="json")
+    assert made.status_code == 201 and made.data["owner"] is None
+    type(staff_user).objects.filter(pk=staff_user.pk).update(is_active=False)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert len(receiver.requests) == 1
+    staff_user.delete()
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert len(receiver.requests) == 2 and WebhookEndpoint.objects.filter(owner=None).count() == 1
