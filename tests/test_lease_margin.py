@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from jobstate import services
+from jobstate import conf, services
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.states import Status
@@ -170,3 +170,34 @@ def test_a_reserved_job_reclaimed_after_its_lease_ran_out_is_not_begun_by_its_fi
         "second-cluster",
         1,
     )
+
+
+@pytest.mark.parametrize("skew", [timedelta(minutes=-10), timedelta(minutes=10)], ids=["behind", "ahead"])
+def test_the_watchdog_counts_the_lease_from_the_write_that_began_it_not_the_stored_expiry(
+    temp_handler, monkeypatch, skew
+):
+    # On PostgreSQL the stored expiry is on the database's clock; read against this
+    # machine's clock, 10 minutes behind, it would give the watchdog 10 minutes more
+    # than the lease (two runs at once); 10 minutes ahead, a lease already over.
+    seen: list[tuple[float, float]] = []
+    temp_handler("t.counted", lambda ctx: seen.append((ctx.lease_until, time.monotonic())))
+    services.enqueue("t.counted", {})
+    (claimed,) = services.claim("w1")
+    real = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real() + skew)
+    before = time.monotonic()
+    assert run_job(claimed, "w1:1") == "completed"
+    ((lease_until, started),) = seen
+    lease = float(conf.get("LEASE_SECONDS"))
+    assert before + lease <= lease_until <= started + lease
+
+
+def test_a_context_counts_from_when_its_lease_was_written():
+    expired = Job(
+        kind="t.watched", lease_token=uuid.uuid4(), lease_expires_at=timezone.now() - timedelta(hours=1)
+    )
+    spec = HandlerSpec("t.watched", lambda ctx: None)
+    lease = float(conf.get("LEASE_SECONDS"))
+    assert JobContext(expired, spec, "w1:1", leased_at=123.0).lease_until == 123.0 + lease
+    before = time.monotonic()
+    assert before + lease <= JobContext(expired, spec, "w1:1").lease_until <= time.monotonic() + lease

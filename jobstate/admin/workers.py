@@ -132,7 +132,7 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="clock offset", ordering="clock_offset")
     def clock_col(self, obj: WorkerProcess) -> SafeString:
         """How far the process's clock is from the database's (PostgreSQL), flagged
-        past ``clock.limit()``: leases it writes are off by as much."""
+        past ``clock.limit()``: the times it records are off by as much."""
         offset = obj.clock_offset
         if offset is None:
             return format_html("{}", "—")
@@ -143,6 +143,6 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
         return format_html(
             '<span class="js-badge js-badge-failed" title="{}">{}</span>',
             f"{side} the database's clock by more than a quarter of HEARTBEAT_SECONDS"
-            f" ({clock.limit():g} s): the leases it writes are off by as much",
+            f" ({clock.limit():g} s): the times it records are off by as much",
             shown,
         )

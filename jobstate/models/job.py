@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -29,18 +30,34 @@ def may_view_all(user: Any) -> bool:
 
 
 class LeaseClock(models.Expression):
-    """Now, to compare lease expiries with: on PostgreSQL the database's clock
-    (``STATEMENT_TIMESTAMP()``), the one clock every machine shares, so that a
-    reaper whose own clock is off neither takes healthy jobs nor leaves dead
-    ones; elsewhere (SQLite: one machine) this process's clock, as a parameter."""
+    """Now (plus ``seconds``), to write or compare lease times with: on PostgreSQL
+    the database's clock (``STATEMENT_TIMESTAMP()``), the one clock every machine
+    shares, so that neither a reaper nor a worker whose own clock is off moves a
+    lease; elsewhere (SQLite: one machine) this process's clock, as a parameter.
 
-    def __init__(self) -> None:
+    ``jobstate.services`` writes leases and heartbeats with it (``lease_expires_at
+    = LeaseClock(LEASE_SECONDS)``); its hand-built statements inline ``sql()``."""
+
+    # Both in every lease write's prepared statement: keep them one shape.
+    NOW = "STATEMENT_TIMESTAMP()"
+    LATER = "STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second'"
+
+    def __init__(self, seconds: float = 0) -> None:
         super().__init__(output_field=models.DateTimeField())
+        self.seconds = float(seconds)
+
+    def sql(self) -> tuple[str, list[float]]:
+        """PostgreSQL's expression and its parameters."""
+        return (self.LATER, [self.seconds]) if self.seconds else (self.NOW, [])
+
+    def local(self) -> datetime:
+        """The same moment by this process's clock."""
+        return timezone.now() + timedelta(seconds=self.seconds)
 
     def as_sql(self, compiler: SQLCompiler, connection: BaseDatabaseWrapper) -> tuple[str, Any]:
         if connection.vendor == "postgresql":
-            return "STATEMENT_TIMESTAMP()", ()
-        return compiler.compile(models.Value(timezone.now(), output_field=models.DateTimeField()))
+            return self.sql()
+        return compiler.compile(models.Value(self.local(), output_field=models.DateTimeField()))
 
 
 class JobQuerySet(models.QuerySet["Job"]):

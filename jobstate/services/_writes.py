@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db import connection
 from django.utils import timezone
 
+from jobstate import conf
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._rows import (
     column,
@@ -91,6 +93,22 @@ class Col:
         return hash(("Col", self.name))
 
 
+def lease_times(
+    now: datetime | None, lease_seconds: float | None = None, vendor: str | None = None
+) -> tuple[datetime | LeaseClock, datetime | LeaseClock]:
+    """What a lease write stores as ``lease_expires_at`` and ``heartbeat_at``.
+
+    No ``now`` on PostgreSQL: the database's clock, computed by the statement
+    (``LeaseClock``), the clock the reaper judges expiry by, so a worker whose own
+    clock is off writes leases that run for ``lease_seconds`` all the same. A
+    caller's ``now``, or SQLite (one machine): that time, this process's clock."""
+    seconds = float(lease_seconds or conf.get("LEASE_SECONDS"))
+    if now is None and (vendor or _statements.current().vendor) == "postgresql":
+        return LeaseClock(seconds), LeaseClock()
+    now = now or timezone.now()
+    return now + timedelta(seconds=seconds), now
+
+
 class Event(NamedTuple):
     """The history row written with a job update (``update_job(event=...)``)."""
 
@@ -112,7 +130,8 @@ def update_job(
     untroubled: tuple[str, ...] = (),
     event: Event | None = None,
 ) -> int:
-    """Write ``values`` (plain values or ``Col``, no expressions) to the job if it
+    """Write ``values`` (plain values, ``Col`` or ``LeaseClock``, no other
+    expressions) to the job if it
     is in ``status`` (and held under ``token``, and for each of ``untroubled``
     ("cancel", "stop") none requested); returns the rows written, 0 or 1. With
     ``event``, its history row is inserted when the row was written: on
@@ -151,15 +170,30 @@ def update_statement(
     as two common table expressions, ``moved`` (the ids of the rows written)
     and ``moved_event``, for a larger statement."""
     postgres = conn.vendor == "postgresql"
-    shape = tuple((name, v.name if isinstance(v, Col) else None) for name, v in values.items())
+    shape = tuple((name, _source(v, postgres)) for name, v in values.items())
     sql = _update_sql(conn.vendor, shape, token is not None, untroubled, event is not None, cte)
-    params = [prep_job_value(name, v, conn) for name, v in values.items() if not isinstance(v, Col)]
+    params: list[Any] = []
+    for name, v in values.items():
+        if isinstance(v, LeaseClock):
+            params += v.sql()[1] if postgres else [prep_job_value(name, v.local(), conn)]
+        elif not isinstance(v, Col):
+            params.append(prep_job_value(name, v, conn))
     params += [_ID.get_db_prep_value(pk, conn), str(status)]
     if token is not None:
         params.append(_TOKEN.get_db_prep_value(token, conn))
     if event is not None and postgres:
         params += event_values(*event[:6], event.now or timezone.now())
     return sql, params
+
+
+def _source(value: Any, postgres: bool) -> str | None:
+    """Where ``_update_sql`` takes a value from: None, a parameter; ``LeaseClock``'s
+    SQL (PostgreSQL); or the name of a column (``Col``)."""
+    if isinstance(value, Col):
+        return value.name
+    if isinstance(value, LeaseClock) and postgres:
+        return value.sql()[0]
+    return None
 
 
 # Values psycopg sends as they are (the field's own preparation would return
@@ -203,7 +237,12 @@ def _update_sql(
     def col(name: str) -> str:
         return qn(column(concrete_field(Job, name)))
 
-    sets = ", ".join(f"{col(name)} = {col(source) if source else '%s'}" for name, source in shape)
+    def value(source: str | None) -> str:
+        if source is None:
+            return "%s"
+        return source if source in (LeaseClock.NOW, LeaseClock.LATER) else col(source)
+
+    sets = ", ".join(f"{col(name)} = {value(source)}" for name, source in shape)
     where = f"{qn('id')} = %s AND {qn('status')} = %s"
     if token:
         where += f" AND {qn('lease_token')} = %s"

@@ -7,24 +7,21 @@ are this function.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from jobstate import conf, hooks, registry
+from jobstate import hooks, registry
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
-from jobstate.services._writes import job_columns, jobs_from_rows
+from jobstate.services._writes import job_columns, jobs_from_rows, lease_times
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
 from jobstate.states import Status
-
-
-def lease_until(now: datetime, lease_seconds: float | None = None) -> datetime:
-    return now + timedelta(seconds=lease_seconds or conf.get("LEASE_SECONDS"))
 
 
 def claim(
@@ -48,21 +45,23 @@ def claim(
     charges the attempt and sets ``started_at`` when a worker starts it.
     With ``start=True`` (a worker process taking its own next job) the same
     statement also begins them: ``started_at`` set and the attempt charged.
-    Returned in claim order (priority, then ``run_after``, then age).
+    Returned in claim order (priority, then ``run_after``, then age). The lease
+    runs from the database's clock on PostgreSQL unless ``now`` is given
+    (``_writes.lease_times``).
     """
+    postgres = connection.vendor == "postgresql"
+    lease, _ = lease_times(now, lease_seconds, connection.vendor)
     now = now or timezone.now()
     limits = registry.concurrency_limits()
     if kinds is not None:
         limits = {k: v for k, v in limits.items() if k in kinds}
     if limit < 1 or kinds == []:
         return []
-    postgres = connection.vendor == "postgresql"
     actor = Actor.worker(worker_id)
-    expires = lease_until(now, lease_seconds)
     if postgres and not limits and not claim_writes(actor, now):
         # One statement, autocommitted: nothing else belongs in its transaction.
         picked, params = ready_sql(kinds, limit, now, postgres, cancel_free=start)
-        jobs = _reserve(picked, params, worker_id, actor, now, expires, postgres, start)
+        jobs = _reserve(picked, params, worker_id, actor, now, lease, postgres, start)
         for job in jobs:
             announce(
                 job.pk,
@@ -85,7 +84,7 @@ def claim(
             picked, params = _ids(ids)
         else:
             picked, params = ready_sql(kinds, limit, now, postgres, cancel_free=start)
-        jobs = _reserve(picked, params, worker_id, actor, now, expires, postgres, start)
+        jobs = _reserve(picked, params, worker_id, actor, now, lease, postgres, start)
         if not postgres and jobs:
             JobEvent.objects.bulk_create([_claim_event(job, actor, now, start) for job in jobs])
         for job in jobs:
@@ -194,7 +193,7 @@ def _reserve(
     worker_id: str,
     actor: Actor,
     now: datetime,
-    expires: datetime,
+    lease: datetime | LeaseClock,
     postgres: bool,
     start: bool = False,
 ) -> list[Job]:
@@ -202,40 +201,47 @@ def _reserve(
     tokens; on PostgreSQL the same statement writes their claim events."""
     table = Job._meta.db_table
     queued = Status.QUEUED.value
-    values = assignment_values(worker_id, now, expires, start)
+    values = assignment_values(worker_id, now, lease, start)
     if not postgres:
         returning = job_columns(connection.vendor)
         update = (
-            f"UPDATE {table} SET {_assignments(False, start)} WHERE status = '{queued}' AND id IN ({picked}) "
-            f"RETURNING {returning}"
+            f"UPDATE {table} SET {_assignments(False, start, clock=False)} "
+            f"WHERE status = '{queued}' AND id IN ({picked}) RETURNING {returning}"
         )
         rows = _statements.fetch(update, [*values, *params])
     else:
-        ctes, params = claim_ctes(picked, params, values, actor, now, start)
+        clock = isinstance(lease, LeaseClock)
+        ctes, params = claim_ctes(picked, params, values, actor, now, start, clock=clock)
         rows = _statements.fetch(f"WITH {ctes} SELECT * FROM claimed", params)
     jobs = jobs_from_rows(rows)
     jobs.sort(key=lambda j: (-j.priority, j.run_after, j.created_at))
     return jobs
 
 
-def _assignments(postgres: bool, start: bool) -> str:
+def _assignments(postgres: bool, start: bool, clock: bool) -> str:
     """The SET clause that reserves (or, with ``start``, begins) a job; its
-    parameters are ``assignment_values``."""
+    parameters are ``assignment_values``. ``clock``: the lease and the heartbeat
+    from the database's clock (``LeaseClock``, PostgreSQL)."""
     token = "gen_random_uuid()" if postgres else "lower(hex(randomblob(16)))"
     # Reserved, not running: begin() sets started_at and charges the attempt.
     # claimed_watermark: what this attempt runs on; complete() compares it with
     # the input watermark, so an enqueue raising it meanwhile queues a re-run.
     begun = "started_at = %s, attempts = attempts + 1" if start else "started_at = NULL"
+    lease, beat = (LeaseClock.LATER, LeaseClock.NOW) if clock else ("%s", "%s")
     return (
         f"status = '{Status.PROCESSING.value}', worker_id = %s, lease_token = {token}, "
-        f"lease_expires_at = %s, heartbeat_at = %s, {begun}, claimed_watermark = input_watermark, "
-        "updated_at = %s"
+        f"lease_expires_at = {lease}, heartbeat_at = {beat}, {begun}, "
+        "claimed_watermark = input_watermark, updated_at = %s"
     )
 
 
-def assignment_values(worker_id: str, now: datetime, expires: datetime, start: bool) -> list[Any]:
+def assignment_values(worker_id: str, now: datetime, lease: datetime | LeaseClock, start: bool) -> list[Any]:
+    """The parameters of ``_assignments(clock=isinstance(lease, LeaseClock))``."""
     stamp = _prep("updated_at", now)
-    values = [worker_id[:200], _prep("lease_expires_at", expires), stamp]
+    if isinstance(lease, LeaseClock):
+        values = [worker_id[:200], *lease.sql()[1]]
+    else:
+        values = [worker_id[:200], _prep("lease_expires_at", lease), stamp]
     return values + ([stamp, stamp] if start else [stamp])
 
 
@@ -247,10 +253,12 @@ def claim_ctes(
     now: datetime,
     start: bool,
     guard: str = "",
+    clock: bool = True,
 ) -> tuple[str, list[Any]]:
     """PostgreSQL: the claim as two common table expressions, ``claimed`` (the
     reserved jobs' rows) and ``claim_events`` (their history rows), for ``WITH``;
-    ``values`` are ``assignment_values``, ``guard`` an extra condition.
+    ``values`` are ``assignment_values`` (``clock``: of a ``LeaseClock``),
+    ``guard`` an extra condition.
 
     ``= ANY(ARRAY(...))``: the picked ids are computed once (an InitPlan) and
     looked up by primary key; as ``IN (subquery)`` the planner may scan the
@@ -261,7 +269,7 @@ def claim_ctes(
     """
     queued, processing = Status.QUEUED.value, Status.PROCESSING.value
     sql = (
-        f"claimed AS (UPDATE {Job._meta.db_table} SET {_assignments(True, start)} "
+        f"claimed AS (UPDATE {Job._meta.db_table} SET {_assignments(True, start, clock)} "
         f"WHERE id = ANY(ARRAY({picked})){guard} RETURNING {job_columns('postgresql')}), "
         f"claim_events AS (INSERT INTO {JobEvent._meta.db_table} (job_id, from_status, to_status, "
         f"transition, actor_label, reason, metadata, created_at) SELECT id, '{queued}', '{processing}', "

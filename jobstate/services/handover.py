@@ -26,9 +26,9 @@ from jobstate import registry
 from jobstate.models import Job
 from jobstate.services import _statements
 from jobstate.services._rows import announce
-from jobstate.services._writes import Event, jobs_from_rows, update_statement
+from jobstate.services._writes import Event, jobs_from_rows, lease_times, update_statement
 from jobstate.services.actors import Actor
-from jobstate.services.claiming import assignment_values, claim_ctes, claim_writes, lease_until, ready_sql
+from jobstate.services.claiming import assignment_values, claim_ctes, claim_writes, ready_sql
 from jobstate.services.transitions import one_statement, refuse, transition_values, updated
 from jobstate.states import Status
 
@@ -79,7 +79,9 @@ def move_and_claim(
     moved, moved_params = update_statement(conn, job.pk, values, source, token, event=event, cte=True)
     claimer = Actor.worker(then.worker_id)
     picked, picked_params = ready_sql(then.kinds, 1, now, True, cancel_free=True)
-    claim_values = assignment_values(then.worker_id, now, lease_until(now), True)
+    # The next job's lease from the database's clock, whatever dates the outcome.
+    lease, _ = lease_times(None, vendor=conn.vendor)
+    claim_values = assignment_values(then.worker_id, now, lease, True)
     claimed, claim_params = claim_ctes(
         picked, picked_params, claim_values, claimer, now, True, guard=" AND EXISTS (SELECT 1 FROM moved)"
     )

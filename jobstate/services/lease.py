@@ -18,7 +18,7 @@ import logging
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -27,12 +27,13 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from jobstate import conf, registry
+from jobstate import registry
 from jobstate.exceptions import CancelRequested, ConcurrencyLimitReached, InvalidTransition, LeaseLost
 from jobstate.models import Job, JobEvent
+from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._rows import concrete_field
-from jobstate.services._writes import job_columns, jobs_from_rows, update_job
+from jobstate.services._writes import job_columns, jobs_from_rows, lease_times, update_job
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.claiming import room_for
@@ -47,10 +48,6 @@ JobRef = Job | UUID | str
 
 def _pk(job: JobRef) -> Any:
     return job.pk if isinstance(job, Job) else job
-
-
-def _lease(now: datetime, lease_seconds: float | None) -> datetime:
-    return now + timedelta(seconds=lease_seconds or conf.get("LEASE_SECONDS"))
 
 
 def update_held(
@@ -94,15 +91,16 @@ def begin(
     ``cancel_requested`` is True (the caller ends it ``cancelled``; it never ran),
     unless this is the reaper's recovery run of a workflow's undos (``recovering``).
     Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
-    already begun.
+    already begun. The lease runs from the database's clock on PostgreSQL unless
+    ``now`` is given (``_writes.lease_times``), as in every lease write here.
     """
+    lease = lease_times(now, lease_seconds)
     now = now or timezone.now()
     pk = _pk(job)
     worker_id = worker_id[:200]
-    expires = _lease(now, lease_seconds)
-    begun = _begin_returning(pk, token, worker_id, now, expires)
+    begun = _begin_returning(pk, token, worker_id, now, lease)
     if begun is None:
-        begun = _begin_update(pk, token, worker_id, now, expires, cancel_free=True)
+        begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=True)
     if begun is not None:
         return Begun(begun, begun.attempts, False)
     current = Job.objects.filter(pk=pk).first()
@@ -114,7 +112,7 @@ def begin(
         and current.cancel_requested_at is not None
     ):
         if recovering(pk):
-            begun = _begin_update(pk, token, worker_id, now, expires, cancel_free=False)
+            begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=False)
             if begun is not None:
                 return Begun(begun, begun.attempts, False)
             raise LeaseLost(pk)
@@ -122,8 +120,12 @@ def begin(
     raise LeaseLost(pk)
 
 
+# What a lease write stores: (lease_expires_at, heartbeat_at), ``_writes.lease_times``.
+Lease = tuple[datetime | LeaseClock, datetime | LeaseClock]
+
+
 def _begin_update(
-    pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime, *, cancel_free: bool
+    pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease, *, cancel_free: bool
 ) -> Job | None:
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING, started_at__isnull=True)
     if cancel_free:
@@ -132,8 +134,8 @@ def _begin_update(
         started_at=now,
         attempts=F("attempts") + 1,
         worker_id=worker_id,
-        heartbeat_at=now,
-        lease_expires_at=expires,
+        heartbeat_at=lease[1],
+        lease_expires_at=lease[0],
         updated_at=now,
     ):
         return None
@@ -159,7 +161,7 @@ def recovering(pk: Any) -> bool:
     return isinstance(last, dict) and "recovery" in last and last["recovery"] != "wait"
 
 
-def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires: datetime) -> Job | None:
+def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease) -> Job | None:
     """``begin``'s UPDATE ... RETURNING (PostgreSQL, SQLite >= 3.35); None if the
     row did not match or the database cannot return rows from an UPDATE."""
     if not connection.features.can_return_columns_from_insert:
@@ -170,10 +172,19 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires
     def prep(name: str, value: Any) -> Any:
         return concrete_field(Job, name).get_db_prep_value(value, connection)
 
+    def assign(name: str, value: datetime | LeaseClock) -> tuple[str, list[Any]]:
+        if isinstance(value, LeaseClock):
+            sql, params = value.sql()
+            return f"{qn(name)} = {sql}", list(params)
+        return f"{qn(name)} = %s", [prep(name, value)]
+
+    (beat, beat_params), (lease_sql, lease_params) = (
+        assign("heartbeat_at", lease[1]),
+        assign("lease_expires_at", lease[0]),
+    )
     sql = (
         f"UPDATE {qn(meta.db_table)} SET {qn('started_at')} = %s, {qn('attempts')} = {qn('attempts')} + 1, "
-        f"{qn('worker_id')} = %s, {qn('heartbeat_at')} = %s, {qn('lease_expires_at')} = %s, "
-        f"{qn('updated_at')} = %s "
+        f"{qn('worker_id')} = %s, {beat}, {lease_sql}, {qn('updated_at')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s "
         f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL "
         f"RETURNING {job_columns(connection.vendor)}"
@@ -181,8 +192,8 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, expires
     params = [
         prep("started_at", now),
         worker_id,
-        prep("heartbeat_at", now),
-        prep("lease_expires_at", expires),
+        *beat_params,
+        *lease_params,
         prep("updated_at", now),
         prep("id", pk),
         prep("lease_token", token),
@@ -202,6 +213,7 @@ def start(
     concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
     queued job whose cancel was requested is cancelled (it never ran), then
     refused, unless this is a recovery run of a workflow's undos (``recovering``)."""
+    lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     now = now or timezone.now()
     target = job if isinstance(job, Job) else Job(pk=job)
     actor = Actor.worker(worker_id)
@@ -230,8 +242,8 @@ def start(
                 fields={
                     "worker_id": worker_id,
                     "lease_token": uuid.uuid4(),
-                    "lease_expires_at": _lease(now, lease_seconds),
-                    "heartbeat_at": now,
+                    "lease_expires_at": lease_expires_at,
+                    "heartbeat_at": heartbeat_at,
                     "started_at": now,
                     "attempts": F("attempts") + 1,
                     "claimed_watermark": F("input_watermark"),
@@ -246,7 +258,9 @@ def start(
         return Job.objects.get(pk=target.pk)
     # The values the database computed (the caller's copy may predate an enqueue
     # that raised the watermark).
-    job.refresh_from_db(fields=["attempts", "input_watermark", "claimed_watermark"])
+    job.refresh_from_db(
+        fields=["attempts", "input_watermark", "claimed_watermark", "lease_expires_at", "heartbeat_at"]
+    )
     return job
 
 
@@ -269,9 +283,9 @@ def heartbeat(
     ``worker_id`` re-labels the holder, e.g. when a cluster's pusher claimed the
     job and one of its worker processes now runs it under the same token.
     """
-    now = now or timezone.now()
+    lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     pk = _pk(job)
-    values: dict[str, Any] = {"lease_expires_at": _lease(now, lease_seconds), "heartbeat_at": now}
+    values: dict[str, Any] = {"lease_expires_at": lease_expires_at, "heartbeat_at": heartbeat_at}
     if worker_id is not None:
         values["worker_id"] = worker_id[:200]
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING)
@@ -304,12 +318,12 @@ def extend_leases(
     leases = list(leases)
     if not leases:
         return 0
-    now = now or timezone.now()
+    lease_expires_at, _ = lease_times(now, lease_seconds)
     held = Q()
     for pk, token in leases:
         held |= Q(pk=pk, lease_token=token)
     return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id[:200]).update(
-        lease_expires_at=_lease(now, lease_seconds)
+        lease_expires_at=lease_expires_at
     )
 
 
@@ -345,9 +359,15 @@ def report_progress(
     cancel was requested (``CancelRequested``: the handler should stop).
     """
     values = progress_fields(percent, message, step)
+    lease_expires_at, heartbeat_at = lease_times(now)
     now = now or timezone.now()
     pk = _pk(job)
-    written = {**values, "heartbeat_at": now, "lease_expires_at": _lease(now, None), "updated_at": now}
+    written = {
+        **values,
+        "heartbeat_at": heartbeat_at,
+        "lease_expires_at": lease_expires_at,
+        "updated_at": now,
+    }
     if not update_held(pk, token, written, untroubled=("cancel",)):
         row = Job.objects.filter(pk=pk).values_list("status", "lease_token", "cancel_requested_at").first()
         if row and row[0] == Status.PROCESSING and str(row[1]) == str(token) and row[2]:

@@ -1,8 +1,9 @@
 """How far this process's clock is from the database's (PostgreSQL).
 
-Workers write lease expiries from their own clock (claim, begin, heartbeat,
-progress) and the reaper compares them with the database's (``LeaseClock``), so
-a clock that disagrees moves every lease the process writes. The process beat
+On PostgreSQL leases are written and judged by the database's clock
+(``LeaseClock``), but the times a process records (``started_at``, history
+rows, a retry's ``run_after``) come from its own clock, so a clock that
+disagrees moves them. The process beat
 (``services.workers.beat``, every ``HEARTBEAT_SECONDS``, off the job path)
 returns the database's ``STATEMENT_TIMESTAMP()`` from the statement it runs
 anyway; this process's clock, read just before and just after the call,
@@ -38,13 +39,12 @@ def past_limit(offset: float | None) -> bool:
 
 RISKS = {
     "behind": (
-        "the leases it writes run out that much early by the database's clock, so a job whose "
-        "heartbeat stalls may be requeued, and started elsewhere, before its watchdog stops the "
-        "handler here (two runs at once)"
+        "the times it records (start and end of jobs, their history) are that much early and "
+        "the retries it schedules run that much sooner (its leases are timed by the database)"
     ),
     "ahead": (
-        "the leases it writes run out that much late by the database's clock, so a job whose "
-        "process dies here waits that much longer to be requeued"
+        "the times it records (start and end of jobs, their history) are that much late and "
+        "the retries it schedules wait that much longer (its leases are timed by the database)"
     ),
 }
 

@@ -11,7 +11,6 @@ from uuid import UUID
 
 from django.core.files import File
 from django.db import DatabaseError, connection, transaction
-from django.utils import timezone
 
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, LeaseLost
@@ -37,7 +36,7 @@ class JobContext:
     process's heartbeat thread when its time comes, or with the job's outcome.
     """
 
-    def __init__(self, job: Job, spec: HandlerSpec, worker_id: str) -> None:
+    def __init__(self, job: Job, spec: HandlerSpec, worker_id: str, leased_at: float | None = None) -> None:
         self.job = job
         self.spec = spec
         self.worker_id = worker_id
@@ -62,11 +61,12 @@ class JobContext:
         # Called (by progress) when a report is left for the heartbeat to write.
         self.on_pending: Callable[[], None] | None = None
         # When the lease runs out, on this process's monotonic clock: from the
-        # expiry the job was begun with, then from the start of each write that
-        # renewed it (heartbeats, progress). The watchdog reads it.
-        expires = job.lease_expires_at
-        left = (expires - timezone.now()).total_seconds() if expires else float(conf.get("LEASE_SECONDS"))
-        self.lease_until = time.monotonic() + left
+        # start of the write that began the job (``leased_at``; None: it just
+        # ended), then from the start of each write that renewed it (heartbeats,
+        # progress). The watchdog reads it. Never from the stored expiry: that is
+        # on the database's clock (PostgreSQL), this machine's may be off.
+        since = time.monotonic() if leased_at is None else leased_at
+        self.lease_until = since + float(conf.get("LEASE_SECONDS"))
 
     def renewed(self, since: float) -> None:
         """A write that started at ``since`` (monotonic) renewed the lease."""

@@ -118,7 +118,14 @@ __all__ = ["drain", "hard_limit_for", "run_job", "run_next", "timeout_for"]
 HANDLER_EXITS = (SystemExit, KeyboardInterrupt, GeneratorExit)
 
 
-def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline: bool = False) -> str:
+def run_job(
+    job: Job,
+    worker_id: str,
+    then: NextRequest | None = None,
+    *,
+    inline: bool = False,
+    leased_at: float | None = None,
+) -> str:
     """Run a job this worker holds; return its outcome (completed, partial,
     failed, retrying, cancelled, suspended, lost).
 
@@ -132,12 +139,15 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline
     the queue, its attempt refunded, then raised on (in the handler, ``begin``
     or the outcome write). A django-q2 worker process ignores SIGINT: a
     KeyboardInterrupt there is the handler's own, recorded as its error.
+    ``leased_at``: when (``time.monotonic()``) the call that began a begun job
+    started, from which its watchdog counts the lease (None: now).
     """
     spec = registry.all_handlers().get(job.kind)
     if spec is None:
         return unknown_kind(job)
     if job.started_at is None:
         token = lease_token(job)
+        leased_at = time.monotonic()
         try:
             begun = services.begin(job, token, worker_id)
         except LeaseLost:
@@ -156,7 +166,7 @@ def run_job(job: Job, worker_id: str, then: NextRequest | None = None, *, inline
         if begun.cancel_requested:
             return cancel_unstarted(job)
         _copy_row(begun.job, job)
-    return _run(job, spec, worker_id, then, inline)
+    return _run(job, spec, worker_id, then, inline, leased_at)
 
 
 def _copy_row(source: Job, target: Job) -> None:
@@ -167,13 +177,20 @@ def _copy_row(source: Job, target: Job) -> None:
             setattr(target, field.attname, getattr(source, field.attname))
 
 
-def _run(job: Job, spec: HandlerSpec, worker_id: str, then: NextRequest | None, inline: bool) -> str:
+def _run(
+    job: Job,
+    spec: HandlerSpec,
+    worker_id: str,
+    then: NextRequest | None,
+    inline: bool,
+    leased_at: float | None,
+) -> str:
     interruptible = threading.current_thread() is threading.main_thread()
     sup: Supervisor | None = None
     slot: Slot | None = None
     try:
         sup = supervisor()
-        ctx = JobContext(job, spec, worker_id)
+        ctx = JobContext(job, spec, worker_id, leased_at)
         slot = Slot(ctx, timeout_for(spec), interruptible)
         call = slot.call = HandlerCall(spec.func, slot)
         if interruptible:

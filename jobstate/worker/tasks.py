@@ -175,6 +175,7 @@ def hand_back_unstarted(me: str, links: Chain) -> None:
 
 
 def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
+    leased_at = time.monotonic()
     try:
         begun = reconnecting(functools.partial(services.begin, job_id, token, me))
     except LeaseLost:
@@ -194,7 +195,7 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
         outcome = cancel_unstarted(job)
         keep_connection()
         return outcome
-    return _run_begun(job, me, links)
+    return _run_begun(job, me, links, leased_at)
 
 
 def _in_caller() -> bool:
@@ -204,12 +205,13 @@ def _in_caller() -> bool:
     return multiprocessing.parent_process() is None
 
 
-def _run_begun(job: Job, me: str, links: Chain | None = None) -> str:
+def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float | None = None) -> str:
+    """Run ``job``, begun by a call that started at ``leased_at`` (``time.monotonic()``)."""
     if links is not None:
         # Jobs begun before this one ran their handlers (or this is the first).
         links.running, links.since = job.pk, timezone.now()
     try:
-        outcome = run_job(job, me, then=links, inline=_in_caller())
+        outcome = run_job(job, me, then=links, inline=_in_caller(), leased_at=leased_at)
     except TimeoutException:
         # django-q2's hard limit fired: the handler ignored jobstate's own
         # timeout and cancel interrupts. Record the failed (or cancelled)
@@ -246,6 +248,7 @@ class Chain:
         self.since = timezone.now()
         self.seconds = float(conf.get("WORKER_CHAIN_SECONDS") or 0)
         self.request: services.NextClaim | None = None
+        self.asked = 0.0
 
     def next_kinds(self) -> list[str]:
         """The kinds this process may take next (none: the chain stops here)."""
@@ -258,11 +261,13 @@ class Chain:
     def __call__(self) -> services.NextClaim | None:
         kinds = self.next_kinds()
         self.request = services.NextClaim(self.me, kinds) if kinds else None
+        self.asked = time.monotonic()  # just before the outcome that may claim it
         return self.request
 
     def handed_over(self) -> tuple[Job | None, bool]:
         """The job claimed with the last outcome, if one was, and whether that
-        claim was made (made and empty: no job was ready)."""
+        claim was made (made and empty: no job was ready); ``asked``: when
+        (``time.monotonic()``) that outcome's call started."""
         request, self.request = self.request, None
         if request is None or not request.tried:
             return None, False
@@ -278,11 +283,13 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
     links = links or Chain(me, hard_deadline, started)
     ran = 0
     job, tried = links.handed_over()
+    leased_at = links.asked
     while not tried or job is not None:
         if job is None:
             kinds = links.next_kinds()
             if not kinds:
                 break
+            leased_at = time.monotonic()
             try:
                 claimed = services.claim(links.me, kinds=kinds, limit=1, start=True)
             except DatabaseErrors:  # InterfaceError too: the outcome is stored, the task must not fail
@@ -297,9 +304,10 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
         # django-q2 armed its hard limit for the package's job; this one gets its own.
         limit = hard_limit_for(registry.all_handlers().get(job.kind))
         q2.rearm_hard_limit(min(limit, links.hard_deadline - time.monotonic()))
-        _run_begun(job, links.me, links)
+        _run_begun(job, links.me, links, leased_at)
         ran += 1
         job, tried = links.handed_over()
+        leased_at = links.asked
     return ran
 
 
@@ -310,11 +318,12 @@ def run_by_id(job_id: Any) -> str:
     cluster = broker.cluster_id()
     me = worker_id(cluster)
     _serve(me, cluster)
+    leased_at = time.monotonic()
     try:
         job = reconnecting(functools.partial(services.start, job_id, me))
     except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
         return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
-    return _run_begun(job, me)
+    return _run_begun(job, me, leased_at=leased_at)
 
 
 def reap() -> dict[str, int]:
