@@ -20,11 +20,11 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 
 from jobstate import stuck
 from jobstate.admin import workers
 from jobstate.models import Job
+from jobstate.models.job import LeaseClock
 from jobstate.states import ACTIVE, Status
 
 MAX_IDS = 200
@@ -63,18 +63,18 @@ def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
 
 
 def dashboard_payload(request: HttpRequest) -> dict[str, Any]:
-    now = timezone.now()
     counts = {s: 0 for s in (Status.QUEUED, Status.PROCESSING)}
     for status, n in (
         Job.objects.filter(status__in=ACTIVE).order_by().values_list("status").annotate(n=Count("*"))
     ):
         counts[status] = counts.get(status, 0) + n
-    panel = workers.panel_context(now)
+    clock = LeaseClock.read()  # seen_at is written by the database's clock
+    panel = workers.panel_context(clock)
     found = panel["workers"]
     return {
         "active": sum(counts.values()),
         "counts": {**counts, "workers": found.alive, "busy": found.busy},
-        "html": {"js-workers": workers.render_panel(request, now)},
+        "html": {"js-workers": workers.render_panel(request, clock)},
     }
 
 

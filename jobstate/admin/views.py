@@ -16,7 +16,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 
 from jobstate import services, stuck
 from jobstate.admin import display
@@ -129,8 +128,8 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
 def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    now = timezone.now()
-    ctx = stuck.Context(now)
+    ctx = stuck.Context()  # the database's clock, which heartbeats are written by
+    now = ctx.now
     cap = min(PAGE_COUNT_CAP, model_admin.count_cap())
     # Counted one past the cap: "1,000+" says more than 1,000, exactly 1,000 reads "1,000".
     findings, counts = stuck.survey(ctx=ctx, cap=cap + 1)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -25,7 +26,7 @@ from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import WorkerProcess
-from jobstate.models.job import may_view_all
+from jobstate.models.job import LeaseClock, may_view_all
 from jobstate.worker import clock
 
 STATE_CLASSES = {"busy": "processing", "idle": "completed", "alive": "completed", "dead": "failed"}
@@ -42,8 +43,9 @@ def _whole_seconds(moment: datetime, now: datetime) -> str:
 
 
 def panel_context(now: datetime | None = None) -> dict[str, Any]:
-    """What ``jobstate/workers_panel.html`` shows."""
-    now = now or timezone.now()
+    """What ``jobstate/workers_panel.html`` shows, as of ``now`` (None: the
+    database's clock on PostgreSQL, which ``seen_at`` is written by)."""
+    now = now or LeaseClock.read()
     found = stats.workers(now)
     clusters = []
     for c in found.clusters:
@@ -107,9 +109,19 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # a dead row goes by itself (services.workers.forget_dead)
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerProcess]:
+        # The database's clock with each row (no query of its own): seen_at is written by it.
+        rows: QuerySet[WorkerProcess] = super().get_queryset(request)
+        return rows.annotate(clock_now=LeaseClock())
+
     @staticmethod
-    def _alive(obj: WorkerProcess) -> bool:
-        return obj.seen_at >= timezone.now() - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
+    def _now(obj: WorkerProcess) -> datetime:
+        now: datetime | None = getattr(obj, "clock_now", None)
+        return now or timezone.now()
+
+    @classmethod
+    def _alive(cls, obj: WorkerProcess) -> bool:
+        return obj.seen_at >= cls._now(obj) - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
 
     @admin.display(description="state")
     def state_col(self, obj: WorkerProcess) -> SafeString:
@@ -127,7 +139,7 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
 
     @admin.display(description="last heartbeat", ordering="seen_at")
     def seen_col(self, obj: WorkerProcess) -> str:
-        return f"{_whole_seconds(obj.seen_at, timezone.now())} ago"
+        return f"{_whole_seconds(obj.seen_at, self._now(obj))} ago"
 
     @admin.display(description="clock offset", ordering="clock_offset")
     def clock_col(self, obj: WorkerProcess) -> SafeString:

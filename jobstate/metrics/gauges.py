@@ -43,7 +43,7 @@ class Snapshot:
     seconds: float = 0.0
 
 
-def stuck_counts(now: datetime) -> dict[str, int]:
+def stuck_counts(now: datetime | None) -> dict[str, int]:
     """Jobs per stuck reason (``jobstate.stuck.count_stuck``, capped like the admin's)."""
     from jobstate.stuck import count_stuck
 
@@ -65,7 +65,8 @@ def job_counts() -> dict[tuple[str, str], int]:
 
 def take(now: datetime | None = None) -> Snapshot:
     started = time.monotonic()
-    now = now or timezone.now()
+    # Liveness (stuck reasons, processes alive) by the database's clock unless given.
+    judged, now = now, now or timezone.now()
     snap = Snapshot(taken_at=now.timestamp())
     snap.jobs = job_counts()
     ready = (
@@ -75,8 +76,8 @@ def take(now: datetime | None = None) -> Snapshot:
         .annotate(oldest=Min("run_after"))
     )
     snap.oldest_ready = {kind: max(0.0, (now - oldest).total_seconds()) for kind, oldest in ready}
-    snap.stuck = stuck_counts(now)
-    alive = workers.alive(now).order_by()
+    snap.stuck = stuck_counts(judged)
+    alive = workers.alive(judged).order_by()
     for cluster, role, n in alive.values_list("cluster", "role").annotate(n=Count("pk")):
         snap.workers[(cluster, role)] = n
     for cluster, seen in alive.values_list("cluster").annotate(seen=Max("seen_at")):

@@ -13,6 +13,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from jobstate import conf
+from jobstate.models.job import LeaseClock
 from jobstate.models.worker import WorkerProcess
 
 
@@ -33,12 +34,17 @@ def beat(
     ``finished`` adds to the process's count of jobs done, ``renewed`` to its
     count of lease renewals; ``clock_offset`` (when given) is stored.
 
-    On PostgreSQL the UPDATE also returns the database's clock
-    (``STATEMENT_TIMESTAMP()``), which is returned for ``jobstate.worker.clock``;
-    None elsewhere and on a first beat.
+    On PostgreSQL ``seen_at`` is the database's clock (unless ``now`` is given),
+    the one liveness is judged by, and the UPDATE also returns it
+    (``STATEMENT_TIMESTAMP()``) for ``jobstate.worker.clock``; None elsewhere and
+    on a first beat.
     """
+    db = router.db_for_write(WorkerProcess)
+    seen: datetime | LeaseClock = now or timezone.now()
+    if now is None and connections[db].vendor == "postgresql":
+        seen = LeaseClock()
     now = now or timezone.now()
-    values: dict[str, Any] = {"seen_at": now, "job_id": job_id}
+    values: dict[str, Any] = {"seen_at": seen, "job_id": job_id}
     if finished:
         values["jobs_done"] = F("jobs_done") + finished
     if renewed:
@@ -46,7 +52,6 @@ def beat(
     if clock_offset is not None:
         values["clock_offset"] = clock_offset
     rows = WorkerProcess.objects.filter(name=name)
-    db = router.db_for_write(WorkerProcess)
     if connections[db].vendor == "postgresql":
         database_now = _update_returning_clock(rows, values, db)
         if database_now is not None:
@@ -63,7 +68,7 @@ def beat(
                 pid=int(pid) if pid.isdigit() else os.getpid(),
                 role=role,
                 started_at=now,
-                seen_at=now,
+                seen_at=seen,
                 job_id=job_id,
                 jobs_done=finished,
                 leases_renewed=renewed,
@@ -93,11 +98,9 @@ def gone(name: str) -> None:
 
 
 def alive(now: datetime | None = None) -> QuerySet[WorkerProcess]:
-    """Processes seen within ``WORKER_ALIVE_SECONDS``."""
-    now = now or timezone.now()
-    return WorkerProcess.objects.filter(
-        seen_at__gte=now - timedelta(seconds=float(conf.get("WORKER_ALIVE_SECONDS")))
-    )
+    """Processes seen within ``WORKER_ALIVE_SECONDS`` of ``now`` (None: by
+    ``LeaseClock``, the database's clock on PostgreSQL)."""
+    return WorkerProcess.objects.filter(seen_at__gte=_ago(float(conf.get("WORKER_ALIVE_SECONDS")), now))
 
 
 def recorded() -> QuerySet[WorkerProcess]:
@@ -106,9 +109,11 @@ def recorded() -> QuerySet[WorkerProcess]:
 
 
 def forget_dead(older_than_seconds: float = 24 * 3600, now: datetime | None = None) -> int:
-    """Delete rows of processes not seen for ``older_than_seconds``; returns how many."""
-    now = now or timezone.now()
-    deleted, _ = WorkerProcess.objects.filter(
-        seen_at__lt=now - timedelta(seconds=older_than_seconds)
-    ).delete()
+    """Delete rows of processes not seen for ``older_than_seconds`` (before ``now``,
+    None: by ``LeaseClock``); returns how many."""
+    deleted, _ = WorkerProcess.objects.filter(seen_at__lt=_ago(older_than_seconds, now)).delete()
     return deleted
+
+
+def _ago(seconds: float, now: datetime | None) -> datetime | LeaseClock:
+    return LeaseClock(-seconds) if now is None else now - timedelta(seconds=seconds)

@@ -10,11 +10,11 @@ from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import Model, Q
-from django.utils import timezone
 from django.utils.timesince import timesince
 
 from jobstate import conf, registry
 from jobstate.models import Job
+from jobstate.models.job import LeaseClock
 from jobstate.states import TERMINAL, Status
 
 
@@ -35,10 +35,13 @@ KINDS_MAX = 10_000
 
 class Context:
     """Per-call values shared by the reasons: the time, and (lazily) which kinds a
-    worker is serving right now."""
+    worker is serving right now.
+
+    The time, unless given, is the database's clock on PostgreSQL (one query):
+    the one leases and heartbeats are written by, whatever this machine's says."""
 
     def __init__(self, now: datetime | None = None) -> None:
-        self.now = now or timezone.now()
+        self.now = now or LeaseClock.read()
         self._finished: frozenset[str] | None = None
         self._idle: frozenset[str] | None = None
         self._served: frozenset[str] | None = None
@@ -162,5 +165,5 @@ def served_kinds(now: datetime | None = None, running: frozenset[str] | None = N
     """Kinds a worker is visibly serving: a job of that kind is running with a fresh
     heartbeat (``running``, when already known), or one finished within the
     queued-past-due window."""
-    now = now or timezone.now()
+    now = now or LeaseClock.read()
     return finished_kinds(now) | (running if running is not None else running_kinds(now))
