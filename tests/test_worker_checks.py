@@ -97,3 +97,15 @@ def test_w009_sqlite_without_wal_immediate_and_busy_timeout(options):
     assert sqlite_warnings({"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}) == []
     (warning,) = sqlite_warnings({**SQLITE_OK, "OPTIONS": options})
     assert warning.id == "jobstate.W009"
+
+
+def test_w014_prune_budget_not_well_below_the_cluster_timeout(settings):
+    # The scheduled prune is a plain django-q2 task: the cluster timeout kills it mid-run.
+    assert "jobstate.W014" not in ids()  # the default budget, 240 s, with the project's timeout 600
+    assert "jobstate.W014" in ids(timeout=300, retry=360)
+    settings.JOBSTATE = {"PRUNE_MAX_SECONDS": 120}
+    assert "jobstate.W014" not in ids(timeout=300, retry=360)
+    settings.JOBSTATE = {"PRUNE_MAX_SECONDS": 120, "RETENTION_DAYS": None}  # no scheduled prune
+    assert "jobstate.W014" not in ids(timeout=60, retry=120)
+    settings.JOBSTATE = {"PRUNE_MAX_SECONDS": "fast"}  # E003's
+    assert "jobstate.W014" not in ids(timeout=60, retry=120)

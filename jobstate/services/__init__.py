@@ -8,7 +8,6 @@ from jobstate.services.actors import Actor
 from jobstate.services.assets import (
     add_asset,
     file_response,
-    remove_orphan_files,
     result_assets,
     safe_name,
 )
@@ -37,6 +36,7 @@ from jobstate.services.lease import (
     report_progress,
     start,
 )
+from jobstate.services.orphans import OrphanSweep, remove_orphan_files, sweep_orphan_files
 from jobstate.services.outcomes import complete, fail, mark_partial
 from jobstate.services.reaper import ReapReport, requeue_expired
 from jobstate.services.steps import all_step_transitions, move_step
@@ -48,6 +48,7 @@ __all__ = [
     "Begun",
     "DuplicateActiveKey",
     "NextClaim",
+    "OrphanSweep",
     "ReapReport",
     "add_asset",
     "all_step_transitions",
@@ -84,4 +85,5 @@ __all__ = [
     "safe_name",
     "start",
     "suspend",
+    "sweep_orphan_files",
 ]

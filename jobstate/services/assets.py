@@ -8,7 +8,6 @@ import logging
 import mimetypes
 import os
 import re
-from datetime import datetime, timedelta
 from typing import IO, Any, cast
 from urllib.parse import urlsplit
 from uuid import UUID
@@ -19,13 +18,12 @@ from django.core.files.storage import Storage
 from django.db import transaction
 from django.db.models import Subquery
 from django.http import FileResponse, HttpRequest
-from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.text import get_valid_filename
 
 from jobstate.exceptions import LeaseLost
 from jobstate.models import Asset, Job
-from jobstate.models.asset import asset_upload_to, job_folder
+from jobstate.models.asset import job_folder
 from jobstate.services import ranges
 from jobstate.services.asset_files import in_job_folder, open_stored
 from jobstate.states import Status
@@ -339,64 +337,3 @@ def lose_attempt_assets(job_id: Any) -> int:
     return Asset.objects.filter(job_id=job_id, attempt=Subquery(current), attempt_lost=False).update(
         attempt_lost=True
     )
-
-
-def remove_orphan_files(*, older_than: timedelta = timedelta(hours=1), dry_run: bool = False) -> list[str]:
-    """Delete stored files under ``jobstate/`` that no Asset row names (an upload
-    whose row was never committed: a crash between the two, or a rolled-back
-    transaction). Files younger than ``older_than`` are kept (an upload may be
-    about to commit its row), as are files whose age the storage cannot tell.
-    Returns the names removed (or, with ``dry_run``, that would be)."""
-    storage = Asset._meta.get_field("file").storage
-    if callable(storage):
-        storage = storage()
-    root = asset_upload_to(Asset(job_id="x"), "").split("/", 1)[0]  # "jobstate"
-    try:
-        job_dirs, _files = storage.listdir(root)
-    except (FileNotFoundError, NotImplementedError):
-        return []
-    cutoff = timezone.now() - older_than
-    removed: list[str] = []
-    for job_dir in job_dirs:
-        try:
-            _sub, files = storage.listdir(f"{root}/{job_dir}")
-        except (FileNotFoundError, NotImplementedError):
-            continue
-        names = [f"{root}/{job_dir}/{f}" for f in files]
-        known = set(Asset.objects.filter(file__in=names).values_list("file", flat=True))
-        left = len(names)
-        for name in names:
-            if name in known or not _older(storage, name, cutoff):
-                continue
-            if not dry_run:
-                storage.delete(name)
-                left -= 1
-            removed.append(name)
-        if not dry_run and not left and not _sub:
-            _remove_empty_dir(storage, f"{root}/{job_dir}", job_dir)
-    return removed
-
-
-def _remove_empty_dir(storage: Any, name: str, job_dir: str) -> None:
-    """A file system's directory of a job that is gone (pruned: it can store no
-    more files), left empty once its files were deleted: each would otherwise be
-    listed again by every later clean-up."""
-    try:
-        pk = UUID(job_dir)
-        path = storage.path(name)
-    except (ValueError, NotImplementedError):  # not a job's directory; no local paths
-        return
-    if Job.objects.filter(pk=pk).exists():
-        return
-    with contextlib.suppress(OSError):  # not empty after all, or gone already
-        os.rmdir(path)
-
-
-def _older(storage: Any, name: str, cutoff: datetime) -> bool:
-    try:
-        modified: datetime = storage.get_modified_time(name)
-    except (NotImplementedError, OSError):
-        return False
-    if timezone.is_naive(modified):
-        modified = timezone.make_aware(modified)
-    return modified < cutoff

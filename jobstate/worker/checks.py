@@ -114,6 +114,32 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 
 @register("jobstate")
+def check_prune_budget(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """The scheduled prune is a plain django-q2 task: past Q_CLUSTER's timeout it is
+    killed mid-run (and its batch can overrun its budget a little)."""
+    timeout = _q().get("timeout")
+    if (
+        not isinstance(timeout, int | float)
+        or isinstance(timeout, bool)
+        or not timeout > 0  # W002's
+        or not conf.well_typed("PRUNE_MAX_SECONDS", "RETENTION_DAYS")
+        or conf.get("RETENTION_DAYS") is None  # no scheduled prune
+    ):
+        return []
+    budget = float(conf.get("PRUNE_MAX_SECONDS"))
+    if budget <= timeout / 2:
+        return []
+    return [
+        Warning(
+            f"JOBSTATE PRUNE_MAX_SECONDS ({budget:g}) is more than half of Q_CLUSTER['timeout'] "
+            f"({timeout:g}): django-q2 kills the scheduled prune mid-run once it runs past the timeout.",
+            hint=f"Keep PRUNE_MAX_SECONDS at most half of Q_CLUSTER['timeout']. {DOCS}",
+            id="jobstate.W014",
+        )
+    ]
+
+
+@register("jobstate")
 def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     if not conf.well_typed("LEASE_SECONDS", "HEARTBEAT_SECONDS"):
         return []  # E003 says what is wrong

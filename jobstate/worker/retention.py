@@ -19,11 +19,17 @@ their own age: they point at jobs by id, not by foreign key, so deleting a job
 leaves them. The records of a delivery still under way (its ``jobstate.webhook``
 job queued for a retry) are kept until it ends, like the job. So is the job such
 a delivery is about: its message shows the job, and would be dropped unsent.
+
+A prune with a time budget (the scheduled one: ``PRUNE_MAX_SECONDS``) stops between
+batches once it has passed and reports ``more``; the next prune goes on. The
+delivery records and the orphan-file sweep go first, each within a share of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -54,14 +60,17 @@ class PruneReport:
     dry_run: bool = False
     orphan_files: list[str] = field(default_factory=list)  # stored files with no Asset row
     deliveries: int = 0  # webhook delivery records
+    more: bool = False  # stopped at its time budget with work left for the next prune
 
     def as_dict(self) -> dict[str, int]:
-        """The counts; ``webhook_deliveries`` only when there were some (the
-        scheduled task's result keeps its shape otherwise)."""
+        """The counts; ``webhook_deliveries`` only when there were some, ``more``
+        only when set (the scheduled task's result keeps its shape otherwise)."""
         found = {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
         deliveries = found.pop("deliveries")
         if deliveries:
             found["webhook_deliveries"] = deliveries
+        if self.more:  # as the reaper's: the next prune takes the rest
+            found["more"] = 1
         return found
 
 
@@ -170,8 +179,12 @@ def prunable_deliveries(days: float, now: datetime | None = None) -> QuerySet[mo
     return delivery.objects.filter(created_at__lt=cutoff).exclude(Exists(unfinished)).order_by("pk")
 
 
-def prune_deliveries(days: float, now: datetime, size: int) -> int:
-    """Delete ``prunable_deliveries`` in batches of ``size``, a transaction each."""
+def prune_deliveries(
+    days: float, now: datetime, size: int, deadline: float | None = None
+) -> tuple[int, bool]:
+    """Delete ``prunable_deliveries`` in batches of ``size``, a transaction each,
+    until none is left or (between batches) ``deadline`` has passed. Returns the
+    records deleted and whether some were left for the next prune."""
     delivery = apps.get_model("jobstate", "WebhookDelivery")
     deleted = 0
     while True:
@@ -180,7 +193,36 @@ def prune_deliveries(days: float, now: datetime, size: int) -> int:
             if pks:
                 deleted += delivery.objects.filter(pk__in=pks).delete()[0]
         if len(pks) < size:
-            return deleted
+            return deleted, False
+        if _past(deadline):
+            return deleted, prunable_deliveries(days, now).exists()
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A prune's time budget (``max_seconds``; None: until done), from its start."""
+
+    max_seconds: float | None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def end(self) -> float | None:
+        return None if self.max_seconds is None else self.started + self.max_seconds
+
+    def share(self, fraction: float) -> float | None:
+        """A deadline ``fraction`` of the budget from now, at the latest its end."""
+        if self.max_seconds is None:
+            return None
+        return min(self.started + self.max_seconds, time.monotonic() + fraction * self.max_seconds)
+
+
+# The clean-up steps run before the jobs' deletion, each within this share of the
+# budget: a backlog of jobs then takes what is left, and cannot starve them run after run.
+STEP_SHARE = 0.2
 
 
 def prune(
@@ -189,13 +231,21 @@ def prune(
     dry_run: bool = False,
     batch: int | None = None,
     now: datetime | None = None,
+    max_seconds: float | None = None,
 ) -> PruneReport:
-    """Delete (or with ``dry_run`` count) finished jobs older than ``days``."""
+    """Delete (or with ``dry_run`` count) finished jobs older than ``days``.
+
+    With ``max_seconds``, stop between batches once that time has passed (each
+    step does one batch at least) and set ``more`` when something is left: the next
+    prune goes on from there."""
     days = conf.get("RETENTION_DAYS") if days is None else days
     if days is None:
         return PruneReport(dry_run=dry_run)
     if not days >= 0:  # NaN fails too
         raise ValueError("days must be zero or more")
+    if max_seconds is not None and not (0 < max_seconds < math.inf):  # NaN fails too
+        raise ValueError("max_seconds must be a finite number greater than 0")
+    budget = Budget(max_seconds)
     days = min(days, MAX_DAYS)  # a longer retention deletes the same (no) jobs; timedelta would overflow
     now = now or timezone.now()
     report = PruneReport(cutoff=now - timedelta(days=days), dry_run=dry_run)
@@ -210,12 +260,23 @@ def prune(
     size = int(batch or conf.get("PRUNE_BATCH"))
     if size < 1:  # each batch would find nothing and the deliveries' loop ask again, for ever
         raise ValueError("batch must be 1 or more")
+    report.deliveries, more_deliveries = prune_deliveries(days, now, size, budget.share(STEP_SHARE))
+    sweep = services.sweep_orphan_files(deadline=budget.share(STEP_SHARE))
+    report.orphan_files = sweep.removed
+    more_jobs = _prune_jobs(days, now, size, report, budget.end)
+    report.more = more_deliveries or sweep.more or more_jobs
+    return report
+
+
+def _prune_jobs(days: float, now: datetime, size: int, report: PruneReport, deadline: float | None) -> bool:
+    """Delete the jobs, batch after batch, adding the counts to ``report``; True when
+    stopped at ``deadline`` with prunable jobs left."""
     announced: list[Any] = []  # kept for a delivery under way, and not read again
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
             pks = list(prunable(days, now).exclude(pk__in=announced).values_list("pk", flat=True)[:size])
             if not pks:
-                break
+                return False
             kept = _announced_of(pks)
             announced += kept
             pks = _still_childless([pk for pk in pks if pk not in kept])
@@ -224,11 +285,10 @@ def prune(
                     continue
                 # All held by another transaction (another prune, say) or given a
                 # child meanwhile: reading again would find the same ones at once.
-                break
+                return False
             _total, counts = Job.objects.filter(pk__in=pks).delete()
         report.jobs += counts.get("jobstate.Job", 0)
         report.events += counts.get("jobstate.JobEvent", 0)
         report.assets += counts.get("jobstate.Asset", 0)
-    report.deliveries = prune_deliveries(days, now, size)
-    report.orphan_files = services.remove_orphan_files()
-    return report
+        if _past(deadline):
+            return prunable(days, now).exclude(pk__in=announced).exists()

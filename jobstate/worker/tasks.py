@@ -345,7 +345,9 @@ def reap() -> dict[str, int]:
 
 
 def prune(days: float | None = None) -> dict[str, int]:
-    """Scheduled: delete finished jobs older than the retention period."""
+    """Scheduled: delete finished jobs older than the retention period, for at most
+    ``PRUNE_MAX_SECONDS`` (django-q2's timeout kills a plain task that runs longer,
+    mid-batch, every day): ``more`` in the result says the next run has work left."""
     from jobstate.worker.retention import prune as prune_jobs
 
-    return prune_jobs(days).as_dict()
+    return prune_jobs(days, max_seconds=float(conf.get("PRUNE_MAX_SECONDS"))).as_dict()

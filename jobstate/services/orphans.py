@@ -1,0 +1,149 @@
+"""Stored files no Asset row names (orphans): an upload whose row was never
+committed (a crash between the two, a rolled-back transaction), or a file whose
+deletion failed when its job was pruned.
+
+A sweep with a deadline goes through the job folders in name order and stops
+between two once the deadline has passed, noting where in a small file beside
+them (``jobstate/.orphan-sweep``): the next sweep with a deadline goes on from
+there to the last folder, and the one after it starts again at the first. So
+sweeps each cut short by their time budget still cover every folder in turn. The
+note is a hint only: without it (unreadable, or never written) a sweep starts at
+the first folder."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.core.files.base import ContentFile
+from django.utils import timezone
+
+from jobstate.models import Asset, Job
+from jobstate.models.asset import asset_upload_to
+
+logger = logging.getLogger("jobstate")
+
+RESUME_NOTE = ".orphan-sweep"  # under the root folder, where no job folder is a file
+
+
+@dataclass
+class OrphanSweep:
+    removed: list[str] = field(default_factory=list)  # the names removed (or that would be)
+    more: bool = False  # stopped at its deadline: folders are left for the next sweep
+
+
+def remove_orphan_files(*, older_than: timedelta = timedelta(hours=1), dry_run: bool = False) -> list[str]:
+    """Delete stored files under ``jobstate/`` that no Asset row names (an upload
+    whose row was never committed: a crash between the two, or a rolled-back
+    transaction). Files younger than ``older_than`` are kept (an upload may be
+    about to commit its row), as are files whose age the storage cannot tell.
+    Returns the names removed (or, with ``dry_run``, that would be)."""
+    return sweep_orphan_files(older_than=older_than, dry_run=dry_run).removed
+
+
+def sweep_orphan_files(
+    *, older_than: timedelta = timedelta(hours=1), dry_run: bool = False, deadline: float | None = None
+) -> OrphanSweep:
+    """``remove_orphan_files``, stopping between job folders once ``time.monotonic()``
+    passes ``deadline`` (after one folder at least): ``more`` is then set, and the
+    next sweep with a deadline starts after the last folder this one looked at."""
+    storage = _storage()
+    root = asset_upload_to(Asset(job_id="x"), "").split("/", 1)[0]  # "jobstate"
+    sweep = OrphanSweep()
+    try:
+        job_dirs, _files = storage.listdir(root)
+    except (FileNotFoundError, NotImplementedError):
+        return sweep
+    job_dirs = sorted(job_dirs)
+    after = _resume_after(storage, root) if deadline is not None else None
+    if after is not None:  # the folders before it had their turn in the earlier sweeps of this round
+        job_dirs = [d for d in job_dirs if d > after]
+    cutoff = timezone.now() - older_than
+    for seen, job_dir in enumerate(job_dirs):
+        if seen and deadline is not None and time.monotonic() >= deadline:
+            sweep.more = True
+            if not dry_run:
+                _note_resume(storage, root, job_dirs[seen - 1])
+            return sweep
+        sweep.removed += _sweep_folder(storage, root, job_dir, cutoff, dry_run)
+    if after is not None and not dry_run:  # the round is complete: the next one starts at the first
+        _note_resume(storage, root, None)
+    return sweep
+
+
+def _storage() -> Any:
+    storage = Asset._meta.get_field("file").storage
+    return storage() if callable(storage) else storage
+
+
+def _sweep_folder(storage: Any, root: str, job_dir: str, cutoff: datetime, dry_run: bool) -> list[str]:
+    try:
+        _sub, files = storage.listdir(f"{root}/{job_dir}")
+    except (FileNotFoundError, NotImplementedError):
+        return []
+    names = [f"{root}/{job_dir}/{f}" for f in files]
+    known = set(Asset.objects.filter(file__in=names).values_list("file", flat=True))
+    left = len(names)
+    removed: list[str] = []
+    for name in names:
+        if name in known or not _older(storage, name, cutoff):
+            continue
+        if not dry_run:
+            storage.delete(name)
+            left -= 1
+        removed.append(name)
+    if not dry_run and not left and not _sub:
+        _remove_empty_dir(storage, f"{root}/{job_dir}", job_dir)
+    return removed
+
+
+def _resume_after(storage: Any, root: str) -> str | None:
+    try:
+        with storage.open(f"{root}/{RESUME_NOTE}", "rb") as note:
+            return str(note.read(200).decode()) or None
+    except Exception:  # any storage's "not found" (or an unreadable note): start at the first folder
+        return None
+
+
+def _note_resume(storage: Any, root: str, after: str | None) -> None:
+    """Write (or with None remove) the note; a failure only costs the next sweep its start."""
+    name = f"{root}/{RESUME_NOTE}"
+    try:
+        storage.delete(name)
+        if after is not None:
+            saved = storage.save(name, ContentFile(after.encode()))
+            if saved != name:  # another sweep wrote it meanwhile: the storage picked a free name
+                storage.delete(saved)
+    except Exception:
+        logger.warning("jobstate: could not note where the orphan-file sweep stopped", exc_info=True)
+
+
+def _remove_empty_dir(storage: Any, name: str, job_dir: str) -> None:
+    """A file system's directory of a job that is gone (pruned: it can store no
+    more files), left empty once its files were deleted: each would otherwise be
+    listed again by every later clean-up."""
+    try:
+        pk = UUID(job_dir)
+        path = storage.path(name)
+    except (ValueError, NotImplementedError):  # not a job's directory; no local paths
+        return
+    if Job.objects.filter(pk=pk).exists():
+        return
+    with contextlib.suppress(OSError):  # not empty after all, or gone already
+        os.rmdir(path)
+
+
+def _older(storage: Any, name: str, cutoff: datetime) -> bool:
+    try:
+        modified: datetime = storage.get_modified_time(name)
+    except (NotImplementedError, OSError):
+        return False
+    if timezone.is_naive(modified):
+        modified = timezone.make_aware(modified)
+    return modified < cutoff
