@@ -454,6 +454,18 @@ def test_schedule_refuses_remove_with_no_prune():
     assert Schedule.objects.count() == 2
 
 
+def test_prune_days_0_keeps_jobs_the_metrics_have_not_counted_yet(settings):
+    # --days 0 deleted a job finished a second ago, with its history rows, before the
+    # metrics fold (which waits METRICS_SETTLE_SECONDS) counted them: lost from the counters.
+    settings.JOBSTATE = {"METRICS_SETTLE_SECONDS": 60}
+    unsettled = finished(days_ago=30 / 86_400)
+    settled = finished(days_ago=90 / 86_400)
+    assert command("jobstate_prune", "--days", "0", "--dry-run").startswith("would delete 1 job(s)")
+    assert command("jobstate_prune", "--days", "0").startswith("deleted 1 job(s)")
+    assert list(Job.objects.values_list("pk", flat=True)) == [unsettled.pk]
+    assert not Job.objects.filter(pk=settled.pk).exists()
+
+
 def test_prune_takes_a_long_retention_from_the_settings(settings):
     # --days is bounded; a setting past the bound deletes what the bound would (nothing).
     settings.JOBSTATE = {"RETENTION_DAYS": 73_000}

@@ -233,7 +233,8 @@ def prune(
     now: datetime | None = None,
     max_seconds: float | None = None,
 ) -> PruneReport:
-    """Delete (or with ``dry_run`` count) finished jobs older than ``days``.
+    """Delete (or with ``dry_run`` count) finished jobs older than ``days``, and never
+    younger than METRICS_SETTLE_SECONDS (the metrics have not counted them yet).
 
     With ``max_seconds``, stop between batches once that time has passed (each
     step does one batch at least) and set ``more`` when something is left: the next
@@ -247,6 +248,7 @@ def prune(
         raise ValueError("max_seconds must be a finite number greater than 0")
     budget = Budget(max_seconds)
     days = min(days, MAX_DAYS)  # a longer retention deletes the same (no) jobs; timedelta would overflow
+    days = max(days, _settle_days())
     now = now or timezone.now()
     report = PruneReport(cutoff=now - timedelta(days=days), dry_run=dry_run)
     if dry_run:
@@ -266,6 +268,14 @@ def prune(
     more_jobs = _prune_jobs(days, now, size, report, budget.end)
     report.more = more_deliveries or sweep.more or more_jobs
     return report
+
+
+def _settle_days() -> float:
+    """METRICS_SETTLE_SECONDS, in days: history rows younger than that are not folded
+    into the stored metrics yet, and a job deleted with them would never be counted."""
+    name = "METRICS_SETTLE_SECONDS"
+    settle = conf.get(name) if conf.well_typed(name) else conf.DEFAULTS[name]
+    return float(settle) / 86_400
 
 
 def _prune_jobs(days: float, now: datetime, size: int, report: PruneReport, deadline: float | None) -> bool:

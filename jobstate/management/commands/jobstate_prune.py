@@ -19,7 +19,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--days", type=float, help="Override JOBSTATE['RETENTION_DAYS'].")
+        parser.add_argument(
+            "--days",
+            type=float,
+            help="Override JOBSTATE['RETENTION_DAYS'] (jobs finished less than "
+            "JOBSTATE['METRICS_SETTLE_SECONDS'] ago stay, even with --days 0).",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Only count what would go.")
         parser.add_argument("--batch", type=int, help="Jobs per transaction (JOBSTATE['PRUNE_BATCH']).")
         parser.add_argument(
