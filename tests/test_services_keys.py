@@ -97,3 +97,20 @@ def test_a_key_whose_active_job_is_being_cancelled_is_refused(user, watermark):
     services.cancel_now(job, job.lease_token)
     again, created = services.get_or_enqueue("test.echo", {}, owner=user, key="k", watermark=watermark)
     assert created and again.pk != job.pk
+
+
+def test_a_key_answers_with_its_completed_job_until_retention_deletes_it(user):
+    # As the docs say: once pruned, the same key queues the work again.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobstate.worker.retention import prune
+
+    done = finish(services.enqueue("test.echo", {}, owner=user, key="k"))
+    job, created = services.get_or_enqueue("test.echo", {}, owner=user, key="k")
+    assert not created and job.pk == done.pk
+    Job.objects.filter(pk=done.pk).update(finished_at=timezone.now() - timedelta(days=31))
+    assert prune(30).jobs == 1
+    job, created = services.get_or_enqueue("test.echo", {}, owner=user, key="k")
+    assert created and job.pk != done.pk

@@ -139,7 +139,9 @@ def get_or_enqueue(
     With a key: an active job with that (kind, owner, key) is returned, its
     watermark raised (never lowered). Otherwise, when the last completed job
     with that key has processed input at least as new as ``watermark``, that
-    job is returned and nothing runs; else a new job is queued. Returns
+    job is returned and nothing runs; else a new job is queued. Retention ends
+    that: once it deletes the completed job (``RETENTION_DAYS`` after it
+    finished), the same key queues the work again. Returns
     ``(job, created)``. Raises ``DuplicateActiveKey`` (never ``IntegrityError``)
     if the key keeps changing hands under it, or if its active job is being
     cancelled (it would end cancelled with this request's work).

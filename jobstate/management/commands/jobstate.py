@@ -53,7 +53,9 @@ class Command(BaseCommand):
         enqueue.add_argument("--params", default="{}", help="Parameters as a JSON object (default {}).")
         enqueue.add_argument("--owner", help="User name of the job's owner (default: none, a system job).")
         enqueue.add_argument(
-            "--key", help="Idempotency key: an active job with this key is returned instead."
+            "--key",
+            help="Idempotency key: the job with this key, active or else the last completed one "
+            "(until retention deletes it), is printed instead.",
         )
         enqueue.add_argument("--priority", type=int, default=0, help="Higher runs first (default 0).")
         enqueue.add_argument("--run-after", dest="run_after", help="Not before this ISO 8601 time.")
