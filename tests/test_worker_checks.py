@@ -109,3 +109,17 @@ def test_w014_prune_budget_not_well_below_the_cluster_timeout(settings):
     assert "jobstate.W014" not in ids(timeout=60, retry=120)
     settings.JOBSTATE = {"PRUNE_MAX_SECONDS": "fast"}  # E003's
     assert "jobstate.W014" not in ids(timeout=60, retry=120)
+
+
+@pytest.mark.parametrize("catch_up", [True, None])  # None: left out, django-q2's default (True)
+def test_w015_missed_schedule_runs_are_caught_up_one_per_tick(catch_up):
+    assert "jobstate.W015" in ids(catch_up=catch_up)
+    assert "jobstate.W015" not in ids(catch_up=False)
+
+
+def test_w015_not_without_django_q(monkeypatch):
+    from django.apps import apps
+
+    installed = apps.is_installed
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q" and installed(name))
+    assert "jobstate.W015" not in ids(catch_up=True)

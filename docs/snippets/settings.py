@@ -42,6 +42,6 @@ Q_CLUSTER = {
     "save_limit": 50,  # keep the last 50 successes per schedule; failures always kept
     "save_limit_per": "group",
     "poll": 0.5,  # idle wait (PostgreSQL wakes earlier, on NOTIFY)
-    "catch_up": False,
+    "catch_up": False,  # after a downtime, one run of each schedule, not every missed one
 }
 # --8<-- [end:qcluster]

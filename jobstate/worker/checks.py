@@ -114,6 +114,27 @@ def check_django_q(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 
 @register("jobstate")
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """How django-q2 runs jobstate's schedules (``jobstate_schedule``): the reaper
+    every minute, the prune daily."""
+    if not apps.is_installed("django_q"):
+        return []  # W013's
+    q = _q()
+    found: list[Warning] = []
+    if q.get("catch_up", True):  # django-q2's default
+        found.append(
+            Warning(
+                "Q_CLUSTER['catch_up'] is not False: after a downtime django-q2 runs every missed run "
+                "of a schedule, one per scheduler tick (about 30 s): a day down queues 1,440 runs of the "
+                "every-minute reaper, 12 hours of them, and one prune per missed day.",
+                hint=f"Set Q_CLUSTER['catch_up'] = False: the next run then takes what was missed. {DOCS}",
+                id="jobstate.W015",
+            )
+        )
+    return found
+
+
+@register("jobstate")
 def check_prune_budget(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     """The scheduled prune is a plain django-q2 task: past Q_CLUSTER's timeout it is
     killed mid-run (and its batch can overrun its budget a little)."""
