@@ -126,9 +126,10 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     found: list[CheckMessage] = []
     # No broker_class (W001, W005), timeout not below retry (W002), no max_attempts (W003)
     # or ack_failures (W004), cached (W006), sync (W007), a heartbeat over half the lease (W008),
-    # a prune budget over half the timeout (W014), no catch_up False (W015).
+    # a prune budget over half the timeout (W014), no catch_up False (W015), a cluster_name
+    # other than the name (W016).
     with override_settings(
-        Q_CLUSTER={"timeout": 60, "retry": 60, "cached": 60, "sync": True},
+        Q_CLUSTER={"timeout": 60, "retry": 60, "cached": 60, "sync": True, "cluster_name": "other"},
         JOBSTATE={"LEASE_SECONDS": 20, "HEARTBEAT_SECONDS": 15},
     ):
         found += run_checks(tags=["jobstate"])

@@ -123,3 +123,39 @@ def test_w015_not_without_django_q(monkeypatch):
     installed = apps.is_installed
     monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_q" and installed(name))
     assert "jobstate.W015" not in ids(catch_up=True)
+
+
+def test_w016_a_cluster_name_of_its_own_runs_no_schedule_without_a_cluster():
+    # django-q2's scheduler takes the schedules with no cluster (jobstate_schedule's)
+    # only in a cluster whose cluster_name is its name: the reaper and prune never ran.
+    assert "jobstate.W016" in ids(cluster_name="other")
+    assert "jobstate.W016" in ids(name=None, cluster_name="other")  # name: "default"
+    assert "jobstate.W016" not in ids(cluster_name=GOOD["name"])
+    assert "jobstate.W016" not in ids(name=None, cluster_name="default")
+    assert "jobstate.W016" not in ids(cluster_name=None)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("cluster_name", "runs"), [("jobstate", True), ("other", False)])
+def test_w016_django_q2_runs_schedules_with_no_cluster_only_where_cluster_name_is_name(
+    monkeypatch, cluster_name, runs
+):
+    # W016's premise, on the installed django-q2.
+    from datetime import timedelta
+    from unittest import mock
+
+    from django.utils import timezone
+    from django_q import scheduler
+    from django_q.conf import Conf
+    from django_q.models import Schedule
+
+    from jobstate.worker import schedules
+
+    monkeypatch.setattr(Conf, "PREFIX", "jobstate")
+    monkeypatch.setattr(Conf, "CLUSTER_NAME", cluster_name)
+    schedules.install(prune=False)
+    Schedule.objects.update(next_run=timezone.now() - timedelta(minutes=5))
+    monkeypatch.setattr(scheduler, "close_old_django_connections", lambda: None)  # the test's transaction
+    with mock.patch.object(scheduler, "async_task", return_value="task-id") as sent:
+        scheduler.scheduler(broker=mock.Mock())
+    assert sent.called is runs

@@ -131,6 +131,19 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
                 id="jobstate.W015",
             )
         )
+    name, cluster_name = q.get("name", "default"), q.get("cluster_name")
+    if cluster_name and cluster_name != name:
+        # django-q2's scheduler takes a schedule with no cluster (jobstate's) only in a
+        # cluster whose cluster_name is its name (django_q.scheduler).
+        found.append(
+            Warning(
+                f"Q_CLUSTER['cluster_name'] ({cluster_name!r}) differs from Q_CLUSTER['name'] ({name!r}): "
+                "django-q2 runs a schedule with no cluster, as jobstate_schedule installs the reaper's "
+                "and the prune's, only in a cluster whose cluster_name is its name, so they never run.",
+                hint=f"Remove Q_CLUSTER['cluster_name'], or set it to Q_CLUSTER['name']. {DOCS}",
+                id="jobstate.W016",
+            )
+        )
     return found
 
 
