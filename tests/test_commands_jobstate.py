@@ -90,6 +90,14 @@ def test_enqueue_errors_are_one_line(user: Any) -> None:
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("when", ["", "   "])
+def test_an_empty_run_after_is_refused_not_now(when: str) -> None:
+    # `--run-after "$WHEN"` with $WHEN empty queued a job to run at once.
+    message = refused("jobstate", "enqueue", "test.echo", "--run-after", when)
+    assert message == "--run-after is empty: give an ISO 8601 time, or leave --run-after out to run it now"
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize("owner", ["", "   ", "\t"])
 def test_an_empty_owner_is_refused_not_a_system_job(owner: str) -> None:
     # `--owner "$USER"` with $USER empty queued a job with no owner (a system job),

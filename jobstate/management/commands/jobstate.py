@@ -200,7 +200,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def _moment(raw: str | None) -> datetime | None:
-        if not raw:
+        raw = not_blank(raw, "--run-after", ": give an ISO 8601 time, or leave --run-after out to run it now")
+        if raw is None:
             return None
         try:
             moment = parse_datetime(raw)
