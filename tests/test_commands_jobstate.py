@@ -124,6 +124,9 @@ def test_an_empty_owner_is_refused_not_a_system_job(owner: str) -> None:
         (("jobstate_prune", "--days", "1e10"), "--days"),
         (("jobstate_prune", "--batch", str(10**23)), "--batch"),
         (("jobstate_move_hot_columns", "--database", "nope"), "--database"),
+        # Accepted (exit 0) where nothing was to do: on SQLite, with --check, or in place.
+        (("jobstate_move_hot_columns", "--lock-timeout", "-1"), "--lock-timeout"),
+        (("jobstate_move_hot_columns", "--check", "--lock-timeout", "nan"), "--lock-timeout"),
     ],
 )
 def test_bad_options_are_a_command_error_and_write_nothing(args: tuple[str, ...], says: str) -> None:

@@ -47,6 +47,10 @@ class Command(BaseCommand):
         check_text(options)
         if options["database"] not in connections:
             raise CommandError(f"--database: no database {options['database']!r} in settings.DATABASES")
+        # The arguments first: a bad one is an error even when there is nothing to do.
+        wait = options["lock_timeout"]
+        if wait is not None and not 0 < wait < 86400:  # NaN fails too
+            raise CommandError("--lock-timeout: a number of seconds above 0 (and under a day).")
         connection = connections[options["database"]]
         if connection.vendor != "postgresql":
             self.stdout.write("Nothing to do: the column order matters on PostgreSQL only.")
@@ -59,9 +63,6 @@ class Command(BaseCommand):
                 )
             self.stdout.write("In place.")
             return
-        wait = options["lock_timeout"]
-        if wait is not None and not 0 < wait < 86400:
-            raise CommandError("--lock-timeout: a number of seconds above 0 (and under a day).")
         with transaction.atomic(using=options["database"]):
             outcome = layout.move_last(
                 connection, lock_wait=None if wait is None else f"{max(1, int(wait * 1000))}ms"
