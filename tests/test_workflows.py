@@ -353,6 +353,10 @@ def test_retry_from_where_it_stopped_by_default_and_refusals():
         retry_from(job, "four")
     with pytest.raises(ValidationError, match="Only steps from"):
         retry_from(job, "two", skip=["one"])
+    # An unknown name was "Only steps from 'two' on can be skipped: nine", as if it came before two.
+    with pytest.raises(ValidationError) as info:
+        retry_from(job, "two", skip=["two", "nine", ""])
+    assert info.value.message_dict == {"skip": ["'nine', '': not a step of wf.fixable (one, two, three)."]}
     assert Job.objects.count() == 1  # refusals write nothing
     new = retry_from(job, actor="ops", reason="again")
     assert JobEvent.objects.get(job_id=new.pk, transition="retry_from").metadata["from_step"] == "two"

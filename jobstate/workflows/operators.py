@@ -69,6 +69,10 @@ def retry_from(
     skipping = list(dict.fromkeys(skip))
     if start is not None and start not in names:
         raise ValidationError({"step": [f"'{start}' is not a step of {old.kind} ({', '.join(names)})."]})
+    unknown = [n for n in skipping if n not in names]
+    if unknown:  # not "Only steps from ... can be skipped": no step has that name
+        listed = ", ".join(repr(n) for n in unknown)
+        raise ValidationError({"skip": [f"{listed}: not a step of {old.kind} ({', '.join(names)})."]})
     first = len(names) if start is None else names.index(start)
     bad = [n for n in skipping if n not in names[first:]]
     if bad:
