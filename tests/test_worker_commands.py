@@ -446,6 +446,17 @@ def test_schedule_installs_updates_and_removes():
     assert not Schedule.objects.exists()
 
 
+def test_schedule_says_why_it_leaves_pruning_out_without_retention(settings):
+    # It printed only the reaper's line (or "removed: ..." for an older prune schedule).
+    command("jobstate_schedule")
+    settings.JOBSTATE = {"RETENTION_DAYS": None}
+    out = command("jobstate_schedule")
+    assert f"removed: {schedules.PRUNE}" in out
+    assert f"not scheduled: {schedules.PRUNE} (RETENTION_DAYS is None: finished jobs are kept)" in out
+    assert "not scheduled" not in command("jobstate_schedule", "--no-prune")
+    assert list(Schedule.objects.values_list("name", flat=True)) == [schedules.REAPER]
+
+
 def test_schedule_refuses_remove_with_no_prune():
     # --remove won silently: an operator who meant "the reaper only" lost it too.
     command("jobstate_schedule")

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from jobstate import conf
 from jobstate.worker import schedules
 
 
@@ -26,3 +27,7 @@ class Command(BaseCommand):
             return
         for name, outcome in schedules.install(prune=not options["no_prune"]).items():
             self.stdout.write(f"{outcome}: {name}")
+        if not options["no_prune"] and conf.get("RETENTION_DAYS") is None:  # install() left it out
+            self.stdout.write(
+                f"not scheduled: {schedules.PRUNE} (RETENTION_DAYS is None: finished jobs are kept)"
+            )
