@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 from django.contrib.messages import get_messages
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import DatabaseError
 from django.test import override_settings
 from django.urls import reverse
@@ -461,7 +462,8 @@ def test_command_exit_codes_and_output() -> None:
     code, out = run()
     assert code == 2 and str(job.pk) in out and "remedy: Requeue it" in out
     assert run("--ignore", "lease_expired")[0] == 1
-    assert run("--reason", "recently_failed", "--ignore", "recently_failed")[0] == 0
+    with pytest.raises(CommandError, match="leave no reason to check"):
+        run("--reason", "recently_failed", "--ignore", "recently_failed")
     code, out = run("--json")
     payload = json.loads(out)
     assert code == 2 and payload["counts"]["lease_expired"] == 1
@@ -489,6 +491,7 @@ def test_a_check_that_cannot_run_exits_3_not_a_finding_s_status(monkeypatch: Any
     assert exit_status("--skip-checks") == 2
     assert exit_status("--reason", "nope") == 3
     assert exit_status("--limit", "99999") == 3
+    assert exit_status("--reason", "recently_failed", "--ignore", "recently_failed") == 3
     monkeypatch.setattr(stuck, "survey", mock.Mock(side_effect=DatabaseError("server closed")))
     assert exit_status("--skip-checks") == 3
 

@@ -55,7 +55,8 @@ class Command(BaseCommand):
             action="append",
             choices=[r.code for r in stuck.REASONS],
             default=[],
-            help="Leave these reasons out (repeatable), e.g. --ignore recently_failed.",
+            help="Leave these reasons out (repeatable), e.g. --ignore recently_failed "
+            "(leaving no reason to check is an error, exit 3).",
         )
         parser.add_argument("--limit", type=int, default=20, help="Jobs printed per reason (default 20).")
         parser.add_argument("--json", action="store_true", help="Print JSON: counts and findings.")
@@ -72,6 +73,9 @@ class Command(BaseCommand):
             for r in stuck.REASONS
             if (not options["reason"] or r.code in options["reason"]) and r.code not in options["ignore"]
         ]
+        if not codes:
+            # A monitoring check that looks at nothing would stay green for ever.
+            raise CommandError("--reason and --ignore leave no reason to check")
         self.cap = int(conf.get("ADMIN_COUNT_CAP"))
         findings: list[stuck.Finding] = []
         if options["counts"]:
