@@ -324,3 +324,55 @@ def test_checks_give_up_the_table_lock_behind_a_long_transaction(monkeypatch):
         reader.rollback()
         reader.close()
         migrate(latest)
+
+
+BEFORE_SPAWN_ROWS = [("jobstate", "0021_worker_clock_offset")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_going_back_before_spawn_rows_puts_the_stored_spawns_back_in_the_steps_detail():
+    # 0022: an iteration's spawns are JobStepSpawn rows; the release before reads them
+    # from the step's detail only, as a list.
+    from jobstate import services
+    from jobstate.models import JobStep
+    from jobstate.workflows import spawns
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    job = services.enqueue("test.echo", {})
+    when = dt.datetime(2026, 5, 1, 12, 0, 0, 123457, tzinfo=dt.UTC)
+    made = [spawns.ChildSpec("test.echo", {"n": i}, {"run_after": when} if i else {}) for i in range(3)]
+    stored = spawns.Stored(6, 0, made, fresh=True)
+    spawns.save(job.pk, "split", stored)
+    spawns.save(job.pk, "other", spawns.Stored(2, 0, made[:1], fresh=True))  # not counted: left
+    JobStep.objects.create(
+        job_id=job.pk,
+        name="split",
+        position=0,
+        status="failed",
+        error_message="x",
+        finished_at=when,
+        detail={"keep": 1, **stored.entry()},
+    )
+    untouched = {spawns.SPAWNED: {"at": 4, "children": [["test.echo", {"n": 9}, {}]]}}
+    JobStep.objects.create(job_id=job.pk, name="older", position=1, detail=untouched)
+    try:
+        old = migrate(BEFORE_SPAWN_ROWS)
+        OldStep = old.get_model("jobstate", "JobStep")
+        back = OldStep.objects.get(job_id=job.pk, name="split").detail
+        assert back == {
+            "keep": 1,
+            spawns.SPAWNED: {
+                "at": 6,
+                "children": [
+                    ["test.echo", {"n": 0}, {}],
+                    ["test.echo", {"n": 1}, {"run_after": when.isoformat()}],
+                    ["test.echo", {"n": 2}, {"run_after": when.isoformat()}],
+                ],
+            },
+        }
+        assert OldStep.objects.get(job_id=job.pk, name="older").detail == untouched
+    finally:
+        migrate(latest)
+    # The release after reads such a list as it is.
+    assert spawns.restored(job.pk, "split", back, 6) == (made, 0)

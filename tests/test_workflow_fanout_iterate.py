@@ -16,9 +16,10 @@ from django.utils import timezone
 import jobstate
 from jobstate import registry, services
 from jobstate.exceptions import NonRetryable
-from jobstate.models import Job, JobStep
+from jobstate.models import Job, JobStep, JobStepSpawn
 from jobstate.states import Status
 from jobstate.storable import json_value
+from jobstate.worker.retention import prune
 from jobstate.worker.runner import drain, run_job
 from jobstate.workflows import spawns, state
 from tests.models import Effect
@@ -92,6 +93,11 @@ def split_row(job: Job) -> JobStep:
     return JobStep.objects.get(job_id=job.pk, name="split")
 
 
+def stored_items(job: Job) -> list[int]:
+    rows = JobStepSpawn.objects.filter(job_id=job.pk, step="split").order_by("position")
+    return [r.parameters["item"] for r in rows]
+
+
 def spawned_items(job: Job) -> list[int]:
     children = Job.objects.filter(parent=job).order_by("created_at", "id")
     return [c.parameters["item"] for c in children]
@@ -104,8 +110,8 @@ def stop_then_finish(params: dict[str, Any]) -> Job:
             drain()
         row = split_row(job)
         assert row.cursor == 6  # two chunks checkpointed before the worker died
-        stored = row.detail[spawns.SPAWNED]  # with them, the spawns for items 0..5
-        assert stored["at"] == 6 and [c[1]["item"] for c in stored["children"]] == list(range(6))
+        assert row.detail[spawns.SPAWNED] == {"at": 6, "count": 6}  # with them, the spawns for items 0..5
+        assert stored_items(job) == list(range(6))
         assert spawns.SPAWNED not in state(job)["steps"][0]["detail"]
         assert services.requeue_expired(now=timezone.now() + timedelta(hours=1)).requeued == [job.pk]
         run_job(services.start(job.pk, "w2"), "w2")
@@ -127,6 +133,7 @@ def test_every_item_gets_exactly_one_child_after_a_resume(how: str, source: str)
     row = split_row(job)
     assert row.output["total"] == 11 and row.attempts == 2
     assert spawns.SPAWNED not in row.detail  # the children exist: dropped when the step waited
+    assert not JobStepSpawn.objects.exists()
 
 
 def test_a_step_that_fails_after_every_item_was_checkpointed_spawns_them_all_once() -> None:
@@ -168,8 +175,70 @@ def test_a_retry_resumed_mid_iteration_reuses_the_completed_children_once() -> N
 
 
 def test_stored_spawns_keep_their_options() -> None:
+    job = services.enqueue("t.spread", {})
     when = timezone.now() + timedelta(microseconds=123457)
     child = spawns.ChildSpec("t.piece", {"item": 1}, {"priority": 3, "run_after": when, "max_attempts": 2})
-    entry = json_value(spawns.stored([child], 4), "detail")  # as the database gives it back
-    assert spawns.restored({spawns.SPAWNED: entry}, 4) == [child]
-    assert spawns.restored({spawns.SPAWNED: entry}, 5) == []  # taken at another cursor
+    stored = spawns.Stored(4, 0, [child], fresh=True)
+    spawns.save(job.pk, "split", stored)
+    entry = json_value(stored.entry(), "detail")  # as the database gives it back
+    assert spawns.restored(job.pk, "split", entry, 4) == ([child], 1)
+    assert spawns.restored(job.pk, "split", entry, 5) == ([], 0)  # taken at another cursor
+    assert spawns.restored(job.pk, "other", entry, 4) == ([], 0)  # another step's
+
+
+def test_an_entry_of_the_release_before_the_rows_is_taken_back_and_stored_as_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step that an older release checkpointed (its spawns a list in ``detail``)
+    resumes with them, and its next checkpoint stores them all as rows."""
+    saved: list[list[int]] = []  # the items whose spawns each checkpoint adds
+    save = spawns.save
+
+    def seen(job_id: Any, step: str, stored: spawns.Stored) -> None:
+        saved.append([c.parameters["item"] for c in stored.new])
+        save(job_id, step, stored)
+
+    monkeypatch.setattr(spawns, "save", seen)
+    job = services.enqueue("t.spread", {"stop_at": 7, "how": "crash"})
+    with pytest.raises(SimulatedCrash):
+        drain()
+    row = split_row(job)
+    old = {"at": 6, "children": [["t.piece", {"item": i}, {}] for i in range(6)]}
+    JobStep.objects.filter(pk=row.pk).update(detail={**row.detail, spawns.SPAWNED: old})
+    JobStepSpawn.objects.all().delete()
+    assert services.requeue_expired(now=timezone.now() + timedelta(hours=1)).requeued == [job.pk]
+    saved.clear()
+    run_job(services.start(job.pk, "w2"), "w2")
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED, job.error_message
+    assert spawned_items(job) == [-1, *range(10)]
+    assert saved == [list(range(9)), [9]]  # at 9: the list's six as rows too; at 10 the one since
+
+
+def test_a_fresh_attempt_replaces_what_an_earlier_one_stored_after_its_first() -> None:
+    """Spawns stored at a cursor the attempt did not resume from were not taken back:
+    its first checkpoint stores its own in their place."""
+    job = services.enqueue("t.spread", {})
+    made = [spawns.ChildSpec("t.piece", {"item": i}) for i in range(5)]
+    spawns.save(job.pk, "split", spawns.Stored(5, 0, made, fresh=True))
+    again = [spawns.ChildSpec("t.piece", {"item": 10 + i}) for i in range(2)]
+    spawns.save(job.pk, "split", spawns.Stored(2, 0, again, fresh=True))
+    assert stored_items(job) == [10, 11]
+    more = [spawns.ChildSpec("t.piece", {"item": 12})]
+    spawns.save(job.pk, "split", spawns.Stored(3, 2, more, fresh=False))
+    assert stored_items(job) == [10, 11, 12]
+    assert spawns.restored(job.pk, "split", {spawns.SPAWNED: {"at": 3, "count": 3}}, 3)[1] == 3
+
+
+def test_pruning_a_job_deletes_its_stored_spawns() -> None:
+    job = services.enqueue("t.spread", {"stop_at": 7}, max_attempts=1)
+    other = services.enqueue("t.spread", {"stop_at": 7, "how": "crash"})
+    with pytest.raises(SimulatedCrash):
+        drain()  # ``other`` keeps its stored spawns: still processing
+    job.refresh_from_db()
+    assert job.status == Status.FAILED
+    assert stored_items(job) == list(range(6)) and stored_items(other) == list(range(6))
+    assert prune(days=0, now=timezone.now() + timedelta(days=1)).jobs == 1
+    assert not JobStepSpawn.objects.filter(job_id=job.pk).exists()
+    assert stored_items(other) == list(range(6))

@@ -20,7 +20,7 @@ from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.workflows import spawns, steps
 from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
-from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec
+from jobstate.workflows.spawns import REUSED, ChildSpec
 
 if TYPE_CHECKING:
     from jobstate.workflows.definition import RunState, StepSpec
@@ -47,6 +47,8 @@ class StepContext:
         self.outputs: Mapping[str, Any] = MappingProxyType(dict(run.outputs))
         self.spawned: list[ChildSpec] = []
         self._iterated: int | None = None  # where in ``spawned`` the iteration's spawns begin
+        self._saved = 0  # how many of the iteration's spawns are stored (``spawns.Stored``)
+        self._fresh = True  # no checkpoint of this attempt stored spawns yet
 
     # The job -------------------------------------------------------------------
 
@@ -125,7 +127,13 @@ class StepContext:
         self._checkpoint(cursor, percent=percent, message=message)
 
     def _checkpoint(
-        self, cursor: Any, *, percent: float | None, message: str | None, detail: dict[str, Any] | None = None
+        self,
+        cursor: Any,
+        *,
+        percent: float | None,
+        message: str | None,
+        detail: dict[str, Any] | None = None,
+        spawned: spawns.Stored | None = None,
     ) -> None:
         self._active("checkpoint")
         try:
@@ -137,6 +145,7 @@ class StepContext:
                 percent=self._job_percent(percent),
                 message=message,
                 detail=detail,
+                spawned=spawned,
             )
         except CancelRequested:
             self.job_context.cancel_seen.set()
@@ -164,16 +173,21 @@ class StepContext:
         percent = 100 * done / total if total else None
         message = f"{done}/{total}" if total else f"{done} done"
         detail: dict[str, Any] = {READ_AFTER: read_after} if read_after is not None else {}
+        stored = None
         if self._iterated is not None and len(self.spawned) > self._iterated:
-            detail[SPAWNED] = spawns.stored(self.spawned[self._iterated :], done)
-        self._checkpoint(done, percent=percent, message=message, detail=detail)
+            new = self.spawned[self._iterated + self._saved :]  # only those made since the last one
+            stored = spawns.Stored(done, self._saved, new, self._fresh)
+        self._checkpoint(done, percent=percent, message=message, detail=detail, spawned=stored)
+        if stored is not None:
+            self._saved, self._fresh = stored.first + len(stored.new), False
 
     def _iterating(self, start: int) -> None:
         """An iteration begins at item ``start``: the spawns an earlier attempt made for
         the items before it (stored with the checkpoint it resumes from) come back here."""
         if self._iterated is None:
             self._iterated = len(self.spawned)
-            self.spawned.extend(spawns.restored(self._stored, start))
+            back, self._saved = spawns.restored(self.job.pk, self.step, self._stored, start)
+            self.spawned.extend(back)
 
     def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
         """Yield ``items`` from the step's cursor on, checkpointing the number of items

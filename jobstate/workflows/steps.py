@@ -31,6 +31,8 @@ from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
 from jobstate.storable import json_value, result_value, text
 from jobstate.workflows.spawns import CHUNK, REUSED, SPAWNED, ChildSpec, Reuse
+from jobstate.workflows import spawns
+from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec, Reuse
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
@@ -143,11 +145,15 @@ def checkpoint(
     percent: float | None = None,
     message: str | None = None,
     detail: dict[str, Any] | None = None,
+    spawned: spawns.Stored | None = None,
 ) -> None:
     """Store the running step's cursor (any JSON) atomically with a lease check, and
-    merge ``detail`` (bookkeeping that goes with it) into the step's in the same write."""
+    merge ``detail`` (bookkeeping that goes with it) into the step's in the same write;
+    ``spawned``: its iteration's spawns stored with it (``workflows.spawns``)."""
     cursor = json_value(cursor, "cursor")
-    extra = json_value(detail, "detail") if detail else None
+    extra = json_value(detail, "detail") if detail else {}
+    if spawned is not None:
+        extra.update(spawned.entry())
     with transaction.atomic():
         _hold(job, token, percent=percent, message=message, step=name)
         rows = JobStep.objects.filter(job_id=job.pk, name=name, status__in=IN_PROGRESS)
@@ -157,6 +163,8 @@ def checkpoint(
             fields["detail"] = {**(held[0] if held else {}), **extra}
         if not rows.update(**fields):
             raise _refused(job.pk, name, "checkpoint it")
+        if spawned is not None:
+            spawns.save(job.pk, name, spawned)
 
 
 def complete(job: Job, token: Any, row: JobStep, output: Any, *, percent: float) -> None:
@@ -306,6 +314,8 @@ def wait(
                 )
             ids.append(pick or str(created[-1].pk))
         reuse = reuse or Reuse()
+        if SPAWNED in row.detail:
+            spawns.drop(job.pk, name)
         detail = {k: v for k, v in row.detail.items() if k not in (REUSED, SPAWNED)}
         detail.update(children=ids, total=len(ids), value=value, band=list(band), **reuse.note())
         metadata: dict[str, Any] = {"children": len(ids)}
