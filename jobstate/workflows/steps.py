@@ -30,9 +30,8 @@ from jobstate.services.actors import Actor
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
 from jobstate.storable import json_value, result_value, text
-from jobstate.workflows.spawns import CHUNK, REUSED, SPAWNED, ChildSpec, Reuse
 from jobstate.workflows import spawns
-from jobstate.workflows.spawns import REUSED, SPAWNED, ChildSpec, Reuse
+from jobstate.workflows.spawns import CHUNK, REUSED, SPAWNED, ChildSpec, Reuse
 
 __all__ = ["RUNNABLE", "ChildSpec", "StepStateError"]  # StepStateError lives in jobstate.exceptions
 
