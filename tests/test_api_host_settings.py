@@ -33,6 +33,7 @@ from tests.test_api_assets import *  # noqa: F403
 from tests.test_api_jobs import *  # noqa: F403
 from tests.test_api_policy import *  # noqa: F403
 from tests.test_api_stream import *  # noqa: F403
+from tests.test_api_stream_access import *  # noqa: F403
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -129,6 +129,12 @@ def _api_exception(exc: exceptions.APIException) -> tuple[str, str, dict[str, An
     return str(code), str(detail), {}
 
 
+def api_error_body(exc: exceptions.APIException) -> dict[str, Any]:
+    """The body ``exception_handler`` answers ``exc`` with (an auth or lookup error)."""
+    code, message, fields = _api_exception(exc)
+    return error_body(code, message, fields)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF ``EXCEPTION_HANDLER``: map every error to the shape above."""
     headers: dict[str, str] = {}

@@ -11,6 +11,10 @@
   reconnect that already has a finished job's final event gets ``204 No
   Content`` (``finished_and_seen``): by the SSE specification the client stops
   reconnecting.
+- Access is checked again while the stream runs, at most every
+  ``ACCESS_CHECK_SECONDS`` (``jobstate.api.access``): once the credentials no longer
+  authenticate the same active user, or the job is no longer theirs to see, the
+  stream sends one ``error`` event (the 401/404 body a new request would get) and ends.
 - ``wait_for_change`` / ``await_change``: the long-poll behind
   ``GET /jobs/{id}/?wait=&since=``.
 
@@ -53,6 +57,14 @@ from jobstate.models import Job
 from jobstate.states import TERMINAL
 
 logger = logging.getLogger("jobstate.api")
+
+# How often an open stream checks again that its client may see the job: at most once
+# per this many seconds (two or three small indexed queries), whatever SSE_POLL_SECONDS.
+ACCESS_CHECK_SECONDS = 5.0
+
+# Checks that the stream's client may still see the job: None if so, else the error
+# body to send (``jobstate.api.access.StreamAccess.refusal``).
+AccessCheck = Callable[[], "dict[str, Any] | None"]
 
 SNAPSHOT_FIELDS = (
     "id",
@@ -117,12 +129,23 @@ class _Events:
         self.started = self.last_beat = clock()
         self.sent: str | None = last_event_id
         self.done = False
+        self.access_checked = self.started  # the view checked it as the stream opened
+
+    def access_due(self) -> bool:
+        now = self.clock()
+        if now - self.access_checked < ACCESS_CHECK_SECONDS:
+            return False
+        self.access_checked = now
+        return True
 
     def opening(self) -> bytes:
         return f"retry: {int(self.poll * 1000) + 1000}\n\n".encode()
 
-    def after(self, current: dict[str, Any] | None) -> list[bytes]:
+    def after(self, current: dict[str, Any] | None, refused: dict[str, Any] | None = None) -> list[bytes]:
         """The chunks to send after one poll (each whole events); sets ``done``."""
+        if refused is not None:
+            self.done = True
+            return [_event("error", refused)]  # access lost: nothing about the job
         if current is None:
             self.done = True
             return [_event("end", {"reason": "deleted"})]
@@ -148,17 +171,26 @@ class _Events:
         return min(self.poll, max(self.max_seconds - (self.clock() - self.started), 0))
 
 
+def _read(job_id: Any, access: AccessCheck | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """One poll: the refusal, if ``access`` is given and says no (then no snapshot is
+    read), and the job's snapshot."""
+    refused = access() if access is not None else None
+    return refused, None if refused is not None else snapshot(job_id)
+
+
 def event_stream(
     job_id: Any,
     *,
     last_event_id: str | None = None,
+    access: AccessCheck | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[bytes]:
     events = _Events(last_event_id, clock)
     yield events.opening()
     while True:
-        yield from events.after(snapshot(job_id))
+        refused, current = _read(job_id, access if access is not None and events.access_due() else None)
+        yield from events.after(current, refused)
         if events.done:
             return
         sleep(events.pause())
@@ -188,14 +220,16 @@ async def aevent_stream(
     job_id: Any,
     *,
     last_event_id: str | None = None,
+    access: AccessCheck | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncIterator[bytes]:
     events = _Events(last_event_id, clock)
-    read = sync_to_async(_polled(snapshot))
+    read = sync_to_async(_polled(_read))  # the check and the poll: one connection
     yield events.opening()
     while True:
-        for chunk in events.after(await read(job_id)):
+        refused, current = await read(job_id, access if access is not None and events.access_due() else None)
+        for chunk in events.after(current, refused):
             yield chunk
         if events.done:
             return
@@ -316,7 +350,11 @@ async def _no_events() -> AsyncIterator[bytes]:
 
 
 def streaming_response(
-    request: Any, job_id: Any, last_event_id: str | None, slot: StreamSlot | None
+    request: Any,
+    job_id: Any,
+    last_event_id: str | None,
+    slot: StreamSlot | None,
+    access: AccessCheck | None = None,
 ) -> StreamingHttpResponse:
     """The progress stream as the server wants it: async under ASGI, sync under WSGI.
     A HEAD gets the headers only: a server reads a HEAD's body to the end too (and
@@ -327,10 +365,13 @@ def streaming_response(
     # event waited in zlib's buffer until a block filled, often until the stream ended.
     request.META.pop("HTTP_ACCEPT_ENCODING", None)
     if is_asgi(request):
-        events: Any = _no_events() if head else aevent_stream(job_id, last_event_id=last_event_id)
+        events: Any = (
+            _no_events() if head else aevent_stream(job_id, last_event_id=last_event_id, access=access)
+        )
         content: Any = AsyncHeldStream(events, slot)
     else:
-        content = HeldStream(iter(()) if head else event_stream(job_id, last_event_id=last_event_id), slot)
+        stream = iter(()) if head else event_stream(job_id, last_event_id=last_event_id, access=access)
+        content = HeldStream(stream, slot)
     response = StreamingHttpResponse(content, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream

@@ -27,6 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobstate import registry, services
+from jobstate.api.access import StreamAccess
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone, KindNotAllowed
 from jobstate.api.filters import JobFilter
@@ -342,7 +343,9 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         "current_step, cancel_requested, error_message, updated_at, finished_at) each time the job "
         "changes; `end` closes the stream when the job is terminal (`reason: terminal`), deleted, or "
         "after the server's maximum duration (`reason: timeout`: reconnect to go on). A reconnect "
-        "whose `Last-Event-ID` is a finished job's final event gets 204 (an EventSource stops reconnecting).",
+        "whose `Last-Event-ID` is a finished job's final event gets 204 (an EventSource stops reconnecting). "
+        "Access is checked again every few seconds: once the credentials or the job's visibility are "
+        "gone, an `error` event (the 401 or 404 error body) closes the stream.",
         responses={
             (200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream."),
             204: OpenApiResponse(description="The job has finished and the client has its final event."),
@@ -364,4 +367,4 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         # A HEAD sends no event: it holds none of the user's streams.
         slot = None if request.method == "HEAD" else hold_stream_slot(request.user)
         # Async under ASGI (sent as made, no thread held), sync under WSGI.
-        return streaming_response(request, job_id, last_id, slot)
+        return streaming_response(request, job_id, last_id, slot, StreamAccess(request, job_id).refusal)
