@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import Permission
 from django.test import RequestFactory, override_settings
 from rest_framework.authentication import TokenAuthentication
@@ -254,3 +254,49 @@ def test_a_basic_auth_stream_ends_when_the_password_changes_or_the_user_is_inact
     assert next(stream)["data"]["progress"] == 20
     lose(user)
     assert list(stream) == [{"event": "error", "data": refusal(client, job, 401)}]
+
+
+# The long-poll (GET /jobs/{id}/?wait=) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("session", "lose", "status"),
+    [
+        pytest.param(False, lambda user, client: Token.objects.filter(user=user).delete(), 401, id="token"),
+        pytest.param(
+            False,
+            lambda user, client: type(user).objects.filter(pk=user.pk).update(is_active=False),
+            401,
+            id="inactive",
+        ),
+        pytest.param(True, lambda user, client: client.logout(), 401, id="logged-out"),
+        pytest.param(False, lambda user, client: remove_permissions(user), 404, id="staff-permission"),
+    ],
+)
+def test_a_long_poll_that_loses_access_while_it_waits_answers_the_error_not_the_job(
+    staff_user: Any, other_user: Any, monkeypatch: Any, session: bool, lose: Callable[..., Any], status: int
+) -> None:
+    # Its answer after the wait authenticated with the user of its first run, kept on the
+    # request: the job's whole detail went to a client whose access was gone.
+    staff = grant(staff_user, "view_job")
+    job = running(other_user)
+    client = logged_in(staff) if session else client_for(staff)
+
+    async def wait_and_lose(*args: Any, **kwargs: Any) -> None:
+        await sync_to_async(lose)(staff, client)
+
+    monkeypatch.setattr(stream_module, "await_change", wait_and_lose)
+    response = client.get(job_url(job), {"wait": 5})
+    assert response.status_code == status, response.content
+    assert response.json() == refusal(client, job, status)
+
+
+def test_a_long_poll_whose_access_stays_answers_the_job(user: Any, monkeypatch: Any) -> None:
+    job = running(user)
+
+    async def wait_for_progress(*args: Any, **kwargs: Any) -> None:
+        await sync_to_async(services.report_progress)(job, job.lease_token, 40, "resizing")
+
+    monkeypatch.setattr(stream_module, "await_change", wait_for_progress)
+    response = logged_in(user).get(job_url(job), {"wait": 5})
+    assert response.status_code == 200 and response.json()["progress"] == 40

@@ -1,11 +1,13 @@
-"""Whether an open progress stream's client may still see its job.
+"""Whether an open progress stream's (or a long-poll's) client may still see its job.
 
 The view checks access once, when the stream opens; a stream lasts up to
-``SSE_MAX_SECONDS``. ``StreamAccess.refusal`` checks again (the stream calls it
-every ``ACCESS_CHECK_SECONDS``): the request's credentials are authenticated again
-as DRF did when the stream opened, against the database as it is now, and the
-job is looked up again with ``visible_jobs``. When either fails it answers the
-error body a new request would get (401 or 404: nothing about the job).
+``SSE_MAX_SECONDS``, a long-poll waits up to ``LONGPOLL_MAX_SECONDS``.
+``StreamAccess.refusal`` checks again (the stream calls it every
+``ACCESS_CHECK_SECONDS``; the long-poll calls ``lost`` once it has waited): the
+request's credentials are authenticated again as DRF did when the stream opened,
+against the database as it is now, and the job is looked up again with
+``visible_jobs``. When either fails it answers the error a new request would get
+(401 or 404: nothing about the job).
 
 - Token (and any other scheme the project adds, e.g. JWT): the authenticator runs
   again on the request's headers (``TokenAuthentication``: one query, the token
@@ -53,6 +55,11 @@ class StreamAccess:
 
     def refusal(self) -> dict[str, Any] | None:
         """None while the client may still see the job; else the error body to send."""
+        lost = self.lost()
+        return None if lost is None else api_error_body(lost)
+
+    def lost(self) -> APIException | None:
+        """None while the client may still see the job; else the error a new request gets."""
         try:
             user = self._user()
             if user is None:
@@ -60,7 +67,7 @@ class StreamAccess:
             if not visible_jobs(user).filter(pk=self.job_id).exists():
                 raise NotFound()
         except APIException as exc:
-            return api_error_body(exc)
+            return exc
         return None
 
     def _user(self) -> Any | None:

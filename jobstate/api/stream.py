@@ -42,7 +42,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
@@ -55,6 +55,9 @@ from jobstate.api.serializers import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
 from jobstate.states import TERMINAL
+
+if TYPE_CHECKING:
+    from jobstate.api.access import StreamAccess
 
 logger = logging.getLogger("jobstate.api")
 
@@ -386,12 +389,17 @@ class WaitFirst(HttpResponse):
     checks passed and the slot is held; ``long_poll_view`` waits, then asks the
     view again for the detail."""
 
-    def __init__(self, job_id: Any, since: datetime, seconds: float, slot: StreamSlot | None) -> None:
+    def __init__(
+        self, job_id: Any, since: datetime, seconds: float, slot: StreamSlot | None, access: StreamAccess
+    ) -> None:
         super().__init__(status=202)
         self.job_id, self.since, self.seconds, self.slot = job_id, since, seconds, slot
+        # After the wait the view asks it again: the view's second run authenticates with the
+        # user its first run set on the request (cached, permissions and all), not afresh.
+        self.access = access
 
 
-WAITED = "jobstate_waited"  # set on the Django request once the wait is over
+WAITED = "jobstate_waited"  # set on the Django request once the wait is over: the WaitFirst
 
 
 def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
@@ -416,7 +424,7 @@ def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             if response.slot is not None:
                 response.slot.release()
-        setattr(request, WAITED, True)
+        setattr(request, WAITED, response)
         return await call(request, *args, **kwargs)
 
     for alias in connections:

@@ -194,6 +194,11 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         params = WaitSerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
         wait = params.validated_data.get("wait")
+        waited = getattr(request._request, WAITED, None)
+        if isinstance(waited, WaitFirst):
+            lost = waited.access.lost()  # e.g. the token was deleted while it waited
+            if lost is not None:
+                raise lost
         if wait and not self._waited():
             job_id = self._visible_id(pk)
             since = params.validated_data.get("since")
@@ -201,7 +206,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
                 # long_poll_view waits (holding the slot, outside any transaction), then asks again.
-                return WaitFirst(job_id, since, wait, hold_stream_slot(request.user, long_poll_seconds(wait)))
+                slot = hold_stream_slot(request.user, long_poll_seconds(wait))
+                return WaitFirst(job_id, since, wait, slot, StreamAccess(request, job_id))
         job = self.get_queryset().prefetch_related("steps").filter(pk=parse_id(pk)).first()
         if job is None:
             raise NotFound()
