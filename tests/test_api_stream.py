@@ -214,6 +214,17 @@ def test_stream_errors_before_it_starts(user, other_user):
     assert response.json()["error"]["code"] == "not_authenticated"
 
 
+def test_options_of_the_stream_is_json_whatever_it_accepts(user: Any) -> None:
+    # With Accept: text/event-stream the metadata came wrapped in an "event: error" block (200).
+    url = job_url(make_job(user), "events/stream/")
+    as_json = client_for(user).options(url, HTTP_ACCEPT="application/json")
+    as_events = client_for(user).options(url, HTTP_ACCEPT="text/event-stream")
+    assert as_events.status_code == as_json.status_code == 200
+    assert as_events["Content-Type"] == as_json["Content-Type"] == "application/json"
+    assert as_events.content == as_json.content
+    assert as_events.json()["renders"] == ["application/json", "text/event-stream"]
+
+
 @contextmanager
 def served(method: str, user: Any, path: str) -> Iterator[tuple[str, dict[str, str], Any]]:
     """The WSGI application's answer as a server gets it: status, headers and the body

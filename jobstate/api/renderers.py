@@ -6,13 +6,14 @@ import json
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from rest_framework.renderers import BaseRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 
 
 class EventStreamRenderer(BaseRenderer):
     """Lets a client that sends ``Accept: text/event-stream`` through content
     negotiation. The stream itself is a StreamingHttpResponse; only errors
-    before it starts are rendered here, as one ``error`` event."""
+    before it starts are rendered here, as one ``error`` event. Anything else (an
+    ``OPTIONS``' metadata) is JSON, as every other endpoint sends it."""
 
     media_type = "text/event-stream"
     format = "sse"
@@ -23,6 +24,10 @@ class EventStreamRenderer(BaseRenderer):
     ) -> bytes:
         if data is None:
             return b""
+        response = (renderer_context or {}).get("response")
+        if response is not None and response.status_code < 400:
+            response["Content-Type"] = "application/json"
+            return JSONRenderer().render(data, "application/json", renderer_context)
         return f"event: error\ndata: {json.dumps(data, cls=DjangoJSONEncoder)}\n\n".encode()
 
 
