@@ -16,8 +16,8 @@ from django.test import override_settings
 from rest_framework.exceptions import Throttled
 from rest_framework.test import APIClient
 
+from jobstate.api import longpoll, throttling
 from jobstate.api import stream as stream_module
-from jobstate.api import throttling
 from jobstate.api.stream import HeldStream
 from jobstate.models import Asset, Job, JobEvent
 from tests.api_support import JOBS, assert_error, client_for, completed, job_url, make_job
@@ -311,13 +311,13 @@ def test_a_released_slot_is_not_freed_twice_after_it_expired(user: Any) -> None:
 def test_a_long_poll_waits_outside_any_transaction_under_atomic_requests(user: Any, monkeypatch: Any) -> None:
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
     seen: list[bool] = []
-    real = stream_module._changed
+    real = longpoll._changed
 
     def spy(job_id: Any, since: Any) -> bool:
         seen.append(connection.in_atomic_block)
         return real(job_id, since)
 
-    monkeypatch.setattr(stream_module, "_changed", spy)
+    monkeypatch.setattr(longpoll, "_changed", spy)
     job = make_job(user)
     response = client_for(user).get(job_url(job), {"wait": 1})
     assert response.status_code == 200, response.content
@@ -334,7 +334,7 @@ def test_a_long_poll_whose_wait_fails_answers_with_the_detail_and_frees_its_slot
     def broken(job_id: Any, since: Any) -> bool:
         raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(stream_module, "_changed", broken)
+    monkeypatch.setattr(longpoll, "_changed", broken)
     job = make_job(user)
     response = client_for(user).get(job_url(job), {"wait": 3})
     assert response.status_code == 200 and response.json()["id"] == str(job.pk)

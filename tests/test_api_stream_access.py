@@ -18,6 +18,7 @@ from rest_framework.request import Request
 from rest_framework.test import APIClient
 
 from jobstate import services
+from jobstate.api import longpoll
 from jobstate.api import stream as stream_module
 from jobstate.api.access import StreamAccess
 from tests.api_support import client_for, grant, job_url, running
@@ -285,7 +286,7 @@ def test_a_long_poll_that_loses_access_while_it_waits_answers_the_error_not_the_
     async def wait_and_lose(*args: Any, **kwargs: Any) -> None:
         await sync_to_async(lose)(staff, client)
 
-    monkeypatch.setattr(stream_module, "await_change", wait_and_lose)
+    monkeypatch.setattr(longpoll, "await_change", wait_and_lose)
     response = client.get(job_url(job), {"wait": 5})
     assert response.status_code == status, response.content
     assert response.json() == refusal(client, job, status)
@@ -297,6 +298,6 @@ def test_a_long_poll_whose_access_stays_answers_the_job(user: Any, monkeypatch: 
     async def wait_for_progress(*args: Any, **kwargs: Any) -> None:
         await sync_to_async(services.report_progress)(job, job.lease_token, 40, "resizing")
 
-    monkeypatch.setattr(stream_module, "await_change", wait_for_progress)
+    monkeypatch.setattr(longpoll, "await_change", wait_for_progress)
     response = logged_in(user).get(job_url(job), {"wait": 5})
     assert response.status_code == 200 and response.json()["progress"] == 40

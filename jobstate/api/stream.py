@@ -15,8 +15,7 @@
   ``ACCESS_CHECK_SECONDS`` (``jobstate.api.access``): once the credentials no longer
   authenticate the same active user, or the job is no longer theirs to see, the
   stream sends one ``error`` event (the 401/404 body a new request would get) and ends.
-- ``wait_for_change`` / ``await_change``: the long-poll behind
-  ``GET /jobs/{id}/?wait=&since=``.
+- The long-poll behind ``GET /jobs/{id}/?wait=&since=`` is ``jobstate.api.longpoll``.
 
 Each comes twice: a plain generator/function for WSGI (the server thread is the
 stream's anyway) and an async one for ASGI, where waiting holds no database
@@ -40,24 +39,20 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from datetime import datetime
 from functools import wraps
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections, transaction
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.db import connections
+from django.http import StreamingHttpResponse
 
 from jobstate import conf
 from jobstate.api.serializers import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
 from jobstate.states import TERMINAL
-
-if TYPE_CHECKING:
-    from jobstate.api.access import StreamAccess
 
 logger = logging.getLogger("jobstate.api")
 
@@ -199,7 +194,7 @@ def event_stream(
         sleep(events.pause())
 
 
-def _polled(read: Callable[..., Any]) -> Callable[..., Any]:
+def polled(read: Callable[..., Any]) -> Callable[..., Any]:
     """``read`` for the async waits, closing the request's database connections after
     each call. Under ASGI a request's synchronous calls run in a thread of its own, and
     a connection opened there stayed open for the whole stream or long-poll (up to
@@ -228,7 +223,7 @@ async def aevent_stream(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncIterator[bytes]:
     events = _Events(last_event_id, clock)
-    read = sync_to_async(_polled(_read))  # the check and the poll: one connection
+    read = sync_to_async(polled(_read))  # the check and the poll: one connection
     yield events.opening()
     while True:
         refused, current = await read(job_id, access if access is not None and events.access_due() else None)
@@ -237,54 +232,6 @@ async def aevent_stream(
         if events.done:
             return
         await sleep(events.pause())
-
-
-def _changed(job_id: Any, since: datetime) -> bool:
-    # Not ``>``: after the server's clock stepped back a change is earlier than ``since``.
-    row = Job.objects.filter(pk=job_id).values_list("updated_at", "status").first()
-    return row is None or row[0] != since or row[1] in TERMINAL
-
-
-def wait_for_change(
-    job_id: Any,
-    since: datetime,
-    seconds: float,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Return once the job's ``updated_at`` is other than ``since`` (it changed), it
-    is terminal or gone, or ``seconds`` (capped by LONGPOLL_MAX_SECONDS) passed."""
-    seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
-    poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
-    deadline = clock() + seconds
-    while not _changed(job_id, since):
-        remaining = deadline - clock()
-        if remaining <= 0:
-            return
-        sleep(min(poll, remaining))
-
-
-async def await_change(
-    job_id: Any,
-    since: datetime,
-    seconds: float,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    asgi: bool = True,
-) -> None:
-    """``wait_for_change`` without holding a thread while it waits (under ASGI; under
-    WSGI the request's thread is held anyway, and so is its connection)."""
-    seconds = min(seconds, float(conf.get("LONGPOLL_MAX_SECONDS")))
-    poll = max(float(conf.get("SSE_POLL_SECONDS")), 0.01)
-    deadline = clock() + seconds
-    changed = sync_to_async(_polled(_changed) if asgi else _changed)
-    while not await changed(job_id, since):
-        remaining = deadline - clock()
-        if remaining <= 0:
-            return
-        await sleep(min(poll, remaining))
 
 
 class HeldStream:
@@ -379,54 +326,3 @@ def streaming_response(
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream
     return response
-
-
-# The long-poll view -------------------------------------------------------------
-
-
-class WaitFirst(HttpResponse):
-    """What the detail view answers when it wants to wait before answering: the
-    checks passed and the slot is held; ``long_poll_view`` waits, then asks the
-    view again for the detail."""
-
-    def __init__(
-        self, job_id: Any, since: datetime, seconds: float, slot: StreamSlot | None, access: StreamAccess
-    ) -> None:
-        super().__init__(status=202)
-        self.job_id, self.since, self.seconds, self.slot = job_id, since, seconds, slot
-        # After the wait the view asks it again: the view's second run authenticates with the
-        # user its first run set on the request (cached, permissions and all), not afresh.
-        self.access = access
-
-
-WAITED = "jobstate_waited"  # set on the Django request once the wait is over: the WaitFirst
-
-
-def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap the (sync) DRF detail view in an async view: a ``?wait=`` long-poll
-    awaits the change in the event loop (no thread held under ASGI) and outside
-    any transaction (``ATOMIC_REQUESTS`` does not apply to it), then the view
-    renders the detail. Under WSGI Django runs it in the request's thread."""
-    call = sync_to_async(view)
-
-    @wraps(view)
-    async def detail(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-        response = await call(request, *args, **kwargs)
-        if not isinstance(response, WaitFirst):
-            return response
-        try:
-            asgi = isinstance(request, ASGIRequest)
-            await await_change(response.job_id, response.since, response.seconds, asgi=asgi)
-        except Exception:
-            # E.g. the database went away while waiting: answer now; the detail
-            # view reports what it finds, in the API's error shape if it fails too.
-            logger.warning("Long-poll of job %s stopped waiting", response.job_id, exc_info=True)
-        finally:
-            if response.slot is not None:
-                response.slot.release()
-        setattr(request, WAITED, response)
-        return await call(request, *args, **kwargs)
-
-    for alias in connections:
-        detail = transaction.non_atomic_requests(using=alias)(detail)
-    return detail

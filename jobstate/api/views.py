@@ -31,6 +31,7 @@ from jobstate.api.access import StreamAccess
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone, KindNotAllowed
 from jobstate.api.filters import JobFilter
+from jobstate.api.longpoll import WAITED, WaitFirst, long_poll_view
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination, once
 from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visible_jobs
 from jobstate.api.renderers import EventStreamRenderer
@@ -46,7 +47,7 @@ from jobstate.api.serializers import (
     StoredDateTimeField,
     StuckSerializer,
 )
-from jobstate.api.stream import WAITED, WaitFirst, finished_and_seen, long_poll_view, streaming_response
+from jobstate.api.stream import finished_and_seen, streaming_response
 from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Asset, Job, JobEvent
