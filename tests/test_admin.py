@@ -534,6 +534,31 @@ def test_bulk_retry(admin_client: Any, admin_user: Any) -> None:
         assert last_event(new).actor == admin_user and last_event(new).reason == "rerun after fix"
 
 
+def test_a_bulk_action_the_user_may_not_run_is_refused_with_403(
+    client: Any, viewer: Any, django_user_model: Any
+) -> None:
+    # Django answered it with the list page (no message for a viewer, "No action
+    # selected." for the others): a confirmation posted after a permission was taken
+    # away looked done.
+    from tests.admin_support import grant
+
+    job, done = queued(), completed()
+    client.force_login(viewer)
+    assert bulk(client, "cancel_selected", [job], "x").status_code == 403
+    assert bulk(client, "retry_selected", [done], None).status_code == 403
+    canceller = grant(
+        django_user_model.objects.create_user("cancel-only", password="pw-123456", is_staff=True),
+        "view_job",
+        "cancel_job",
+    )
+    client.force_login(canceller)
+    assert bulk(client, "retry_selected", [done], "x").status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    assert not Job.objects.filter(retry_of=done).exists()
+    assert bulk(client, "cancel_selected", [job], "x").status_code == 302
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+
+
 def test_bulk_cancel_refuses_already_requested(admin_client: Any) -> None:
     job = processing()
     services.request_cancel(job, "someone", "first")

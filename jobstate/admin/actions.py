@@ -261,6 +261,16 @@ def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) 
         messages.info(request, "No jobs selected.")
 
 
+def posted_action_refused(modeladmin: Any, request: Any) -> bool:
+    """Whether a POST names one of the list's own actions that this user may not run.
+    Django answers one with the list itself (no action runs, and for a user offered no
+    action no message either): a confirmation posted after a permission was taken
+    away looked done."""
+    name = request.POST.get("action", "")
+    declared = {getattr(a, "__name__", "") for a in modeladmin.actions or ()}
+    return name in declared and name not in modeladmin.get_actions(request)
+
+
 def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     op = OPERATIONS[name]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import BinaryField, CharField, Func, Q, QuerySet
 from django.db.models.functions import Cast, Right, Substr
@@ -187,6 +188,8 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         return memo[db, term]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        if request.method == "POST" and actions.posted_action_refused(self, request):
+            raise PermissionDenied
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP
         # (one past it, so that "100+" says more than 100).
         # One stuck-detection context for the counts and the rows (see JobChangeList).
