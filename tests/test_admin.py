@@ -559,6 +559,28 @@ def test_a_bulk_action_the_user_may_not_run_is_refused_with_403(
     assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
 
 
+def test_bulk_action_reports_the_selected_jobs_gone_since_the_confirmation(admin_client: Any) -> None:
+    # They were left out in silence: "Queued a retry for 1 job." of 3 selected, and
+    # "No jobs selected." when every one was gone.
+    kept, gone, retried = completed(), completed(), completed()
+    ids = [kept, gone, retried]
+    assert "3 of the 3 selected jobs" in bulk(admin_client, "retry_selected", ids, None).content.decode()
+    Job.objects.filter(pk=gone.pk).delete()  # retention, say
+    services.retry(retried, "ops", "first")  # another operator
+    messages = texts(bulk(admin_client, "retry_selected", ids, "rerun"))
+    assert "Queued a retry for 1 job." in messages
+    assert (
+        "Refused 1 job: no longer in the list (deleted meanwhile, or no longer matching its "
+        f"filters) ({short(gone.pk)})"
+    ) in messages
+    assert any(m.startswith("Refused 1 job: already retried") for m in messages)
+    assert Job.objects.filter(retry_of=kept).count() == 1
+    Job.objects.filter(pk=kept.pk).delete()
+    messages = texts(bulk(admin_client, "cancel_selected", [kept, gone], "stop"))
+    assert "No jobs selected." not in messages
+    assert f"({short(kept.pk)}, {short(gone.pk)})" in messages[-1] and "Refused 2 jobs" in messages[-1]
+
+
 def test_bulk_cancel_refuses_already_requested(admin_client: Any) -> None:
     job = processing()
     services.request_cancel(job, "someone", "first")

@@ -271,6 +271,22 @@ def posted_action_refused(modeladmin: Any, request: Any) -> bool:
     return name in declared and name not in modeladmin.get_actions(request)
 
 
+GONE = "no longer in the list (deleted meanwhile, or no longer matching its filters)"
+
+
+def _not_found(selected: list[str], jobs: list[Job]) -> list[Any]:
+    """The selected ids (well-formed: ``SafeListAdmin.response_action``) of no loaded job."""
+    pk = Job._meta.pk
+    assert pk is not None
+    found = {job.pk for job in jobs}
+    missing: list[Any] = []
+    for value in selected:
+        key = pk.to_python(value)
+        if key not in found and key not in missing:
+            missing.append(key)
+    return missing
+
+
 def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     op = OPERATIONS[name]
 
@@ -305,6 +321,9 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
             return TemplateResponse(request, "admin/jobstate/job/bulk_confirm.html", context)
         report = run_bulk(op, jobs, request.user, reason)
         report.truncated = truncated
+        if not truncated and request.POST.get("select_across", "0") == "0":
+            for pk in _not_found(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME), jobs):
+                report.refused.setdefault(GONE, []).append(short(pk))
         report_messages(request, op, report, verb)
         return None
 
