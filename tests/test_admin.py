@@ -428,6 +428,21 @@ def test_an_operation_the_page_does_not_offer_is_refused_on_post(admin_client: A
     assert job.status == Status.PROCESSING and not job.events.filter(transition="cancel").exists()
 
 
+def test_an_operation_on_a_job_deleted_since_its_page_says_so(admin_client: Any, viewer: Any) -> None:
+    # A 404 page, for the confirmation's POST and for a button of a page read before.
+    job = completed()
+    Job.objects.filter(pk=job.pk).delete()
+    for response in (
+        admin_client.post(act_url(job, "retry"), {"reason": "again"}),
+        admin_client.get(act_url(job, "retry")),
+    ):
+        assert response.status_code == 302 and response["Location"] == LIST
+        assert f"Retry refused: job {job.pk} does not exist (any more)." in texts(response)
+    assert not Job.objects.exists()
+    admin_client.force_login(viewer)  # no permission: 403 first, whether the job exists or not
+    assert admin_client.post(act_url(job, "retry"), {"reason": "again"}).status_code == 403
+
+
 def test_stale_get_of_disallowed_operation_redirects_with_message(admin_client: Any) -> None:
     job = completed()
     response = admin_client.get(act_url(job, "requeue"))

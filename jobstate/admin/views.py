@@ -13,7 +13,6 @@ from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
@@ -95,8 +94,13 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
     op = OPERATIONS.get(name)
     if op is None:
         raise PermissionDenied
-    job = get_object_or_404(Job.objects.select_related("owner"), pk=object_id)
-    if not model_admin.has_view_permission(request, job) or not op.has_permission(request.user):
+    if not model_admin.has_view_permission(request) or not op.has_permission(request.user):
+        raise PermissionDenied
+    job = Job.objects.select_related("owner").filter(pk=object_id).first()
+    if job is None:  # deleted since its page was read (retention, another operator)
+        messages.error(request, f"{op.label} refused: job {object_id} does not exist (any more).")
+        return HttpResponseRedirect(reverse("admin:jobstate_job_changelist"))
+    if not model_admin.has_view_permission(request, job):
         raise PermissionDenied
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid() and op.allowed(job):
