@@ -141,3 +141,46 @@ def test_history_times_are_in_the_current_time_zone_as_the_rest_of_the_page(
     ):
         html = admin_client.get(url).content.decode()
         assert local in html, url
+
+
+def test_job_page_and_stuck_page_queries_do_not_grow_with_rows(admin_client: Any, admin_user: Any) -> None:
+    # 2 rows of each kind against 20: children, history rows (with their actor), assets,
+    # stuck jobs of three reasons. On PostgreSQL each stuck.Context() reads the
+    # database's clock: one built per row would show here too.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from jobstate.models import Job
+    from jobstate.services import Actor
+    from tests.admin_support import ago, expired
+
+    parent = processing(admin_user)
+    pages = [
+        reverse("admin:jobstate_job_change", args=[parent.pk]),
+        reverse("admin:jobstate_job_stuck"),
+    ]
+
+    def grow(n: int) -> None:
+        for _ in range(n):
+            queued(admin_user, parent=parent)  # children
+            services.add_asset(parent, asset_type="report", name="r.csv", content=b"x")
+            services.request_stop(parent, Actor.admin(admin_user), "history row")
+            Job.objects.filter(pk=parent.pk).update(stop_requested_at=None)
+            expired(admin_user)
+            failed(admin_user)
+            stale = queued(admin_user, kind="test.limited")  # no worker serves that kind
+            Job.objects.filter(pk=stale.pk).update(run_after=ago(hours=1))
+
+    def counts() -> list[int]:
+        found = []
+        for url in pages:
+            admin_client.get(url)  # warm the session and caches
+            with CaptureQueriesContext(connection) as seen:
+                assert admin_client.get(url).status_code == 200
+            found.append(len(seen))
+        return found
+
+    grow(2)
+    few = counts()
+    grow(18)
+    assert counts() == few
