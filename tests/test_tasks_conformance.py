@@ -11,6 +11,7 @@ differences (retries, a return value that is not JSON, dict keys, naive
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -331,6 +332,18 @@ def test_validate_task(alias):
         task(backend=alias, takes_context=True)(no_context)
     with pytest.raises(TypeError):  # Django 6: "run_after cannot be defined statically"
         task(backend=alias, run_after=timezone.now())(no_context)
+
+
+class CallableObject:
+    def __call__(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("func", [functools.partial(add.func, 1), CallableObject(), str.upper, len])
+def test_a_callable_that_is_no_function_is_an_invalid_task(alias, func):
+    # jobstate raised AttributeError (no __qualname__) for all but len.
+    with pytest.raises(InvalidTask, match="must be defined at a module level"):
+        task(backend=alias)(func)
 
 
 # -- get_result (compared with DummyBackend, which keeps its results) ----------------

@@ -353,6 +353,10 @@ class JobstateBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Task[..., Any]) -> None:
+        if not inspect.isfunction(task.func):
+            # Django's own check refuses it too, but jobstate's below read the function's
+            # module path first (a partial or callable object has none: AttributeError).
+            raise InvalidTask("Task function must be defined at a module level.")
         validate_options(task)
         super().validate_task(task)
         register(task)
