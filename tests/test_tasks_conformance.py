@@ -84,6 +84,15 @@ def fails_with_value_error() -> None:
     raise ValueError("bad value")
 
 
+class FailureGroup(ExceptionGroup):
+    pass
+
+
+@task()
+def fails_with_a_group() -> None:
+    raise FailureGroup("several", [ValueError("inner"), Failure("other")])
+
+
 @task()
 async def async_add(a: int, b: int) -> int:
     return a + b
@@ -169,6 +178,13 @@ def test_a_builtin_exception(alias):
     assert error.exception_class_path == "builtins.ValueError"
     assert error.exception_class is ValueError
     assert error.traceback.rstrip().endswith("ValueError: bad value")
+
+
+def test_an_exception_group(alias):
+    # jobstate read the group's header line as no header: "FailureGroup", no module.
+    error = run(alias, fails_with_a_group).errors[0]
+    assert error.exception_class_path == f"{__name__}.FailureGroup"
+    assert error.exception_class is FailureGroup
 
 
 def test_arguments_and_return_values_are_normalised_to_json(alias):

@@ -58,10 +58,11 @@ def exception_path(error_type: str, traceback: str = "") -> str:
 
     jobstate stores the class's ``__name__``; the traceback's last header line
     (``module.Class: message``) gives its module, which Python leaves out for
-    builtins."""
+    builtins. An exception group's header is indented (``  | module.Group: ...``;
+    its sub-exceptions' deeper)."""
     if not error_type:
         return "builtins.Exception"
-    header = re.compile(rf"^((?:[A-Za-z_]\w*\.)*){re.escape(error_type)}(?::|$)")
+    header = re.compile(rf"^(?:  \| )?((?:[A-Za-z_]\w*\.)*){re.escape(error_type)}(?::|$)")
     for line in reversed(traceback.splitlines()):
         match = header.match(line)
         if match and match.group(1):
