@@ -19,8 +19,10 @@ from typing import Any
 import django
 import pytest
 from asgiref.sync import async_to_sync
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from jobstate.models import Job
 from jobstate.tasks.compat import (
     InvalidTask,
     TaskContext,
@@ -200,6 +202,17 @@ def test_arguments_and_return_values_are_normalised_to_json(alias):
 def test_arguments_that_are_not_json_raise_type_error(alias, value):
     with pytest.raises(TypeError):
         echo.using(backend=alias).enqueue(value)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "a\x00b", "\ud800"])
+def test_arguments_the_job_table_cannot_store_are_refused_by_jobstate_only(settings, value):
+    # A documented difference (docs/howto/django-tasks.md, "Parameters").
+    settings.TASKS = {**settings.TASKS, **CONFORMANCE_TASKS}
+    assert echo.using(backend="immediate").enqueue(value).status == TaskResultStatus.SUCCESSFUL
+    with pytest.raises(ValidationError) as info:
+        echo.using(backend="jobstate").enqueue(value)
+    assert "parameters" in info.value.message_dict
+    assert not Job.objects.exists()
 
 
 def test_async_task(alias):
