@@ -63,6 +63,18 @@ def test_enqueue_with_a_known_key_returns_the_existing_job_with_200(user):
     assert Job.objects.count() == 1
 
 
+def test_an_enqueue_key_is_taken_as_sent_as_the_service_takes_it(user):
+    # DRF stripped it: " daily " named the job that services.enqueue(key="daily") queued,
+    # while the service keeps the two apart.
+    client = client_for(user)
+    plain = client.post(JOBS, {"kind": "test.echo", "key": "daily"}, format="json")
+    spaced = client.post(JOBS, {"kind": "test.echo", "key": " daily "}, format="json")
+    assert (plain.status_code, spaced.status_code) == (201, 201), spaced.content
+    assert Job.objects.get(pk=spaced.json()["id"]).key == " daily "
+    blank = client.post(JOBS, {"kind": "test.echo", "key": "  "}, format="json")
+    assert blank.json()["error"]["fields"] == {"key": ["A key cannot be blank (only whitespace)."]}
+
+
 def test_a_key_used_by_another_owner_queues_the_callers_own_job(user, other_user):
     # Keys are scoped per owner: the other owner's job is neither revealed nor touched.
     job = make_job(other_user, key="shared", watermark=1)
@@ -100,6 +112,8 @@ def test_staff_enqueue_uses_the_staff_members_own_keys(user, staff_user):
         ({"kind": "test.echo", "priority": True}, "invalid", "priority"),
         ({"kind": "test.echo", "watermark": 2**63}, "invalid", "watermark"),
         ({"kind": "test.echo", "key": ""}, "invalid", "key"),
+        ({"kind": "test.echo", "key": "   "}, "invalid", "key"),
+        ({"kind": "test.echo", "key": "\t\n"}, "invalid", "key"),
         ({"kind": "test.echo", "key": "x" * 256}, "invalid", "key"),
         ({"kind": "test.echo", "key": "a\x00b"}, "invalid", "key"),
         ({"kind": "test.echo", "run_after": "yesterday"}, "invalid", "run_after"),

@@ -98,6 +98,14 @@ def test_an_empty_run_after_is_refused_not_now(when: str) -> None:
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("key", ["   ", "\t"])
+def test_a_blank_key_is_refused_by_the_service_rule(key: str) -> None:
+    # `--key "  "` queued a job with the key "  ".
+    message = refused("jobstate", "enqueue", "test.echo", "--key", key)
+    assert message == "enqueue: key: A key cannot be blank (only whitespace)."
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize("owner", ["", "   ", "\t"])
 def test_an_empty_owner_is_refused_not_a_system_job(owner: str) -> None:
     # `--owner "$USER"` with $USER empty queued a job with no owner (a system job),

@@ -4,6 +4,7 @@ per (kind, key) for system jobs (no owner)."""
 from __future__ import annotations
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from jobstate import services
@@ -114,3 +115,20 @@ def test_a_key_answers_with_its_completed_job_until_retention_deletes_it(user):
     assert prune(30).jobs == 1
     job, created = services.get_or_enqueue("test.echo", {}, owner=user, key="k")
     assert created and job.pk != done.pk
+
+
+@pytest.mark.parametrize("key", [" ", "   ", "\t\n", "\u3000"])
+def test_a_blank_key_is_refused_and_writes_nothing(user, key):
+    # "  " was stored as a key: every caller whose key came out blank shared one job.
+    with pytest.raises(ValidationError) as info:
+        services.get_or_enqueue("test.echo", {}, owner=user, key=key)
+    assert info.value.message_dict == {"key": ["A key cannot be blank (only whitespace)."]}
+    assert services.key_problem(key) == "A key cannot be blank (only whitespace)."
+    assert not Job.objects.exists()
+
+
+def test_a_key_is_taken_as_given_not_stripped(user):
+    plain = services.enqueue("test.echo", {}, owner=user, key="k")
+    spaced = services.enqueue("test.echo", {}, owner=user, key=" k ")
+    assert plain.pk != spaced.pk and spaced.key == " k "
+    assert services.key_problem(" k ") is None

@@ -264,6 +264,7 @@ def takes_no_context() -> None:
         ({"retry_backoff": float("nan")}, "retry_backoff must be a number of seconds >= 0"),
         ({"key": ""}, "key must be a non-empty string of at most 255 characters"),
         ({"key": 5}, "key must be a non-empty string"),
+        ({"key": "   "}, "not only whitespace"),
         ({"key": "a\x00b"}, "no NUL character or lone surrogate"),
         ({"key": "a\ud800"}, "no NUL character or lone surrogate"),
         ({"kind": ""}, "kind must be a non-empty string"),

@@ -401,6 +401,11 @@ def test_key_callable_must_return_a_string():
     # The service refused it as a ValidationError, naming no option of the task.
     with pytest.raises(InvalidTask, match="no NUL character"):
         jt.sync_account.using(key=lambda account: f"a\x00{account}").enqueue(7)
+    # A blank key ("  ") was stored: every call whose key came out blank shared one job.
+    with pytest.raises(InvalidTask, match="returned '  '"):
+        jt.sync_account.using(key=lambda account: "  ").enqueue(7)
+    with pytest.raises(InvalidTask, match="not only whitespace"):
+        t.noop_task.using(key=" ").enqueue()
     assert not Job.objects.exists()
 
 

@@ -249,8 +249,11 @@ class EnqueueSerializer(StrictInput):
         required=False,
         allow_null=True,
         default=None,
+        # Taken as sent: stripped, " a" and "a" named one job. The service refuses a blank key.
+        trim_whitespace=False,
         help_text="Idempotency key: an active (or still up to date) job of yours with this kind and key is "
-        "returned with 200 instead of queueing a new one.",
+        "returned with 200 instead of queueing a new one. Taken as sent (surrounding spaces are part "
+        "of it); a key of only whitespace is refused.",
     )
     watermark = StrictIntegerField(
         min_value=-BIGINT,

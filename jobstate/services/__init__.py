@@ -23,7 +23,7 @@ from jobstate.services.control import (
     retry,
     suspend,
 )
-from jobstate.services.enqueue import check_job, enqueue, enqueue_many, get_or_enqueue
+from jobstate.services.enqueue import check_job, enqueue, enqueue_many, get_or_enqueue, key_problem
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import (
     Beat,
@@ -68,6 +68,7 @@ __all__ = [
     "get_or_enqueue",
     "hand_back",
     "heartbeat",
+    "key_problem",
     "lock_parent",
     "mark_partial",
     "move_step",

@@ -53,10 +53,8 @@ def _clean(
             {"parameters": [f"Parameters are {size} bytes; the limit is {conf.get('MAX_PARAMETERS_BYTES')}."]}
         )
     errors: dict[str, list[str]] = {}
-    if key is not None and (not isinstance(key, str) or not key or len(key) > 255):
-        errors["key"] = ["A key is a non-empty string of at most 255 characters."]
-    elif key is not None and text(key) != key:
-        errors["key"] = ["A key holds no NUL character or lone surrogate."]
+    if key is not None and (problem := key_problem(key)) is not None:
+        errors["key"] = [problem]
     if watermark is not None and (isinstance(watermark, bool) or not isinstance(watermark, int)):
         errors["watermark"] = ["A watermark is an integer."]
     if (
@@ -87,6 +85,19 @@ def _clean(
     if errors:
         raise ValidationError(errors)
     return spec, cleaned
+
+
+def key_problem(key: Any) -> str | None:
+    """Why ``key`` cannot be an idempotency key (None: it can), the one rule of every
+    entry point. A blank key is refused, not stripped: stripping would make keys
+    that differ only in spaces share one job, and "  " is no key anyone meant."""
+    if not isinstance(key, str) or not key or len(key) > 255:
+        return "A key is a non-empty string of at most 255 characters."
+    if not key.strip():
+        return "A key cannot be blank (only whitespace)."
+    if text(key) != key:
+        return "A key holds no NUL character or lone surrogate."
+    return None
 
 
 def check_job(
@@ -135,7 +146,9 @@ def get_or_enqueue(
 ) -> tuple[Job, bool]:
     """Queue a job, or return the one its key already names.
 
-    Keys are scoped per owner (system jobs, with no owner, share one scope).
+    Keys are scoped per owner (system jobs, with no owner, share one scope). A key is
+    taken as given; one that is empty, only whitespace, longer than 255 characters or
+    holds a NUL is a ``ValidationError`` (``key_problem``).
     With a key: an active job with that (kind, owner, key) is returned, its
     watermark raised (never lowered). Otherwise, when the last completed job
     with that key has processed input at least as new as ``watermark``, that

@@ -9,9 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connections, router
 
+from jobstate import services
 from jobstate.conf import MAX_ATTEMPTS_LIMIT
 from jobstate.models import Job
-from jobstate.storable import text
 from jobstate.tasks.compat import (
     DEFAULT_TASK_QUEUE_NAME,
     TASK_MAX_PRIORITY,
@@ -47,12 +47,12 @@ def split_kind(kind: str) -> tuple[str, str]:
     return (queue, base) if separator else (DEFAULT_TASK_QUEUE_NAME, kind)
 
 
-KEY_TEXT = "no NUL character or lone surrogate"
+KEY_TEXT = "not only whitespace, no NUL character or lone surrogate"
 
 
 def storable_key(key: Any) -> bool:
     """A key the service stores (else a ValidationError at every enqueue)."""
-    return isinstance(key, str) and 1 <= len(key) <= 255 and text(key) == key
+    return services.key_problem(key) is None
 
 
 def _number(value: Any) -> bool:
