@@ -273,7 +273,63 @@ def test_the_command_gives_up_within_its_lock_timeout_on_a_table_in_use():
             reader.rollback()
         assert layout.column_order(connection)[-1] == "added_later"
         with pytest.raises(CommandError, match="--lock-timeout: a number of seconds"):
-            call_command("jobstate_move_hot_columns", "--lock-timeout", "0")
+            call_command("jobstate_move_hot_columns", "--lock-timeout", "-0.5")
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE jobstate_job DROP COLUMN added_later")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_gives_up_by_default_on_a_table_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without --lock-timeout it waited for the long query for as long as it ran, and
+    # every later query on the table (workers, the admin, the API) queued behind it.
+    import psycopg
+
+    from jobstate.management.commands import jobstate_move_hot_columns as command
+
+    assert command.DEFAULT_LOCK_TIMEOUT == 5
+    monkeypatch.setattr(command, "DEFAULT_LOCK_TIMEOUT", 0.3)  # the test waits less than 5 s
+    settings = connection.settings_dict
+    dsn = (
+        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
+        f" user={settings['USER']} dbname={settings['NAME']}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobstate_job ADD COLUMN added_later int")  # now they are not last
+        cursor.execute("SET lock_timeout = '10s'")  # a failure, not a hang, if the command waited
+    try:
+        with psycopg.connect(dsn) as reader:
+            reader.execute("SELECT count(*) FROM jobstate_job")  # holds its lock until rollback
+            started = time.monotonic()
+            with pytest.raises(CommandError) as info:
+                call_command("jobstate_move_hot_columns")
+            assert time.monotonic() - started < 5
+            reader.rollback()
+        message = str(info.value)
+        assert message.startswith("Nothing moved: the table was in use for 0.3 s (--lock-timeout by default)")
+        assert "pg_stat_activity" in message and "0 waits for as long as it takes" in message
+        assert layout.column_order(connection)[-1] == "added_later"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+            cursor.execute("ALTER TABLE jobstate_job DROP COLUMN added_later")
+
+
+@pytest.mark.parametrize(
+    ("args", "lock_wait"),
+    [((), "5000ms"), (("--lock-timeout", "0.25"), "250ms"), (("--lock-timeout", "0"), None)],
+)
+def test_the_commands_lock_wait(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], lock_wait: str | None
+) -> None:
+    # 0 waits as long as it takes (PostgreSQL's lock_timeout = 0); --check takes no lock.
+    asked: list[str | None] = []
+
+    def move_last(connection: object, *, lock_wait: str | None = None) -> str:
+        asked.append(lock_wait)
+        return "in place"
+
+    monkeypatch.setattr(layout, "move_last", move_last)
+    call_command("jobstate_move_hot_columns", *args)
+    call_command("jobstate_move_hot_columns", "--check", *args)
+    assert asked == [lock_wait]

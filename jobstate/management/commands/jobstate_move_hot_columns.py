@@ -6,7 +6,9 @@ rows, where migrations 0015 and 0017 left them in place (a table of more than
 Rewrites every row once, and builds the indexes that name those columns again,
 under an exclusive lock on the table: reads and writes wait until it ends. Run it
 when workers, the admin and the API may pause, then ``VACUUM FULL jobstate_job``
-(or pg_repack) to give back the old row versions.
+(or pg_repack) to give back the old row versions. It waits ``DEFAULT_LOCK_TIMEOUT``
+seconds for that lock, then gives up: while it waits, every later query on the
+table waits behind it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from jobstate.management.commands._common import check_text
 from jobstate.models import layout
+
+# Seconds to wait for the table's lock unless --lock-timeout says otherwise: a long
+# query would otherwise stall every later query on the table (an outage) behind ours.
+DEFAULT_LOCK_TIMEOUT = 5.0
 
 
 class Command(BaseCommand):
@@ -39,8 +45,9 @@ class Command(BaseCommand):
             "--lock-timeout",
             type=float,
             metavar="SECONDS",
-            help="give up, moving nothing, if the table's lock is not had within SECONDS (by default "
-            "it waits for every query on the table, and every later query waits behind it)",
+            help=f"give up, moving nothing, if the table's lock is not had within SECONDS (default "
+            f"{DEFAULT_LOCK_TIMEOUT:g}: while the command waits, every later query on the table waits "
+            "behind it); 0 waits for as long as the queries on the table take",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -48,9 +55,12 @@ class Command(BaseCommand):
         if options["database"] not in connections:
             raise CommandError(f"--database: no database {options['database']!r} in settings.DATABASES")
         # The arguments first: a bad one is an error even when there is nothing to do.
-        wait = options["lock_timeout"]
-        if wait is not None and not 0 < wait < 86400:  # NaN fails too
-            raise CommandError("--lock-timeout: a number of seconds above 0 (and under a day).")
+        given = options["lock_timeout"]
+        wait = DEFAULT_LOCK_TIMEOUT if given is None else given
+        if not 0 <= wait < 86400:  # NaN fails too
+            raise CommandError(
+                "--lock-timeout: a number of seconds from 0 (wait as long as it takes) to under a day."
+            )
         connection = connections[options["database"]]
         if connection.vendor != "postgresql":
             self.stdout.write("Nothing to do: the column order matters on PostgreSQL only.")
@@ -65,12 +75,15 @@ class Command(BaseCommand):
             return
         with transaction.atomic(using=options["database"]):
             outcome = layout.move_last(
-                connection, lock_wait=None if wait is None else f"{max(1, int(wait * 1000))}ms"
+                connection, lock_wait=None if wait == 0 else f"{max(1, int(wait * 1000))}ms"
             )
         if outcome.startswith("skipped"):
+            default = " by default" if given is None else ""
             raise CommandError(
-                f"Nothing moved: the table was in use for {wait:g} s (--lock-timeout). Try again when "
-                "fewer queries run, or with a longer --lock-timeout."
+                f"Nothing moved: the table was in use for {wait:g} s (--lock-timeout{default}). Try "
+                "again when fewer queries run (a long query or an open transaction holds the table: "
+                "see pg_stat_activity), or with a longer --lock-timeout (0 waits for as long as it "
+                "takes, and every later query on the table waits behind the command)."
             )
         if outcome.startswith("refused"):
             raise CommandError(
