@@ -264,6 +264,35 @@ def test_show_json_has_what_the_text_shows() -> None:
     assert data["retry_of"] is None and data["history_total"] == 3
 
 
+def test_show_has_the_requests_and_related_jobs_the_admin_job_page_has() -> None:
+    # It showed no stop request and no parent, and a cancel request without its time.
+    parent = processing()
+    job = processing(parent=parent)
+    services.request_stop(job, services.Actor("ops"))
+    services.request_cancel(job, services.Actor("ops"))
+    queued(parent=job)
+    queued(parent=job)
+    job.refresh_from_db()
+    lines = run("jobstate", "show", str(job.pk))[0].splitlines()
+    assert "status     Processing (cancel requested) (stop requested)" in lines
+    assert f"cancel     requested {job.cancel_requested_at:%Y-%m-%d %H:%M:%S}" in lines
+    assert f"stop       requested {job.stop_requested_at:%Y-%m-%d %H:%M:%S}" in lines
+    assert f"parent     {parent.pk}" in lines and "children   2 jobs" in lines
+    assert not any(line.startswith(("retry of", "retried as")) for line in lines)
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert data["parent"] == str(parent.pk) and data["children"] == 2 and data["retried_as"] == []
+    assert data["stop_requested_at"] and data["cancel_requested_at"]
+
+    old = failed()
+    new = Job.objects.get(pk=run("jobstate", "retry", str(old.pk))[0].strip())
+    lines = run("jobstate", "show", str(old.pk))[0].splitlines()
+    assert f"retried as {new.pk}" in lines
+    assert not any(line.startswith(("parent", "children", "cancel ", "stop ")) for line in lines)
+    data = json.loads(run("jobstate", "show", str(old.pk), "--json")[0])
+    assert (data["retried_as"], data["parent"], data["children"]) == ([str(new.pk)], None, 0)
+    assert data["stop_requested_at"] is None
+
+
 @override_settings(USE_TZ=False)
 def test_show_with_use_tz_false() -> None:
     # Every time is naive then: "localtime() cannot be applied to a naive datetime", a traceback.

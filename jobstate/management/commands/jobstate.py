@@ -34,7 +34,7 @@ from jobstate.management.commands._common import (
     not_blank,
 )
 from jobstate.models import Job
-from jobstate.states import Status
+from jobstate.states import ACTIVE, Status
 
 HISTORY_ROWS = 50
 REFUSED = {
@@ -71,7 +71,11 @@ class Command(BaseCommand):
         retry.add_argument("job", help="The job's id.")
         retry.add_argument("--reason", default="", help="Recorded in the history.")
         sub.add_parser("kinds", help="List the registered kinds and their options.")
-        show = sub.add_parser("show", help="Status, progress, attempts and history of a job.")
+        show = sub.add_parser(
+            "show",
+            help="Status, progress, attempts, cancel and stop requests, related jobs (parent, retries, "
+            "children) and history of a job.",
+        )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
 
@@ -148,8 +152,10 @@ class Command(BaseCommand):
         job = get_job(options["job"])
         events = list(job.events.select_related("actor").order_by("-id")[:HISTORY_ROWS])[::-1]
         total = job.events.count()
+        retries = [str(pk) for pk in job.retries.order_by("created_at").values_list("pk", flat=True)]
+        children = job.children.order_by().count()
         if options["json"]:
-            data = self._as_dict(job, events, total)
+            data = self._as_dict(job, events, total, retries, children)
             self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
             return
         w = self.stdout.write
@@ -157,6 +163,8 @@ class Command(BaseCommand):
         w(f"kind       {job.kind}")
         status = Status(job.status).label if job.status in Status.values else job.status
         extra = " (cancel requested)" if job.cancel_requested_at and job.status != Status.CANCELLED else ""
+        if job.stop_requested_at and job.status in ACTIVE:
+            extra += " (stop requested)"
         w(f"status     {status}{extra}")
         w(f"owner      {job.owner.get_username() if job.owner else '-'}")
         progress = f"{job.progress}%" + (f"  {job.progress_message}" if job.progress_message else "")
@@ -168,10 +176,20 @@ class Command(BaseCommand):
             w(f"run after  {_when(job.run_after)}")
         w(f"started    {_when(job.started_at)}")
         w(f"finished   {_when(job.finished_at)}")
+        if job.cancel_requested_at:
+            w(f"cancel     requested {_when(job.cancel_requested_at)}")
+        if job.stop_requested_at:
+            w(f"stop       requested {_when(job.stop_requested_at)}")
         if job.worker_id:
             w(f"worker     {job.worker_id}")
+        if job.parent_id:
+            w(f"parent     {job.parent_id}")
         if job.retry_of_id:
             w(f"retry of   {job.retry_of_id}")
+        for pk in retries:
+            w(f"retried as {pk}")
+        if children:
+            w(f"children   {children} job{'s' if children != 1 else ''}")
         if job.error_message:
             w(f"error      {job.error_type + ': ' if job.error_type else ''}{job.error_message}")
         if job.result not in (None, {}, []):
@@ -216,9 +234,12 @@ class Command(BaseCommand):
         return moment
 
     @staticmethod
-    def _as_dict(job: Job, events: list[Any], total: int) -> dict[str, Any]:
+    def _as_dict(
+        job: Job, events: list[Any], total: int, retries: list[str], children: int
+    ) -> dict[str, Any]:
         """What the text shows: ``history`` holds the latest ``HISTORY_ROWS`` of
-        ``history_total`` transitions."""
+        ``history_total`` transitions; ``retried_as`` the jobs that retried this one,
+        ``children`` how many child jobs it has."""
         return {
             "id": job.pk,
             "kind": job.kind,
@@ -236,8 +257,12 @@ class Command(BaseCommand):
             "started_at": job.started_at,
             "finished_at": job.finished_at,
             "cancel_requested_at": job.cancel_requested_at,
+            "stop_requested_at": job.stop_requested_at,
             "worker_id": job.worker_id,
+            "parent": job.parent_id,
             "retry_of": job.retry_of_id,
+            "retried_as": retries,
+            "children": children,
             "error_type": job.error_type,
             "error_message": job.error_message,
             "result": job.result,
