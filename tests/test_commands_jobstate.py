@@ -343,6 +343,22 @@ def test_workflow_stop_says_when_it_cancelled_a_job_that_never_served() -> None:
     assert Job.objects.get(pk=running.pk).stop_requested_at is not None
 
 
+def subcommand_help(command: str, action: str) -> str:
+    parser = load_command_class("jobstate", command).create_parser("manage.py", command)
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next(str(choice.help) for choice in subparsers._choices_actions if choice.dest == action)
+
+
+def test_workflow_stop_help_says_a_job_that_never_served_is_cancelled() -> None:
+    # It said "Ask a running (serving) job to stop gracefully": the queued job below is cancelled.
+    text = subcommand_help("jobstate_workflow", "stop")
+    assert "never served is cancelled instead" in text and "ends completed" in text
+    assert "one that never served is cancelled" in load_command_class("jobstate", "jobstate_workflow").help
+    job = queued()
+    run("jobstate_workflow", "stop", str(job.pk))
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+
+
 def test_workflow_stop_of_a_job_that_ends_meanwhile_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     # The job completes between the command's read and the stop's write: it printed
     # "stop requested" for a job with nothing left to stop.

@@ -1,6 +1,6 @@
 """Workflows from the command line: start one, show its state, retry it from a
-step, skip a step, ask a serving one to stop. Actions record the actor
-``cli:<user>`` and the reason."""
+step, skip a step, ask a serving one to stop (one that never served is
+cancelled). Actions record the actor ``cli:<user>`` and the reason."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ REFUSED = {
 
 
 class Command(BaseCommand):
-    help = "Start a workflow, show its state, retry it from a step, skip a step, or stop a serving one."
+    help = (
+        "Start a workflow, show its state, retry it from a step, skip a step, or stop a serving one "
+        "(one that never served is cancelled)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
@@ -46,7 +49,12 @@ class Command(BaseCommand):
         skip.add_argument("job", help="The job's id.")
         skip.add_argument("step", help="The name of the step to skip.")
         skip.add_argument("--reason", default="", help="Recorded in the history and on the step.")
-        stop = sub.add_parser("stop", help="Ask a running (serving) job to stop gracefully.")
+        stop = sub.add_parser(
+            "stop",
+            help="Ask a serving job (running, or queued or waiting after it served) to stop gracefully: "
+            "it ends completed. A queued or waiting job that never served is cancelled instead, with its "
+            "active children.",
+        )
         stop.add_argument("job", help="The job's id.")
         stop.add_argument("--reason", default="", help="Recorded in the history.")
 
