@@ -55,6 +55,19 @@ def test_reap_once_requeues_or_fails_lost_jobs():
     assert command("jobstate_reap").startswith("requeued 0, failed 0, cancelled 0")
 
 
+def test_reap_help_names_the_cancelled_jobs_it_reports():
+    # It spoke of requeueing or failing only, while the run below reports "cancelled 1".
+    from django.core.management import load_command_class
+
+    assert "cancel them (a cancel was requested)" in load_command_class("jobstate", "jobstate_reap").help
+    job = services.enqueue("test.echo", {})
+    (claimed,) = services.claim("lost:1")
+    services.begin(claimed, claimed.lease_token, "lost:1:1")
+    services.request_cancel(job, "ops")
+    expire(claimed)
+    assert command("jobstate_reap").startswith("requeued 0, failed 0, cancelled 1")
+
+
 def test_reap_exits_non_zero_when_a_job_could_not_be_reaped(monkeypatch):
     from jobstate.services import reaper
 

@@ -1,4 +1,4 @@
-"""Run the reaper once: requeue (or fail) processing jobs whose lease expired."""
+"""Run the reaper once: requeue, fail or cancel processing jobs whose lease expired."""
 
 from typing import Any
 
@@ -12,8 +12,9 @@ MAX_LIMIT = 100_000
 
 class Command(BaseCommand):
     help = (
-        "Requeue or fail processing jobs whose worker was lost (lease expired), once, oldest "
-        "expiry first, at most --limit of them; says so when more remain (run it again). "
+        "Requeue processing jobs whose worker was lost (lease expired), or fail them (no attempt "
+        "left), or cancel them (a cancel was requested), once, oldest expiry first, at most --limit "
+        "of them; prints how many of each and says so when more remain (run it again). "
         "Exits with status 1 if reaping a job raised an error (logged)."
     )
 
