@@ -212,6 +212,17 @@ def test_retry_prints_the_new_job() -> None:
     assert message == "retry refused: the job is queued; only a finished job can be retried"
 
 
+def test_kinds_prints_whole_seconds_without_a_fraction(temp_handler: Any) -> None:
+    # A timeout of 60.0 (a float, as a task's may be) printed "timeout=60.0s".
+    temp_handler("test.float_timeout", timeout=60.0, retry_backoff=30.0)
+    temp_handler("test.half_timeout", timeout=0.5, retry_backoff=2.5)
+    lines = run("jobstate", "kinds")[0].splitlines()
+    whole = lines[lines.index("test.float_timeout") + 1].split(", ")
+    assert "timeout=60s" in whole and "retry_backoff=30s" in whole
+    half = lines[lines.index("test.half_timeout") + 1].split(", ")
+    assert "timeout=0.5s" in half and "retry_backoff=2.5s" in half
+
+
 @pytest.mark.parametrize("action", ["cancel", "retry", "show"])
 def test_bad_and_unknown_ids(action: str) -> None:
     assert refused("jobstate", action, "12ab").startswith("'12ab' is not a job id")

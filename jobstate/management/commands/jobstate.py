@@ -135,12 +135,13 @@ class Command(BaseCommand):
             )
             facts = [
                 f"max_attempts={spec.max_attempts or default_attempts}",
-                f"timeout={spec.timeout or default_timeout}s",
+                f"timeout={_seconds(spec.timeout or default_timeout)}",
                 f"concurrency={spec.concurrency or 'unlimited'}",
             ]
             if spec.retry_backoff is not None:
                 backoff = spec.retry_backoff
-                facts.append(f"retry_backoff={getattr(backoff, '__name__', backoff)}")
+                shown = getattr(backoff, "__name__", backoff) if callable(backoff) else _seconds(backoff)
+                facts.append(f"retry_backoff={shown}")
             if spec.schema is not None:
                 facts.append(f"schema={getattr(spec.schema, '__name__', type(spec.schema).__name__)}")
             facts += [
@@ -279,6 +280,11 @@ class Command(BaseCommand):
                 for e in events
             ],
         }
+
+
+def _seconds(value: float) -> str:
+    """``60s`` for 60 and 60.0, ``0.5s``: a whole number without its ``.0``."""
+    return f"{int(value)}s" if float(value).is_integer() else f"{value}s"
 
 
 def _when(moment: datetime | None) -> str:
