@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -53,6 +54,16 @@ def test_reap_once_requeues_or_fails_lost_jobs():
         JobEvent.objects.filter(transition__in=["requeue", "fail"]).values_list("actor_label", flat=True)
     ) == {"system:reaper"}
     assert command("jobstate_reap").startswith("requeued 0, failed 0, cancelled 0")
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "zone", "shown"), [(False, "Europe/Paris", "Europe/Paris"), (True, "Europe/Paris", "UTC")]
+)
+def test_prune_names_the_zone_of_its_cutoff(use_tz, zone, shown):
+    # With USE_TZ = False the cutoff is naive, in TIME_ZONE: "%Z" printed nothing ("18:37:15 ;").
+    with override_settings(USE_TZ=use_tz, TIME_ZONE=zone):
+        out = command("jobstate_prune", "--days", "3")
+    assert re.search(rf"finished before \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d {shown}; ", out), out
 
 
 def test_reap_help_names_the_cancelled_jobs_it_reports():

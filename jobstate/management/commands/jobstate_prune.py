@@ -1,9 +1,11 @@
 """Delete finished jobs (with their history, assets and files) past retention."""
 
 import math
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from jobstate import conf
 from jobstate.worker.retention import MAX_DAYS, prune
@@ -53,7 +55,7 @@ class Command(BaseCommand):
         verb = "would delete" if report.dry_run else "deleted"
         self.stdout.write(
             f"{verb} {report.jobs} job(s), {report.events} event(s), {report.assets} asset(s) "
-            f"finished before {report.cutoff:%Y-%m-%d %H:%M:%S %Z}; "
+            f"finished before {_moment(report.cutoff)}; "
             f"{report.deliveries} webhook delivery record(s) older than that; "
             f"{len(report.orphan_files)} orphan file(s)"
         )
@@ -62,3 +64,12 @@ class Command(BaseCommand):
                 f"more remains: this run stopped after {max_seconds:g} s (--max-seconds); run it again",
                 self.style.WARNING,
             )
+
+
+def _moment(moment: datetime | None) -> str:
+    """With its zone's name: an aware time's own (UTC); a naive one (``USE_TZ = False``) is
+    in ``TIME_ZONE``, which ``%Z`` printed as nothing ("18:37:15 ;")."""
+    if moment is None:
+        return "-"
+    zone = moment.tzname() or timezone.get_default_timezone_name()
+    return f"{moment:%Y-%m-%d %H:%M:%S} {zone}"
