@@ -341,13 +341,19 @@ def test_interrupts_land_only_inside_the_handler():
     assert call.in_handler(sys._getframe()) is False
 
 
-@pytest.mark.parametrize("opens", ["atomic", "autocommit"])
+@pytest.mark.parametrize("opens", ["atomic", "autocommit", "begin"])
 def test_a_transaction_the_handler_left_open_is_rolled_back_and_fails_the_job(temp_handler, opens):
+    # "begin": a raw BEGIN, unknown to Django. The outcome was written inside it and
+    # "completed" returned, never committed; on SQLite every later write of the
+    # process failed ("cannot start a transaction within a transaction").
     def leaves_open(ctx):
         if opens == "atomic":
             transaction.atomic().__enter__()  # never exited
-        else:
+        elif opens == "autocommit":
             transaction.set_autocommit(False)  # never committed
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("BEGIN")  # never ended
         Job.objects.filter(pk=ctx.job.pk).update(priority=7)
         return {"done": True}
 

@@ -52,8 +52,9 @@ def usable_connection(handler_seconds: float) -> bool:
 
 class TransactionLeftOpen(NonRetryable):
     """The handler returned inside a transaction it had opened (an ``atomic()``
-    entered and never exited, or autocommit turned off): its writes were rolled
-    back. Never re-run, as for an unstorable result: its other side effects happened."""
+    entered and never exited, autocommit turned off, or a raw ``BEGIN`` never
+    ended): its writes were rolled back. Never re-run, as for an unstorable
+    result: its other side effects happened."""
 
 
 def transaction_state() -> tuple[int, bool]:
@@ -69,7 +70,8 @@ def roll_back_left_open(before: tuple[int, bool]) -> bool:
     blocks, autocommit = before
     left = connection.atomic_blocks[blocks:]
     unset = autocommit and not left and connection.connection is not None and not connection.autocommit
-    if not left and not unset:
+    raw = autocommit and not left and not unset and _driver_in_transaction()
+    if not left and not unset and not raw:
         return False
     try:
         error = TransactionLeftOpen("the handler left a transaction open")
@@ -78,10 +80,28 @@ def roll_back_left_open(before: tuple[int, bool]) -> bool:
         if unset:
             connection.rollback()
             connection.set_autocommit(True)
+        if raw:
+            # Unknown to Django, so its rollback() would do nothing (psycopg2 skips it too).
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
     except Exception:
         logger.warning("The transaction a handler left open could not be rolled back", exc_info=True)
         close_quietly()
     return True
+
+
+def _driver_in_transaction() -> bool:
+    """Whether the driver's connection is in a transaction Django does not know of:
+    a raw ``BEGIN`` the handler ran in autocommit mode and never ended."""
+    raw = connection.connection
+    if raw is None:
+        return False
+    if connection.vendor == "sqlite":
+        return bool(raw.in_transaction)
+    # psycopg 3 and psycopg2 alike: 2 INTRANS, 3 INERROR (not 1, a query still active:
+    # an interrupt's doing, and the connection is closed for it).
+    status = getattr(getattr(raw, "info", None), "transaction_status", None)
+    return status in (2, 3)
 
 
 def end_attempt(
