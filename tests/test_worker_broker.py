@@ -194,6 +194,31 @@ def test_django_q_hard_timeout_fails_the_attempt_and_recycles_the_worker(broker,
     assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
 
 
+def test_django_q_hard_timeout_right_after_a_retry_was_stored_leaves_the_retry(
+    broker, temp_handler, monkeypatch
+):
+    # The requeue cleared the job's lease token; the hard limit's record went out
+    # without one, which no guard refused, and ended the queued job failed.
+    def boom(ctx):
+        raise ValueError("bad row")
+
+    real = services.fail
+
+    def stored_then_alarm(*args, **kwargs):  # type: ignore[no-untyped-def]
+        real(*args, **kwargs)
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.boom", boom, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.boom", {})
+    (package,) = unpack(broker.dequeue())
+    monkeypatch.setattr(services, "fail", stored_then_alarm)
+    with pytest.raises(TimeoutException):
+        run(package)
+    job.refresh_from_db()
+    assert (job.status, job.error_type, job.attempts) == (Status.QUEUED, "ValueError", 1)
+    assert [e.transition for e in job.events.order_by("id")] == ["enqueue", "claim", "requeue"]
+
+
 def test_django_q_hard_timeout_of_a_job_run_by_id_fails_the_attempt(temp_handler):
     def stuck(ctx):
         raise TimeoutException("Task exceeded maximum timeout value")

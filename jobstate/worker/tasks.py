@@ -210,6 +210,9 @@ def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float |
     if links is not None:
         # Jobs begun before this one ran their handlers (or this is the first).
         links.running, links.since = job.pk, timezone.now()
+    # Taken now: an outcome stored clears the job's copy, and fail() without a token
+    # would end the requeued job failed.
+    token = job.lease_token
     try:
         outcome = run_job(job, me, then=links, inline=_in_caller(), leased_at=leased_at)
     except TimeoutException:
@@ -218,9 +221,7 @@ def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float |
         # attempt, then let django-q2 replace this worker process.
         close_old_connections()
         with contextlib.suppress(LeaseLost, InvalidTransition):
-            end_attempt(
-                job, job.lease_token, "Stopped by the worker's hard time limit", error_type="HardTimeout"
-            )
+            end_attempt(job, token, "Stopped by the worker's hard time limit", error_type="HardTimeout")
         raise
     keep_connection()
     return outcome
