@@ -19,7 +19,7 @@ from django_q.signals import pre_execute
 from django_q.signing import SignedPackage
 from django_q.tasks import async_task
 
-from jobstate import registry, services
+from jobstate import hooks, registry, services
 from jobstate.exceptions import ConcurrencyLimitReached
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
@@ -192,6 +192,36 @@ def test_django_q_hard_timeout_fails_the_attempt_and_recycles_the_worker(broker,
         run(package)  # django-q2 then replaces this worker process
     job.refresh_from_db()
     assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
+
+
+@override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+def test_django_q_hard_timeout_stores_the_pending_progress(broker, temp_handler):
+    # Every other ending stored the last coalesced report; the hard limit dropped it,
+    # and the job showed "starting", not where its handler got stuck.
+    def stuck(ctx):
+        ctx.progress(10, "starting")  # written at once
+        ctx.progress(70, "writing the archive")  # kept for the outcome
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.stuck", stuck, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.stuck", {})
+    (package,) = unpack(broker.dequeue())
+    ended: list[str] = []
+
+    def observe(ctx: object, outcome: str) -> None:
+        ended.append(outcome)
+
+    hooks.attempt_ended.register(observe)
+    try:
+        with pytest.raises(TimeoutException):
+            run(package)
+    finally:
+        hooks.attempt_ended.unregister(observe)
+    job.refresh_from_db()
+    assert job.status == Status.QUEUED and job.error_type == "HardTimeout" and job.attempts == 1
+    assert (job.progress, job.progress_message) == (70, "writing the archive")
+    assert ended == ["retrying"]  # what was stored, no longer "lost"
+    assert [e.transition for e in job.events.order_by("id")] == ["enqueue", "claim", "requeue"]
 
 
 def test_django_q_hard_timeout_right_after_a_retry_was_stored_leaves_the_retry(

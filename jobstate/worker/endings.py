@@ -360,6 +360,27 @@ def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
         return "lost"
 
 
+HARD_TIMEOUT = "Stopped by the worker's hard time limit"
+
+
+def hard_timeout(ctx: JobContext) -> str:
+    """django-q2's hard time limit stopped the handler (deaf to jobstate's own
+    interrupts): the attempt failed with ``HardTimeout`` (retry policy; ``cancelled``
+    if a cancel was requested), with the pending progress, which says where it
+    stood. If that cannot be written, the lease runs out into the reaper."""
+    try:
+        return end_attempt(
+            ctx.job, ctx.token, HARD_TIMEOUT, error_type="HardTimeout", progress=ctx.take_progress()
+        )
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    except Exception:
+        logger.exception(
+            "Job %s: its hard time limit could not be recorded; the reaper will take it", ctx.job.pk
+        )
+        return "lost"
+
+
 def _delay(ctx: JobContext) -> float:
     from jobstate.retry import backoff_seconds
 

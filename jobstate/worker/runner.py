@@ -59,7 +59,8 @@ error before the handler starts            requeued (or ``cancelled``), the erro
 cancel requested before it started         ``cancelled``, no attempt charged
 unknown kind                               ``failed`` UnknownKind, no attempt charged
                                            (``cancelled`` if a cancel was requested)
-django-q2 hard time limit                  retry or ``failed`` HardTimeout
+django-q2 hard time limit                  retry or ``failed`` HardTimeout (pending
+                                           progress stored)
 worker process killed or frozen            the reaper: retry or ``failed`` WorkerLost
 cluster killed before a process began it   the reaper: ``queued``, no attempt charged
 even recording the failure fails           the lease runs out; the reaper, as above
@@ -92,6 +93,7 @@ from jobstate.worker.endings import (
     cancel_unstarted,
     finish,
     hand_back_stopped,
+    hard_timeout,
     release,
     roll_back_left_open,
     transaction_state,
@@ -225,7 +227,7 @@ def _run(
         outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
     except BaseException as exc:
         # The connection may be mid-query. django-q2's hard time limit
-        # (TimeoutException, a SystemExit): the caller records it. The handler's
+        # (TimeoutException, a SystemExit): recorded as HardTimeout. The handler's
         # own SystemExit, KeyboardInterrupt or GeneratorExit is recorded here as
         # its error, then goes on up (the process may exit): else the job would
         # wait for the reaper, its error lost. Any other: the process is dying.
@@ -233,6 +235,8 @@ def _run(
         recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
         if inline and isinstance(exc, KeyboardInterrupt):
             ended = hand_back_stopped(job, ctx.token, ctx)
+        elif isinstance(exc, TimeoutException):
+            ended = hard_timeout(ctx)  # here, while the pending progress is at hand
         else:
             ended = finish(ctx, "error", exc) if recorded else "lost"
         _observe(hooks.attempt_ended, ctx, ended)

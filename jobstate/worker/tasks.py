@@ -31,6 +31,7 @@ from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2
 from jobstate.worker.endings import (
+    HARD_TIMEOUT,
     cancel_unstarted,
     end_attempt,
     hand_back_stopped,
@@ -217,11 +218,13 @@ def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float |
         outcome = run_job(job, me, then=links, inline=_in_caller(), leased_at=leased_at)
     except TimeoutException:
         # django-q2's hard limit fired: the handler ignored jobstate's own
-        # timeout and cancel interrupts. Record the failed (or cancelled)
-        # attempt, then let django-q2 replace this worker process.
+        # timeout and cancel interrupts. run_job recorded the failed (or
+        # cancelled) attempt if it fired in the handler; this records it if it
+        # fired around it (the outcome write: refused if that was committed).
+        # Then django-q2 replaces this worker process.
         close_old_connections()
         with contextlib.suppress(LeaseLost, InvalidTransition):
-            end_attempt(job, token, "Stopped by the worker's hard time limit", error_type="HardTimeout")
+            end_attempt(job, token, HARD_TIMEOUT, error_type="HardTimeout")
         raise
     keep_connection()
     return outcome
