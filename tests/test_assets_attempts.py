@@ -104,3 +104,15 @@ def test_prune_removes_old_orphan_files_and_keeps_the_rest(media):
     call_command("jobstate_prune", stdout=out)
     assert "1 orphan file(s)" in out.getvalue()
     assert not orphan.exists() and young.exists() and old_kept.exists() and other.exists()
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Paris", "America/New_York"])
+def test_the_orphan_sweep_runs_with_use_tz_false(media, settings, zone):
+    """Without time zone support the cutoff is naive: it was compared with the file's
+    time made aware, a TypeError that stopped every prune once a job folder held a file."""
+    settings.USE_TZ, settings.TIME_ZONE = False, zone
+    job = services.enqueue("test.echo", {})
+    orphan = write(media, f"jobstate/{job.pk}/never-committed.csv", 7200)
+    young = write(media, f"jobstate/{job.pk}/uploading.csv", 10)
+    assert services.remove_orphan_files() == [f"jobstate/{job.pk}/never-committed.csv"]
+    assert not orphan.exists() and young.exists()

@@ -144,6 +144,10 @@ def _older(storage: Any, name: str, cutoff: datetime) -> bool:
         modified: datetime = storage.get_modified_time(name)
     except (NotImplementedError, OSError):
         return False
+    # Naive without USE_TZ (the storage's and Django's clocks alike, in TIME_ZONE):
+    # compared aware, each made so the same way.
     if timezone.is_naive(modified):
         modified = timezone.make_aware(modified)
+    if timezone.is_naive(cutoff):
+        cutoff = timezone.make_aware(cutoff)
     return modified < cutoff
