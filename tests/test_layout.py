@@ -228,11 +228,7 @@ def committed_scratch():
 def test_a_migration_moves_nothing_and_waits_little_on_a_table_in_use(committed_scratch):
     import psycopg
 
-    settings = connection.settings_dict
-    dsn = (
-        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
-        f" user={settings['USER']} dbname={settings['NAME']}"
-    )
+    dsn = _dsn()
     with psycopg.connect(dsn) as reader:  # a long query on the table: its lock is held
         reader.execute("SELECT count(*) FROM layout_t")
         with transaction.atomic(), connection.cursor() as cursor:
@@ -256,11 +252,7 @@ def test_the_command_gives_up_within_its_lock_timeout_on_a_table_in_use():
     # table (workers, the admin, the API) queued behind it.
     import psycopg
 
-    settings = connection.settings_dict
-    dsn = (
-        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
-        f" user={settings['USER']} dbname={settings['NAME']}"
-    )
+    dsn = _dsn()
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE jobstate_job ADD COLUMN added_later int")  # now they are not last
     try:
@@ -289,11 +281,7 @@ def test_the_command_gives_up_by_default_on_a_table_in_use(monkeypatch: pytest.M
 
     assert command.DEFAULT_LOCK_TIMEOUT == 5
     monkeypatch.setattr(command, "DEFAULT_LOCK_TIMEOUT", 0.3)  # the test waits less than 5 s
-    settings = connection.settings_dict
-    dsn = (
-        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
-        f" user={settings['USER']} dbname={settings['NAME']}"
-    )
+    dsn = _dsn()
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE jobstate_job ADD COLUMN added_later int")  # now they are not last
         cursor.execute("SET lock_timeout = '10s'")  # a failure, not a hang, if the command waited
@@ -333,3 +321,12 @@ def test_the_commands_lock_wait(
     call_command("jobstate_move_hot_columns", *args)
     call_command("jobstate_move_hot_columns", "--check", *args)
     assert asked == [lock_wait]
+
+
+def _dsn() -> str:
+    """The test database's libpq connection string (a second session of its own)."""
+    settings = connection.settings_dict
+    return (
+        f"host={settings['HOST']} port={settings['PORT'] or 5432}"
+        f" user={settings['USER']} dbname={settings['NAME']}"
+    )
