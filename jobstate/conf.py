@@ -54,9 +54,10 @@ DEFAULTS: dict[str, Any] = {
     # Retention: pruning deletes this many finished jobs per transaction. The scheduled
     # daily prune stops between batches after PRUNE_MAX_SECONDS (keep it well below
     # Q_CLUSTER["timeout"], which kills a longer run: jobstate.W014); its result then
-    # says "more", and the next run goes on. The old webhook delivery records and the
-    # orphan-file sweep go first, each within a fifth of it, so that a backlog of jobs
-    # cannot starve them. jobstate_prune runs until done unless given --max-seconds.
+    # says "more", and the next run goes on. The old webhook delivery records, the
+    # orphan-file sweep and the metrics' fold of the history it deletes go first, each
+    # within a fifth of it, so that a backlog of jobs cannot starve them. jobstate_prune
+    # runs until done unless given --max-seconds.
     "PRUNE_BATCH": 500,
     "PRUNE_MAX_SECONDS": 240,
     # Finished jobs older than this many days are pruned (None keeps them).

@@ -174,3 +174,21 @@ waiting_progress: Decision[[Waiting], tuple[int, str]] = Decision("waiting_progr
 # ``ctx`` is the attempt's JobContext. Outside any transaction; functions must not raise.
 attempt_started: Hook[[Any]] = Hook("attempt_started")
 attempt_ended: Hook[[Any, str]] = Hook("attempt_ended")
+
+
+@dataclass(frozen=True)
+class HistoryTaken:
+    """How far a layer that derives totals from the history rows has read them:
+    ``upto``, the highest id taken in; ``more``, settled rows past it were left (its
+    deadline passed)."""
+
+    upto: int
+    more: bool = False
+
+
+# Asked by retention before it deletes jobs with their history rows, with that step's
+# ``time.monotonic()`` deadline (None: none). jobstate.metrics folds the rows into its
+# counters first (a deleted row can never be counted) and answers how far it got;
+# retention then keeps every job with a history row past ``upto``, for a later prune.
+# None: nothing reads the history (metrics never scraped): no bound.
+history_pruning: Decision[[float | None], HistoryTaken] = Decision("history_pruning")

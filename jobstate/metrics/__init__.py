@@ -7,4 +7,8 @@ history, not counted in memory).
 
 
 def install() -> None:
-    from jobstate.metrics import checks, models  # noqa: F401  (registers the check and MetricTotal)
+    from jobstate import hooks
+    from jobstate.metrics import checks, models, totals  # noqa: F401  (registers the check and MetricTotal)
+
+    # Retention folds the history it is about to delete into the counters first.
+    hooks.history_pruning.register(totals.catch_up)

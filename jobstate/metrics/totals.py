@@ -23,6 +23,7 @@ a Prometheus counter starting at zero would).
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -47,6 +48,7 @@ from django.db.models import (
 from django.utils import timezone
 
 from jobstate import conf
+from jobstate.hooks import HistoryTaken
 from jobstate.metrics.models import MetricTotal
 from jobstate.models import JobEvent
 from jobstate.states import TERMINAL, Status
@@ -157,21 +159,45 @@ def _settled_upto(cursor: int, now: datetime, limit: int) -> int:
     return young - 1 if young is not None else last
 
 
-def fold(now: datetime | None = None) -> None:
-    """Fold settled history rows into the stored totals (one process at a time;
-    a process that finds another folding skips it)."""
+def fold(now: datetime | None = None, *, wait: bool = False) -> int | None:
+    """Fold settled history rows (``METRICS_FOLD_BATCH`` at most) into the stored totals,
+    one process at a time: a process that finds another folding skips it (None), or
+    with ``wait`` waits for it to end. Returns the cursor after the fold."""
     now = now or timezone.now()
     limit = max(1, int(conf.get("METRICS_FOLD_BATCH")))
     with transaction.atomic():
         lock = MetricTotal.objects.filter(key=CURSOR)
         if connection.features.has_select_for_update_skip_locked:
-            lock = lock.select_for_update(skip_locked=True)
+            lock = lock.select_for_update(skip_locked=not wait)
         row = lock.values_list("value", flat=True).first()
         if row is None and not MetricTotal.objects.filter(key=CURSOR).exists():
             _first_cursor(limit)
             row = lock.values_list("value", flat=True).first()
-        if row is not None:
-            _fold_locked(int(row), now, limit)
+        return None if row is None else _fold_locked(int(row), now, limit)
+
+
+def catch_up(deadline: float | None) -> HistoryTaken | None:
+    """Retention's turn (``hooks.history_pruning``): fold every settled row, batch after
+    batch, until none is left or (between batches) ``time.monotonic()`` passes
+    ``deadline``, so that the rows a prune deletes are counted first. None when no scrape
+    has started counting (no cursor): the counters start at the first scrape anyway."""
+    if not MetricTotal.objects.filter(key=CURSOR).exists():
+        return None
+    cursor = _stored_cursor()
+    while True:
+        # Waits for a scrape's fold under way (it holds the cursor's lock) rather than
+        # skip it: each batch is counted once, by one of them.
+        folded = fold(wait=True)
+        if folded is None or folded == cursor:
+            return HistoryTaken(upto=_stored_cursor() if folded is None else folded)
+        cursor = folded
+        if deadline is not None and time.monotonic() >= deadline:
+            left = _settled_upto(cursor, timezone.now(), 1) > cursor
+            return HistoryTaken(upto=cursor, more=left)
+
+
+def _stored_cursor() -> int:
+    return int(MetricTotal.objects.filter(key=CURSOR).values_list("value", flat=True).first() or 0)
 
 
 def stored() -> Totals:
@@ -193,10 +219,10 @@ def _first_cursor(limit: int) -> None:
     MetricTotal.objects.get_or_create(key=CURSOR, defaults={"value": max(start, 0)})
 
 
-def _fold_locked(cursor: int, now: datetime, limit: int) -> None:
+def _fold_locked(cursor: int, now: datetime, limit: int) -> int:
     upto = _settled_upto(cursor, now, limit)
     if upto <= cursor:
-        return
+        return cursor
     totals = Totals()
     _count(cursor, upto, totals)
     # The cursor row is locked (or, on SQLite, the transaction holds the write
@@ -212,3 +238,4 @@ def _fold_locked(cursor: int, now: datetime, limit: int) -> None:
         unique_fields=["key"],
         update_fields=["value"],
     )
+    return upto

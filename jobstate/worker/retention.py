@@ -20,9 +20,14 @@ leaves them. The records of a delivery still under way (its ``jobstate.webhook``
 job queued for a retry) are kept until it ends, like the job. So is the job such
 a delivery is about: its message shows the job, and would be dropped unsent.
 
+Before the jobs go, a layer that derives totals from their history (``jobstate.metrics``,
+once scraped) takes the rows in (``hooks.history_pruning``): a job with a row it has
+not reached stays for a later prune, so the counters never miss a pruned job.
+
 A prune with a time budget (the scheduled one: ``PRUNE_MAX_SECONDS``) stops between
 batches once it has passed and reports ``more``; the next prune goes on. The
-delivery records and the orphan-file sweep go first, each within a share of it.
+delivery records, the orphan-file sweep and the metrics' fold go first, each within a
+share of it.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from jobstate import conf, services
+from jobstate import conf, hooks, services
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, TERMINAL
 from jobstate.worker.retention_holds import chains_locked, held, held_cte
@@ -89,9 +94,13 @@ def old_enough(days: float, now: datetime | None = None) -> QuerySet[Job]:
     )
 
 
-def prunable(days: float, now: datetime | None = None) -> QuerySet[Job]:
-    """What the next batch may delete: ``old_enough`` jobs without children."""
-    return old_enough(days, now).exclude(Exists(Job.objects.filter(parent_id=OuterRef("pk"))))
+def prunable(days: float, now: datetime | None = None, history_upto: int | None = None) -> QuerySet[Job]:
+    """What the next batch may delete: ``old_enough`` jobs without children (and, with
+    ``history_upto``, no history row past that id: the metrics have counted them)."""
+    qs = old_enough(days, now).exclude(Exists(Job.objects.filter(parent_id=OuterRef("pk"))))
+    if history_upto is not None:
+        qs = qs.exclude(Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), id__gt=history_upto)))
+    return qs
 
 
 _finished_at = Job._meta.get_field("finished_at")
@@ -265,8 +274,10 @@ def prune(
     report.deliveries, more_deliveries = prune_deliveries(days, now, size, budget.share(STEP_SHARE))
     sweep = services.sweep_orphan_files(deadline=budget.share(STEP_SHARE))
     report.orphan_files = sweep.removed
-    more_jobs = _prune_jobs(days, now, size, report, budget.end)
-    report.more = more_deliveries or sweep.more or more_jobs
+    taken = hooks.history_pruning.ask(budget.share(STEP_SHARE))
+    upto = None if taken is None else taken.upto
+    more_jobs = _prune_jobs(days, now, size, report, budget.end, upto)
+    report.more = more_deliveries or sweep.more or more_jobs or (taken is not None and taken.more)
     return report
 
 
@@ -278,13 +289,17 @@ def _settle_days() -> float:
     return float(settle) / 86_400
 
 
-def _prune_jobs(days: float, now: datetime, size: int, report: PruneReport, deadline: float | None) -> bool:
-    """Delete the jobs, batch after batch, adding the counts to ``report``; True when
-    stopped at ``deadline`` with prunable jobs left."""
+def _prune_jobs(
+    days: float, now: datetime, size: int, report: PruneReport, deadline: float | None, upto: int | None
+) -> bool:
+    """Delete the jobs (none with a history row past ``upto``), batch after batch, adding
+    the counts to ``report``; True when stopped at ``deadline`` with prunable jobs left."""
     announced: list[Any] = []  # kept for a delivery under way, and not read again
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
-            pks = list(prunable(days, now).exclude(pk__in=announced).values_list("pk", flat=True)[:size])
+            pks = list(
+                prunable(days, now, upto).exclude(pk__in=announced).values_list("pk", flat=True)[:size]
+            )
             if not pks:
                 return False
             kept = _announced_of(pks)
@@ -301,4 +316,4 @@ def _prune_jobs(days: float, now: datetime, size: int, report: PruneReport, dead
         report.events += counts.get("jobstate.JobEvent", 0)
         report.assets += counts.get("jobstate.Asset", 0)
         if _past(deadline):
-            return prunable(days, now).exclude(pk__in=announced).exists()
+            return prunable(days, now, upto).exclude(pk__in=announced).exists()
