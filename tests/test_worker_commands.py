@@ -458,8 +458,8 @@ def test_schedule_installs_updates_and_removes():
     Schedule.objects.filter(name=schedules.REAPER).update(minutes=5, next_run=None)
     assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
     assert Schedule.objects.get(name=schedules.REAPER).next_run is not None
-    # A change that keeps the cadence keeps the next run.
-    Schedule.objects.filter(name=schedules.REAPER).update(cluster="other", next_run=later)
+    # A change that keeps the cadence keeps the next run (a cluster is kept: test_schedule_cluster).
+    Schedule.objects.filter(name=schedules.REAPER).update(args="(1,)", next_run=later)
     assert f"updated: {schedules.REAPER}" in command("jobstate_schedule")
     assert Schedule.objects.get(name=schedules.REAPER).next_run == later
     assert Schedule.objects.count() == 2

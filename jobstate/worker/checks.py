@@ -139,8 +139,11 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
             Warning(
                 f"Q_CLUSTER['cluster_name'] ({cluster_name!r}) differs from Q_CLUSTER['name'] ({name!r}): "
                 "django-q2 runs a schedule with no cluster, as jobstate_schedule installs the reaper's "
-                "and the prune's, only in a cluster whose cluster_name is its name, so they never run.",
-                hint=f"Remove Q_CLUSTER['cluster_name'], or set it to Q_CLUSTER['name']. {DOCS}",
+                "and the prune's by default, only in a cluster whose cluster_name is its name, so they "
+                "never run in this one.",
+                hint=f"Pin them to this cluster with manage.py jobstate_schedule --cluster {cluster_name} "
+                "(then silence jobstate.W016 in SILENCED_SYSTEM_CHECKS), or remove "
+                f"Q_CLUSTER['cluster_name'], or set it to Q_CLUSTER['name']. {DOCS}",
                 id="jobstate.W016",
             )
         )

@@ -1,6 +1,11 @@
 """The django-q2 Schedules jobstate needs: the reaper (every minute) and retention
 (daily). ``manage.py jobstate_schedule`` installs or updates them; running it
-again changes nothing that is already right."""
+again changes nothing that is already right.
+
+A schedule's ``cluster`` says which django-q2 cluster runs it: None, any cluster whose
+``cluster_name`` is its ``name``; else only the cluster of that ``cluster_name`` (or, with
+none, that ``name``). ``install`` sets it when given one, and otherwise keeps the value an
+operator chose: a project with several clusters pins them to the jobs cluster."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from jobstate import conf
 
 REAPER = "jobstate: reap lost workers"
 PRUNE = "jobstate: prune finished jobs"
+CLUSTER_MAX_LENGTH = Schedule._meta.get_field("cluster").max_length or 100
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,13 @@ def wanted(prune: bool = True) -> list[Wanted]:
     return items
 
 
-def install(prune: bool = True) -> dict[str, str]:
-    """Create or update the schedules; remove the pruning one when not wanted.
-    Returns ``{name: "created" | "updated" | "unchanged" | "removed"}``."""
+def install(prune: bool = True, cluster: str | None = None) -> dict[str, str]:
+    """Create or update the schedules; remove the pruning one when not wanted. With
+    ``cluster``, they run in that cluster; without, a new one has none and an existing
+    one keeps its own (``pinned``). Returns ``{name: "created" | "updated" |
+    "unchanged" | "removed"}``."""
+    if cluster is not None and not 0 < len(cluster) <= CLUSTER_MAX_LENGTH:
+        raise ValueError(f"cluster must be 1 to {CLUSTER_MAX_LENGTH} characters")
     outcome: dict[str, str] = {}
     keep = wanted(prune)
     with transaction.atomic():
@@ -49,6 +59,7 @@ def install(prune: bool = True) -> dict[str, str]:
                     minutes=item.minutes,
                     repeats=-1,
                     next_run=timezone.now(),
+                    cluster=cluster,
                 )
                 outcome[item.name] = "created"
                 continue
@@ -61,7 +72,7 @@ def install(prune: bool = True) -> dict[str, str]:
                 "cron": None,
                 "args": None,
                 "kwargs": None,
-                "cluster": None,
+                "cluster": current.cluster if cluster is None else cluster,
             }
             changed: dict[str, object] = {k: v for k, v in fields.items() if getattr(current, k) != v}
             now = timezone.now()
@@ -81,6 +92,12 @@ def install(prune: bool = True) -> dict[str, str]:
             if name not in names and Schedule.objects.filter(name=name).delete()[0]:
                 outcome[name] = "removed"
     return outcome
+
+
+def pinned() -> dict[str, str]:
+    """jobstate's schedules that name a cluster: ``{name: cluster}``."""
+    found = Schedule.objects.filter(name__in=[REAPER, PRUNE], cluster__isnull=False)
+    return dict(found.order_by("pk").values_list("name", "cluster"))
 
 
 def _serialize() -> None:
