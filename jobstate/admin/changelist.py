@@ -37,7 +37,6 @@ from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.text import capfirst
 
-from jobstate import stuck
 from jobstate.admin import display
 from jobstate.admin.keys import valid_keys
 
@@ -150,16 +149,6 @@ class SafeListAdmin:
 
 
 class JobChangeList(SafeChangeList):
-    def get_results(self, request: Any) -> None:
-        super().get_results(request)
-        # One stuck-detection context (time, served kinds) shared by every row, and
-        # by the stuck counts of the same request.
-        ctx = getattr(request, "_jobstate_stuck_ctx", None) or stuck.Context()
-        rows = list(self.result_list)
-        for row in rows:
-            row._stuck_ctx = ctx
-        self.result_list = rows
-
     @cached_property
     def cheap_date_hierarchy(self) -> dict[str, Any]:
         field = self.date_hierarchy

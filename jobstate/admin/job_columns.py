@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -16,9 +20,37 @@ from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
+if TYPE_CHECKING:  # a mixin of ModelAdmins of Job: checked as one
+    _JobAdmin = admin.ModelAdmin[Job]
+else:
+    _JobAdmin = object
 
-class JobColumns:
-    """List-display methods for ``JobAdmin`` (mixed in)."""
+
+def share_stuck_context(request: HttpRequest, rows: Iterable[Job]) -> None:
+    """Give every row the status column flags one stuck-detection context: the one
+    the request already made (``JobAdmin.changelist_view``), else a new one kept on
+    the request. Built per row, each would read the database's clock (PostgreSQL)
+    and the served kinds again."""
+    ctx: stuck.Context | None = getattr(request, "_jobstate_stuck_ctx", None)
+    for row in rows:
+        if row.status in (Status.QUEUED, Status.PROCESSING) and getattr(row, "_stuck_ctx", None) is None:
+            if ctx is None:
+                ctx = request._jobstate_stuck_ctx = stuck.Context()  # type: ignore[attr-defined]
+            row._stuck_ctx = ctx  # type: ignore[attr-defined]
+
+
+class JobColumns(_JobAdmin):
+    """List-display methods for ``JobAdmin`` (mixed in), and for a host project's
+    own ModelAdmin of jobs."""
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        response = super().changelist_view(request, extra_context)
+        # A page still to be rendered only: an action's redirect reads no rows.
+        if isinstance(response, TemplateResponse) and not response.is_rendered:
+            cl = (response.context_data or {}).get("cl")
+            if cl is not None:
+                share_stuck_context(request, cl.result_list)
+        return response
 
     def action_checkbox(self, obj: Job) -> SafeString:
         # Django renders this through the form widget templates: ~1 ms a row.

@@ -192,7 +192,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             raise PermissionDenied
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP
         # (one past it, so that "100+" says more than 100).
-        # One stuck-detection context for the counts and the rows (see JobChangeList).
+        # One stuck-detection context for the counts and the rows (job_columns.share_stuck_context).
         ctx = request._jobstate_stuck_ctx = stuck.Context()  # type: ignore[attr-defined]
         counts = stuck.count_stuck(codes=stuck.ACTIVE_REASONS, cap=BADGE_CAP + 1, ctx=ctx)
         extra = {
