@@ -58,3 +58,30 @@ def test_a_host_list_of_the_status_column_shares_one_stuck_context(admin_client:
     assert admin_client.get(HOST_LIST).content.decode().count('class="js-badge') == 20
     assert len(many) == len(few), many
     assert sum("STATEMENT_TIMESTAMP()" in q for q in many) <= 1, many  # PostgreSQL's clock, read once
+
+
+def test_the_live_dashboard_reads_the_workers_and_the_clock_once(admin_client: Any) -> None:
+    # Polled every second or so by every open dashboard: the workers panel was built
+    # twice a request (its counts and its HTML), and PostgreSQL's clock read twice.
+    from django.urls import reverse
+
+    from tests.test_admin_workers import idle_cluster
+
+    job = processing()
+    queued()
+    idle_cluster()
+    seen = queries(admin_client, f"{reverse('admin:jobstate_job_live')}?dashboard=1&ids={job.pk}")
+    panel = [q for q in seen if "jobstate_workerprocess" in q]
+    # The session and its user, the jobs shown, the clock (PostgreSQL), the active
+    # counts, the workers panel.
+    assert len(panel) == 2, panel  # the live processes, then the dead ones shown
+    assert sum("STATEMENT_TIMESTAMP()" in q for q in seen) == (connection.vendor == "postgresql"), seen
+    assert len(seen) == 4 + len(panel) + (connection.vendor == "postgresql"), seen
+
+
+def test_the_dashboard_reads_the_clock_once(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    processing()
+    seen = queries(admin_client, reverse("admin:jobstate_job_dashboard"))
+    assert sum("STATEMENT_TIMESTAMP()" in q for q in seen) == (connection.vendor == "postgresql"), seen

@@ -71,7 +71,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     hour = stats.throughput(now, span=timedelta(days=1), bucket="hour")
     times = stats.durations(now)
     # One past the cap, so that "100+" says more than 100.
-    stuck_counts = stuck.count_stuck(cap=BADGE_CAP + 1)  # by the database's clock
+    ctx = stuck.Context()  # the database's clock (one query on PostgreSQL), read once
+    stuck_counts = stuck.count_stuck(cap=BADGE_CAP + 1, ctx=ctx)
     stuck_active = {c: n for c, n in stuck_counts.items() if c in stuck.ACTIVE_REASONS}
     colours = display.STATUS_COLOURS
     bars = [
@@ -119,7 +120,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             }
             for d in times
         ],
-        **workers.panel_context(),  # by the database's clock, as seen_at is written
+        **workers.panel_context(ctx.now),  # by the database's clock, as seen_at is written
         live_active=sum(active.values()),
         stuck_total=sum(min(BADGE_CAP, n) for n in stuck_counts.values()),
         stuck_capped=any(n > BADGE_CAP for n in stuck_counts.values()),

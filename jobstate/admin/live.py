@@ -15,6 +15,7 @@ Query parameters:
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -24,7 +25,6 @@ from django.http import HttpRequest, JsonResponse
 from jobstate import stuck
 from jobstate.admin import workers
 from jobstate.models import Job
-from jobstate.models.job import LeaseClock
 from jobstate.states import ACTIVE, Status
 
 MAX_IDS = 200
@@ -62,19 +62,20 @@ def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
     }
 
 
-def dashboard_payload(request: HttpRequest) -> dict[str, Any]:
+def dashboard_payload(request: HttpRequest, now: datetime) -> dict[str, Any]:
+    """The dashboard's live tiles and workers panel as of ``now`` (the database's
+    clock on PostgreSQL, which ``seen_at`` is written by)."""
     counts = {s: 0 for s in (Status.QUEUED, Status.PROCESSING)}
     for status, n in (
         Job.objects.filter(status__in=ACTIVE).order_by().values_list("status").annotate(n=Count("*"))
     ):
         counts[status] = counts.get(status, 0) + n
-    clock = LeaseClock.read()  # seen_at is written by the database's clock
-    panel = workers.panel_context(clock)
+    panel = workers.panel_context(now)  # once: the tiles' counts and the panel's HTML
     found = panel["workers"]
     return {
         "active": sum(counts.values()),
         "counts": {**counts, "workers": found.alive, "busy": found.busy},
-        "html": {"js-workers": workers.render_panel(request, clock)},
+        "html": {"js-workers": workers.render_panel(request, panel)},
     }
 
 
@@ -83,12 +84,15 @@ def live_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
         raise PermissionDenied
     ids = parse_ids(request.GET.get("ids", ""))
     jobs = list(Job.objects.filter(pk__in=ids).defer(*DEFERRED).order_by()) if ids else []
-    ctx = stuck.Context()  # one for all rows, as the list does
+    dashboard = bool(request.GET.get("dashboard"))
+    # One for all rows, as the list does, and its time (PostgreSQL's clock: one
+    # query) for the dashboard too.
+    ctx = stuck.Context() if jobs or dashboard else None
     for job in jobs:
         job._stuck_ctx = ctx  # type: ignore[attr-defined]
     payload: dict[str, Any] = {"jobs": {str(job.pk): job_payload(model_admin, job) for job in jobs}}
     payload["active"] = sum(1 for j in payload["jobs"].values() if j["active"])
-    if request.GET.get("dashboard"):
-        payload["dashboard"] = dashboard_payload(request)
+    if dashboard and ctx is not None:
+        payload["dashboard"] = dashboard_payload(request, ctx.now)
         payload["active"] += payload["dashboard"]["active"]
     return JsonResponse(payload)  # admin_view adds never_cache

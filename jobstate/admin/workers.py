@@ -65,8 +65,9 @@ def panel_context(now: datetime | None = None) -> dict[str, Any]:
     return {"workers": found, "worker_clusters": clusters, "workers_window": found.alive_seconds}
 
 
-def render_panel(request: HttpRequest, now: datetime | None = None) -> str:
-    return render_to_string("jobstate/workers_panel.html", panel_context(now), request=request)
+def render_panel(request: HttpRequest, panel: dict[str, Any]) -> str:
+    """The panel's HTML from its ``panel_context``."""
+    return render_to_string("jobstate/workers_panel.html", panel, request=request)
 
 
 @admin.register(WorkerProcess)
