@@ -22,7 +22,7 @@ from django.utils.html import escape
 from jobstate import registry, services, stuck
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
-from tests.admin_support import ago, completed, expired, failed, processing, queued
+from tests.admin_support import ago, completed, expired, failed, grant, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -420,6 +420,25 @@ def test_run_the_reaper_now(admin_client: Any) -> None:
     for job in (a, b):
         event = JobEvent.objects.filter(job=job).latest("created_at", "id")
         assert (event.actor_label, event.actor.username) == ("system:reaper", "admin"), job
+
+
+@pytest.mark.parametrize(
+    "codenames", [("requeue_job",), ("view_job",), ("view_job", "cancel_job", "retry_job")]
+)
+def test_run_the_reaper_now_needs_view_and_requeue(
+    client: Any, staff_user: Any, codenames: tuple[str, ...]
+) -> None:
+    # It requeues and fails jobs: the requeue operation's rule, which every operation
+    # view checks with the job view permission (requeue_job alone passed).
+    job = expired()
+    client.force_login(grant(staff_user, *codenames))
+    response = client.post(REAP)
+    assert response.status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
+    assert not JobEvent.objects.filter(job=job, actor_label="system:reaper").exists()
+    assert list(get_messages(response.wsgi_request)) == []
+    if "view_job" in codenames:
+        assert "Run the reaper now" not in client.get(STUCK).content.decode()
 
 
 def test_run_the_reaper_now_says_when_more_remain(admin_client: Any, monkeypatch: Any) -> None:

@@ -172,7 +172,7 @@ def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             groups=groups,
             total=sum(counts.values()),
             expired=counts[stuck.LEASE_EXPIRED],
-            can_reap=request.user.has_perm("jobstate.requeue_job"),
+            can_reap=may_reap(model_admin, request),
             now=now,
         ),
     )
@@ -213,11 +213,18 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     return back
 
 
+def may_reap(model_admin: Any, request: HttpRequest) -> bool:
+    """The reaper requeues or fails every expired job: the requeue operation's
+    permission, with the job view permission every operation view asks for."""
+    requeue = OPERATIONS["requeue"]
+    return bool(model_admin.has_view_permission(request)) and requeue.has_permission(request.user)
+
+
 def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     """Run the reaper now: every expired lease is requeued, failed or cancelled."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
-    if not request.user.has_perm("jobstate.requeue_job"):
+    if not may_reap(model_admin, request):
         raise PermissionDenied
     # The reaper's own label (metrics and task results count its rows by it), with
     # the admin user who ran it.
