@@ -85,3 +85,12 @@ def test_the_dashboard_reads_the_clock_once(admin_client: Any) -> None:
     processing()
     seen = queries(admin_client, reverse("admin:jobstate_job_dashboard"))
     assert sum("STATEMENT_TIMESTAMP()" in q for q in seen) == (connection.vendor == "postgresql"), seen
+
+
+def test_the_job_page_loads_the_job_once(admin_client: Any) -> None:
+    from django.urls import reverse
+
+    job = processing()
+    seen = queries(admin_client, reverse("admin:jobstate_job_change", args=[job.pk]))
+    loads = [q for q in seen if q.startswith('SELECT "jobstate_job"."id", "jobstate_job"."kind"')]
+    assert len(loads) == 1, seen

@@ -210,6 +210,14 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
                 response.render()  # its queries (e.g. the date hierarchy's) inside too
             return response
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Job | None:
+        """Loaded once per request: ``change_view`` reads the job before Django's form
+        view reads it again."""
+        memo: dict[tuple[str, str | None], Job | None] = request.__dict__.setdefault("_jobstate_jobs", {})
+        if (object_id, from_field) not in memo:
+            memo[object_id, from_field] = super().get_object(request, object_id, from_field)
+        return memo[object_id, from_field]
+
     def get_inlines(self, request: HttpRequest, obj: Any) -> list[Any]:
         if obj is None:
             return []
