@@ -94,3 +94,17 @@ def test_the_job_page_loads_the_job_once(admin_client: Any) -> None:
     seen = queries(admin_client, reverse("admin:jobstate_job_change", args=[job.pk]))
     loads = [q for q in seen if q.startswith('SELECT "jobstate_job"."id", "jobstate_job"."kind"')]
     assert len(loads) == 1, seen
+
+
+def test_the_job_list_reads_the_stored_kinds_once(admin_client: Any) -> None:
+    # For the kind filter's choices and the stuck counts (a queued job of a kind no
+    # worker serves): one walk of the kind index.
+    from django.urls import reverse
+
+    queued()
+    queued(kind="test.limited")
+    seen = queries(admin_client, reverse("admin:jobstate_job_changelist"))
+    walks = [q for q in seen if q.startswith('WITH RECURSIVE v(x) AS ( SELECT MIN("kind")')]
+    assert len(walks) == 1, seen
+    html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
+    assert "?kind=test.limited" in html  # a stored kind among the filter's choices

@@ -51,8 +51,16 @@ class KindFilter(admin.SimpleListFilter):
     title = "kind"
     parameter_name = "kind"
 
+    max_stored = 200  # stored kinds listed, besides the registered ones
+
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        kinds = set(registry.all_handlers()) | set(distinct_values(Job, "kind", 200))
+        # The list's stuck counts read the stored kinds already (JobAdmin.changelist_view).
+        ctx: stuck.Context | None = getattr(request, "_jobstate_stuck_ctx", None)
+        if ctx is not None:
+            stored = ctx.stored_kinds[: self.max_stored]
+        else:
+            stored = distinct_values(Job, "kind", self.max_stored)
+        kinds = set(registry.all_handlers()) | set(stored)
         return [(k, k) for k in sorted(kinds)]
 
     def queryset(self, request: Any, queryset: QuerySet[Job]) -> QuerySet[Job]:

@@ -42,6 +42,7 @@ class Context:
 
     def __init__(self, now: datetime | None = None) -> None:
         self.now = now or LeaseClock.read()
+        self._stored: list[str] | None = None
         self._finished: frozenset[str] | None = None
         self._idle: frozenset[str] | None = None
         self._served: frozenset[str] | None = None
@@ -65,12 +66,18 @@ class Context:
         return self._served
 
     @property
+    def stored_kinds(self) -> list[str]:
+        """The kinds in the Job table, in order (the first ``KINDS_MAX``)."""
+        if self._stored is None:
+            self._stored = distinct_values(Job, "kind", limit=KINDS_MAX)
+        return self._stored
+
+    @property
     def idle_kinds(self) -> frozenset[str]:
         """Stored kinds that finished no job lately: a worker serves them only if one
         of their jobs is running (usually there is none)."""
         if self._idle is None:
-            kinds = distinct_values(Job, "kind", limit=KINDS_MAX)
-            self._idle = frozenset(kinds) - self.finished_kinds
+            self._idle = frozenset(self.stored_kinds) - self.finished_kinds
         return self._idle
 
     @property
