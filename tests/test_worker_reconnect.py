@@ -16,6 +16,7 @@ from django_q.conf import Conf
 from jobstate import services
 from jobstate.states import Status
 from jobstate.worker import counters, outage, tasks
+from jobstate.worker.runner import run_job
 from tests.test_worker_broker import run, unpack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -146,31 +147,80 @@ def test_a_pusher_whose_connection_was_killed_logs_it_once_and_reconnects(broker
 
 
 @override_settings(JOBSTATE={"WORKER_CHAIN_SECONDS": 0})  # each attempt its own package
-def test_a_connection_killed_before_the_outcome_write_leaves_the_job_retried(broker, temp_handler):
+def test_a_connection_killed_before_the_outcome_write_completes_the_job_once(broker, temp_handler):
     """The server ends the worker's session while the handler runs: the outcome
-    write fails on it, the connection is replaced and the attempt recorded failed
-    (retried), never left processing; the retry completes."""
+    write fails on it, and is made again on a new connection (guarded by the lease
+    token). It was recorded as a failure with that error, and the work that had
+    finished ran again."""
     postgresql_only()
     runs: list[int] = []
 
     def killed_meanwhile(ctx):  # type: ignore[no-untyped-def]
         runs.append(ctx.attempt)
-        if ctx.attempt == 1:
-            kill_connection()
+        kill_connection()
         return {"attempt": ctx.attempt}
 
     temp_handler("t.killed", killed_meanwhile, max_attempts=2, retry_backoff=0)
     job = services.enqueue("t.killed", {})
     (package,) = unpack(broker.dequeue())
-    assert run(package) == "retrying"
-    job.refresh_from_db()
-    assert job.status == Status.QUEUED and job.attempts == 1 and job.error_type == "OperationalError"
-    assert "could not be stored" in job.error_message
-    counters.picked_up()
-    (package,) = unpack(broker.dequeue())
     assert run(package) == "completed"
     job.refresh_from_db()
-    assert job.status == Status.COMPLETED and runs == [1, 2] and job.result == {"attempt": 2}
+    assert job.status == Status.COMPLETED and runs == [1] and job.result == {"attempt": 1}
+    assert job.attempts == 1 and job.error_type == ""
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+
+
+def close_at_driver_level() -> None:
+    """Close this thread's connection under Django, which does not notice."""
+    connection.ensure_connection()
+    connection.connection.close()
+
+
+def kill_from_outside() -> None:
+    postgresql_only()
+    kill_connection()
+
+
+@pytest.mark.parametrize("cut", [close_at_driver_level, kill_from_outside])
+def test_a_handler_that_finished_on_a_dropped_connection_completes_once(temp_handler, caplog, cut):
+    """Its connection gone while it ran (it never used the database again): one
+    completion with its result, one history row for it, no retry."""
+    runs: list[int] = []
+
+    def finished(ctx):  # type: ignore[no-untyped-def]
+        runs.append(ctx.attempt)
+        cut()
+        return {"rows": 3}
+
+    temp_handler("t.dropped", finished, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.dropped", {})
+    (claimed,) = services.claim("w1")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    assert run_job(claimed, "w1:1") == "completed"
+    job.refresh_from_db()
+    assert (job.status, job.result, job.attempts, job.error_type) == (Status.COMPLETED, {"rows": 3}, 1, "")
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+    assert runs == [1] and "its outcome is written again" in caplog.text
+    assert "could not be stored" not in caplog.text
+
+
+@pytest.mark.parametrize("cut", [close_at_driver_level, kill_from_outside])
+def test_a_handler_that_raised_on_a_dropped_connection_is_retried_with_its_own_error(temp_handler, cut):
+    """The failure record too is written again on a new connection: the attempt is
+    retried with the handler's error, not the dropped connection's."""
+
+    def raised(ctx):  # type: ignore[no-untyped-def]
+        cut()
+        raise ValueError("upstream said no")
+
+    temp_handler("t.dropped_raised", raised, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.dropped_raised", {})
+    (claimed,) = services.claim("w1")
+    assert run_job(claimed, "w1:1") == "retrying"
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.QUEUED, "ValueError")
+    assert job.error_message == "upstream said no"
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "requeue"]
 
 
 def test_a_worker_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recovers(

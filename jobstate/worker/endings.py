@@ -28,26 +28,11 @@ from jobstate.exceptions import (
 )
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
+from jobstate.worker.connections import reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.supervisor import close_quietly, timeout_for
 
 logger = logging.getLogger("jobstate")
-
-
-def usable_connection(handler_seconds: float) -> bool:
-    """Make sure the outcome can be stored: replace this thread's connection if
-    the handler broke it (or, after a long run, if the server dropped it).
-    Not unconditionally: with CONN_MAX_AGE=0 that would reconnect for every job.
-    True if it was broken (closed here: the next query connects anew)."""
-    if connection.connection is None or connection.in_atomic_block:
-        return False
-    broken = False
-    if connection.errors_occurred or handler_seconds > 30:
-        if not connection.is_usable():
-            connection.close()
-            broken = True
-        connection.errors_occurred = False
-    return broken
 
 
 class TransactionLeftOpen(NonRetryable):
@@ -97,7 +82,10 @@ def _driver_in_transaction() -> bool:
     if raw is None:
         return False
     if connection.vendor == "sqlite":
-        return bool(raw.in_transaction)
+        try:
+            return bool(raw.in_transaction)
+        except Exception:  # closed under Django (by the handler): it holds no transaction
+            return False
     # psycopg 3 and psycopg2 alike: 2 INTRANS, 3 INERROR (not 1, a query still active:
     # an interrupt's doing, and the connection is closed for it).
     status = getattr(getattr(raw, "info", None), "transaction_status", None)
@@ -252,12 +240,18 @@ def cancel_unstarted(job: Job) -> str:
 NextRequest = Callable[[], "services.NextClaim | None"]
 
 
+OUTCOME_RECONNECTED = "the database connection was closed while the handler ran; its outcome is written again"
+
+
 def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = None) -> str:
     """Store the attempt's outcome. Whatever goes wrong here, the attempt ends
     in a recorded state (or, if nothing can be written, with the reaper).
     ``then``: see ``runner.run_job``."""
     try:
-        return _store(ctx, kind, value, then)
+        # The server may have dropped the connection while the handler ran: its
+        # outcome is written once more on a new one (guarded by the lease token)
+        # rather than recorded as a failure, for a run that ended, to run again.
+        return reconnecting(lambda: _store(ctx, kind, value, then), OUTCOME_RECONNECTED)
     except (LeaseLost, InvalidTransition):
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"

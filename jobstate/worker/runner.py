@@ -52,6 +52,8 @@ interrupt: timeout                         retry or ``failed`` Timeout (``cancel
                                            if a cancel was requested)
 interrupt: cancel grace over               ``cancelled``
 interrupt / refusal: lease lost            nothing written (another holder owns it)
+connection dropped while the handler ran   the outcome written once more on a new
+                                           connection (lease token guarded)
 the outcome write itself fails             connection replaced; the attempt recorded
                                            failed with that error (retry policy)
 error before the handler starts            requeued (or ``cancelled``), the error
@@ -85,6 +87,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
+from jobstate.worker.connections import usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.ctrl_c import ctrl_c_held
 from jobstate.worker.endings import (
@@ -98,7 +101,6 @@ from jobstate.worker.endings import (
     roll_back_left_open,
     transaction_state,
     unknown_kind,
-    usable_connection,
 )
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.supervisor import (

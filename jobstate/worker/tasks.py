@@ -13,12 +13,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import Error as DatabaseErrors
 from django.db import close_old_connections, connection
@@ -30,6 +28,7 @@ from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2
+from jobstate.worker.connections import reconnecting
 from jobstate.worker.endings import (
     HARD_TIMEOUT,
     cancel_unstarted,
@@ -37,7 +36,6 @@ from jobstate.worker.endings import (
     hand_back_stopped,
     release,
     unknown_kind,
-    usable_connection,
 )
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
@@ -46,7 +44,8 @@ from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
 
-T = TypeVar("T")
+# ``reconnecting``: a task's first database call found the connection kept between jobs dead.
+KEPT_CLOSED = "the database connection kept between jobs was closed"
 
 
 def worker_id(claimed_by: str) -> str:
@@ -68,26 +67,6 @@ def keep_connection() -> None:
     if age is None or connection.connection is None or connection.close_at is None:
         return
     connection.close_at = max(connection.close_at, time.monotonic() + float(age))
-
-
-def reconnecting(call: Callable[[], T]) -> T:
-    """A task's first database call, made once more on a new connection if the
-    one this process kept between jobs (``keep_connection``) turned out dead: the
-    server ended it while the process waited (a restart, a failover, an idle
-    timeout, ``pg_terminate_backend``), and nothing had told Django. A connection
-    that still answers (the call failed otherwise: a lock or statement timeout)
-    is not tried again: the error goes to the caller."""
-    kept = connection.connection
-    try:
-        return call()
-    except DatabaseErrors:
-        if kept is None:
-            raise  # no connection was kept: it failed on a new one
-        # Replaced already if the call's transaction could not be rolled back on it.
-        if connection.connection is kept and not usable_connection(math.inf):
-            raise
-    logger.info("jobstate worker: the database connection kept between jobs was closed; reconnected")
-    return call()
 
 
 def _serve(me: str, cluster: str) -> None:
@@ -178,7 +157,7 @@ def hand_back_unstarted(me: str, links: Chain) -> None:
 def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
     leased_at = time.monotonic()
     try:
-        begun = reconnecting(functools.partial(services.begin, job_id, token, me))
+        begun = reconnecting(functools.partial(services.begin, job_id, token, me), KEPT_CLOSED)
     except LeaseLost:
         logger.info("Job %s was taken from this cluster while it waited; skipped", job_id)
         keep_connection()
@@ -324,7 +303,7 @@ def run_by_id(job_id: Any) -> str:
     _serve(me, cluster)
     leased_at = time.monotonic()
     try:
-        job = reconnecting(functools.partial(services.start, job_id, me))
+        job = reconnecting(functools.partial(services.start, job_id, me), KEPT_CLOSED)
     except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
         return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
     return _run_begun(job, me, leased_at=leased_at)

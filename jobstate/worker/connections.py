@@ -1,0 +1,68 @@
+"""This thread's database connection around a worker's writes: replaced when it
+broke, and a write made once more on a new one when the server had dropped it."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import Error as DatabaseErrors
+from django.db import connection
+
+logger = logging.getLogger("jobstate.worker")
+
+T = TypeVar("T")
+
+
+def usable_connection(handler_seconds: float) -> bool:
+    """Make sure the outcome can be stored: replace this thread's connection if
+    the handler broke it (or, after a long run, if the server dropped it).
+    Not unconditionally: with CONN_MAX_AGE=0 that would reconnect for every job.
+    True if it was broken (closed here: the next query connects anew)."""
+    if connection.connection is None or connection.in_atomic_block:
+        return False
+    broken = False
+    if connection.errors_occurred or handler_seconds > 30:
+        if not _usable():
+            connection.close()
+            broken = True
+        connection.errors_occurred = False
+    return broken
+
+
+def _usable() -> bool:
+    if not connection.is_usable():
+        return False
+    if connection.vendor != "sqlite":
+        return True
+    # Django's SQLite backend calls every connection usable; one closed at the
+    # driver level (by a handler) raises on any use.
+    try:
+        connection.connection.total_changes  # noqa: B018
+    except Exception:
+        return False
+    return True
+
+
+def reconnecting(call: Callable[[], T], why: str) -> T:
+    """``call`` (a worker's write), made once more on a new connection if the one
+    it ran on turned out dead: the server ended it (a restart, a failover, an idle
+    timeout, ``pg_terminate_backend``) and nothing had told Django. A connection
+    that still answers (the call failed otherwise: a lock or statement timeout, a
+    constraint) is not tried again, nor one that was new (the database is down),
+    nor one in a transaction of the caller's: the error goes to the caller.
+    ``call`` must be safe to repeat (a write guarded by the lease token is: one
+    whose commit was lost with the connection is then refused). ``why``: logged."""
+    kept = connection.connection
+    if kept is None or connection.in_atomic_block:
+        return call()
+    try:
+        return call()
+    except DatabaseErrors:
+        # Replaced already if the call's transaction could not be rolled back on it.
+        if connection.connection is kept and not usable_connection(math.inf):
+            raise
+    logger.info("jobstate worker: %s; reconnected", why)
+    return call()
