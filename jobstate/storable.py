@@ -111,6 +111,20 @@ def text(value: str) -> str:
     return value
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or, when its ``__str__`` raises, its ``repr``, or else
+    ``<unprintable X>`` (as the traceback module does): an error being recorded
+    must not be replaced by the error of printing it."""
+    try:
+        return str(exc)
+    except Exception:
+        pass
+    try:
+        return repr(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
+
+
 def clean_key(field: Any, value: Any) -> Any:
     """``value`` as the key ``field`` holds, or ``ValidationError`` if it is malformed or
     out of the column's range (which would fail inside the database: an OverflowError

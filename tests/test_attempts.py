@@ -18,7 +18,7 @@ from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from jobstate import Partial, conf, hooks, services
+from jobstate import NonRetryable, Partial, conf, hooks, services
 from jobstate.exceptions import CancelRequested, LeaseLost, Suspend
 from jobstate.models import Job, WorkerProcess
 from jobstate.states import Status
@@ -192,6 +192,65 @@ def test_an_outcome_write_that_fails_keeps_the_last_progress_report(temp_handler
     assert outcome == "retrying" and job.status == Status.QUEUED
     assert job.error_type == "OperationalError" and "could not be stored" in job.error_message
     assert (job.progress, job.progress_message) == (90, "saving the output")
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("cannot print this one")
+
+
+class UnprintableForGood(Unprintable, NonRetryable):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("raised", "outcome", "status"),
+    [(Unprintable, "retrying", Status.QUEUED), (UnprintableForGood, "failed", Status.FAILED)],
+)
+def test_an_error_whose_str_raises_is_recorded_as_itself(temp_handler, raised, outcome, status):
+    """Its ``__str__`` raised as the error was recorded: the attempt was recorded as an
+    outcome-write failure (RuntimeError) and retried, even a NonRetryable."""
+
+    def boom(ctx):
+        raise raised("the disk is full")
+
+    temp_handler("t.unprintable", boom, max_attempts=3, retry_backoff=0)
+    got, job = run_one("t.unprintable")
+    assert (got, job.status, job.error_type) == (outcome, status, raised.__name__)
+    assert job.error_message == f"{raised.__name__}('the disk is full')"
+    assert "could not be stored" not in job.error_message and "RuntimeError" not in job.error_message
+
+
+def test_an_outcome_write_error_whose_str_raises_is_recorded_as_itself(temp_handler):
+    # Printing it in the failure record raised: the job was left to the reaper.
+    def refuse(change: hooks.Transition) -> None:
+        if change.transition == "complete":
+            raise Unprintable("the audit log is full")
+
+    temp_handler("t.refused", lambda ctx: {"ok": True}, max_attempts=2, retry_backoff=0)
+    hooks.transitioned.register(refuse)
+    try:
+        got, job = run_one("t.refused")
+    finally:
+        hooks.transitioned.unregister(refuse)
+    assert (got, job.status, job.error_type) == ("retrying", Status.QUEUED, "Unprintable")
+    assert job.error_message == (
+        "The outcome (ok) could not be stored: Unprintable: Unprintable('the audit log is full')"
+    )
+
+
+def test_a_partial_whose_str_raises_is_stored_partial(temp_handler):
+    class Half(Partial):
+        def __str__(self) -> str:
+            raise RuntimeError("cannot print this one")
+
+    def half(ctx):
+        raise Half("1 of 2", result={"done": 1})
+
+    temp_handler("t.half_unprintable", half, max_attempts=3)
+    got, job = run_one("t.half_unprintable")
+    assert (got, job.status, job.result) == ("partial", Status.PARTIAL, {"done": 1})
+    assert job.error_message.startswith("Half(")
 
 
 # -- claimed is not running -------------------------------------------------------

@@ -28,6 +28,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
+from jobstate.storable import exception_text
 from jobstate.worker.connections import reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.supervisor import close_quietly, timeout_for
@@ -138,7 +139,7 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
         return end_attempt(
             job,
             job.lease_token,
-            f"{why}: {exc}"[:1000],
+            f"{why}: {exception_text(exc)}"[:1000],
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
             unstarted=begun,
@@ -297,14 +298,14 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
     if isinstance(exc, Partial):
         progress = ctx.take_progress()
         try:
-            services.mark_partial(job, token, exc.result, str(exc), progress=progress)
+            services.mark_partial(job, token, exc.result, exception_text(exc), progress=progress)
         except ValidationError as error:
             return _unstorable(ctx, error, progress)
         return "partial"
     return end_attempt(
         job,
         token,
-        str(exc) or type(exc).__name__,
+        exception_text(exc) or type(exc).__name__,
         error_type=type(exc).__name__,
         traceback="".join(tb.format_exception(exc)),
         retry=not isinstance(exc, NonRetryable),
@@ -341,7 +342,7 @@ def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
         return end_attempt(
             ctx.job,
             ctx.token,
-            f"The outcome ({kind}) could not be stored: {type(exc).__name__}: {exc}"[:1000],
+            f"The outcome ({kind}) could not be stored: {type(exc).__name__}: {exception_text(exc)}"[:1000],
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
             retry_delay=_delay(ctx),
