@@ -24,6 +24,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import Error as DatabaseErrors
 
 from jobstate import conf
 
@@ -61,25 +62,36 @@ def json_text(value: Any, field: str) -> str:
     try:
         encoded = json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValidationError({field: [f"Not JSON-serialisable: {exc}"]}) from None
+        raise ValidationError({field: [f"Not JSON-serialisable: {exception_text(exc)}"]}) from None
     except RecursionError:
         encoded = ""
+    except DatabaseErrors:
+        raise  # a query the value ran as it was read (say, a lost connection): not the value's fault
+    except Exception as exc:
+        # The value's own code raised as it was read (a mapping's items(), an
+        # object's conversion): it cannot be stored as it is, any more than a set.
+        detail = f"{type(exc).__name__}: {exception_text(exc)}"
+        raise ValidationError({field: [f"Not JSON-serialisable: {detail}"]}) from None
     if not encoded or too_deep(encoded):
         raise ValidationError({field: [f"Not storable: nested more than {MAX_DEPTH} levels deep."]})
     if "\\u0000" in encoded and _NUL.search(encoded):
         raise ValidationError({field: ["Not storable: a string holds a NUL character (\\u0000)."]})
-    if "\\ud" in encoded and _holds_a_surrogate(value):
+    if "\\ud" in encoded and _holds_a_surrogate(value, field):
         raise ValidationError({field: ["Not storable: a string holds a lone surrogate (not UTF-8)."]})
     return encoded
 
 
-def _holds_a_surrogate(value: Any) -> bool:
+def _holds_a_surrogate(value: Any, field: str) -> bool:
     # Only asked when the escaped text shows one might be there (a pair, as
     # json.dumps escapes a character above U+FFFF, looks the same).
     try:
         json.dumps(value, cls=DjangoJSONEncoder, allow_nan=False, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         return True
+    except DatabaseErrors:
+        raise
+    except Exception as exc:  # encoded once already: a value that changes as it is read
+        raise ValidationError({field: [f"Not JSON-serialisable: {type(exc).__name__}"]}) from None
     return False
 
 

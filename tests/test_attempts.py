@@ -17,11 +17,13 @@ from django.contrib.auth.models import Group
 from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.functional import lazy
 
 from jobstate import NonRetryable, Partial, conf, hooks, services
 from jobstate.exceptions import CancelRequested, LeaseLost, Suspend
 from jobstate.models import Job, WorkerProcess
 from jobstate.states import Status
+from jobstate.storable import result_value
 from jobstate.worker.runner import drain, run_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -139,6 +141,45 @@ def test_a_partial_whose_message_holds_a_nul_is_stored_with_its_result(temp_hand
     assert outcome == "partial" and job.status == Status.PARTIAL and job.result == {"done": 2}
     assert job.error_message == "2 of 3\ufffd done"
     assert job.events.get(transition="mark_partial").reason == "2 of 3\ufffd done"
+
+
+class Unreadable(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the cache behind it is gone")
+
+
+def _lazy_failure() -> str:
+    raise RuntimeError("no translation loaded")
+
+
+@pytest.mark.parametrize(
+    "result",
+    [Unreadable(a=1), {"label": lazy(_lazy_failure, str)()}],
+    ids=["mapping whose items() raises", "value whose conversion raises"],
+)
+def test_a_result_whose_encoding_raises_fails_the_job_as_unstorable(temp_handler, result):
+    # A RuntimeError from the result's own code was recorded as an outcome-write
+    # failure and retried: the handler's side effects ran again, to fail the same way.
+    calls: list[int] = []
+
+    def returns_it(ctx):
+        calls.append(ctx.attempt)
+        return result
+
+    temp_handler("t.unreadable", returns_it, max_attempts=3, retry_backoff=0)
+    outcome, job = run_one("t.unreadable")
+    assert (outcome, job.status, job.error_type) == ("failed", Status.FAILED, "UnstorableResult")
+    assert "Not JSON-serialisable: RuntimeError: " in job.error_message
+    assert transitions(job) == ["enqueue", "claim", "fail"] and calls == [1]
+
+
+def test_a_database_error_while_a_result_is_encoded_is_not_the_results_fault():
+    class Queried(dict):  # type: ignore[type-arg]
+        def items(self):  # type: ignore[no-untyped-def]
+            raise OperationalError("server closed the connection unexpectedly")
+
+    with pytest.raises(OperationalError):
+        result_value(Queried(a=1), "result")
 
 
 def test_a_partial_with_an_unstorable_result_fails_the_job(temp_handler):
