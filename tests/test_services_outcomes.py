@@ -9,6 +9,7 @@ import pytest
 from rest_framework import serializers
 
 from jobstate import services
+from jobstate.exceptions import LeaseLost
 from jobstate.models import Job
 from jobstate.states import Status
 
@@ -83,6 +84,7 @@ def test_outcome_calls_are_still_exported():
 
     assert services.complete is outcomes.complete
     assert services.fail is outcomes.fail
+    assert services.fail_held is outcomes.fail_held
     assert services.mark_partial is outcomes.mark_partial
 
 
@@ -130,3 +132,61 @@ def test_fail_of_the_last_attempt_after_a_cancel_request_ends_it_cancelled():
     job = Job.objects.get(pk=started.pk)
     assert job.status == Status.CANCELLED and job.error_message == ""
     assert job.events.order_by("id").last().reason == "cancel requested; the attempt ended with boom"
+
+
+# -- a worker's outcome without a lease token --------------------------------------
+
+HELD_CALLS = {
+    "complete": lambda job: services.complete(job, None, {"late": True}),
+    "mark_partial": lambda job: services.mark_partial(job, None, {"late": True}, "half"),
+    "fail_held": lambda job: services.fail_held(job, None, "late", retry=False),
+    "cancel_now": lambda job: services.cancel_now(job, None),
+    "suspend": lambda job: services.suspend(job, None),
+    "hand_back": lambda job: services.hand_back(job, None, reason="late"),
+}
+
+
+@pytest.mark.parametrize("call", HELD_CALLS.values(), ids=HELD_CALLS.keys())
+@pytest.mark.parametrize("state", ["processing", "requeued"])
+def test_a_worker_outcome_without_a_lease_token_is_refused_and_writes_nothing(call, state):
+    """None was read as "no lease check": a stale worker whose copy of the job had
+    its token cleared (by its own outcome, stored) ended the job, requeued or still
+    running under another holder's lease, as it pleased."""
+    job = services.enqueue("test.echo", {}, max_attempts=3)
+    started = services.start(job, "w")
+    if state == "requeued":
+        services.fail(started.pk, started.lease_token, "flaky", retry_delay=0)
+    before = Job.objects.get(pk=job.pk)
+    events = job.events.count()
+    stale = Job.objects.get(pk=job.pk)
+    stale.lease_token = None
+    with pytest.raises(LeaseLost):
+        call(stale)
+    after = Job.objects.get(pk=job.pk)
+    assert (after.status, after.lease_token, after.result, after.attempts, after.updated_at) == (
+        before.status,
+        before.lease_token,
+        before.result,
+        before.attempts,
+        before.updated_at,
+    )
+    assert job.events.count() == events
+
+
+def test_a_worker_ending_an_attempt_without_a_lease_token_is_refused():
+    from jobstate.worker.endings import end_attempt
+
+    job = services.enqueue("test.echo", {}, max_attempts=3)
+    started = services.start(job, "w")
+    services.fail(started.pk, started.lease_token, "flaky", retry_delay=0)  # requeued
+    with pytest.raises(LeaseLost):
+        end_attempt(started, None, "Stopped by the worker's hard time limit", error_type="HardTimeout")
+    after = Job.objects.get(pk=job.pk)
+    assert after.status == Status.QUEUED and after.error_message == "flaky"
+
+
+def test_fail_without_a_lease_token_is_the_unleased_form():
+    """Kept (public, documented): an operator's or a script's fail, no lease checked."""
+    job = services.enqueue("test.echo", {})
+    services.fail(job.pk, None, "given up", retry=False)
+    assert Job.objects.get(pk=job.pk).status == Status.FAILED

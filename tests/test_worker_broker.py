@@ -232,7 +232,7 @@ def test_django_q_hard_timeout_right_after_a_retry_was_stored_leaves_the_retry(
     def boom(ctx):
         raise ValueError("bad row")
 
-    real = services.fail
+    real = services.fail_held  # the worker's fail
 
     def stored_then_alarm(*args, **kwargs):  # type: ignore[no-untyped-def]
         real(*args, **kwargs)
@@ -241,7 +241,7 @@ def test_django_q_hard_timeout_right_after_a_retry_was_stored_leaves_the_retry(
     temp_handler("t.boom", boom, max_attempts=2, retry_backoff=0)
     job = services.enqueue("t.boom", {})
     (package,) = unpack(broker.dequeue())
-    monkeypatch.setattr(services, "fail", stored_then_alarm)
+    monkeypatch.setattr(services, "fail_held", stored_then_alarm)
     with pytest.raises(TimeoutException):
         run(package)
     job.refresh_from_db()

@@ -37,7 +37,7 @@ from jobstate.services.lease import (
     start,
 )
 from jobstate.services.orphans import OrphanSweep, remove_orphan_files, sweep_orphan_files
-from jobstate.services.outcomes import complete, fail, mark_partial
+from jobstate.services.outcomes import complete, fail, fail_held, mark_partial
 from jobstate.services.reaper import ReapReport, requeue_expired
 from jobstate.services.steps import all_step_transitions, move_step
 from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent, parent_locked
@@ -63,6 +63,7 @@ __all__ = [
     "enqueue_many",
     "extend_leases",
     "fail",
+    "fail_held",
     "file_response",
     "force_fail",
     "get_or_enqueue",

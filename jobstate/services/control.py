@@ -26,6 +26,7 @@ from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
 from jobstate.services.transitions import (
     allowed_transitions,
+    held,
     lock_parent,
     move,
     outcome_may_be_stored,
@@ -117,7 +118,9 @@ def cancel_now(
     progress: dict[str, Any] | None = None,
 ) -> Job | None:
     """The worker honours a cancel request: ``processing`` -> ``cancelled``.
-    ``progress``: progress fields not yet written, stored with it (as in ``complete``)."""
+    ``progress``: progress fields not yet written, stored with it (as in ``complete``).
+    A ``token`` of None is refused (``LeaseLost``), nothing written."""
+    token = held(job.pk, token, "cancel")
     row = Job.objects.filter(pk=job.pk).values_list("cancel_requested_at", flat=True).first()
     return move(
         job,
@@ -314,7 +317,9 @@ def hand_back(
     run the operator stopped: Ctrl-C) goes back to the queue, ready at once, its
     attempt (if charged) refunded. ``progress`` as in ``cancel_now``.
     ``stopped_run``: the run may have stored its outcome just before the stop, so a
-    refusal because the job left ``processing`` is logged at INFO, not as a lost lease."""
+    refusal because the job left ``processing`` is logged at INFO, not as a lost lease.
+    A ``token`` of None is refused (``LeaseLost``), nothing written."""
+    token = held(job.pk, token, "requeue")
     with outcome_may_be_stored() if stopped_run else nullcontext():
         return move(
             job,
@@ -342,8 +347,10 @@ def suspend(
     Without: ``processing`` -> ``waiting`` (``suspend``) until its last active
     child ends, which wakes it (``wake``: -> ``queued``); at once if none is active.
     A cancel requested while it ran is honoured instead: ``cancelled``.
-    ``progress`` as in ``cancel_now``, stored with either.
+    ``progress`` as in ``cancel_now``, stored with either. A ``token`` of None is
+    refused (``LeaseLost``), nothing written.
     """
+    token = held(job.pk, token, "suspend")
     who = actor or Actor.worker(job.worker_id)
     fields: dict[str, Any] = {**(progress or {}), "attempts": _refund(), "worker_id": ""}
     with transaction.atomic():

@@ -25,7 +25,7 @@ from jobstate.services._writes import Col
 from jobstate.services.actors import Actor
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
-from jobstate.services.transitions import move, parent_locked
+from jobstate.services.transitions import held, move, parent_locked
 from jobstate.states import Status
 from jobstate.storable import result_value, text
 
@@ -57,7 +57,10 @@ def complete(
     ``then``: a worker process going on to its next job; where the two can be one
     statement (``handover``), that job is claimed with this outcome and put in
     ``then.claimed``; elsewhere nothing is claimed.
+
+    A ``token`` of None is refused (``LeaseLost``), nothing written.
     """
+    token = held(_pk(job), token, "complete")
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
         **(progress or {}),
@@ -153,7 +156,8 @@ def mark_partial(
     now: datetime | None = None,
 ) -> Job | None:
     """End the job ``partial``: some result, and an error saying what is missing.
-    ``progress`` as in ``complete``."""
+    ``progress`` and a ``token`` of None as in ``complete``."""
+    token = held(_pk(job), token, "mark_partial")
     fields = {
         **(progress or {}),
         "result": result_value(result, "result"),
@@ -194,7 +198,11 @@ def fail(
     ``cancelled`` instead, whatever ``retry`` and the attempts left say: a retry
     would only be cancelled later, and the last attempt must not end ``failed``.
     The reason names the error; ``progress`` is stored; the attempt stays
-    counted (``unstarted`` refunds only a requeued or failed attempt)."""
+    counted (``unstarted`` refunds only a requeued or failed attempt).
+
+    ``token``: the lease token of the attempt that failed, or None to fail the job
+    without a lease (an operator, a script): no lease is checked, and a queued job
+    can be failed too. A worker calls ``fail_held``, which refuses None."""
     now = now or timezone.now()
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
@@ -269,6 +277,38 @@ def fail(
             metadata=details,
             now=now,
         )
+
+
+def fail_held(
+    job: JobRef,
+    token: UUID | str | None,
+    error: str,
+    *,
+    error_type: str = "",
+    traceback: str = "",
+    retry: bool = True,
+    retry_delay: float | None = None,
+    actor: Actor | None = None,
+    progress: dict[str, Any] | None = None,
+    now: datetime | None = None,
+    unstarted: bool = False,
+) -> Job | None:
+    """``fail`` as a worker calls it, for the attempt its lease token holds: a
+    ``token`` of None is refused (``LeaseLost``), nothing written, where ``fail``
+    would fail the job without a lease."""
+    return fail(
+        job,
+        held(_pk(job), token, "fail"),
+        error,
+        error_type=error_type,
+        traceback=traceback,
+        retry=retry,
+        retry_delay=retry_delay,
+        actor=actor,
+        progress=progress,
+        now=now,
+        unstarted=unstarted,
+    )
 
 
 def _cancel_instead(

@@ -34,6 +34,7 @@ __all__ = [
     "all_transitions",
     "allowed_transitions",
     "announce",
+    "held",
     "lock_parent",
     "move",
     "parent_locked",
@@ -264,6 +265,17 @@ def outcome_may_be_stored() -> Iterator[None]:
         yield
     finally:
         _outcome_may_be_stored.reset(reset)
+
+
+def held(job_id: Any, token: UUID | str | None, name: str) -> UUID | str:
+    """``token`` as a call that holds a lease carries it (a worker's outcome):
+    None (a lease never taken, or a job copy a stored outcome cleared) is refused
+    with ``LeaseLost``, nothing written, where ``move`` would read it as "no lease
+    check" and let a stale worker's write through."""
+    if token is None:
+        logger.warning("Refused %s on job %s: no lease token given", name, job_id)
+        raise LeaseLost(job_id, "no lease token given")
+    return token
 
 
 def refuse(job_id: Any, name: str, target: str, token: Any) -> None:

@@ -95,7 +95,7 @@ def _driver_in_transaction() -> bool:
 
 def end_attempt(
     job: Job,
-    token: Any,
+    token: UUID | str | None,
     error: str,
     *,
     error_type: str,
@@ -105,10 +105,10 @@ def end_attempt(
     progress: dict[str, Any] | None = None,
     unstarted: bool = False,
 ) -> str:
-    """End an attempt that failed or was interrupted: ``services.fail``, which
+    """End an attempt that failed or was interrupted: ``services.fail_held``, which
     stores ``progress`` and ends the job ``cancelled`` instead if a cancel was
     requested. Returns the outcome: "cancelled", "retrying" or "failed"."""
-    moved = services.fail(
+    moved = services.fail_held(
         job,
         token,
         error,
@@ -155,7 +155,7 @@ def unknown_kind(job: Job) -> str:
     """No handler for this kind in this process: fail it, no retry (no attempt
     charged); cancelled instead if a cancel was requested."""
     try:
-        moved = services.fail(
+        moved = services.fail_held(
             job,
             job.lease_token,
             f"No handler registered for kind '{job.kind}'",

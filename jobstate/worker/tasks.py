@@ -190,8 +190,8 @@ def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float |
     if links is not None:
         # Jobs begun before this one ran their handlers (or this is the first).
         links.running, links.since = job.pk, timezone.now()
-    # Taken now: an outcome stored clears the job's copy, and fail() without a token
-    # would end the requeued job failed.
+    # Taken now: an outcome stored clears the job's copy (end_attempt refuses a
+    # token of None, which would have failed the requeued job without a lease).
     token = job.lease_token
     try:
         outcome = run_job(job, me, then=links, inline=_in_caller(), leased_at=leased_at)
