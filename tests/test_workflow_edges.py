@@ -11,7 +11,7 @@ from django.db import OperationalError
 
 import jobstate
 from jobstate import registry, services
-from jobstate.exceptions import Interrupted, Partial
+from jobstate.exceptions import Interrupted, NonRetryable, Partial
 from jobstate.models import Job, JobStep
 from jobstate.states import Status
 from jobstate.worker.runner import drain
@@ -259,3 +259,23 @@ def test_a_failure_while_a_cancel_is_pending_runs_no_undo_even_on_the_last_attem
     job.refresh_from_db()
     assert job.status == Status.CANCELLED and undone == []
     assert statuses(job) == {"a": "completed", "b": "failed"}
+
+
+class Unprintable(NonRetryable):
+    def __str__(self) -> str:
+        raise RuntimeError("cannot print this error")
+
+
+def test_a_step_error_whose_str_raises_is_recorded_as_itself_and_compensates(saga):
+    # Its message was formatted with f"{exc}" inside the except clause: the RuntimeError
+    # of printing it replaced the step's error, skipped the step's failure record and
+    # the undos, and was retried as any RuntimeError.
+    undone = saga("t.edge_unprintable", b_raises=Unprintable())
+    job = services.enqueue("t.edge_unprintable", {})
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.attempts == 1
+    assert job.error_message == "step 'b' failed: Unprintable: Unprintable(); undone: a"
+    assert undone == ["A1"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
+    assert "Unprintable()" in JobStep.objects.get(job_id=job.pk, name="b").error_message

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobstate.exceptions import Interrupted, LeaseLost
 from jobstate.models.step import StepStatus
+from jobstate.storable import exception_text
 from jobstate.workflows import steps
 from jobstate.workflows.context import StepContext
 
@@ -111,7 +112,7 @@ def compensate(run: RunState, failed_step: str, error: str) -> Report:
             _undo_failed(run, spec.name, row, f"interrupted ({exc.why})", because)
         except Exception as exc:
             logger.exception("Undo of step '%s' of job %s failed", spec.name, run.job.pk)
-            _undo_failed(run, spec.name, row, f"{type(exc).__name__}: {exc}", because)
+            _undo_failed(run, spec.name, row, f"{type(exc).__name__}: {exception_text(exc)}", because)
         else:
             steps.undone(run.job, run.token, spec.name, because=because)
             row.status = S.UNDONE

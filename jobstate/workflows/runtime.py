@@ -27,7 +27,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
-from jobstate.storable import result_value
+from jobstate.storable import exception_text, result_value
 from jobstate.workflows import compensation, fanout, reuse, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow
@@ -132,7 +132,7 @@ class Run:
                 failure = _unstorable(name, "a partial result", bad)
                 self._failed(spec, failure, str(failure))
                 raise failure from exc
-            steps.fail(self.job, self.token, row, f"partial: {exc}", output=result)
+            steps.fail(self.job, self.token, row, f"partial: {exception_text(exc)}", output=result)
             raise
         except Interrupted as exc:
             if exc.why == "timeout" and spawning and fanout.is_waiting(row):
@@ -142,7 +142,7 @@ class Run:
                 self._failed(spec, exc, "timed out")
             raise
         except Exception as exc:
-            self._failed(spec, exc, f"{type(exc).__name__}: {exc}")
+            self._failed(spec, exc, f"{type(exc).__name__}: {exception_text(exc)}")
             raise
         self.outputs[name] = output
 
