@@ -314,10 +314,12 @@ class Job(FSMModelMixin, models.Model):
             ),
             # A status's jobs newest first. Completed jobs are most of any table, and
             # the created_at index lists them as fast filtered, so they stay out: the
-            # outcome of most jobs writes no entry here.
+            # outcome of most jobs writes no entry here. Processing jobs stay out too:
+            # the processing index above holds that small set, so a claim writes no
+            # entry here either.
             models.Index(
                 fields=["status", "-created_at"],
-                condition=~Q(status=Status.COMPLETED),
+                condition=~Q(status__in=[Status.COMPLETED, Status.PROCESSING]),
                 name="jobstate_job_status_idx",
             ),
             models.Index(fields=["kind", "status"], name="jobstate_job_kind_idx"),
