@@ -23,7 +23,15 @@ from jobstate.services.control import (
     retry,
     suspend,
 )
-from jobstate.services.enqueue import check_job, enqueue, enqueue_many, get_or_enqueue, key_problem
+from jobstate.services.enqueue import (
+    Child,
+    check_job,
+    enqueue,
+    enqueue_children,
+    enqueue_many,
+    get_or_enqueue,
+    key_problem,
+)
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import (
     Beat,
@@ -46,6 +54,7 @@ __all__ = [
     "Actor",
     "Beat",
     "Begun",
+    "Child",
     "DuplicateActiveKey",
     "NextClaim",
     "OrphanSweep",
@@ -60,6 +69,7 @@ __all__ = [
     "claim",
     "complete",
     "enqueue",
+    "enqueue_children",
     "enqueue_many",
     "extend_leases",
     "fail",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -295,6 +296,77 @@ def enqueue_many(
             job._state.db = connection.alias
             announce(job.pk, "", Status.QUEUED, "enqueue", who)
         notify({kind for kind, _p, _m in rows})
+    return jobs
+
+
+@dataclass(frozen=True)
+class Child:
+    """A child job for ``enqueue_children``: what ``enqueue`` takes for one, keyless."""
+
+    kind: str
+    parameters: Mapping[str, Any] | None = None
+    priority: int = 0
+    run_after: datetime | None = None
+    max_attempts: int | None = None
+    retry_of: Job | None = None
+    reason: str = ""
+
+
+def enqueue_children(parent: Job, children: Sequence[Child], *, actor: Actor) -> list[Job]:
+    """Queue ``parent``'s children (its owner's) in the caller's transaction, in
+    order: each validated as ``enqueue`` validates it (nothing is written unless all
+    are valid), the jobs and their enqueue events (reason, ``retry_of`` metadata)
+    inserted in bulk, the hooks called as ``enqueue`` calls them. A fan-out of
+    10,000 children costs a few statements per thousand instead of two each."""
+    now = timezone.now()
+    default_attempts = conf.get("DEFAULT_MAX_ATTEMPTS")
+    jobs: list[Job] = []
+    for child in children:
+        spec, cleaned = _clean(
+            child.kind,
+            child.parameters,
+            key=None,
+            watermark=None,
+            priority=child.priority,
+            run_after=child.run_after,
+            max_attempts=child.max_attempts,
+        )
+        jobs.append(
+            Job(
+                kind=spec.name,
+                owner_id=parent.owner_id,
+                parameters=cleaned,
+                priority=child.priority,
+                run_after=child.run_after or now,
+                max_attempts=child.max_attempts or spec.max_attempts or default_attempts,
+                parent=parent,
+                retry_of=child.retry_of,
+                created_at=now,
+            )
+        )
+    if not jobs:
+        return []
+    label = text(actor.label[:200])
+    events = [
+        JobEvent(
+            job=job,
+            from_status="",
+            to_status=Status.QUEUED,
+            transition="enqueue",
+            actor_id=actor.user_id,
+            actor_label=label,
+            reason=text(child.reason),
+            metadata={"retry_of": str(child.retry_of.pk)} if child.retry_of is not None else {},
+            created_at=now,
+        )
+        for job, child in zip(jobs, children, strict=True)
+    ]
+    with transaction.atomic():
+        Job.objects.bulk_create(jobs, batch_size=1000)
+        JobEvent.objects.bulk_create(events, batch_size=1000)
+        for job, child in zip(jobs, children, strict=True):
+            announce(job.pk, "", Status.QUEUED, "enqueue", actor, child.reason)
+        notify({job.kind for job in jobs})
     return jobs
 
 

@@ -294,24 +294,19 @@ def wait(
         if row.status != S.RUNNING:  # checked before its children are created
             raise StepStateError(job.pk, name, "wait in it", row.status)
         earlier = _retried(reuse)
-        created: list[Job] = []
-        ids: list[str] = []
+        new: list[services.Child] = []
         for child, pick, old in zip(children, picks, retries, strict=True):
             if pick is None:
                 retry_of = earlier.get(old) if old is not None else None
-                created.append(
-                    services.enqueue(
-                        child.kind,
-                        child.parameters,
-                        owner=job.owner,
-                        parent=job,
-                        retry_of=retry_of,
-                        actor=_worker(job),
-                        reason=f"child of step '{name}'" + (f", retry of {old}" if retry_of else ""),
-                        **child.options,
+                reason = f"child of step '{name}'" + (f", retry of {old}" if retry_of else "")
+                new.append(
+                    services.Child(
+                        child.kind, child.parameters, retry_of=retry_of, reason=reason, **child.options
                     )
                 )
-            ids.append(pick or str(created[-1].pk))
+        created = services.enqueue_children(job, new, actor=_worker(job))
+        made = iter(created)
+        ids = [pick or str(next(made).pk) for pick in picks]
         reuse = reuse or Reuse()
         if SPAWNED in row.detail:
             spawns.drop(job.pk, name)
