@@ -515,6 +515,40 @@ def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
         assert looked_up == ["rebind.example"] and connected == [("93.184.216.34", port)]
 
 
+@override_settings(JOBSTATE=ALLOW)
+def test_an_address_that_takes_no_connection_is_followed_by_the_next(user, receiver, monkeypatch):
+    """A name with several addresses (an IPv6 one this server cannot reach, a node
+    down) was tried at its first only: every attempt failed, as a browser or curl
+    would not. The checked addresses are tried in turn, as create_connection does."""
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    infos = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in ("127.0.0.9", "127.0.0.1")]
+    real_lookup, real_connect = socket.getaddrinfo, socket.create_connection
+    tried: list[str] = []
+
+    def create_connection(address, *args, **kwargs):
+        tried.append(address[0])
+        if address[0] == "127.0.0.9":
+            raise OSError(101, "Network is unreachable")
+        return real_connect(address, *args, **kwargs)
+
+    def lookup(host, *args, **kwargs):
+        # Each address twice (one per protocol, as getaddrinfo may give): tried once.
+        return infos + infos if host == "two.example" else real_lookup(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    monkeypatch.setattr(socket, "create_connection", create_connection)
+    WebhookEndpoint.objects.create(owner=user, url=f"http://two.example:{port}/hook")
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    (sent,) = deliveries()
+    assert sent.status == "completed" and tried == ["127.0.0.9", "127.0.0.1"]
+    assert [(r.path, r.headers["host"]) for r in receiver.requests] == [("/hook", f"two.example:{port}")]
+    tried.clear()
+    with pytest.raises(OSError, match="unreachable"):  # none takes it: the last one's error
+        transport.connect(["127.0.0.9"], port, time.monotonic() + 5)
+    assert tried == ["127.0.0.9"]
+
+
 def fake_dns(monkeypatch, answers: dict[str, str]) -> None:
     real = socket.getaddrinfo
 

@@ -1,6 +1,7 @@
-"""One HTTP POST to a receiver, safely: the address is checked after DNS
-resolution and the connection goes to that checked address (no second lookup a
-rebinding DNS server could answer differently), redirects are not followed,
+"""One HTTP POST to a receiver, safely: the addresses are checked after DNS
+resolution and the connection goes to those checked addresses, in DNS order, the
+next one when one cannot be connected to (no second lookup a rebinding DNS server
+could answer differently), redirects are not followed,
 WEBHOOK_TIMEOUT bounds the whole request and the response is read up to a cap.
 
 The deadline is for the request as a whole, not per connect or per read: a
@@ -81,9 +82,9 @@ def forbidden(address: str) -> bool:
     )
 
 
-def resolve(host: str, port: int) -> str:
-    """The address to connect to: the first one DNS gives, refused if any of them
-    is not public (unless WEBHOOK_ALLOW_PRIVATE).
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses to connect to, in the order DNS gives them (repeats removed),
+    refused if any of them is not public (unless WEBHOOK_ALLOW_PRIVATE).
 
     The refusal does not name the address: its text is stored for the endpoint's
     owner, who could otherwise read this server's DNS answers for internal names.
@@ -92,7 +93,8 @@ def resolve(host: str, port: int) -> str:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise Unresolvable(f"cannot resolve {host}: {exc.strerror or 'no address'}") from exc
-    addresses = [str(info[4][0]) for info in infos]  # a str already for IPv4 and IPv6
+    # A str already for IPv4 and IPv6; one per socket type and protocol, repeats dropped.
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not conf.get("WEBHOOK_ALLOW_PRIVATE"):
         bad = [a for a in addresses if forbidden(a)]
         if bad:
@@ -100,7 +102,30 @@ def resolve(host: str, port: int) -> str:
                 "webhook delivery to %s refused: it resolves to %s, a non-public address", host, bad[0]
             )
             raise Blocked(f"{host} resolves to a non-public address; see WEBHOOK_ALLOW_PRIVATE")
-    return addresses[0]
+    return addresses
+
+
+def connect(addresses: list[str], port: int, deadline: float) -> socket.socket:
+    """A connection to the first of ``addresses`` that takes one, tried in turn as
+    ``socket.create_connection`` tries a name's (a receiver with an IPv6 address this
+    server cannot reach, or one node down, is reached at the next), each with the
+    time left before ``deadline``. Raises the last attempt's error."""
+    error: OSError | None = None
+    for address in addresses:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            sock = socket.create_connection((address, port), left)
+        except OSError as exc:
+            error = exc
+            continue
+        with contextlib.suppress(OSError):  # as http.client's own connect
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    if error is None:
+        raise DeadlineExceeded("no time was left to connect")
+    raise error
 
 
 def check_url(url: str) -> tuple[str, str, int, str]:
@@ -172,17 +197,29 @@ class _Deadline:
             return self.expired or time.monotonic() >= self.deadline
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to a given address, verifying the certificate for the URL's host name;
-    ``guard`` watches the socket from before the TLS handshake on."""
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    """HTTP to the checked addresses (``connect``)."""
 
-    def __init__(self, address: str, host: str, port: int, timeout: float, guard: _Deadline) -> None:
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._address = address
+    def __init__(self, addresses: list[str], host: str, port: int, timeout: float, guard: _Deadline) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._addresses = addresses
         self._guard = guard
 
     def connect(self) -> None:
-        sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = connect(self._addresses, self.port, self._guard.deadline)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """HTTPS to the checked addresses (``connect``), verifying the certificate for the
+    URL's host name; ``guard`` watches the socket from before the TLS handshake on."""
+
+    def __init__(self, addresses: list[str], host: str, port: int, timeout: float, guard: _Deadline) -> None:
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._addresses = addresses
+        self._guard = guard
+
+    def connect(self) -> None:
+        sock = connect(self._addresses, self.port, self._guard.deadline)
         context: ssl.SSLContext = self._context  # type: ignore[attr-defined]
         tls = context.wrap_socket(sock, server_hostname=self.host, do_handshake_on_connect=False)
         self.sock = tls
@@ -200,16 +237,13 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Response:
     started = time.monotonic()
     deadline = started + timeout
     late = f"the receiver did not answer within {timeout} s in all (WEBHOOK_TIMEOUT)"
-    address = resolve(host, port)
+    addresses = resolve(host, port)
     left = deadline - time.monotonic()
     if left <= 0:
         raise DeadlineExceeded(late)
     guard = _Deadline(deadline)
-    conn: http.client.HTTPConnection
-    if scheme == "https":
-        conn = _PinnedHTTPSConnection(address, host, port, left, guard)
-    else:
-        conn = http.client.HTTPConnection(address, port, timeout=left)
+    pinned = _PinnedHTTPSConnection if scheme == "https" else _PinnedHTTPConnection
+    conn = pinned(addresses, host, port, left, guard)
     try:
         try:
             response = _exchange(conn, guard, host_header(scheme, host, port), target, body, headers, cap)
