@@ -130,6 +130,29 @@ def test_transition_spans_do_not_end_before_they_start(exporter, temp_handler):
     assert backwards == []
 
 
+def test_a_long_tracestate_is_stored_as_whole_members(exporter, temp_handler):
+    """A tracestate longer than the column was cut at 512 characters: its last member
+    carried a vendor's value cut short to the worker (or, cut in its key, the worker's
+    extract dropped the whole list)."""
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    temp_handler("test.traced", lambda ctx: None)
+    members = [(f"vendor{i}", "v" * 40) for i in range(20)]  # 20 x 49 characters, with commas
+    incoming = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+        trace_state=TraceState(members),
+    )
+    with trace.use_span(NonRecordingSpan(incoming)):
+        job = services.enqueue("test.traced", {})
+    stored = JobTrace.objects.get(job_id=job.pk).tracestate
+    assert stored == ",".join(f"{k}={v}" for k, v in members[:10])  # 10 x 49 - 1 = 489 <= 512
+    assert spans.fitting("a=1, b=2,,c=3", limit=7) == "a=1,b=2"
+    assert spans.fitting("toolongamember=1,b=2", limit=7) == ""
+
+
 def test_a_failed_trace_insert_does_not_undo_the_enqueue(exporter, temp_handler, caplog):
     # The JobTrace row failed (here its table is missing: a migration not applied): the
     # error was logged, but the enqueue's transaction was left marked for rollback

@@ -35,6 +35,8 @@ FAILED = {"fail", "step_failed"}
 # JobTrace stores a W3C traceparent whatever the global propagator is (B3, Jaeger...
 # write other keys, and nothing would be stored or read back).
 W3C = TraceContextTextMapPropagator()
+# JobTrace.tracestate's length: W3C asks a vendor to pass on at least 512 characters.
+TRACESTATE_LIMIT = 512
 
 
 def configured() -> bool:
@@ -124,7 +126,7 @@ def _on_transition(change: hooks.Transition) -> None:
                     JobTrace.objects.create(
                         job_id=change.job_id,
                         traceparent=carrier["traceparent"][:55],
-                        tracestate=carrier.get("tracestate", "")[:512],
+                        tracestate=fitting(carrier.get("tracestate", "")),
                     )
         except Exception as error:
             span.set_status(StatusCode.ERROR, f"JobTrace not stored: {type(error).__name__}")
@@ -154,6 +156,19 @@ def _on_transition(change: hooks.Transition) -> None:
     if change.transition in FAILED:
         span.set_status(StatusCode.ERROR, reason or None)
     span.end(end_time=end)
+
+
+def fitting(tracestate: str, limit: int = TRACESTATE_LIMIT) -> str:
+    """The first members of a W3C ``tracestate`` list that fit in ``limit`` characters,
+    each whole: cut at the limit, the last member kept part of a vendor's value (or,
+    cut in its key, made the whole list invalid, dropped by the worker's extract)."""
+    kept = ""
+    for member in filter(None, (part.strip() for part in tracestate.split(","))):
+        joined = f"{kept},{member}" if kept else member
+        if len(joined) > limit:
+            break  # the most recent first (W3C): the later ones go
+        kept = joined
+    return kept
 
 
 def _step(job_id: Any) -> tuple[str, int | None]:
