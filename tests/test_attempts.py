@@ -808,7 +808,7 @@ def test_a_heartbeat_stuck_in_a_call_loses_its_job_but_not_the_next(temp_handler
     """A heartbeat call that never returns (a connection that no longer answers)
     loses the job it renews, by design; the process's next job gets a heartbeat
     that works instead of being lost the same way."""
-    from jobstate.worker import supervisor as supervisor_module
+    from jobstate.worker import heartbeat as heartbeat_module
 
     real = services.heartbeat
     release = threading.Event()
@@ -820,7 +820,7 @@ def test_a_heartbeat_stuck_in_a_call_loses_its_job_but_not_the_next(temp_handler
             release.wait(60)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(supervisor_module.services, "heartbeat", hangs_once)
+    monkeypatch.setattr(heartbeat_module.services, "heartbeat", hangs_once)
     temp_handler("t.hung_beat", lambda ctx: time.sleep(2.0), max_attempts=3)  # twice the lease
     outcomes = []
     try:

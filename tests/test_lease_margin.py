@@ -18,10 +18,12 @@ from jobstate import conf, services
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.states import Status
-from jobstate.worker import supervisor as supervisor_module
+from jobstate.worker import slot as slot_module
+from jobstate.worker import watchdog as watchdog_module
 from jobstate.worker.context import JobContext
 from jobstate.worker.runner import run_job
-from jobstate.worker.supervisor import Slot, Supervisor
+from jobstate.worker.slot import Slot
+from jobstate.worker.supervisor import Supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,7 +42,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):  # type: ignore[no-untyped-def]
     fake = FakeClock()
-    monkeypatch.setattr(supervisor_module, "time", fake)
+    monkeypatch.setattr(slot_module, "time", fake)
+    monkeypatch.setattr(watchdog_module, "time", fake)
     return fake
 
 

@@ -22,7 +22,8 @@ from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job
-from jobstate.worker.supervisor import INTERRUPT_SIGNAL, HandlerCall, Slot, supervisor
+from jobstate.worker.slot import INTERRUPT_SIGNAL, HandlerCall, Slot
+from jobstate.worker.supervisor import supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,9 @@ from jobstate import registry, services
 from jobstate.models import Job
 from jobstate.webhooks import delivery, outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from jobstate.worker.limits import timeout_for
 from jobstate.worker.retention import prune
 from jobstate.worker.runner import drain, hard_limit_for
-from jobstate.worker.supervisor import timeout_for
 from tests.webhook_support import DRIPPED_BODY
 
 pytestmark = pytest.mark.django_db

@@ -267,7 +267,8 @@ def test_a_job_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recov
     minute, and once that it reached the database again."""
     from jobstate import registry
     from jobstate.worker.context import JobContext
-    from jobstate.worker.supervisor import Slot, supervisor
+    from jobstate.worker.slot import Slot
+    from jobstate.worker.supervisor import supervisor
 
     temp_handler("t.cut_off", lambda ctx: None)
     services.enqueue("t.cut_off", {})

@@ -39,11 +39,12 @@ from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import clock, counters, q2
 from jobstate.worker.clock import ClockWatch
+from jobstate.worker.connections import at_exit
 from jobstate.worker.counters import JOB_ACK_PREFIX
 from jobstate.worker.listen import Listener
 from jobstate.worker.outage import Outage
 from jobstate.worker.packages import EXECUTE, package, task_timeout
-from jobstate.worker.supervisor import at_exit, supervisor
+from jobstate.worker.supervisor import supervisor
 
 __all__ = ["EXECUTE", "JobBroker", "cluster_id", "max_wait"]
 
@@ -81,7 +82,7 @@ q2.on_worker_spawn(_worker_spawned, uid="jobstate.worker.broker.spawned")
 
 def _pusher_gone(name: str) -> None:
     """The pusher ends cleanly (the cluster stops): its WorkerProcess row goes
-    (waited for a heartbeat interval at most: ``supervisor.at_exit``)."""
+    (waited for a heartbeat interval at most: ``connections.at_exit``)."""
     at_exit(worker_processes.gone, name, what="the pusher's row")
 
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.checks import Warning, register
 
 from jobstate import conf, registry
-from jobstate.worker.runner import hard_limit_for
+from jobstate.worker.limits import hard_limit_for
 
 BROKER = "jobstate.worker.broker.JobBroker"
 DOCS = conf.CHECKS_DOCS

@@ -29,7 +29,7 @@ wall = time.time
 def limit() -> float:
     """The largest offset (seconds) let pass without a warning: a quarter of
     ``HEARTBEAT_SECONDS``, half of the margin by which the watchdog gives up a
-    lease it cannot renew before it runs out (``supervisor.lease_margin``)."""
+    lease it cannot renew before it runs out (``limits.lease_margin``)."""
     return float(conf.get("HEARTBEAT_SECONDS")) / 4
 
 

@@ -1,17 +1,24 @@
 """This thread's database connection around a worker's writes: replaced when it
-broke, and a write made once more on a new one when the server had dropped it."""
+broke, a write made once more on a new one when the server had dropped it, closed
+without a word (``close_quietly``), and a clean exit's call on one that may no
+longer answer, waited for a bounded time (``at_exit``)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from django.db import Error as DatabaseErrors
 from django.db import connection
 
+from jobstate import conf
+
 logger = logging.getLogger("jobstate.worker")
+exit_logger = logging.getLogger("jobstate")
 
 T = TypeVar("T")
 
@@ -66,3 +73,30 @@ def reconnecting(call: Callable[[], T], why: str) -> T:
             raise
     logger.info("jobstate worker: %s; reconnected", why)
     return call()
+
+
+def close_quietly() -> None:
+    with contextlib.suppress(Exception):
+        connection.close()
+
+
+def at_exit(remove: Callable[[str], None], name: str, *, what: str) -> None:
+    """A clean exit's database call (``remove(name)``), waited for a heartbeat
+    interval at most: on a database that no longer answers (a network that drops
+    packets) it would wait for the TCP timeout, minutes, and the graceful stop
+    with it. It runs in a thread of its own (with its own connection, closed
+    after); one still waiting is left behind as the process exits, the row to age."""
+
+    def run() -> None:
+        try:
+            remove(name)
+        except Exception:
+            exit_logger.warning("jobstate: could not remove %s %s", what, name, exc_info=True)
+        finally:
+            close_quietly()
+
+    call = threading.Thread(target=run, name="jobstate-exit", daemon=True)
+    call.start()
+    call.join(float(conf.get("HEARTBEAT_SECONDS")))
+    if call.is_alive():
+        exit_logger.warning("jobstate: the database did not answer in time; %s %s stays", what, name)

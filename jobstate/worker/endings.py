@@ -29,9 +29,9 @@ from jobstate.exceptions import (
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from jobstate.storable import exception_text
-from jobstate.worker.connections import reconnecting, usable_connection
+from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
-from jobstate.worker.supervisor import close_quietly, timeout_for
+from jobstate.worker.limits import timeout_for
 
 logger = logging.getLogger("jobstate")
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 from jobstate import conf, registry
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
+from jobstate.worker.limits import hard_limit_for
 from jobstate.worker.q2 import SignedPackage
-from jobstate.worker.runner import hard_limit_for
 
 # Seconds of django-q2's hard limit a chained job must leave unused (its kill
 # comes a few seconds after its own deadline; this keeps well clear of it).

@@ -87,7 +87,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
-from jobstate.worker.connections import usable_connection
+from jobstate.worker.connections import close_quietly, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.ctrl_c import ctrl_c_held
 from jobstate.worker.endings import (
@@ -102,17 +102,10 @@ from jobstate.worker.endings import (
     transaction_state,
     unknown_kind,
 )
+from jobstate.worker.limits import hard_limit_for, timeout_for
 from jobstate.worker.q2 import TimeoutException
-from jobstate.worker.supervisor import (
-    HandlerCall,
-    Slot,
-    Supervisor,
-    close_quietly,
-    hard_limit_for,
-    install_signal,
-    supervisor,
-    timeout_for,
-)
+from jobstate.worker.slot import HandlerCall, Slot
+from jobstate.worker.supervisor import Supervisor, install_signal, supervisor
 
 logger = logging.getLogger("jobstate")
 

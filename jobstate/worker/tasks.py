@@ -37,9 +37,10 @@ from jobstate.worker.endings import (
     release,
     unknown_kind,
 )
+from jobstate.worker.limits import hard_limit_for
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
-from jobstate.worker.runner import hard_limit_for, run_job
+from jobstate.worker.runner import run_job
 from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
