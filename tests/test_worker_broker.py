@@ -428,6 +428,39 @@ def test_a_hard_limit_right_after_a_claim_hands_the_unstarted_job_back(broker, t
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_held_job_read_without_a_lease_token_is_skipped_and_the_others_handed_back(
+    temp_handler, monkeypatch, caplog
+):
+    # A processing row always has a token (a constraint); one read without it (a
+    # job copy whose token was cleared) has nothing to guard the hand-back with.
+    # It is left to the reaper, the other unstarted jobs still go back.
+    temp_handler("t.unstarted", lambda ctx: None)
+    links = tasks.Chain("me:1", time.monotonic() + 60, time.monotonic())
+    for _ in range(2):
+        services.enqueue("t.unstarted", {})
+    assert len(services.claim("me:1", limit=2, start=True)) == 2
+    real = Job.from_db
+    cleared: list[Job] = []
+
+    def first_without_token(*args, **kwargs):  # type: ignore[no-untyped-def]
+        job = real(*args, **kwargs)
+        if not cleared:
+            job.lease_token = None
+            cleared.append(job)
+        return job
+
+    monkeypatch.setattr(Job, "from_db", first_without_token)
+    with caplog.at_level("WARNING", logger="jobstate"):
+        tasks.hand_back_unstarted("me:1", links)
+    monkeypatch.setattr(Job, "from_db", real)
+    (skipped,) = cleared
+    rows = {job.pk: (job.status, job.attempts) for job in Job.objects.all()}
+    assert rows.pop(skipped.pk) == (Status.PROCESSING, 1)  # left to the reaper
+    assert list(rows.values()) == [(Status.QUEUED, 0)]  # handed back, its attempt refunded
+    assert f"Job {skipped.pk}: no lease token to hand it back with" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_hard_limit_hands_back_only_the_job_whose_handler_has_not_started(
     broker, temp_handler, monkeypatch
 ):

@@ -149,8 +149,13 @@ def hand_back_unstarted(me: str, links: Chain) -> None:
     try:
         held = Job.objects.filter(worker_id=me, status=Status.PROCESSING, started_at__gte=links.since)
         for job in held.exclude(pk=links.running) if links.running is not None else held:
+            if job.lease_token is None:
+                # Never stored so (a processing row has a token: a constraint); a
+                # copy read without one has nothing to guard the hand-back with.
+                logger.warning("Job %s: no lease token to hand it back with; left to the reaper", job.pk)
+                continue
             with contextlib.suppress(LeaseLost, InvalidTransition):
-                services.hand_back(job, job.lease_token or "", reason=UNSTARTED)
+                services.hand_back(job, job.lease_token, reason=UNSTARTED)
     except Exception:
         logger.exception("jobstate worker: could not hand back unstarted jobs; the reaper will take them")
 
