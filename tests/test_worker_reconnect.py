@@ -4,16 +4,17 @@ leaves them), in-process."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import OperationalError, close_old_connections, connection
 from django.test import override_settings
 from django_q.conf import Conf
 
-from jobstate import services
+from jobstate import hooks, services
 from jobstate.states import Status
 from jobstate.worker import counters, outage, tasks
 from jobstate.worker.runner import run_job
@@ -221,6 +222,53 @@ def test_a_handler_that_raised_on_a_dropped_connection_is_retried_with_its_own_e
     assert (job.status, job.error_type) == (Status.QUEUED, "ValueError")
     assert job.error_message == "upstream said no"
     assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "requeue"]
+
+
+@pytest.mark.parametrize(
+    ("write", "outcome", "status"),
+    [("complete", "completed", Status.COMPLETED), ("fail_held", "retrying", Status.QUEUED)],
+)
+def test_an_outcome_committed_just_before_the_connection_dropped_is_reported_as_stored(
+    temp_handler, monkeypatch, write, outcome, status
+):
+    """The outcome write commits, then its connection drops before the answer comes
+    back: written again on a new connection, it is refused (the job left
+    ``processing``). The attempt's outcome is what the first write stored, for the
+    runner's hooks too; it was reported as a lost lease."""
+    real = getattr(services, write)
+    writes: list[int] = []
+
+    def committed_then_dropped(job, *args, **kwargs):  # type: ignore[no-untyped-def]
+        writes.append(1)
+        if len(writes) > 1:
+            return real(job, *args, **kwargs)
+        real(copy.copy(job), *args, **kwargs)  # committed; the worker never hears of it
+        close_at_driver_level()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    def handler(ctx):  # type: ignore[no-untyped-def]
+        if write == "fail_held":
+            raise ValueError("upstream said no")
+        return {"rows": 3}
+
+    temp_handler("t.committed", handler, max_attempts=3, retry_backoff=0)
+    ended: list[str] = []
+
+    def record(ctx: Any, result: str) -> None:
+        ended.append(result)
+
+    job = services.enqueue("t.committed", {})
+    (claimed,) = services.claim("w1")
+    monkeypatch.setattr(services, write, committed_then_dropped)
+    hooks.attempt_ended.register(record)
+    try:
+        assert run_job(claimed, "w1:1") == outcome
+    finally:
+        hooks.attempt_ended.unregister(record)
+    assert writes == [1, 1] and ended == [outcome]
+    job.refresh_from_db()
+    assert job.status == status
+    assert list(job.events.values_list("to_status", flat=True))[2:] == [status]
 
 
 def test_a_worker_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recovers(

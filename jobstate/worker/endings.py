@@ -201,8 +201,9 @@ _STORED: dict[str, str] = {
 
 def stored_outcome(ctx: JobContext) -> str:
     """The outcome this attempt stored before a Ctrl-C cut its write short (the
-    hand-back was refused: the job had left ``processing``), as ``finish`` would
-    have returned it: read from the history row the write made in its
+    hand-back was refused: the job had left ``processing``), or before the
+    connection dropped (``finish``'s write made again was refused), as ``finish``
+    would have returned it: read from the history row the write made in its
     transaction (by this worker, since the attempt began). "lost" if there is
     none: the lease was lost (the reaper, another holder, an operator moved it)."""
     job = ctx.job
@@ -248,12 +249,29 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
     """Store the attempt's outcome. Whatever goes wrong here, the attempt ends
     in a recorded state (or, if nothing can be written, with the reaper).
     ``then``: see ``runner.run_job``."""
+    writes = 0
+
+    def store() -> str:
+        nonlocal writes
+        writes += 1
+        return _store(ctx, kind, value, then)
+
     try:
         # The server may have dropped the connection while the handler ran: its
         # outcome is written once more on a new one (guarded by the lease token)
         # rather than recorded as a failure, for a run that ended, to run again.
-        return reconnecting(lambda: _store(ctx, kind, value, then), OUTCOME_RECONNECTED)
+        return reconnecting(store, OUTCOME_RECONNECTED)
     except (LeaseLost, InvalidTransition):
+        if writes > 1:
+            # Refused when written again: the first write may have committed before
+            # the connection dropped (its answer lost with it). What it stored is
+            # the attempt's outcome, not a lost lease.
+            stored = stored_outcome(ctx)
+            if stored != "lost":
+                logger.info(
+                    "Job %s: its outcome (%s) was stored before the connection dropped", ctx.job.pk, stored
+                )
+                return stored
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"
     except Exception as exc:
