@@ -192,3 +192,9 @@ class HistoryTaken:
 # retention then keeps every job with a history row past ``upto``, for a later prune.
 # None: nothing reads the history (metrics never scraped): no bound.
 history_pruning: Decision[[float | None], HistoryTaken] = Decision("history_pruning")
+
+# Asked by a dry-run prune instead: how far ``history_pruning`` would take the rows in if
+# asked now with no deadline, without taking anything in (a dry run writes nothing); the
+# dry run then counts as kept every job with a history row past ``upto``, as the prune
+# keeps it. None: no bound, as for ``history_pruning``.
+history_reach: Decision[[], HistoryTaken] = Decision("history_reach")

@@ -3,15 +3,17 @@ finished, never scraped, then pruned are counted exactly once."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test.utils import override_settings
+from django.utils import timezone
 
 from jobstate import services
 from jobstate.metrics import gauges, totals
 from jobstate.metrics.models import MetricTotal
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.worker.retention import prune
 from jobstate.worker.runner import drain
 from tests.test_metrics import OPEN, scrape, value
@@ -89,3 +91,24 @@ def test_a_prune_starts_no_counting_before_the_first_scrape() -> None:
     drain()
     assert prune(days=0).jobs == 1
     assert not MetricTotal.objects.exists()
+
+
+@override_settings(JOBSTATE={**OPEN, "METRICS_SETTLE_SECONDS": 60})
+def test_the_dry_run_keeps_the_jobs_whose_history_the_fold_would_not_reach(client: Any) -> None:
+    # The dry run counted every old job; the prune keeps one with a history row the fold
+    # does not reach (younger than METRICS_SETTLE_SECONDS by the row's clock: a worker's
+    # clock ahead, say), and its parent: the dry run said 3, the prune deleted 1.
+    scrape(client)  # counting starts
+    parent = services.enqueue("test.echo", {})
+    child = services.enqueue("test.echo", {}, parent=parent)
+    reached = services.enqueue("test.echo", {}, priority=1)  # run first: its rows come before
+    drain()
+    long_ago = timezone.now() - timedelta(days=40)
+    Job.objects.update(finished_at=long_ago)
+    last = JobEvent.objects.filter(job=child).latest("id")
+    assert last.id == JobEvent.objects.latest("id").id
+    JobEvent.objects.exclude(pk=last.pk).update(created_at=long_ago)  # only the last row is young
+    dry = prune(days=30, dry_run=True)
+    assert (dry.jobs, dry.events) == (1, JobEvent.objects.filter(job=reached).count())
+    assert prune(days=30).jobs == 1
+    assert set(Job.objects.values_list("pk", flat=True)) == {parent.pk, child.pk}

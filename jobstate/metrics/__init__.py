@@ -12,3 +12,4 @@ def install() -> None:
 
     # Retention folds the history it is about to delete into the counters first.
     hooks.history_pruning.register(totals.catch_up)
+    hooks.history_reach.register(totals.reach)  # and a dry run counts as that would leave

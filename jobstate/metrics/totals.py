@@ -139,10 +139,10 @@ def _histogram(qs: Any, name: str, buckets: tuple[float, ...], totals: Totals, *
         totals.add(key(name + "_count", *label_values), n)
 
 
-def _settled_upto(cursor: int, now: datetime, limit: int) -> int:
+def _settled_upto(cursor: int, now: datetime, limit: int | None) -> int:
     """The highest history id that may be folded in: below the first row younger
     than METRICS_SETTLE_SECONDS (its transaction may not be alone in flight) and
-    at most ``limit`` existing rows past the cursor.
+    at most ``limit`` existing rows past the cursor (None: any number).
 
     The window is counted in rows, not ids: ids have gaps (a rolled-back
     transaction's, retention's deletions), and a window of ids inside a gap
@@ -150,7 +150,7 @@ def _settled_upto(cursor: int, now: datetime, limit: int) -> int:
     young_after = now - timedelta(seconds=float(conf.get("METRICS_SETTLE_SECONDS")))
     past = JobEvent.objects.filter(id__gt=cursor)
     # The limit-th row past the cursor, by the primary key's index (else the last one).
-    edge = list(past.order_by("id").values_list("id", flat=True)[limit - 1 : limit])
+    edge = [] if limit is None else list(past.order_by("id").values_list("id", flat=True)[limit - 1 : limit])
     last: int | None = edge[0] if edge else past.aggregate(last=Max("id"))["last"]
     if last is None:
         return cursor
@@ -194,6 +194,14 @@ def catch_up(deadline: float | None) -> HistoryTaken | None:
         if deadline is not None and time.monotonic() >= deadline:
             left = _settled_upto(cursor, timezone.now(), 1) > cursor
             return HistoryTaken(upto=cursor, more=left)
+
+
+def reach() -> HistoryTaken | None:
+    """A dry-run prune's question (``hooks.history_reach``): how far ``catch_up`` would
+    fold now, with no deadline (every settled row), read only. None as ``catch_up``."""
+    if not MetricTotal.objects.filter(key=CURSOR).exists():
+        return None
+    return HistoryTaken(upto=_settled_upto(_stored_cursor(), timezone.now(), None))
 
 
 def _stored_cursor() -> int:

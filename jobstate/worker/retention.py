@@ -22,7 +22,8 @@ a delivery is about: its message shows the job, and would be dropped unsent.
 
 Before the jobs go, a layer that derives totals from their history (``jobstate.metrics``,
 once scraped) takes the rows in (``hooks.history_pruning``): a job with a row it has
-not reached stays for a later prune, so the counters never miss a pruned job.
+not reached stays for a later prune, so the counters never miss a pruned job. A dry
+run takes nothing in: it asks how far that would go (``hooks.history_reach``).
 
 A prune with a time budget (the scheduled one: ``PRUNE_MAX_SECONDS``) stops between
 batches once it has passed and reports ``more``; the next prune goes on. The
@@ -107,9 +108,10 @@ _finished_at = Job._meta.get_field("finished_at")
 _pk = Job._meta.get_field("id")
 
 
-def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
+def would_go(days: float, now: datetime | None = None, history_upto: int | None = None) -> QuerySet[Job]:
     """Every job a prune would delete, batch after batch: the ``old_enough`` jobs
-    with no job below them that stays (one finished later, or active)."""
+    with no job below them that stays (one finished later, or active; with
+    ``history_upto``, one with a history row past that id, as in ``prunable``)."""
     cutoff = (now or timezone.now()) - timedelta(days=days)
     table = connection.ops.quote_name(Job._meta.db_table)
     terminal = ", ".join(["%s"] * len(TERMINAL))
@@ -120,6 +122,9 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
     also_kept = " OR id IN (SELECT id FROM held)"
     if announced:
         also_kept += f" OR id IN ({', '.join(['%s'] * len(announced))})"
+    if history_upto is not None:  # the metrics have not counted its history yet
+        events = connection.ops.quote_name(JobEvent._meta.db_table)
+        also_kept += f" OR EXISTS (SELECT 1 FROM {events} e WHERE e.job_id = {table}.id AND e.id > %s)"
     # Each job that stays keeps its parent, whose parent stays, and so on up.
     kept_above = RawSQL(
         f"WITH RECURSIVE {held}, kept(id) AS ("
@@ -132,9 +137,13 @@ def would_go(days: float, now: datetime | None = None) -> QuerySet[Job]:
             *(str(s) for s in TERMINAL),
             _finished_at.get_db_prep_value(cutoff, connection),
             *(_pk.get_db_prep_value(pk, connection) for pk in announced),
+            *([] if history_upto is None else [history_upto]),
         ],
     )
-    return old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=announced)
+    gone = old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=announced)
+    if history_upto is not None:
+        gone = gone.exclude(Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), id__gt=history_upto)))
+    return gone
 
 
 def _pending_deliveries() -> QuerySet[Job]:
@@ -261,7 +270,9 @@ def prune(
     now = now or timezone.now()
     report = PruneReport(cutoff=now - timedelta(days=days), dry_run=dry_run)
     if dry_run:
-        qs = would_go(days, now)
+        # Where the metrics' fold would stop (asked, not done: nothing is written).
+        reach = hooks.history_reach.ask()
+        qs = would_go(days, now, None if reach is None else reach.upto)
         report.jobs = qs.count()
         report.events = JobEvent.objects.filter(job__in=qs.values("pk")).count()
         report.assets = Asset.objects.filter(job__in=qs.values("pk")).count()
