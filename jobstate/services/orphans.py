@@ -8,20 +8,30 @@ them (``jobstate/.orphan-sweep``): the next sweep with a deadline goes on from
 there to the last folder, and the one after it starts again at the first. So
 sweeps each cut short by their time budget still cover every folder in turn. The
 note is a hint only: without it (unreadable, or never written) a sweep starts at
-the first folder."""
+the first folder.
+
+A ``FileSystemStorage`` (or a subclass) has its root folder read
+``FOLDERS_PER_READ`` names at a time (the smallest left after the last one taken:
+each read is one pass over the folder with ``os.scandir``, holding that many names),
+and a sweep past its deadline reads no more: millions of job folders are never held
+in memory at once. Another storage has only ``Storage.listdir``, which returns every
+name of the root folder at once: its first read is as large as the folder."""
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.core.files.base import ContentFile
+from django.core.files.storage import FileSystemStorage
 from django.utils import timezone
 
 from jobstate.models import Asset, Job
@@ -30,6 +40,7 @@ from jobstate.models.asset import asset_upload_to
 logger = logging.getLogger("jobstate")
 
 RESUME_NOTE = ".orphan-sweep"  # under the root folder, where no job folder is a file
+FOLDERS_PER_READ = 10_000  # job folder names held at once (a storage with local paths)
 
 
 @dataclass
@@ -56,25 +67,67 @@ def sweep_orphan_files(
     storage = _storage()
     root = asset_upload_to(Asset(job_id="x"), "").split("/", 1)[0]  # "jobstate"
     sweep = OrphanSweep()
-    try:
-        job_dirs, _files = storage.listdir(root)
-    except (FileNotFoundError, NotImplementedError):
-        return sweep
-    job_dirs = sorted(job_dirs)
+    # The folders before it had their turn in the earlier sweeps of this round.
     after = _resume_after(storage, root) if deadline is not None else None
-    if after is not None:  # the folders before it had their turn in the earlier sweeps of this round
-        job_dirs = [d for d in job_dirs if d > after]
     cutoff = timezone.now() - older_than
-    for seen, job_dir in enumerate(job_dirs):
-        if seen and deadline is not None and time.monotonic() >= deadline:
-            sweep.more = True
-            if not dry_run:
-                _note_resume(storage, root, job_dirs[seen - 1])
-            return sweep
-        sweep.removed += _sweep_folder(storage, root, job_dir, cutoff, dry_run)
+    last: str | None = None  # the last folder looked at
+    for job_dirs, final in _job_dirs(storage, root, after):
+        for job_dir in job_dirs:
+            if last is not None and _past(deadline):
+                return _stopped(sweep, storage, root, last, dry_run)
+            sweep.removed += _sweep_folder(storage, root, job_dir, cutoff, dry_run)
+            last = job_dir
+        if not final and last is not None and _past(deadline):  # no further read of the root
+            return _stopped(sweep, storage, root, last, dry_run)
     if after is not None and not dry_run:  # the round is complete: the next one starts at the first
         _note_resume(storage, root, None)
     return sweep
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _stopped(sweep: OrphanSweep, storage: Any, root: str, last: str, dry_run: bool) -> OrphanSweep:
+    sweep.more = True
+    if not dry_run:
+        _note_resume(storage, root, last)
+    return sweep
+
+
+def _job_dirs(storage: Any, root: str, after: str | None) -> Iterator[tuple[list[str], bool]]:
+    """The job folders after ``after``, in name order, in lists, each with whether it
+    is the last: ``FOLDERS_PER_READ`` names each, read when asked for, from a
+    ``FileSystemStorage``; else all in one (``Storage.listdir`` has no smaller read)."""
+    if not isinstance(storage, FileSystemStorage):  # (``path()`` is no sign: InMemoryStorage has one)
+        try:
+            dirs, _files = storage.listdir(root)
+        except (FileNotFoundError, NotImplementedError):
+            return
+        yield sorted(d for d in dirs if after is None or d > after), True
+        return
+    path = storage.path(root)
+    while True:
+        try:
+            with os.scandir(path) as entries:
+                names = (e.name for e in entries if (after is None or e.name > after) and _is_dir(e))
+                # One more than it takes: whether any is left after them (a sweep that stops
+                # after the last one does not say more remains).
+                job_dirs = heapq.nsmallest(FOLDERS_PER_READ + 1, names)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        final = len(job_dirs) <= FOLDERS_PER_READ
+        yield job_dirs[:FOLDERS_PER_READ], final
+        if final:
+            return
+        after = job_dirs[FOLDERS_PER_READ - 1]
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # as FileSystemStorage.listdir: a link to a folder is one
+    except OSError:  # gone meanwhile, or unreadable
+        return False
 
 
 def _storage() -> Any:
