@@ -9,7 +9,8 @@ class JobstateConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_delete
 
-        from jobstate import conf, metrics, registry, tasks, tracing, webhooks, workflows  # noqa: F401
+        # settings_checks: its import registers the JOBSTATE and storage checks.
+        from jobstate import metrics, registry, settings_checks, tasks, tracing, webhooks, workflows  # noqa: F401
         from jobstate.api import checks as api_checks  # noqa: F401  (registers the API's apps check)
         from jobstate.models import Asset
         from jobstate.services.assets import delete_stored_file
@@ -25,8 +26,7 @@ class JobstateConfig(AppConfig):
         )
         registry.autodiscover()
         workflows.install()
-        # Higher layers register on the core's hooks (jobstate.hooks); conf's import
-        # registers the settings check.
+        # Higher layers register on the core's hooks (jobstate.hooks).
         from jobstate.api.serializers import JobDetailSerializer
 
         webhooks.install(serializer=JobDetailSerializer)

@@ -18,7 +18,7 @@ from django.core.checks import CheckMessage, run_checks
 from django.test import override_settings
 
 import jobstate
-from jobstate import conf, services
+from jobstate import conf, services, settings_checks
 from jobstate.worker.checks import BROKER, sqlite_warnings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,17 +134,17 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     ):
         found += run_checks(tags=["jobstate"])
     found += sqlite_warnings({"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {}})  # W009
-    found += conf.problems([])  # E001
-    found += conf.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
-    found += conf.problems({"PREFETCH_SECONDS": 0.5})  # W010
-    found += conf.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
-    found += conf.problems({"WEBHOOK_TIMEOUT": 0})  # E009
-    found += conf.problems({"RETRY_JITTER": 25, "RETRY_BACKOFF_MAX": 1})  # E010, E011
-    found += conf.problems({"DEFAULT_MAX_ATTEMPTS": 1001})  # E012
+    found += settings_checks.problems([])  # E001
+    found += settings_checks.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
+    found += settings_checks.problems({"PREFETCH_SECONDS": 0.5})  # W010
+    found += settings_checks.problems({"PRUNE_BATCH": 0, "METRICS_ACCESS": "public"})  # E005, E006
+    found += settings_checks.problems({"WEBHOOK_TIMEOUT": 0})  # E009
+    found += settings_checks.problems({"RETRY_JITTER": 25, "RETRY_BACKOFF_MAX": 1})  # E010, E011
+    found += settings_checks.problems({"DEFAULT_MAX_ATTEMPTS": 1001})  # E012
     with override_settings(JOBSTATE={"STORAGE": "nowhere"}):
-        found += conf.check_storage()  # E004
+        found += settings_checks.check_storage()  # E004
     with override_settings(MEDIA_ROOT=""):
-        found += conf.check_storage()  # W011
+        found += settings_checks.check_storage()  # W011
     from jobstate.tasks.compat import task_backends
 
     with mock.patch("jobstate.tasks.backend.apps.is_installed", return_value=False):

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.test import override_settings
 
 import jobstate
-from jobstate import conf, registry, services
+from jobstate import conf, registry, services, settings_checks
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Job
 from jobstate.tasks import task
@@ -82,9 +82,9 @@ def test_a_setting_above_the_limit_is_an_error(key: str) -> None:
     # more runs than enqueue takes; WEBHOOK_MAX_ATTEMPTS is passed to enqueue, which
     # refused every delivery.
     for bad in (LIMIT + 1, 10**6):
-        (error,) = conf.problems({key: bad})
+        (error,) = settings_checks.problems({key: bad})
         assert (error.id, error.obj) == ("jobstate.E012", key)
         assert f"{LIMIT} or less" in error.msg and "docs/reference/checks.md" in error.hint
-    assert conf.problems({key: LIMIT}) == []
+    assert settings_checks.problems({key: LIMIT}) == []
     with override_settings(JOBSTATE={key: LIMIT + 1}):
-        assert [m.id for m in conf.check_settings()] == ["jobstate.E012"]
+        assert [m.id for m in settings_checks.check_settings()] == ["jobstate.E012"]

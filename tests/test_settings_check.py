@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 
-from jobstate import conf
+from jobstate import conf, settings_checks
 
 
 def errors() -> list[checks.CheckMessage]:
@@ -65,7 +65,7 @@ def test_every_key_has_a_declared_type():
     """A key added with a None default must say which types it takes (conf.NULLABLE)."""
     for key in conf.DEFAULTS:
         assert object not in conf.allowed_types(key), key
-        assert conf._accepts(conf.allowed_types(key), conf.DEFAULTS[key]), key
+        assert conf.accepts(conf.allowed_types(key), conf.DEFAULTS[key]), key
 
 
 def test_a_key_of_an_earlier_version_warns_and_the_project_still_starts():
@@ -120,10 +120,8 @@ def test_a_storage_alias_missing_from_storages_is_an_error_not_a_crash_at_import
 
 def test_a_file_system_storage_with_no_location_and_no_media_root_warns(tmp_path):
     # Each process (a worker, the web server) stored assets under its own current directory.
-    from jobstate import conf
-
     def w011() -> list[str]:
-        return [m.id for m in conf.check_storage() if m.id == "jobstate.W011"]
+        return [m.id for m in settings_checks.check_storage() if m.id == "jobstate.W011"]
 
     with override_settings(MEDIA_ROOT=""):
         assert w011() == ["jobstate.W011"]
@@ -195,13 +193,13 @@ def test_every_number_of_seconds_must_be_finite_and_most_above_0():
     assert {"LEASE_SECONDS", "HEARTBEAT_SECONDS", "DEFAULT_TIMEOUT", "WEBHOOK_TIMEOUT"} <= set(seconds)
     assert conf.SECONDS_FROM_ZERO.issubset(seconds)
     for bad in (float("inf"), float("nan"), -1):
-        found = conf.problems(dict.fromkeys(seconds, bad))
+        found = settings_checks.problems(dict.fromkeys(seconds, bad))
         assert sorted((e.id, e.obj) for e in found) == [("jobstate.E009", key) for key in seconds]
-    zero = conf.problems(dict.fromkeys(seconds, 0))
+    zero = settings_checks.problems(dict.fromkeys(seconds, 0))
     assert sorted(e.obj for e in zero) == sorted(set(seconds) - conf.SECONDS_FROM_ZERO)
     assert all("greater than 0" in e.msg for e in zero)
-    assert conf.problems(dict.fromkeys(conf.SECONDS_FROM_ZERO, 0)) == []
-    assert conf.problems(dict.fromkeys(seconds, 0.5)) == []
+    assert settings_checks.problems(dict.fromkeys(conf.SECONDS_FROM_ZERO, 0)) == []
+    assert settings_checks.problems(dict.fromkeys(seconds, 0.5)) == []
 
 
 BACKOFF = ["RETRY_BACKOFF_BASE", "RETRY_BACKOFF_MAX", "WEBHOOK_BACKOFF_BASE", "WEBHOOK_BACKOFF_MAX"]

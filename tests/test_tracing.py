@@ -296,6 +296,7 @@ def test_tracing_sensitive_attributes_sends_them(exporter, temp_handler, user, s
 
 
 def test_tracing_sensitive_attributes_must_be_a_bool():
-    from jobstate import conf
+    from jobstate import settings_checks
 
-    assert [p.id for p in conf.problems({"TRACING_SENSITIVE_ATTRIBUTES": "yes"})] == ["jobstate.E003"]
+    found = settings_checks.problems({"TRACING_SENSITIVE_ATTRIBUTES": "yes"})
+    assert [p.id for p in found] == ["jobstate.E003"]
