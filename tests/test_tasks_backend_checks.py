@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent
-from jobstate.tasks.backend import rebuild_task
 from jobstate.tasks.compat import BACKPORT, InvalidTask, TaskResultStatus, task_backends
+from jobstate.tasks.rebuild import rebuild_task
 from jobstate.worker.runner import drain, run_job
 from tests.tasks_app import jobstate_tasks as jt
 

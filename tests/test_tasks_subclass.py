@@ -8,8 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from jobstate import hooks
 from jobstate.tasks import JobstateBackend
-from jobstate.tasks.backend import on_transition
 from jobstate.tasks.compat import TaskResultStatus
+from jobstate.tasks.handlers import on_transition
 from tests.tasks_app import tasks as t
 from tests.tasks_support import run_all
 

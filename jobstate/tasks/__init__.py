@@ -9,20 +9,17 @@ tasks framework; its names are loaded on first use.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 
 if TYPE_CHECKING:  # the real types for type checkers; at runtime, loaded on first use
-    from jobstate.tasks.backend import (
-        JobstateBackend,
-        JobstateTask,
-        JobstateTaskContext,
-        current,
-        enqueue_on_commit,
-    )
+    from jobstate.tasks.backend import JobstateBackend, enqueue_on_commit
     from jobstate.tasks.decorator import task
+    from jobstate.tasks.handlers import current
+    from jobstate.tasks.task_types import JobstateTask, JobstateTaskContext
 
 __all__ = [
     "JobstateBackend",
@@ -34,18 +31,20 @@ __all__ = [
     "task",
 ]
 
-_LAZY = {"JobstateBackend", "JobstateTask", "JobstateTaskContext", "current", "enqueue_on_commit"}
+# Each name's module, imported on first use.
+_LAZY = {
+    "JobstateBackend": "backend",
+    "enqueue_on_commit": "backend",
+    "task": "decorator",
+    "current": "handlers",
+    "JobstateTask": "task_types",
+    "JobstateTaskContext": "task_types",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "task":
-        from jobstate.tasks.decorator import task
-
-        return task
     if name in _LAZY:
-        from jobstate.tasks import backend
-
-        return getattr(backend, name)
+        return getattr(importlib.import_module(f"jobstate.tasks.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'jobstate.tasks' has no attribute {name!r}")
 
 
@@ -103,11 +102,9 @@ def install() -> None:
     aliases = configured_aliases()
     if not aliases:
         return
-    import importlib
-
     from jobstate import hooks
-    from jobstate.tasks.backend import on_transition
     from jobstate.tasks.checks import names_modules
+    from jobstate.tasks.handlers import on_transition
 
     # It only reads, after the commit (task_finished): no transaction needed.
     hooks.transitioned.register(on_transition, writes=lambda change: False)

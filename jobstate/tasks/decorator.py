@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from jobstate.tasks import compat
-from jobstate.tasks.backend import JobstateTask, JobstateTaskContext
+from jobstate.tasks.task_types import JobstateTask, JobstateTaskContext
 
 P = ParamSpec("P")
 T = TypeVar("T")

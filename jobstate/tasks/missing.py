@@ -60,7 +60,7 @@ def loaded_task(path: str) -> tuple[Task[..., Any] | None, str]:
 
 
 def _why(kind: str) -> str:
-    """What stands in the way of ``backend.task_for_kind``."""
+    """What stands in the way of ``rebuild.task_for_kind``."""
     queue, path = split_kind(kind)
     if "." not in path:
         return "no task is registered under that kind"
