@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent
-from jobstate.tasks.compat import BACKPORT, InvalidTask, TaskResultStatus, task_backends
+from jobstate.tasks.compat import BACKPORT, InvalidTask, TaskResultStatus, task, task_backends
 from jobstate.tasks.rebuild import rebuild_task
 from jobstate.worker.runner import drain, run_job
 from tests.tasks_app import jobstate_tasks as jt
@@ -73,6 +73,18 @@ def test_a_queue_name_with_a_nul_character_is_invalid():
     with pytest.raises(InvalidTask, match="NUL"):
         jt.single_queue.using(queue_name="a\x00b").enqueue()
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_queue_name_that_is_not_a_string_is_invalid():
+    # QUEUES empty (any name): Django's own @task(queue_name=None) made the job kind
+    # "None:tests....", read back as the queue "None" (get_result differed from enqueue's).
+    with pytest.raises(InvalidTask, match="queue_name must be a string"):
+        task(queue_name=None, backend="single")(jt.flaky.func)
+    with pytest.raises(InvalidTask, match="queue_name must be a string"):
+        jt.single_queue.using(queue_name=5).enqueue()  # type: ignore[arg-type]
+    assert not Job.objects.exists()
+    assert not [kind for kind in registry.all_handlers() if kind.startswith(("None:", "5:"))]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -73,6 +73,13 @@ def validate_options(task: Task[..., Any]) -> None:
             f"priority must be a whole number between {TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY} "
             f"(got {task.priority!r})."
         )
+    if not isinstance(task.queue_name, str):
+        # Django's QUEUES check refuses it only when QUEUES lists names; with QUEUES empty
+        # (any name) None made the job kind "None:...", read back as the queue "None".
+        raise InvalidTask(
+            f"queue_name must be a string, the name of a queue (got {task.queue_name!r}); leave it out "
+            f"for the default queue, {DEFAULT_TASK_QUEUE_NAME!r}."
+        )
     max_attempts = option(task, "max_attempts")
     if max_attempts is not None and (not _whole(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT):
         raise InvalidTask(
