@@ -27,6 +27,7 @@ from jobstate.tasks.compat import (
     TaskResultStatus,
     task_backends,
     task_finished,
+    task_started,
 )
 from jobstate.tasks.exceptions import (
     OperatorFailed,
@@ -340,6 +341,36 @@ def test_a_task_finished_receiver_that_raises_leaves_the_attempts_outcome_alone(
         TaskResultStatus.FAILED,
     ]
     assert "receiver broke" in caplog.text and "could not be stored" not in caplog.text
+
+
+CALLS: list[str] = []
+
+
+@task(backend="single")  # one attempt
+def records_its_call() -> None:
+    CALLS.append("called")
+
+
+def test_a_task_started_receiver_that_raises_fails_the_attempt_without_calling_the_task(worker_signals):
+    # As django-tasks' database worker does: a worker has no caller to raise it to (Django's
+    # ImmediateBackend runs the task in the caller, and raises it there).
+    def broken(sender, task_result, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    _started, finished = worker_signals
+    CALLS.clear()
+    task_started.connect(broken, dispatch_uid="jobstate_tasks_broken", weak=False)
+    try:
+        result = records_its_call.enqueue()
+        assert run_job(services.claim("w1", limit=1)[0], "w1") == "failed"
+    finally:
+        task_started.disconnect(dispatch_uid="jobstate_tasks_broken")
+    assert CALLS == []
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"]
+    assert "receiver broke" in result.errors[0].traceback
+    assert [(r.id, r.status) for _s, r in finished] == [(result.id, TaskResultStatus.FAILED)]
 
 
 # -- context, progress, assets, keys, owner ------------------------------------------
