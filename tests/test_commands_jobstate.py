@@ -304,6 +304,27 @@ def test_show_has_the_requests_and_related_jobs_the_admin_job_page_has() -> None
     assert data["stop_requested_at"] is None
 
 
+def test_show_prints_the_watermarks_that_are_set() -> None:
+    # It printed none of them: an operator could not tell why a keyed job re-ran.
+    plain = queued()
+    lines = run("jobstate", "show", str(plain.pk))[0].splitlines()
+    assert not any(line.startswith("watermarks") for line in lines)
+    data = json.loads(run("jobstate", "show", str(plain.pk), "--json")[0])
+    assert (data["input_watermark"], data["claimed_watermark"], data["last_success_watermark"]) == (
+        None,
+        None,
+        None,
+    )
+    job, _ = services.get_or_enqueue("test.echo", {}, key="k1", watermark=0)
+    lines = run("jobstate", "show", str(job.pk))[0].splitlines()
+    assert "watermarks input 0" in lines
+    Job.objects.filter(pk=job.pk).update(input_watermark=7, claimed_watermark=6, last_success_watermark=5)
+    lines = run("jobstate", "show", str(job.pk))[0].splitlines()
+    assert "watermarks input 7  claimed 6  last success 5" in lines
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert (data["input_watermark"], data["claimed_watermark"], data["last_success_watermark"]) == (7, 6, 5)
+
+
 @override_settings(USE_TZ=False)
 def test_show_with_use_tz_false() -> None:
     # Every time is naive then: "localtime() cannot be applied to a naive datetime", a traceback.

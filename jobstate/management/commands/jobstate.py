@@ -73,8 +73,8 @@ class Command(BaseCommand):
         sub.add_parser("kinds", help="List the registered kinds and their options.")
         show = sub.add_parser(
             "show",
-            help="Status, progress, attempts, cancel and stop requests, related jobs (parent, retries, "
-            "children) and history of a job.",
+            help="Status, progress, attempts, watermarks, cancel and stop requests, related jobs (parent, "
+            "retries, children) and history of a job.",
         )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
@@ -172,6 +172,8 @@ class Command(BaseCommand):
         w(f"progress   {progress}" + (f"  [step {job.current_step}]" if job.current_step else ""))
         w(f"attempts   {job.attempts} of {job.max_attempts}")
         w(f"priority   {job.priority}" + (f"   key {job.key}" if job.key else ""))
+        if marks := _watermarks(job):
+            w(f"watermarks {marks}")
         w(f"created    {_when(job.created_at)}")
         if job.run_after and job.run_after > job.created_at and job.status == Status.QUEUED:
             w(f"run after  {_when(job.run_after)}")
@@ -253,6 +255,9 @@ class Command(BaseCommand):
             "max_attempts": job.max_attempts,
             "priority": job.priority,
             "key": job.key,
+            "input_watermark": job.input_watermark,
+            "claimed_watermark": job.claimed_watermark,
+            "last_success_watermark": job.last_success_watermark,
             "created_at": job.created_at,
             "run_after": job.run_after,
             "started_at": job.started_at,
@@ -280,6 +285,16 @@ class Command(BaseCommand):
                 for e in events
             ],
         }
+
+
+def _watermarks(job: Job) -> str:
+    """``input 7  claimed 7  last success 6``: the watermarks that are set (0 is one)."""
+    marks = (
+        ("input", job.input_watermark),
+        ("claimed", job.claimed_watermark),
+        ("last success", job.last_success_watermark),
+    )
+    return "  ".join(f"{label} {value}" for label, value in marks if value is not None)
 
 
 def _seconds(value: float) -> str:
