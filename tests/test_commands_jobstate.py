@@ -176,6 +176,28 @@ def test_undecodable_text_is_a_command_error(args: tuple[str, ...], says: str) -
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize("command", ["enqueue", "cancel", "retry", "workflow retry", "workflow skip", "stop"])
+def test_a_reason_longer_than_the_api_and_admin_take_is_refused(command: str) -> None:
+    # It was recorded whole; the API and the admin refuse a reason over 1,000 characters.
+    kind = "wf.five" if command.startswith(("workflow", "stop")) else "test.echo"
+    job = failed(kind=kind) if "retry" in command else queued(kind=kind)
+    args = {
+        "enqueue": ("jobstate", "enqueue", "test.echo"),
+        "cancel": ("jobstate", "cancel", str(job.pk)),
+        "retry": ("jobstate", "retry", str(job.pk)),
+        "workflow retry": ("jobstate_workflow", "retry", str(job.pk)),
+        "workflow skip": ("jobstate_workflow", "skip", str(job.pk), "s1"),
+        "stop": ("jobstate_workflow", "stop", str(job.pk)),
+    }[command]
+    jobs, events = Job.objects.count(), JobEvent.objects.count()
+    assert refused(*args, "--reason", "r" * 1001) == (
+        "--reason is 1,001 characters long: at most 1,000, as in the API and the admin"
+    )
+    assert (Job.objects.count(), JobEvent.objects.count()) == (jobs, events)
+    run("jobstate", "enqueue", "test.echo", "--reason", "r" * 1000)
+    assert JobEvent.objects.latest("id").reason == "r" * 1000
+
+
 def test_cancel_queued_and_running_jobs() -> None:
     waiting, running = queued(), processing()
     out, _ = run("jobstate", "cancel", str(waiting.pk), "--reason", "not needed")

@@ -25,6 +25,9 @@ def cli_actor() -> services.Actor:
     return services.Actor(f"cli:{who}")
 
 
+# As the API's and the admin's reason fields (the history's reasons are at most this long).
+REASON_MAX_LENGTH = 1000
+
 # What a bad value can never match, for a clearer error than "bad text".
 _NO_MATCH = {"owner": "; no user has such a name"}
 
@@ -51,6 +54,17 @@ def check_text(options: Mapping[str, Any]) -> None:
                     f"{name.replace('_', '-')}: {item!r} holds a NUL character or bytes that are not "
                     f"UTF-8{_NO_MATCH.get(name, '')}"
                 )
+
+
+def check_reason(options: Mapping[str, Any]) -> None:
+    """Refuse, as a CommandError, a ``--reason`` longer than the API and the admin
+    take: it was recorded whole, where they refuse it."""
+    reason = options.get("reason")
+    if isinstance(reason, str) and len(reason) > REASON_MAX_LENGTH:
+        raise CommandError(
+            f"--reason is {len(reason):,} characters long: at most {REASON_MAX_LENGTH:,}, as in the "
+            "API and the admin"
+        )
 
 
 def not_blank(value: str | None, option: str, hint: str = "") -> str | None:

@@ -26,6 +26,7 @@ from django.utils.dateparse import parse_datetime
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError, UnknownKind
 from jobstate.management.commands._common import (
+    check_reason,
     check_text,
     cli_actor,
     fail,
@@ -81,6 +82,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         check_text(options)
+        check_reason(options)
         action = options["action"]
         try:
             getattr(self, f"do_{action}")(options)

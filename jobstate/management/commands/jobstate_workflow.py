@@ -12,7 +12,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, JobStateError
-from jobstate.management.commands._common import check_text, cli_actor, fail, get_job, json_object
+from jobstate.management.commands._common import (
+    check_reason,
+    check_text,
+    cli_actor,
+    fail,
+    get_job,
+    json_object,
+)
 from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
@@ -60,6 +67,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         check_text(options)
+        check_reason(options)
         actor = cli_actor()
         action = options["action"]
         try:
