@@ -151,6 +151,13 @@ def handler(
         raise ValueError("retry_backoff is a number of seconds >= 0 or a callable attempt -> seconds")
 
     def register(func: F) -> F:
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            # The worker stores what the handler returns: a coroutine would never run.
+            raise TypeError(
+                f"Handler '{name}': {getattr(func, '__qualname__', func)!r} is an async function; a "
+                "handler is a plain def (run a coroutine inside it with asgiref.sync.async_to_sync, "
+                "or write it as a django.tasks task, which may be async)"
+            )
         existing = _registry.get(name)
         if (
             existing is not None

@@ -45,6 +45,24 @@ def test_an_unknown_handler_option_is_refused_at_registration(temp_handler, opti
         registry.get_handler("test.typo")
 
 
+def test_an_async_handler_is_refused_at_registration(temp_handler):
+    # The worker calls a handler and stores what it returns: an `async def` one was
+    # registered, then each of its jobs failed (UnstorableResult: "Object of type
+    # coroutine is not JSON serializable"), its body never run.
+    async def build(ctx):  # type: ignore[no-untyped-def]
+        return {"rows": 1}
+
+    async def rows(ctx):  # type: ignore[no-untyped-def]
+        yield 1
+
+    for func in (build, rows):
+        with pytest.raises(TypeError, match=r"Handler 'test\.async': .*sync\.async_to_sync") as raised:
+            temp_handler("test.async", func)
+        assert "plain def" in str(raised.value)
+        with pytest.raises(UnknownKind):
+            registry.get_handler("test.async")
+
+
 def test_an_unknown_workflow_option_is_refused_at_registration():
     class Typo(jobstate.Workflow):
         @jobstate.step()
