@@ -27,7 +27,7 @@ from schemathesis.core.failures import FailureGroup
 
 import jobstate
 from jobstate import services
-from jobstate.api.serializers import JobDetailSerializer
+from jobstate.api.outputs import JobDetailSerializer
 from jobstate.models import JobStep
 from jobstate.models.step import StepStatus
 from tests.api_support import client_for, completed, failed, make_job, running

@@ -1,4 +1,4 @@
-"""Assets over the API: list, detail and download, scoped to their owner."""
+"""Assets over the API: their representation; list, detail and download, scoped to their owner."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.http import HttpResponseRedirect
+from django.urls import NoReverseMatch, reverse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
-from rest_framework import viewsets
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_field, extend_schema_view
+from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.renderers import JSONRenderer
@@ -16,13 +17,49 @@ from rest_framework.request import Request
 
 from jobstate import services
 from jobstate.api.base import JobstateAPIView, parse_id
+from jobstate.api.errors import ErrorSerializer
+from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import AssetPagination
 from jobstate.api.permissions import visible_assets
 from jobstate.api.renderers import PassthroughRenderer
 from jobstate.api.schema import extend_schema
-from jobstate.api.serializers import AssetSerializer, ErrorSerializer
 from jobstate.exceptions import UnservableFile
 from jobstate.models import Asset
+
+
+class AssetSerializer(OutputSerializer):
+    url = serializers.SerializerMethodField(help_text="External location, for assets stored elsewhere.")
+    download_url = serializers.SerializerMethodField(help_text="Streams the file (or redirects to `url`).")
+
+    class Meta:
+        model = Asset
+        fields = [
+            "id",
+            "job",
+            "asset_type",
+            "name",
+            "content_type",
+            "size",
+            "sha256",
+            "metadata",
+            "url",
+            "download_url",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+    def get_url(self, asset: Asset) -> str | None:
+        # Only http(s): javascript: or data: would run in a client showing the link.
+        return asset.web_url or None
+
+    @extend_schema_field({"type": "string", "format": "uri"})
+    def get_download_url(self, asset: Asset) -> str:
+        try:
+            path = reverse("jobstate-api:asset-download", kwargs={"pk": asset.pk})
+        except NoReverseMatch:  # mounted without the namespace
+            path = reverse("asset-download", kwargs={"pk": asset.pk})
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request is not None else path
 
 
 @extend_schema_view(

@@ -24,7 +24,7 @@ from django.db import OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 
 from jobstate.exceptions import (
@@ -38,12 +38,32 @@ from jobstate.exceptions import (
     contended,
 )
 from jobstate.services import DuplicateActiveKey
+from jobstate.states import Status
 
 logger = logging.getLogger("jobstate.api")
 
 # Seconds a client waits before trying again a request the database was too busy for
 # (a lock held by another write: SQLite's busy timeout, PostgreSQL's lock_timeout).
 BUSY_RETRY_AFTER = 1
+
+
+# The shape, for the schema ------------------------------------------------
+
+
+class ErrorDetailSerializer(serializers.Serializer[Any]):
+    code = serializers.CharField(help_text="Stable machine-readable code, e.g. `invalid_transition`.")
+    message = serializers.CharField()
+    # A declared field: DRF's metaclass takes it out of the class, Serializer.fields stays.
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.JSONField(), help_text="Field name to messages (nested for `parameters`)."
+    )
+    current_status = serializers.ChoiceField(
+        choices=Status.choices, required=False, help_text="The job's status, for a refused transition."
+    )
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    error = ErrorDetailSerializer()
 
 
 class Conflict(exceptions.APIException):

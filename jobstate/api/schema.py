@@ -20,8 +20,9 @@ from rest_framework.metadata import SimpleMetadata
 from rest_framework.views import APIView
 
 import jobstate
+from jobstate.api.errors import ErrorSerializer
+from jobstate.api.inputs import StrictInput
 from jobstate.api.negotiation import FormatNegotiation
-from jobstate.api.serializers import ErrorSerializer, StrictInput
 from jobstate.api.throttling import JobstateThrottle
 
 # One Server-Sent Event, as OpenAPI describes an event stream's items. ``data``

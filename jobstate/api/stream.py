@@ -49,7 +49,7 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 
 from jobstate import conf
-from jobstate.api.serializers import JobSnapshotSerializer
+from jobstate.api.outputs import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
 from jobstate.states import TERMINAL

@@ -28,25 +28,18 @@ from rest_framework.response import Response
 
 from jobstate import registry, services
 from jobstate.api.access import StreamAccess
+from jobstate.api.assets import AssetSerializer
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone, KindNotAllowed
+from jobstate.api.fields import StoredDateTimeField
 from jobstate.api.filters import JobFilter
+from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredReasonSerializer
 from jobstate.api.longpoll import WAITED, WaitFirst, long_poll_view
+from jobstate.api.outputs import JobDetailSerializer, JobEventSerializer, JobSerializer, StuckSerializer
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination, once
 from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visible_jobs
 from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
-from jobstate.api.serializers import (
-    AssetSerializer,
-    EnqueueSerializer,
-    JobDetailSerializer,
-    JobEventSerializer,
-    JobSerializer,
-    ReasonSerializer,
-    RequiredReasonSerializer,
-    StoredDateTimeField,
-    StuckSerializer,
-)
 from jobstate.api.stream import finished_and_seen, streaming_response
 from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
 from jobstate.exceptions import UnknownKind

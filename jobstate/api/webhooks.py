@@ -31,18 +31,18 @@ from rest_framework.response import Response
 from jobstate import conf
 from jobstate.api.base import JobstateAPIView
 from jobstate.api.errors import Conflict
-from jobstate.api.pagination import KeysetPagination
-from jobstate.api.permissions import may_view_all
-from jobstate.api.schema import extend_schema
-from jobstate.api.serializers import (
-    OutputSerializer,
+from jobstate.api.fields import (
     StrictBooleanField,
     StrictCharField,
     StrictChoiceField,
-    StrictInput,
     StrictIntegerField,
     StrictURLField,
 )
+from jobstate.api.inputs import StrictInput
+from jobstate.api.outputs import OutputSerializer
+from jobstate.api.pagination import KeysetPagination
+from jobstate.api.permissions import may_view_all
+from jobstate.api.schema import extend_schema
 from jobstate.webhooks import rotation, validation
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 

@@ -1,0 +1,106 @@
+"""The API's request bodies: ``StrictInput`` (every body's base: an unknown field
+is refused) and the job actions' inputs (enqueue, reasons).
+
+They only shape and bound the request; whether a job may be created or moved is
+decided by jobstate.services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import ISO_8601, serializers
+from rest_framework.exceptions import ErrorDetail
+
+from jobstate.api.fields import AwareDateTimeField, ParametersField, StrictCharField, StrictIntegerField
+
+BIGINT = 2**63
+
+
+class StrictInput(serializers.Serializer[Any]):
+    """The base of every request body's serializer (before ``OutputSerializer`` for
+    a model's): a body field it does not take is refused, a 400 ``invalid`` naming
+    each one in ``fields`` ("Unknown field.", or "This field is read-only." for one
+    it shows but does not take, e.g. an ``id`` echoed from a GET), with the body's
+    other field errors; nothing is written. A misspelt field (``"parmeters"``) was
+    ignored: the job ran with the defaults and the client never learnt of the typo.
+    The schema says so too (``additionalProperties: false``, jobstate.api.schema)."""
+
+    default_error_messages = {
+        "unknown_field": "Unknown field.",
+        "read_only_field": "This field is read-only.",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        refused = self.refused_fields(data)
+        try:
+            value = super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            if refused and isinstance(exc.detail, dict):
+                raise serializers.ValidationError({**refused, **exc.detail}) from None
+            raise
+        if refused:
+            raise serializers.ValidationError(refused)
+        return value
+
+    def refused_fields(self, data: Any) -> dict[str, list[ErrorDetail]]:
+        """The body's fields this serializer does not take, each with its message, in
+        the body's order (first: a misspelt field is also why a required one is missing)."""
+        if not isinstance(data, Mapping):
+            return {}  # DRF's own error: not a JSON object
+        fields = self.fields
+        refused = {}
+        for name in data:
+            field = fields.get(name)
+            if field is not None and not field.read_only:
+                continue
+            code = "unknown_field" if field is None else "read_only_field"
+            refused[_printable(name)] = [ErrorDetail(str(self.error_messages[code]), code=code)]
+        return refused
+
+
+def _printable(name: Any) -> str:
+    """A field name as the error can show it: a lone surrogate (valid in a JSON
+    string) escaped, or the JSON renderer could not encode the response (a 500)."""
+    return str(name).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class EnqueueSerializer(StrictInput):
+    kind = StrictCharField(max_length=200, help_text="A registered handler name.")
+    parameters = ParametersField(required=False, default=dict, help_text="Validated by the handler's schema.")
+    key = StrictCharField(
+        max_length=255,
+        required=False,
+        allow_null=True,
+        default=None,
+        # Taken as sent: stripped, " a" and "a" named one job. The service refuses a blank key.
+        trim_whitespace=False,
+        help_text="Idempotency key: an active (or still up to date) job of yours with this kind and key is "
+        "returned with 200 instead of queueing a new one. Taken as sent (surrounding spaces are part "
+        "of it); a key of only whitespace is refused.",
+    )
+    watermark = StrictIntegerField(
+        min_value=-BIGINT,
+        max_value=BIGINT - 1,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Input version for keyed jobs; a newer watermark re-runs a finished job.",
+    )
+    priority = StrictIntegerField(min_value=-32768, max_value=32767, required=False, default=0)
+    run_after = AwareDateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        input_formats=[ISO_8601],
+        help_text="Do not start before this time (ISO 8601).",
+    )
+
+
+class ReasonSerializer(StrictInput):
+    reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class RequiredReasonSerializer(StrictInput):
+    reason = StrictCharField(max_length=1000, help_text="Why: recorded in the history.")
