@@ -13,6 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import services
+from jobstate.exceptions import UnknownKind
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.workflows import state
 from tests.api_support import JOBS, assert_error, client_for, completed, grant, job_url, make_job, running
@@ -73,6 +74,19 @@ def test_an_enqueue_key_is_taken_as_sent_as_the_service_takes_it(user):
     assert Job.objects.get(pk=spaced.json()["id"]).key == " daily "
     blank = client.post(JOBS, {"kind": "test.echo", "key": "  "}, format="json")
     assert blank.json()["error"]["fields"] == {"key": ["A key cannot be blank (only whitespace)."]}
+
+
+@pytest.mark.parametrize("kind", [" test.echo", "test.echo ", "\ttest.echo\n", "   "])
+def test_a_kind_is_taken_as_sent_as_the_registry_takes_it(user, kind):
+    # DRF stripped it: " test.echo" queued a test.echo job, while services.enqueue and
+    # `jobstate enqueue` look the name up as given (an unknown kind).
+    before = counts()
+    error = assert_error(client_for(user).post(JOBS, {"kind": kind}, format="json"), 400, "unknown_kind")
+    assert error["fields"] == {"kind": [f"Unknown job kind '{kind}'."]}
+    assert error["message"] == f"Unknown job kind '{kind}'."
+    assert counts() == before
+    with pytest.raises(UnknownKind):
+        services.enqueue(kind, {})
 
 
 def test_a_key_used_by_another_owner_queues_the_callers_own_job(user, other_user):

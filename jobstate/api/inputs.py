@@ -67,7 +67,13 @@ def _printable(name: Any) -> str:
 
 
 class EnqueueSerializer(StrictInput):
-    kind = StrictCharField(max_length=200, help_text="A registered handler name.")
+    kind = StrictCharField(
+        max_length=200,
+        # Taken as sent, as the registry looks it up: stripped, " a" queued an "a" job
+        # that services.enqueue(" a") and `jobstate enqueue " a"` refuse as unknown.
+        trim_whitespace=False,
+        help_text="A registered handler name, exactly (surrounding whitespace makes it an unknown kind).",
+    )
     parameters = ParametersField(required=False, default=dict, help_text="Validated by the handler's schema.")
     key = StrictCharField(
         max_length=255,
