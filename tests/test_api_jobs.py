@@ -428,6 +428,25 @@ def test_list_filters(user):
     assert ids(status="queued", kind="test.echo") == {str(keyed.pk)}
 
 
+def test_key_and_kind_filters_match_as_sent_as_an_enqueue_stores_them(user):
+    # The form field stripped them: ?key=%20daily%20 listed the "daily" job, not the
+    # " daily " one, and ?key=%20 (no job can have a blank key) listed every job.
+    plain = make_job(user, key="daily")
+    spaced = make_job(user, key=" daily ")
+    client = client_for(user)
+
+    def ids(**params: object) -> list[str]:
+        response = client.get(JOBS, params)
+        assert response.status_code == 200, response.content
+        return [j["id"] for j in response.json()["results"]]
+
+    assert ids(key="daily") == [str(plain.pk)]
+    assert ids(key=" daily ") == [str(spaced.pk)]
+    assert ids(key="  ") == []
+    assert ids(kind=" test.echo") == []
+    assert ids(kind="test.echo", key=" daily ") == [str(spaced.pk)]
+
+
 def test_list_filters_by_parent_and_retry_of(user):
     parent = make_job(user)
     child = make_job(user, parent=parent)

@@ -51,8 +51,10 @@ class InChoicesFilter(django_filters.MultipleChoiceFilter):
 
 class JobFilter(django_filters.FilterSet):
     status = InChoicesFilter(choices=Status.choices, help_text="One or more statuses (repeat the parameter).")
-    kind = django_filters.CharFilter(max_length=200, help_text="Registered handler name.")
-    key = django_filters.CharFilter(max_length=255, help_text="Idempotency key.")
+    # Matched as sent (strip=False), as an enqueue stores them: the form field stripped them,
+    # so ?key=%20daily%20 listed the "daily" job and a blank one (stripped to "") listed all.
+    kind = django_filters.CharFilter(max_length=200, strip=False, help_text="Registered handler name.")
+    key = django_filters.CharFilter(max_length=255, strip=False, help_text="Idempotency key, as sent.")
     created = UTCIsoDateTimeFromToRangeFilter(
         field_name="created_at",
         help_text="Created at or after `created_after` and at or before `created_before` (ISO 8601).",
