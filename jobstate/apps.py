@@ -27,9 +27,6 @@ class JobstateConfig(AppConfig):
         registry.autodiscover()
         workflows.install()
         # Higher layers register on the core's hooks (jobstate.hooks).
-        from jobstate.api.serializers import JobDetailSerializer
-        # Higher layers register on the core's hooks (jobstate.hooks); conf's import
-        # registers the settings check.
         from jobstate.api.outputs import JobDetailSerializer
 
         webhooks.install(serializer=JobDetailSerializer)
