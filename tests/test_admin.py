@@ -309,15 +309,21 @@ def test_active_job_cannot_be_deleted_and_bulk_delete_is_gone(admin_client: Any)
 
 
 def test_a_finished_job_with_an_active_job_below_it_cannot_be_deleted(admin_client: Any) -> None:
-    # Deleting a job deletes its children, and theirs: Django's delete view asks
-    # has_delete_permission of every job the cascade would take, and an active one refuses.
+    # Deleting a job deletes its children, and theirs: the page names each active one
+    # the cascade would take as protected, and the POST deletes nothing.
     top = completed()
     middle = completed(parent=top)
     below = queued(parent=middle)
+    done = completed(parent=middle)
     for job in (top, middle):
         url = reverse("admin:jobstate_job_delete", args=[job.pk])
-        assert admin_client.post(url, {"post": "yes"}).status_code == 403
-    assert Job.objects.filter(pk__in=[top.pk, middle.pk, below.pk]).count() == 3
+        for response in (admin_client.get(url), admin_client.post(url, {"post": "yes"})):
+            html = response.content.decode()
+            assert response.status_code == 200, html
+            assert "would require deleting the following protected related objects" in html
+            assert f'<a href="{change_url(below)}">{below}</a>, still active' in html
+            assert "permission" not in html and f"{done}</a>, still active" not in html
+    assert Job.objects.filter(pk__in=[top.pk, middle.pk, below.pk, done.pk]).count() == 4
 
 
 @pytest.mark.parametrize(

@@ -9,12 +9,14 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import connections
+from django.db import connections, router
 from django.db.models import BinaryField, CharField, Func, Q, QuerySet
 from django.db.models.functions import Cast, Right, Substr
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from jobstate import conf, stuck
 from jobstate.admin import actions, dashboard, live, site, views
@@ -26,7 +28,10 @@ from jobstate.admin.job_page import JobPageFields
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
-from jobstate.states import ACTIVE
+from jobstate.states import ACTIVE, TERMINAL
+
+# Job ids per statement when walking a job's descendants.
+CHUNK = 1000
 
 # Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
 BADGE_CAP = 100
@@ -35,6 +40,29 @@ SHORT = len(short(uuid.UUID(int=0)))
 
 # Heavy columns the list never shows.
 LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
+
+
+def _active_below(jobs: Any, db: str) -> list[Job]:
+    """The active jobs among the descendants of ``jobs`` (children, theirs...): those
+    deleting ``jobs`` would take with them (``parent`` cascades)."""
+    frontier = [job.pk for job in jobs]
+    seen = set(frontier)
+    active: list[uuid.UUID] = []
+    while frontier:
+        below: list[uuid.UUID] = []
+        for start in range(0, len(frontier), CHUNK):
+            rows = Job.objects.using(db).filter(parent_id__in=frontier[start : start + CHUNK])
+            for pk, status in rows.order_by().values_list("pk", "status"):
+                if pk not in seen:
+                    seen.add(pk)
+                    below.append(pk)
+                    if status not in TERMINAL:
+                        active.append(pk)
+        frontier = below
+    found: list[Job] = []
+    for start in range(0, len(active), CHUNK):
+        found += Job.objects.using(db).filter(pk__in=active[start : start + CHUNK]).only("kind", "status")
+    return sorted(found, key=lambda job: str(job.pk))
 
 
 def _looks_short(term: str) -> bool:
@@ -119,6 +147,24 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         if obj is not None and not obj.is_terminal:
             return False  # never pull a running job from under its worker
         return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, set[str], list[Any]]:
+        """Django's summary of a delete, each active job below the deleted ones listed
+        as protected: the cascade would pull it from under its worker. Django's page then
+        names those jobs ("would require deleting the following protected related
+        objects") and a POST deletes nothing, instead of reading as a missing
+        permission (``has_delete_permission`` refuses each of them)."""
+        to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        active = _active_below(objs, router.db_for_write(Job))
+        if active:
+            protected = [*protected, *(self._still_active(job) for job in active)]
+            if super().has_delete_permission(request):  # refused only because they are active
+                perms_needed.discard(self.opts.verbose_name)
+        return to_delete, model_count, perms_needed, protected
+
+    def _still_active(self, job: Job) -> SafeString:
+        url = reverse(f"{self.admin_site.name}:jobstate_job_change", args=[job.pk])
+        return format_html('Job: <a href="{}">{}</a>, still active', url, job)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("jobstate.cancel_job"))
