@@ -13,7 +13,7 @@ from django.urls import reverse
 from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Asset, JobEvent
-from tests.admin_support import expired, queued
+from tests.admin_support import expired, grant, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +118,18 @@ def test_the_full_history_list_of_one_job(
     assert JobEvent.objects.filter(pk=event.pk).exists()
     page = admin_client.get(reverse("admin:jobstate_jobevent_change", args=[event.pk]))
     assert page.status_code == 200 and delete not in page.content.decode()
+
+
+def test_the_history_list_needs_the_job_view_permission(client: Any, staff_user: Any) -> None:
+    # Its rows are the jobs' (kind, reasons, actors): view_jobevent alone shows none.
+    job = queued()
+    services.request_cancel(job, "ops", "no longer needed")
+    url = f"{reverse('admin:jobstate_jobevent_changelist')}?job={job.pk}"
+    client.force_login(grant(staff_user, "view_jobevent"))
+    assert client.get(url).status_code == 403
+    client.force_login(grant(staff_user, "change_job"))
+    response = client.get(url)
+    assert response.status_code == 200 and "no longer needed" in response.content.decode()
 
 
 def test_nul_characters_in_posted_reasons_are_dropped(admin_client: Any) -> None:

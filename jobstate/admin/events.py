@@ -19,6 +19,7 @@ from jobstate.admin.inlines import EventColumns
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import short
 from jobstate.models import JobEvent
+from jobstate.models.job import may_view_all
 
 
 @admin.register(JobEvent)
@@ -40,11 +41,12 @@ class JobEventAdmin(EventColumns, SafeListAdmin, admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobEvent]:
         return super().get_queryset(request).select_related("actor")
 
-    # Read-only, and visible to whoever may view jobs (as on the job page).
+    # Read-only, and visible to whoever may view jobs, as on the job page; only to them:
+    # a row is part of its job (kind, reasons, actors, errors), so ``view_jobevent``
+    # alone shows nothing.
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        return any(user.has_perm(f"jobstate.{p}") for p in ("view_jobevent", "view_job", "change_job"))
+        return may_view_all(request.user)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return False  # reached from the job page, not listed on the admin index
