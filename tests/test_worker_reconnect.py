@@ -353,3 +353,41 @@ def test_a_job_heartbeat_cut_off_from_the_database_logs_one_traceback_then_recov
     assert not ctx.lease_lost.is_set()
     job.refresh_from_db()
     assert job.progress == (10 if write == "lease" else 20)
+
+
+def test_a_job_claimed_with_an_outcome_whose_answer_was_lost_runs_next(broker, temp_handler, monkeypatch):
+    """On PostgreSQL a completion claims and begins the worker's next job in the
+    same statement (``services.handover``). That statement commits, then the
+    connection drops before its answer comes back: the completion made again is
+    refused, and claims nothing. The job it had claimed is run next, once, its one
+    attempt charged; it stayed ``processing`` under this worker, never run, until
+    the reaper took it with that attempt spent."""
+    postgresql_only()
+    from jobstate.services import handover
+
+    runs: list[int] = []
+    temp_handler("t.handed", lambda ctx: runs.append(ctx.attempt), max_attempts=2, retry_backoff=0)
+    services.enqueue("t.handed", {})
+    (package,) = unpack(broker.dequeue())
+    following = services.enqueue("t.handed", {"n": 2})
+    real = handover.move_and_claim
+    claimed: list[Any] = []
+
+    def committed_then_dropped(job, *args, then, **kwargs):  # type: ignore[no-untyped-def]
+        if claimed:
+            return real(job, *args, then=then, **kwargs)
+        unheard = services.NextClaim(then.worker_id, then.kinds)
+        real(copy.copy(job), *args, then=unheard, **kwargs)  # committed; the worker never hears of it
+        claimed.extend(unheard.claimed)
+        close_at_driver_level()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(handover, "move_and_claim", committed_then_dropped)
+    # Only kinds without a concurrency limit can be claimed with an outcome.
+    kinds = tasks.Chain.next_kinds
+    monkeypatch.setattr(tasks.Chain, "next_kinds", lambda links: [k for k in kinds(links) if k == "t.handed"])
+    assert run(package) == "completed"
+    assert [job.pk for job in claimed] == [following.pk]
+    following.refresh_from_db()
+    assert following.status == Status.COMPLETED and following.attempts == 1 and runs == [1, 1]
+    assert list(following.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]

@@ -29,6 +29,7 @@ from jobstate.exceptions import (
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from jobstate.storable import exception_text
+from jobstate.worker import unheard
 from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.limits import timeout_for
@@ -250,11 +251,18 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
     in a recorded state (or, if nothing can be written, with the reaper).
     ``then``: see ``runner.run_job``."""
     writes = 0
+    asked: list[services.NextClaim | None] = []
+
+    def ask() -> services.NextClaim | None:
+        # Once: a write made again claims with the same request (and its time).
+        if not asked and then is not None:
+            asked.append(then())
+        return asked[0] if asked else None
 
     def store() -> str:
         nonlocal writes
         writes += 1
-        return _store(ctx, kind, value, then)
+        return _store(ctx, kind, value, ask if then is not None else None)
 
     try:
         # The server may have dropped the connection while the handler ran: its
@@ -271,6 +279,9 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
                 logger.info(
                     "Job %s: its outcome (%s) was stored before the connection dropped", ctx.job.pk, stored
                 )
+                request = asked[0] if asked else None
+                if stored == "completed" and request is not None:
+                    unheard.handed_over(ctx.job.pk, request)  # its next job, claimed with it
                 return stored
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"

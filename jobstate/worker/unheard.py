@@ -1,0 +1,59 @@
+"""Writes that committed but whose answer the worker never heard: the server
+dropped the connection between the commit and the reply, and the write made once
+more on a new one (``connections.reconnecting``) was refused because the first
+had already landed. What the first one did is read back from the database, and
+only what this worker process did is taken up: by its worker id, at the instant
+of that write, and (where it is known) under its lease token."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db.models import Exists, OuterRef
+
+from jobstate import services
+from jobstate.models import Job, JobEvent
+from jobstate.states import Status
+
+logger = logging.getLogger("jobstate.worker")
+
+
+def handed_over(completed: Any, request: services.NextClaim) -> None:
+    """The completion of ``completed`` that committed unheard may have claimed
+    and begun ``request``'s next job in the same statement (``services.handover``):
+    that job, if one was, goes into ``request`` as if the answer had come, for the
+    worker to run. It was claimed for this worker process at the completion's
+    instant (its history row and ``started_at`` carry it); the lease token is the
+    one that statement stored. Nothing found: ``request`` stays untried, and the
+    worker claims its next job itself."""
+    label = services.Actor.worker(request.worker_id).label[:200]
+    try:
+        finished = Job.objects.filter(pk=completed, status=Status.COMPLETED).values_list(
+            "finished_at", flat=True
+        )
+        claim = JobEvent.objects.filter(
+            job_id=OuterRef("pk"), transition="claim", actor_label=label, created_at=OuterRef("started_at")
+        )
+        job = (
+            Job.objects.filter(
+                Exists(claim),
+                status=Status.PROCESSING,
+                worker_id=request.worker_id[:200],
+                started_at__in=finished,
+            )
+            .order_by("id")
+            .first()
+        )
+    except Exception:
+        logger.warning(
+            "Job %s: could not read whether its completion claimed a job; one it did is left to the reaper",
+            completed,
+            exc_info=True,
+        )
+        return
+    if job is not None:
+        logger.info(
+            "Job %s: claimed with the outcome of job %s before the connection dropped", job.pk, completed
+        )
+        request.claimed, request.tried = [job], True
