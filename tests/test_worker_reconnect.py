@@ -7,14 +7,17 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import OperationalError, close_old_connections, connection
 from django.test import override_settings
+from django.utils import timezone
 from django_q.conf import Conf
 
 from jobstate import hooks, services
+from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import counters, outage, tasks
 from jobstate.worker.runner import run_job
@@ -391,3 +394,65 @@ def test_a_job_claimed_with_an_outcome_whose_answer_was_lost_runs_next(broker, t
     following.refresh_from_db()
     assert following.status == Status.COMPLETED and following.attempts == 1 and runs == [1, 1]
     assert list(following.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+
+
+@pytest.mark.parametrize("write", ["begin", "start"])
+def test_a_job_begun_just_before_the_connection_dropped_runs(broker, temp_handler, monkeypatch, write):
+    """``begin`` (a package's job) or ``start`` (``run_by_id``) commits, then the
+    connection drops before its answer comes back: made again on a new one, it is
+    refused (the job shows as started). Still held by this worker process (under
+    its lease token), the job runs, its one attempt charged; it was skipped as
+    "taken from this cluster", left ``processing`` for the reaper to take with
+    that attempt spent."""
+    runs: list[int] = []
+    temp_handler("t.begun", lambda ctx: runs.append(ctx.attempt), max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.begun", {})
+    real = getattr(services, write)
+    calls: list[int] = []
+
+    def committed_then_dropped(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) > 1:
+            return real(*args, **kwargs)
+        real(*args, **kwargs)  # committed; the worker never hears of it
+        close_at_driver_level()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    if write == "begin":
+        (package,) = unpack(broker.dequeue())
+    monkeypatch.setattr(services, write, committed_then_dropped)
+    assert (run(package) if write == "begin" else tasks.run_by_id(job.pk)) == "completed"
+    assert calls == [1, 1] and runs == [1]
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.attempts == 1
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+
+
+def test_a_job_begun_then_taken_by_another_worker_before_the_begin_made_again_is_skipped(
+    broker, temp_handler, monkeypatch
+):
+    """The same, but the reaper gave the job to another worker before ``begin``
+    was made again: it is not this worker's to run (another lease token, holder)."""
+    runs: list[int] = []
+    temp_handler("t.taken", lambda ctx: runs.append(ctx.attempt), max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.taken", {})
+    (package,) = unpack(broker.dequeue())
+    real = services.begin
+    calls: list[int] = []
+
+    def committed_then_taken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) > 1:
+            return real(*args, **kwargs)
+        real(*args, **kwargs)  # committed; then the worker's lease ran out, and another took it
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+        services.requeue_expired()
+        services.claim("other:1:2", kinds=["t.taken"], start=True)
+        close_at_driver_level()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "begin", committed_then_taken)
+    assert run(package) == "skipped"
+    assert calls == [1, 1] and runs == []
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and job.worker_id == "other:1:2"

@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from django.db import Error as DatabaseErrors
 from django.db import connection
@@ -73,6 +73,18 @@ def reconnecting(call: Callable[[], T], why: str) -> T:
             raise
     logger.info("jobstate worker: %s; reconnected", why)
     return call()
+
+
+class Calls(Generic[T]):
+    """``call``, counting how often it was made (``reconnecting`` makes it twice
+    when the first one's connection turned out dead: it may have committed there)."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self.call, self.made = call, 0
+
+    def __call__(self) -> T:
+        self.made += 1
+        return self.call()
 
 
 def close_quietly() -> None:

@@ -27,8 +27,8 @@ from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, Leas
 from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
-from jobstate.worker import counters, q2
-from jobstate.worker.connections import reconnecting
+from jobstate.worker import counters, q2, unheard
+from jobstate.worker.connections import Calls, reconnecting
 from jobstate.worker.endings import (
     HARD_TIMEOUT,
     cancel_unstarted,
@@ -161,10 +161,15 @@ def hand_back_unstarted(me: str, links: Chain) -> None:
 
 
 def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
-    leased_at = time.monotonic()
+    leased_at, since = time.monotonic(), timezone.now()
+    calls = Calls(functools.partial(services.begin, job_id, token, me))
     try:
-        begun = reconnecting(functools.partial(services.begin, job_id, token, me), KEPT_CLOSED)
+        begun = reconnecting(calls, KEPT_CLOSED)
     except LeaseLost:
+        # Made again on a new connection: the first one may have begun it, unheard.
+        held = unheard.begun(job_id, me, since, token) if calls.made > 1 else None
+        if held is not None:
+            return _run_begun(held, me, links, leased_at)
         logger.info("Job %s was taken from this cluster while it waited; skipped", job_id)
         keep_connection()
         return "skipped"
@@ -307,11 +312,18 @@ def run_by_id(job_id: Any) -> str:
     cluster = broker.cluster_id()
     me = worker_id(cluster)
     _serve(me, cluster)
-    leased_at = time.monotonic()
+    leased_at, since = time.monotonic(), timezone.now()
+    calls = Calls(functools.partial(services.start, job_id, me))
     try:
-        job = reconnecting(functools.partial(services.start, job_id, me), KEPT_CLOSED)
-    except (InvalidTransition, Job.DoesNotExist, ConcurrencyLimitReached):
-        return "skipped"  # cancelled, run by someone else, or its kind is full (the broker takes it later)
+        job = reconnecting(calls, KEPT_CLOSED)
+    except InvalidTransition:
+        # Made again on a new connection: the first one may have begun it, unheard.
+        held = unheard.begun(job_id, me, since) if calls.made > 1 else None
+        if held is None:
+            return "skipped"  # cancelled, or run by someone else
+        job = held
+    except (Job.DoesNotExist, ConcurrencyLimitReached):
+        return "skipped"  # gone, or its kind is full (the broker takes it later)
     return _run_begun(job, me, leased_at=leased_at)
 
 

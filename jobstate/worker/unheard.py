@@ -8,6 +8,7 @@ of that write, and (where it is known) under its lease token."""
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Exists, OuterRef
@@ -17,6 +18,26 @@ from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 
 logger = logging.getLogger("jobstate.worker")
+
+
+def begun(job_id: Any, worker_id: str, since: datetime, token: Any = None) -> Job | None:
+    """The job ``worker_id`` began by a ``begin`` (``token``: the lease it was
+    begun under) or a ``start`` (which made the token) called at ``since``, whose
+    answer was lost: it is still ``processing``, held by this worker process,
+    started since. None if it is not (another holder has it, or it moved on)."""
+    held = Job.objects.filter(
+        pk=job_id, status=Status.PROCESSING, worker_id=worker_id[:200], started_at__gte=since
+    )
+    if token is not None:
+        held = held.filter(lease_token=token)
+    try:
+        job = held.first()
+    except Exception:
+        logger.warning("Job %s: could not read whether this worker began it", job_id, exc_info=True)
+        return None
+    if job is not None:
+        logger.info("Job %s: begun before the connection dropped; it runs", job_id)
+    return job
 
 
 def handed_over(completed: Any, request: services.NextClaim) -> None:
