@@ -105,3 +105,35 @@ def test_children_start_in_bulk_with_their_options_history_and_order() -> None:
     events = JobEvent.objects.filter(job__parent_id=job.pk)
     rows = [(t, r, json.dumps(m)) for t, r, m in events.values_list("transition", "reason", "metadata")]
     assert rows == [("enqueue", "child of step 'split'", "{}")] * CHILDREN
+
+
+class Ordered(jobstate.Workflow):
+    @jobstate.step()
+    def split(self, ctx: Any) -> None:
+        for item in range(ORDERED):
+            ctx.spawn("t.ordered", {"item": item})
+
+
+ORDERED = 40
+
+
+def test_workers_claim_children_of_equal_priority_in_spawn_order() -> None:
+    # Inserted in bulk, the children shared one created_at (and run_after): the claim
+    # order (priority DESC, run_after, created_at) left them tied, taken in whatever
+    # order the database found them, not the order the step spawned them in.
+    registry.handler("t.ordered", api=False)(lambda ctx: None)
+    jobstate.workflow("t.ordered_flow", max_attempts=1)(Ordered)
+    try:
+        job = services.enqueue("t.ordered_flow", {})
+        drain(kinds=["t.ordered_flow"])
+        spawned = [Job.objects.get(pk=pk) for pk in steps.children_of(job.pk, "split")]
+        assert [c.parameters["item"] for c in spawned] == list(range(ORDERED))
+        keys = [(-c.priority, c.run_after, c.created_at) for c in spawned]
+        assert keys == sorted(set(keys))  # no two tied: the claim order is the spawn order
+        for child in reversed(spawned):  # rows rewritten: PostgreSQL's heap order reversed
+            Job.objects.filter(pk=child.pk).update(parameters=child.parameters)
+        taken = [j.parameters["item"] for _ in range(4) for j in services.claim("w", ["t.ordered"], limit=10)]
+    finally:
+        registry.unregister("t.ordered_flow")
+        registry.unregister("t.ordered")
+    assert taken == list(range(ORDERED))
