@@ -509,6 +509,32 @@ def test_definition_errors_are_caught_when_the_class_is_defined():
         jobstate.step(on_child_failure="explode")
 
 
+def test_an_async_step_undo_or_result_is_refused_when_the_class_is_defined():
+    # A step's coroutine was stored as its output: every run failed with an output that
+    # cannot be stored; an async undo was recorded "undone" without its body running.
+    with pytest.raises(TypeError, match=r"Step\.a: .*async function.*async_to_sync"):
+
+        class Step(jobstate.Workflow):
+            @jobstate.step()
+            async def a(self, ctx: Any) -> None: ...
+
+    with pytest.raises(TypeError, match=r"Undo\.a: undo method 'back' is an async function"):
+
+        class Undo(jobstate.Workflow):
+            @jobstate.step(undo="back")
+            def a(self, ctx: Any) -> None: ...
+
+            async def back(self, ctx: Any, output: Any) -> None: ...
+
+    with pytest.raises(TypeError, match=r"Result\.result: .*async function"):
+
+        class Result(jobstate.Workflow):
+            @jobstate.step()
+            def a(self, ctx: Any) -> None: ...
+
+            async def result(self, outputs: dict[str, Any]) -> Any: ...  # type: ignore[override]
+
+
 def test_a_step_that_raises_is_failed_with_its_error_then_retried():
     job = services.enqueue("wf.fixable", {}, max_attempts=2)
     run_next("w1")

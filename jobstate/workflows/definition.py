@@ -127,6 +127,7 @@ class Workflow:
         specs: list[StepSpec] = []
         for position, (attr, (func, mark)) in enumerate(marked.items()):
             specs.append(_spec(cls, attr, func, mark, position, [s.name for s in specs]))
+        _plain(f"{cls.__qualname__}.result", cls.result, "result")
         cls.steps = tuple(specs)
 
     def result(self, outputs: dict[str, Any]) -> Any:
@@ -141,6 +142,17 @@ class Workflow:
         raise KeyError(name)
 
 
+def _plain(where: str, func: Any, what: str) -> None:
+    """Refuse an ``async def`` method: the run calls it as a plain one, so its body
+    would never run (a step's coroutine stored as its output fails every run; an
+    undo's would be recorded as done), as ``jobstate.handler`` refuses one."""
+    if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"{where}: {what} is an async function; workflow methods are plain defs (run a "
+            "coroutine inside one with asgiref.sync.async_to_sync)"
+        )
+
+
 def _spec(
     cls: type, attr: str, func: Callable[..., Any], mark: _Mark, position: int, earlier: list[str]
 ) -> StepSpec:
@@ -148,11 +160,14 @@ def _spec(
     where = f"{cls.__qualname__}.{attr}"
     if not name or len(name) > 200 or name in earlier:
         raise TypeError(f"{where}: step names are unique, non-empty, at most 200 characters")
+    _plain(where, func, "the step")
     undo = mark.undo
     if callable(undo):
         undo = undo.__name__
     if undo is not None and not callable(getattr(cls, undo, None)):
         raise TypeError(f"{where}: undo method '{undo}' is not defined on the class")
+    if undo is not None:
+        _plain(where, getattr(cls, undo), f"undo method '{undo}'")
     params = list(inspect.signature(func).parameters.values())[2:]  # after self, ctx
     inputs: list[str] = []
     all_inputs = False
