@@ -427,6 +427,29 @@ def test_mark_partial_lets_the_workflow_finish_partial(temp_handler):
     assert job.error_message == "fetch: 2 of 5 sources unreachable"
 
 
+def test_serving_and_partial_notes_with_a_nul_character_are_stored_cleaned():
+    # Other text a step reports (ctx.progress) has its NUL characters replaced; these
+    # raised a ValidationError inside the step, which then failed and was retried.
+    class Noted(jobstate.Workflow):
+        @jobstate.step()
+        def one(self, ctx: Any) -> int:
+            ctx.serving("up\x00now")
+            ctx.mark_partial("half\x00done")
+            return 1
+
+    jobstate.workflow("t.noted", max_attempts=1)(Noted)
+    try:
+        job = services.enqueue("t.noted", {})
+        drain()
+    finally:
+        registry.unregister("t.noted")
+    job.refresh_from_db()
+    assert job.status == Status.PARTIAL and job.result == 1
+    assert job.error_message == "one: half\ufffddone"
+    serve = JobEvent.objects.get(job_id=job.pk, transition="step_serving")
+    assert serve.metadata["message"] == "up\ufffdnow"
+
+
 def test_stop_request_ends_a_serving_job_completed(user):
     job = services.enqueue("wf.service", {})
     seen: dict[str, Any] = {}

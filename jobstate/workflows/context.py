@@ -18,6 +18,7 @@ from django.db.models import Q
 from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
+from jobstate.storable import text
 from jobstate.workflows import spawns, steps
 from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
 from jobstate.workflows.spawns import REUSED, ChildSpec
@@ -269,7 +270,7 @@ class StepContext:
         """Report that this step is up and serving (the step's status becomes
         ``serving`` and ``message`` shows on the job) until asked to stop."""
         self._active("serve")
-        steps.serving(self.job, self.token, self.step, str(message)[:500])
+        steps.serving(self.job, self.token, self.step, text(str(message)[:500]))
 
     def wait_for_stop(self, timeout: float | None = None, *, poll: float | None = None) -> bool:
         """Block until ``services.request_stop`` is called for this job (True) or
@@ -297,7 +298,7 @@ class StepContext:
     def mark_partial(self, message: str) -> None:
         """Let the workflow go on, but end it ``partial`` with ``message`` (kept across crashes)."""
         self._active("mark partial")
-        steps.note(self.job, self.token, self.step, **{steps.PARTIAL: str(message)[:1000]})
+        steps.note(self.job, self.token, self.step, **{steps.PARTIAL: text(str(message)[:1000])})
 
     def _active(self, what: str) -> None:
         if self.undoing:
