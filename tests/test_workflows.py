@@ -357,6 +357,9 @@ def test_retry_from_where_it_stopped_by_default_and_refusals():
     with pytest.raises(ValidationError) as info:
         retry_from(job, "two", skip=["two", "nine", ""])
     assert info.value.message_dict == {"skip": ["'nine', '': not a step of wf.fixable (one, two, three)."]}
+    # A string was taken as its characters: "'t', 'w', 'o': not a step".
+    with pytest.raises(TypeError, match=r"skip is a list of step names, not a string: skip=\['two'\]"):
+        retry_from(job, "two", skip="two")
     assert Job.objects.count() == 1  # refusals write nothing
     new = retry_from(job, actor="ops", reason="again")
     assert JobEvent.objects.get(job_id=new.pk, transition="retry_from").metadata["from_step"] == "two"

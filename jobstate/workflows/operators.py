@@ -58,6 +58,8 @@ def retry_from(
     When every step completed and the job still did not complete (its ``result()``
     raised, say), where it stopped is after its last step: the retry copies them all and
     runs none. A completed job runs again from its first step."""
+    if isinstance(skip, str | bytes):  # its characters would be taken as the names
+        raise TypeError(f"skip is a list of step names, not a string: skip=[{skip!r}]")
     old = _get(job)
     if old.status not in TERMINAL:
         raise InvalidTransition(old.status, Status.QUEUED, "retry_from")
