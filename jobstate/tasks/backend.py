@@ -66,11 +66,11 @@ class JobstateBackend(BaseTaskBackend):
             raise InvalidTask("Task function must be defined at a module level.")
         validate_options(task)
         super().validate_task(task)
-        register(task)
+        register(task, backend=type(self))
         # Workers must know the task's kind in every queue it may be sent to,
         # though only the enqueuing process ever calls .using(queue_name=...).
         for queue in sorted(self.queues - {task.queue_name}):
-            register(task, queue)
+            register(task, queue, backend=type(self))
 
     def enqueue(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> Any:
         self.validate_task(task)

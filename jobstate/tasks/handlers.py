@@ -47,10 +47,11 @@ def current() -> JobContext:
     return ctx
 
 
-def register(task: Task[..., Any], queue: str | None = None) -> str:
+def register(task: Task[..., Any], queue: str | None = None, *, backend: type[Any]) -> str:
     """Register ``task``'s kind (in ``queue``, default: its own) in jobstate's
     handler registry, once per kind and options; return the kind. ``InvalidTask``
-    if the kind belongs to something else."""
+    if the kind belongs to something else. ``backend``: the class of the backend
+    registering it, the signals' sender if the task's alias is gone from ``TASKS``."""
     kind = kind_of(task, queue)
     wanted = (
         task.func,
@@ -80,13 +81,15 @@ def register(task: Task[..., Any], queue: str | None = None) -> str:
         concurrency=option(task, "concurrency"),
         retry_backoff=option(task, "retry_backoff"),
         **options,
-    )(_handler(task, wanted))
+    )(_handler(task, wanted, backend))
     return kind
 
 
-def _handler(task: Task[..., Any], wanted: tuple[Any, ...]) -> Callable[[JobContext], Any]:
+def _handler(
+    task: Task[..., Any], wanted: tuple[Any, ...], backend: type[Any]
+) -> Callable[[JobContext], Any]:
     def run(ctx: JobContext) -> Any:
-        return execute(task, ctx)
+        return execute(task, ctx, backend)
 
     run.__module__ = task.func.__module__
     run.__qualname__ = task.func.__qualname__
@@ -97,14 +100,14 @@ def _handler(task: Task[..., Any], wanted: tuple[Any, ...]) -> Callable[[JobCont
     return run
 
 
-def execute(task: Task[..., Any], ctx: JobContext) -> Any:
+def execute(task: Task[..., Any], ctx: JobContext, backend: type[Any]) -> Any:
     """Run one attempt of a task job in a worker: what the registered handler does."""
     parameters = ctx.job.parameters or {}
     args = list(parameters.get("args") or [])
     kwargs = dict(parameters.get("kwargs") or {})
     rebuilt = rebuild_task(task, ctx.job)
     result = build_result(ctx.job, rebuilt)
-    sender = backend_class(rebuilt)
+    sender = backend_class(rebuilt, backend)
     if len(_running) >= RUNNING_LIMIT:  # attempts that lost their lease are never seen to end here
         _running.pop(next(iter(_running)))
     _running[ctx.job.pk] = Attempt(rebuilt, result, sender)
@@ -130,16 +133,14 @@ def execute(task: Task[..., Any], ctx: JobContext) -> Any:
     return value
 
 
-def backend_class(task: Task[..., Any]) -> type[Any]:
+def backend_class(task: Task[..., Any], registered_by: type[Any]) -> type[Any]:
     """The class of the backend ``task`` was enqueued on: the sender of the signals,
-    as Django sends them (a subclass of ``JobstateBackend``, say). ``JobstateBackend``
-    for an alias no longer in ``TASKS``: its job still runs."""
+    as Django sends them (a subclass of ``JobstateBackend``, say). For an alias no
+    longer in ``TASKS`` (its job still runs), the class that registered the kind."""
     try:
         return type(task.get_backend())
     except ImproperlyConfigured:  # InvalidTaskBackend (InvalidTaskBackendError in the backport)
-        from jobstate.tasks.backend import JobstateBackend  # which imports this module
-
-        return JobstateBackend
+        return registered_by
 
 
 class Attempt:
