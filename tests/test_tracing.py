@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -300,3 +300,39 @@ def test_tracing_sensitive_attributes_must_be_a_bool():
 
     found = settings_checks.problems({"TRACING_SENSITIVE_ATTRIBUTES": "yes"})
     assert [p.id for p in found] == ["jobstate.E003"]
+
+
+def _rename(model, to: str) -> None:
+    with connection.cursor() as cursor:  # (rolled back with the test's transaction)
+        cursor.execute(f"ALTER TABLE {model._meta.db_table} RENAME TO {to}")
+
+
+def test_a_failed_trace_read_does_not_break_the_jobs_transaction(exporter, temp_handler, caplog):
+    # The stored trace was read in the caller's transaction without a savepoint: when the
+    # read failed (here its table is missing), the error was logged but PostgreSQL had
+    # aborted the transaction, and the job's own writes after it failed.
+    temp_handler("test.traced", lambda ctx: None)
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request"):
+        job = services.enqueue("test.traced", {})
+    _rename(JobTrace, "jobstate_jobtrace_gone")
+    with transaction.atomic():
+        services.request_cancel(job, reason="no longer needed")
+        Job.objects.filter(pk=job.pk).update(priority=7)
+    assert "Tracing failed for job" in caplog.text
+    assert Job.objects.filter(pk=job.pk, status="cancelled", priority=7).exists()
+    assert JobEvent.objects.filter(job_id=job.pk, transition="cancel").exists()
+
+
+def test_a_failed_step_read_does_not_break_the_jobs_transaction(exporter, temp_handler, caplog):
+    from jobstate.models import JobStep
+
+    temp_handler("test.traced", lambda ctx: None)
+    with trace.get_tracer_provider().get_tracer("web").start_as_current_span("request"):
+        job = services.enqueue("test.traced", {})
+    _rename(JobStep, "jobstate_jobstep_gone")
+    change = hooks.Transition(job.pk, "processing", "processing", "step_done", "system", "", None)
+    with transaction.atomic():
+        spans.on_transition(change)
+        Job.objects.filter(pk=job.pk).update(priority=7)
+    assert "Tracing failed for job" in caplog.text
+    assert Job.objects.filter(pk=job.pk, priority=7).exists()

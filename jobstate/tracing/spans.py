@@ -10,18 +10,22 @@
 
 Nothing happens (and no query runs) unless a real tracer provider is configured
 (``opentelemetry-sdk`` or another implementation). Errors are logged, never
-raised: the hooks run inside the job's transactions.
+raised: the hooks run inside the job's transactions, so every query is made in a
+savepoint there (``_isolated``): one that fails (PostgreSQL then aborts the whole
+transaction) is rolled back alone and the job's own writes go on.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
@@ -62,6 +66,18 @@ class _Attempt:
 _local = threading.local()
 
 
+@contextmanager
+def _isolated() -> Iterator[None]:
+    """A savepoint when inside the caller's transaction (a failed query must not abort
+    it: PostgreSQL refuses every later statement, so the job's own write would fail or
+    be rolled back); nothing in autocommit, where a failed statement breaks nothing."""
+    if connection.in_atomic_block:
+        with transaction.atomic():
+            yield
+    else:
+        yield
+
+
 def _attempt(job_id: Any) -> _Attempt | None:
     current = getattr(_local, "attempt", None)
     return current if current is not None and str(current.job_id) == str(job_id) else None
@@ -70,7 +86,8 @@ def _attempt(job_id: Any) -> _Attempt | None:
 def stored_context(job_id: Any) -> otel_context.Context | None:
     from jobstate.tracing.models import JobTrace
 
-    row = JobTrace.objects.filter(job_id=job_id).values_list("traceparent", "tracestate").first()
+    with _isolated():
+        row = JobTrace.objects.filter(job_id=job_id).values_list("traceparent", "tracestate").first()
     if row is None:
         return None
     carrier = {"traceparent": row[0]}
@@ -122,7 +139,7 @@ def _on_transition(change: hooks.Transition) -> None:
             if "traceparent" in carrier:
                 # In a savepoint: a failed insert (logged by on_transition) must not undo
                 # the enqueue, which Django's atomic would roll back (PostgreSQL aborts it).
-                with transaction.atomic():
+                with _isolated():
                     JobTrace.objects.create(
                         job_id=change.job_id,
                         traceparent=carrier["traceparent"][:55],
@@ -175,12 +192,13 @@ def _step(job_id: Any) -> tuple[str, int | None]:
     """The step that just ended (the last one written) and when it started."""
     from jobstate.models import JobStep
 
-    row = (
-        JobStep.objects.filter(job_id=job_id, finished_at__isnull=False)
-        .order_by("-updated_at", "-position")
-        .values_list("name", "started_at")
-        .first()
-    )
+    with _isolated():
+        row = (
+            JobStep.objects.filter(job_id=job_id, finished_at__isnull=False)
+            .order_by("-updated_at", "-position")
+            .values_list("name", "started_at")
+            .first()
+        )
     return (row[0], _ns(row[1])) if row else ("?", None)
 
 
