@@ -3,6 +3,7 @@ these fields inside every job's transition."""
 
 from __future__ import annotations
 
+from html.parser import HTMLParser
 from typing import Any
 from unittest import mock
 
@@ -11,7 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
-from jobstate.webhooks import outbox
+from jobstate.admin.webhooks import WebhookEndpointForm
+from jobstate.webhooks import outbox, rotation
 from jobstate.webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -470,3 +472,92 @@ def test_the_admin_marks_the_endpoints_of_an_inactive_owner_as_delivering_nothin
     gone.is_active = True
     gone.save()
     assert "nothing is delivered" not in page(quiet)
+
+
+class _FormFields(HTMLParser):
+    """What a browser posts from a page: its named inputs (checkboxes when ticked),
+    textareas and selects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: dict[str, str] = {}
+        self._textarea: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        name = found.get("name")
+        if tag == "input" and name and (found.get("type") != "checkbox" or "checked" in found):
+            self.data[name] = found.get("value") or ("on" if found.get("type") == "checkbox" else "")
+        elif tag == "textarea" and name:
+            self._textarea, self.data[name] = name, ""
+        elif tag == "option" and "selected" in found and self._select:
+            self.data[self._select] = found.get("value") or ""
+        if tag == "select":
+            self._select = name
+
+    _select: str | None = None
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "textarea":
+            self._textarea = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.data[self._textarea] += data
+
+
+def as_loaded(page: str, client: Any) -> dict[str, str]:
+    parser = _FormFields()
+    parser.feed(client.get(page).content.decode())
+    return {k: v for k, v in parser.data.items() if not k.startswith("_") and k != "csrfmiddlewaretoken"}
+
+
+def test_an_admin_save_keeps_a_rotation_and_an_auto_disable_made_since_the_form_loaded(admin_client, user):
+    # The save wrote every field back: an automatic disable (the delivery's failure count
+    # reached its limit) after the form loaded was undone by the form's ticked "enabled",
+    # and a rotation between the save's read and its write by the row's old secret.
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user, url="https://hooks.example.com/a", consecutive_failures=3
+    )
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    body = {**as_loaded(page, admin_client), "description": "billing"}
+    assert body["enabled"] == "on" and body["url"] == endpoint.url
+    disabled = {"enabled": False, "consecutive_failures": 20, "disabled_reason": "disabled after 20 failures"}
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(**disabled, disabled_at=timezone.now())
+    rotated: list[str] = []
+    clean = WebhookEndpointForm.clean
+
+    def rotate_meanwhile(form: Any) -> Any:  # after the save's read, before its write
+        read = seen.captured_queries[:]
+        rotated.append(rotation.rotate(endpoint.pk, 0).secret)
+        if connection.features.has_select_for_update:  # read under the lock its write keeps, as the API does
+            assert any("FOR UPDATE" in q["sql"] and "jobstate_webhookendpoint" in q["sql"] for q in read)
+        return clean(form)
+
+    with (
+        mock.patch.object(WebhookEndpointForm, "clean", rotate_meanwhile),
+        CaptureQueriesContext(connection) as seen,
+    ):
+        response = admin_client.post(page, body)
+    assert response.status_code == 302, errors(response)
+    endpoint.refresh_from_db()
+    assert endpoint.description == "billing"
+    assert (endpoint.enabled, endpoint.consecutive_failures, endpoint.disabled_reason) == (
+        False,
+        20,
+        disabled["disabled_reason"],
+    )
+    assert endpoint.disabled_at is not None and endpoint.secret == rotated[0]
+
+
+def test_an_admin_who_ticks_enabled_re_enables_what_was_disabled_when_the_form_loaded(admin_client, user):
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user, url="https://hooks.example.com/a", enabled=False, consecutive_failures=20
+    )
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    body = as_loaded(page, admin_client)
+    assert "enabled" not in body
+    response = admin_client.post(page, {**body, "enabled": "on"})
+    assert response.status_code == 302, errors(response)
+    endpoint.refresh_from_db()
+    assert endpoint.enabled and endpoint.consecutive_failures == 0

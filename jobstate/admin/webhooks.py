@@ -9,7 +9,8 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.auth import get_user_model
-from django.db import models
+from django.core.exceptions import ValidationError
+from django.db import models, transaction
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path
@@ -84,6 +85,14 @@ class WebhookEndpointForm(forms.ModelForm):
             "enabled": "Deliveries stop when an endpoint keeps failing (see the disabled reason). "
             "Tick it again, once the receiver works, to resume them and reset the failure count.",
         }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Each field's value when the page was loaded goes with the form: what the editor
+        # changed is judged against it (``changed_data``), not against the row as the save
+        # reads it, which a delivery (an automatic disable) may have changed meanwhile.
+        for field in self.fields.values():
+            field.show_hidden_initial = True
 
     def clean_url(self) -> str:
         return validation.url(self.cleaned_data["url"])
@@ -232,10 +241,32 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         form.editor_pk = request.user.pk  # type: ignore[attr-defined]
         return form
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        # Django's, with the lock.
+        queryset = self.get_queryset(request)
+        if request.method == "POST" and transaction.get_connection(queryset.db).in_atomic_block:
+            # A save: read under the row lock its write keeps, as the API does (a rotation
+            # or a delivery's write waits for it; a deletion cannot come between them).
+            queryset = queryset.select_for_update(of=("self",))
+        model = queryset.model
+        field: Any = model._meta.pk if from_field is None else model._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (model.DoesNotExist, ValidationError, ValueError):
+            return None
+
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
-        if change and obj.enabled and "enabled" in form.changed_data:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # Only what the editor changed since the page loaded: a full-row save undid a
+        # rotation or an automatic disable (``enabled`` still ticked on the page) made
+        # since then.
+        fields = {name for name in form.changed_data if name in form._meta.fields}
+        if obj.enabled and "enabled" in fields:
             obj.consecutive_failures, obj.disabled_at, obj.disabled_reason = 0, None, ""
-        super().save_model(request, obj, form, change)
+            fields |= {"consecutive_failures", "disabled_at", "disabled_reason"}
+        obj.save(update_fields=sorted(fields | {"updated_at"}))
 
 
 class DeliveryEventFilter(admin.SimpleListFilter):
