@@ -12,7 +12,8 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.test.utils import override_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 
 from jobstate import registry, services
@@ -223,3 +224,32 @@ def test_the_dry_run_keeps_the_parent_of_a_job_a_delivery_is_about(user):
     outbox.queue_delivery(endpoint.pk, child.pk, "job.completed")
     assert (prune(dry_run=True).jobs, prune().jobs) == (0, 0)
     assert Job.objects.filter(pk__in=[parent.pk, child.pk]).count() == 2
+
+
+def _prune_reading(held: int, user) -> tuple[int, object]:
+    # ``held`` old jobs that queued deliveries are about, one old job that may go.
+    endpoint, _ = WebhookEndpoint.objects.get_or_create(owner=user, url="https://hooks.example.com/a")
+    Job.objects.all().delete()
+    jobs = [services.enqueue("test.echo", {}) for _ in range(held + 1)]
+    drain(kinds=["test.echo"])
+    for n, job in enumerate(jobs):  # the held ones the oldest: the batches read them first
+        Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(days=90 - n))
+    Job.objects.filter(kind=outbox.KIND).delete()
+    for job in jobs[:-1]:
+        outbox.queue_delivery(endpoint.pk, job.pk, "job.completed")
+    with CaptureQueriesContext(connection) as queries:
+        report = prune(batch=1, max_seconds=1e-9)
+    assert (report.jobs, report.more) == (1, False) and not Job.objects.filter(pk=jobs[-1].pk).exists()
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs[:-1]]).count() == held
+    return len(queries), report
+
+
+def test_jobs_deliveries_are_about_cost_a_prune_nothing_batch_after_batch(user):
+    # A batch made only of such jobs went round again without looking at the time
+    # budget, and added them to a list every later batch sent back: with many
+    # deliveries pending (an endpoint down) the prune ran past its budget, one
+    # statement per batch of them, each longer than the last.
+    few, _ = _prune_reading(1, user)
+    many, _ = _prune_reading(6, user)
+    assert many == few
+    assert prune(dry_run=True).jobs == 0  # the dry run leaves them out too

@@ -33,18 +33,18 @@ share of it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 from django.apps import apps
 from django.db import connection, models, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet, TextField, Value
 from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Lower, Replace
 from django.utils import timezone
 
 from jobstate import conf, hooks, services
@@ -105,7 +105,6 @@ def prunable(days: float, now: datetime | None = None, history_upto: int | None 
 
 
 _finished_at = Job._meta.get_field("finished_at")
-_pk = Job._meta.get_field("id")
 
 
 def would_go(days: float, now: datetime | None = None, history_upto: int | None = None) -> QuerySet[Job]:
@@ -115,13 +114,11 @@ def would_go(days: float, now: datetime | None = None, history_upto: int | None 
     cutoff = (now or timezone.now()) - timedelta(days=days)
     table = connection.ops.quote_name(Job._meta.db_table)
     terminal = ", ".join(["%s"] * len(TERMINAL))
-    announced = _announced()
+    refs, refs_params = _announced_refs().query.sql_with_params()
     held, held_params = held_cte()
     # A job an active retry holds stays (``old_enough``), and so keeps its parent (a
     # held job's child keeps a held job); so does a job a delivery is about (as in ``prune``).
-    also_kept = " OR id IN (SELECT id FROM held)"
-    if announced:
-        also_kept += f" OR id IN ({', '.join(['%s'] * len(announced))})"
+    also_kept = f" OR id IN (SELECT id FROM held) OR {_OWN_REF} IN ({refs})"
     if history_upto is not None:  # the metrics have not counted its history yet
         events = connection.ops.quote_name(JobEvent._meta.db_table)
         also_kept += f" OR EXISTS (SELECT 1 FROM {events} e WHERE e.job_id = {table}.id AND e.id > %s)"
@@ -136,11 +133,11 @@ def would_go(days: float, now: datetime | None = None, history_upto: int | None 
             *held_params,
             *(str(s) for s in TERMINAL),
             _finished_at.get_db_prep_value(cutoff, connection),
-            *(_pk.get_db_prep_value(pk, connection) for pk in announced),
+            *refs_params,
             *([] if history_upto is None else [history_upto]),
         ],
     )
-    gone = old_enough(days, now).exclude(pk__in=kept_above).exclude(pk__in=announced)
+    gone = _not_announced(old_enough(days, now).exclude(pk__in=kept_above))
     if history_upto is not None:
         gone = gone.exclude(Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), id__gt=history_upto)))
     return gone
@@ -150,21 +147,28 @@ def _pending_deliveries() -> QuerySet[Job]:
     return Job.objects.filter(kind=WEBHOOK_KIND, status__in=ACTIVE)
 
 
-def _announced() -> list[UUID]:
+# A job's id as a delivery's parameters name it (``str(uuid)``), lower case without
+# dashes: PostgreSQL prints a uuid with them, SQLite stores its 32 hex digits.
+_OWN_REF = "REPLACE(CAST(id AS varchar(36)), '-', '')"
+
+
+def _undashed(text: Any) -> Replace:
+    return Replace(text, Value("-"), Value(""), output_field=TextField())
+
+
+def _announced_refs() -> QuerySet[Any, Any]:
     """The jobs some webhook delivery still under way is about (its parameters name
-    the job by id): deleted, the delivery would find nothing to send."""
-    found = []
-    for pk in _pending_deliveries().values_list("parameters__job", flat=True):
-        with contextlib.suppress(ValueError):  # not a job id: about no job
-            found.append(UUID(str(pk)))
-    return found
+    the job by id), as ``_OWN_REF``: deleted, the delivery would find nothing to send."""
+    ref = _undashed(Lower(KeyTextTransform("job", "parameters")))
+    return _pending_deliveries().annotate(ref=ref).filter(ref__isnull=False).order_by().values("ref")
 
 
-def _announced_of(pks: list[Any]) -> list[Any]:
-    """Those of ``pks`` that are ``_announced`` (looked up for these only)."""
-    pending = _pending_deliveries().filter(parameters__job__in=[str(pk) for pk in pks])
-    named = {str(pk) for pk in pending.values_list("parameters__job", flat=True)}
-    return [pk for pk in pks if str(pk) in named]
+def _not_announced(qs: QuerySet[Job]) -> QuerySet[Job]:
+    """``qs`` but the jobs a delivery under way is about, left out in the query itself:
+    a prune's batches never read them (a list of them, read batch after batch, grew
+    with each batch made only of them, and such batches ran past the time budget)."""
+    own = _undashed(Cast("pk", TextField()))
+    return qs.alias(own_ref=own).exclude(own_ref__in=_announced_refs())
 
 
 def _still_childless(pks: list[Any]) -> list[Any]:
@@ -305,20 +309,13 @@ def _prune_jobs(
 ) -> bool:
     """Delete the jobs (none with a history row past ``upto``), batch after batch, adding
     the counts to ``report``; True when stopped at ``deadline`` with prunable jobs left."""
-    announced: list[Any] = []  # kept for a delivery under way, and not read again
     while True:  # until a batch finds nothing: each makes parents childless for the next
         with transaction.atomic():
-            pks = list(
-                prunable(days, now, upto).exclude(pk__in=announced).values_list("pk", flat=True)[:size]
-            )
+            pks = list(_not_announced(prunable(days, now, upto)).values_list("pk", flat=True)[:size])
             if not pks:
                 return False
-            kept = _announced_of(pks)
-            announced += kept
-            pks = _still_childless([pk for pk in pks if pk not in kept])
+            pks = _still_childless(pks)
             if not pks:
-                if kept:
-                    continue
                 # All held by another transaction (another prune, say) or given a
                 # child meanwhile: reading again would find the same ones at once.
                 return False
@@ -327,4 +324,4 @@ def _prune_jobs(
         report.events += counts.get("jobstate.JobEvent", 0)
         report.assets += counts.get("jobstate.Asset", 0)
         if _past(deadline):
-            return prunable(days, now, upto).exclude(pk__in=announced).exists()
+            return _not_announced(prunable(days, now, upto)).exists()
