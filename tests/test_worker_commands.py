@@ -434,6 +434,16 @@ def test_a_prune_batch_below_one_is_refused_not_repeated_for_ever(settings):
     assert raised == ["batch must be 1 or more"]
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize("batch", [0, -1])
+def test_prune_refuses_a_batch_below_one_dry_run_or_not(dry_run, batch):
+    # The dry run did not look at it, and a batch of 0 was read as PRUNE_BATCH.
+    from jobstate.worker.retention import prune
+
+    with pytest.raises(ValueError, match="batch must be 1 or more"):
+        prune(30, dry_run=dry_run, batch=batch)
+
+
 def test_schedule_installs_updates_and_removes():
     out = command("jobstate_schedule")
     assert f"created: {schedules.REAPER}" in out and f"created: {schedules.PRUNE}" in out

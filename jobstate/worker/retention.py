@@ -268,6 +268,10 @@ def prune(
         raise ValueError("days must be zero or more")
     if max_seconds is not None and not (0 < max_seconds < math.inf):  # NaN fails too
         raise ValueError("max_seconds must be a finite number greater than 0")
+    # Checked for a dry run too, and 0 refused (not read as "the default"), as the command does.
+    size = int(batch if batch is not None else conf.get("PRUNE_BATCH"))
+    if size < 1:  # each batch would find nothing and the deliveries' loop ask again, for ever
+        raise ValueError("batch must be 1 or more")
     budget = Budget(max_seconds)
     days = min(days, MAX_DAYS)  # a longer retention deletes the same (no) jobs; timedelta would overflow
     days = max(days, _settle_days())
@@ -283,9 +287,6 @@ def prune(
         report.deliveries = prunable_deliveries(days, now).count()
         report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
-    size = int(batch or conf.get("PRUNE_BATCH"))
-    if size < 1:  # each batch would find nothing and the deliveries' loop ask again, for ever
-        raise ValueError("batch must be 1 or more")
     report.deliveries, more_deliveries = prune_deliveries(days, now, size, budget.share(STEP_SHARE))
     sweep = services.sweep_orphan_files(deadline=budget.share(STEP_SHARE))
     report.orphan_files = sweep.removed
