@@ -188,3 +188,23 @@ def test_a_workflow_retry_under_way_keeps_the_old_children(
     assert Job.objects.filter(parent=first).count() == 3
     drain()
     assert Job.objects.get(pk=made["job"].pk).result == {"split": [0, 1, 2]}
+
+
+def test_prune_keeps_every_job_below_an_active_one(temp_handler: Any) -> None:
+    # Only the parent's status was looked at: the grandchild of an active job went
+    # (its parent had ended), which a retry of that parent (a child workflow that
+    # failed) reuses.
+    temp_handler("t.later")
+    root = services.enqueue("t.later", {})  # not run here: active
+    child = services.enqueue("test.echo", {}, parent=root)
+    grandchild = services.enqueue("test.echo", {}, parent=child)
+    below = services.enqueue("test.echo", {}, parent=grandchild)
+    drain(kinds=["test.echo"])
+    age(child, grandchild, below)
+    assert command("jobstate_prune", "--dry-run").startswith("would delete 0 job(s)")
+    assert command("jobstate_prune", "--batch", "1").startswith("deleted 0 job(s)")
+    assert Job.objects.count() == 4
+    drain(kinds=["t.later"])
+    age(root)
+    assert command("jobstate_prune", "--dry-run").startswith("would delete 4 job(s)")
+    assert command("jobstate_prune").startswith("deleted 4 job(s)")

@@ -208,3 +208,47 @@ def test_a_child_retried_by_hand_after_the_plan_is_retried_by_no_other(monkeypat
     assert len(by_hand) == 1
     assert list(Job.objects.filter(retry_of=partial_inner)) == by_hand
     assert [j.retry_of_id for j in children(again)] == [None]
+
+
+def test_prune_keeps_the_grandchildren_a_workflow_retry_reuses() -> None:
+    # The retry held the old workflow's children only: the completed leaves of its
+    # failed child workflow went, and the retry ran them all again.
+    from datetime import timedelta
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    first = first_run("t.outer", "t.inner", Status.FAILED)
+    Job.objects.update(finished_at=timezone.now() - timedelta(days=40))
+    again = services.retry(first, "ops")  # queued: active
+    out = StringIO()
+    call_command("jobstate_prune", stdout=out)
+    assert out.getvalue().startswith("deleted 0 job(s)")
+    drain()
+    again.refresh_from_db()
+    assert again.status == Status.COMPLETED, again.error_message
+    assert runs() == [1, 2, 1, 1, 1, 1]  # only the leaf that failed ran again
+
+
+def test_a_workflow_retry_under_way_keeps_the_grandchildren(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The batch locked the chains of a job and of its parent only: a retry of the
+    # grandparent being made, committed after the batch's re-check, reused none.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.test_retention_chains import _postgresql_only, _retry_under_way, command
+
+    _postgresql_only()
+    first = first_run("t.outer", "t.inner", Status.FAILED)
+    Job.objects.update(finished_at=timezone.now() - timedelta(days=40))
+    thread, go, made = _retry_under_way(monkeypatch, lambda: services.retry(first, "ops"))
+    try:
+        assert command("jobstate_prune").startswith("deleted 0 job(s)")
+    finally:
+        go.set()
+        thread.join(timeout=20)
+    drain()
+    assert Job.objects.get(pk=made["job"].pk).status == Status.COMPLETED
+    assert runs() == [1, 2, 1, 1, 1, 1]

@@ -7,12 +7,14 @@ assets and, once the transaction commits, the assets' stored files (the
 Asset post_delete hook in ``jobstate.apps``). Only jobs without children are
 deleted (a parent goes in a later batch, once its children have gone), so that
 deleting a job never cascades to a child the retention keeps: one finished
-recently (a retry of an old parent's child, say) or still active. A job whose
-parent is active is kept until that work ends, and so are its ancestors. So is
-every job earlier in the retry chain of an active job (``retention_holds``): deleted, it
-would leave the next one's ``retry_of`` empty (``on_delete=SET_NULL``) while the
-chain still runs; and so are their children, which a workflow retried with
-``retry_from`` reads (its copied steps name them).
+recently (a retry of an old parent's child, say) or still active. A job with an
+active job above it (its parent, or further up) is kept until that work ends, and
+so are its ancestors: a child workflow that failed, retried, reuses its completed
+children. So is every job earlier in the retry chain of an active job
+(``retention_holds``): deleted, it would leave the next one's ``retry_of`` empty
+(``on_delete=SET_NULL``) while the chain still runs; and so is every job below
+those, which a workflow retried with ``retry_from`` reads (its copied steps name its
+children), or a retried fan-out reuses (its child workflows' completed children).
 
 Webhook delivery records (one row per attempt, ``jobstate.webhooks``) go by
 their own age: they point at jobs by id, not by foreign key, so deleting a job
@@ -50,7 +52,7 @@ from django.utils import timezone
 from jobstate import conf, hooks, services
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, TERMINAL
-from jobstate.worker.retention_holds import chains_locked, held, held_cte
+from jobstate.worker.retention_holds import ActiveAbove, chains_locked, held, held_cte
 
 MAX_DAYS = 36_500  # a century: an older cutoff is before any job
 # The webhook deliveries' kind (jobstate.webhooks.outbox.KIND: a sibling package).
@@ -81,15 +83,14 @@ class PruneReport:
 
 
 def old_enough(days: float, now: datetime | None = None) -> QuerySet[Job]:
-    """Finished jobs older than ``days`` whose parent is not active, and that no
-    active retry holds (``retention_holds``): each would go if nothing below it stays
-    (``prunable``: the next batch; ``would_go``: all of them)."""
+    """Finished jobs older than ``days`` with no active job above them (parent, or
+    further up), and that no active retry holds (``retention_holds``): each would go
+    if nothing below it stays (``prunable``: the next batch; ``would_go``: all of them)."""
     cutoff = (now or timezone.now()) - timedelta(days=days)
-    active_parent = Job.objects.filter(pk=OuterRef("parent_id"), status__in=ACTIVE)
     return (
         Job.objects.finished()
         .filter(finished_at__lt=cutoff)
-        .exclude(Exists(active_parent))
+        .exclude(ActiveAbove())
         .exclude(held())
         .order_by("finished_at")
     )

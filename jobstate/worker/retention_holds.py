@@ -1,9 +1,15 @@
-"""What an active retry holds from retention (``jobstate.worker.retention``): every
-job earlier in its retry chain (A retried as B, B as C: C running holds B and A),
-and the children of those jobs (a workflow retried with ``retry_from`` reads the
-old job's children through its copied steps). Deleted, a job in the chain would
-leave the next one's ``retry_of`` empty (``on_delete=SET_NULL``) while the chain
-still runs.
+"""What retention (``jobstate.worker.retention``) keeps for work still under way.
+
+An active retry holds every job earlier in its retry chain (A retried as B, B as C:
+C running holds B and A), and everything below those jobs: their children, whose
+children, and so on (a workflow retried with ``retry_from`` reads the old job's
+children through its copied steps, and a retried fan-out reuses the completed
+children of the earlier run's child workflows, ``jobstate.workflows.reuse``, one
+level down and further). Deleted, a job in the chain would leave the next one's
+``retry_of`` empty (``on_delete=SET_NULL``) while the chain still runs.
+
+An active job keeps every job below it (``active_above``): a child workflow of its
+that failed, retried by an operator, reuses its own completed children.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import BooleanField, F, Func, Q
 from django.db.models.expressions import RawSQL
+from django.db.models.sql.compiler import SQLCompiler
 
 from jobstate.models import Job
 from jobstate.states import ACTIVE
@@ -37,19 +45,50 @@ def held_cte() -> tuple[str, list[str]]:
 
 def held() -> Q:
     """The jobs an active retry holds: those earlier in its retry chain (deleted, the
-    next one's ``retry_of`` is emptied under the running chain), and their children (a
-    workflow retried with ``retry_from`` reads the old job's children, its copied
-    steps naming them)."""
+    next one's ``retry_of`` is emptied under the running chain), and every job below
+    them (a workflow retried with ``retry_from`` reads the old job's children, its
+    copied steps naming them; a retried fan-out reuses the completed children of the
+    old job's child workflows)."""
     cte, params = held_cte()
-    ids = RawSQL(f"WITH RECURSIVE {cte} SELECT id FROM held", params)
-    return Q(pk__in=ids) | Q(parent_id__in=ids)
+    table = connection.ops.quote_name(Job._meta.db_table)
+    ids = RawSQL(
+        f"WITH RECURSIVE {cte}, below(id) AS (SELECT id FROM held"
+        f" UNION SELECT j.id FROM {table} j JOIN below ON j.parent_id = below.id)"
+        f" SELECT id FROM below",
+        params,
+    )
+    return Q(pk__in=ids)
+
+
+class ActiveAbove(Func):
+    """True for a job with an active job above it: its parent, or that one's parent,
+    and so on up (looked up from the job: its ancestors, by primary key)."""
+
+    output_field = BooleanField()
+
+    def __init__(self) -> None:
+        super().__init__(F("parent_id"))
+
+    def as_sql(  # type: ignore[override]
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra: Any
+    ) -> tuple[str, list[Any]]:
+        parent, params = compiler.compile(self.get_source_expressions()[0])
+        table = connection.ops.quote_name(Job._meta.db_table)
+        active = ", ".join(["%s"] * len(ACTIVE))
+        sql = (
+            f"EXISTS (WITH RECURSIVE above(id) AS (SELECT {parent}"
+            f" UNION SELECT j.parent_id FROM {table} j JOIN above ON j.id = above.id"
+            f" WHERE j.parent_id IS NOT NULL)"
+            f" SELECT 1 FROM above JOIN {table} a ON a.id = above.id WHERE a.status IN ({active}))"
+        )
+        return sql, [*params, *(str(s) for s in ACTIVE)]
 
 
 def chains_locked(pks: list[Any]) -> list[Any]:
-    """Those of ``pks`` (locked) whose retry chain from them on, and their parent's
-    from it on, this transaction could lock (``FOR UPDATE SKIP LOCKED``): a retry
-    being made of any of those jobs holds its row, and would hold the job (its
-    parent's retry holds it as a child it reads)."""
+    """Those of ``pks`` (locked) whose retry chain from them on, and each of their
+    ancestors' from it on, this transaction could lock (``FOR UPDATE SKIP LOCKED``): a
+    retry being made of any of those jobs holds its row, and would hold the job (an
+    ancestor's retry holds what is below it, ``held``)."""
     if not pks:
         return []
     table = connection.ops.quote_name(Job._meta.db_table)
@@ -57,8 +96,11 @@ def chains_locked(pks: list[Any]) -> list[Any]:
     ids = [_pk.get_db_prep_value(pk, connection) for pk in pks]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH RECURSIVE later(job, id) AS ("
+            f"WITH RECURSIVE up(job, id) AS ("
             f"SELECT id, parent_id FROM {table} WHERE id IN ({some}) AND parent_id IS NOT NULL"
+            f" UNION SELECT up.job, j.parent_id FROM {table} j JOIN up ON j.id = up.id"
+            f" WHERE j.parent_id IS NOT NULL"
+            f"), later(job, id) AS (SELECT job, id FROM up"
             f" UNION SELECT j.retry_of_id, j.id FROM {table} j WHERE j.retry_of_id IN ({some})"
             f" UNION SELECT later.job, j.id FROM {table} j JOIN later ON j.retry_of_id = later.id"
             f") SELECT job, id FROM later",
