@@ -376,6 +376,15 @@ def test_a_transaction_the_handler_left_open_is_rolled_back_and_fails_the_job(te
 
 
 @override_settings(JOBSTATE={"PROGRESS_FLUSH_SECONDS": 60})
+def test_drain_refuses_a_string_for_its_kinds():
+    job = services.enqueue("test.echo", {})
+    # A string was taken as its characters: nothing ran, drain returned 0.
+    with pytest.raises(TypeError, match=r"not a string: kinds=\[.test.echo.\]"):
+        drain(kinds="test.echo")  # type: ignore[arg-type]
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    assert drain(kinds=["test.echo"]) == 1
+
+
 def test_ctrl_c_in_an_inline_drain_hands_the_job_back_then_is_raised(temp_handler):
     # Ctrl-C stops the drain, not the job: it was recorded as the handler's
     # error, and a job with one attempt ended failed with KeyboardInterrupt.

@@ -250,6 +250,19 @@ def test_concurrency_limit_respected_by_claim():
     assert services.claim("w2", limit=10) == []
 
 
+def test_claim_refuses_a_string_for_its_kinds():
+    job = services.enqueue("test.echo", {})
+    # A string was taken as its characters: a claim of kinds 't', 'e', ... (none).
+    with pytest.raises(TypeError, match=r"not a string: kinds=\[.test.echo.\]"):
+        services.claim("w", kinds="test.echo")  # type: ignore[arg-type]
+    # PostgreSQL refused the comparison with a database error.
+    with pytest.raises(TypeError, match=r"kinds is a list of kind names \(strings\), not of 1"):
+        services.claim("w", kinds=["test.echo", 1])  # type: ignore[list-item]
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED and history(job) == [("", "queued", "enqueue")]
+    (claimed,) = services.claim("w", kinds=(k for k in ["test.echo"]))  # type: ignore[arg-type]
+    assert claimed.pk == job.pk
+
+
 def test_priority_orders_claims():
     low = services.enqueue("test.echo", {}, priority=0)
     high = services.enqueue("test.echo", {}, priority=5)

@@ -7,6 +7,7 @@ are this function.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -48,7 +49,11 @@ def claim(
     Returned in claim order (priority, then ``run_after``, then age). The lease
     runs from the database's clock on PostgreSQL unless ``now`` is given
     (``_writes.lease_times``).
+
+    ``kinds`` is a list of kind names (None: every kind); a string, or a name that
+    is not one, is a ``TypeError``.
     """
+    kinds = kind_names(kinds)
     postgres = connection.vendor == "postgresql"
     lease, _ = lease_times(now, lease_seconds, connection.vendor)
     now = now or timezone.now()
@@ -90,6 +95,21 @@ def claim(
         for job in jobs:
             announce(job.pk, Status.QUEUED, Status.PROCESSING, "claim", actor, now=now)
     return jobs
+
+
+def kind_names(kinds: Iterable[str] | None) -> list[str] | None:
+    """``kinds`` as a list of kind names, or ``TypeError``: a string's characters
+    would be taken as the names (matching nothing), and PostgreSQL refuses to
+    compare a kind with a number."""
+    if kinds is None:
+        return None
+    if isinstance(kinds, str | bytes):
+        raise TypeError(f"kinds is a list of kind names, not a string: kinds=[{kinds!r}]")
+    names = list(kinds)
+    wrong = [name for name in names if not isinstance(name, str)]
+    if wrong:
+        raise TypeError(f"kinds is a list of kind names (strings), not of {wrong[0]!r}")
+    return names
 
 
 def claim_writes(actor: Actor, now: datetime) -> bool:

@@ -87,6 +87,7 @@ from jobstate.exceptions import (
 )
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
+from jobstate.services.claiming import kind_names
 from jobstate.worker.connections import close_quietly, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.ctrl_c import ctrl_c_held
@@ -285,7 +286,9 @@ def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
 
 
 def drain(worker_id: str = "inline", kinds: list[str] | None = None, max_jobs: int = 1000) -> int:
-    """Run ready jobs inline until none is ready (tests, scripts). Returns how many ran."""
+    """Run ready jobs inline until none is ready (tests, scripts). Returns how many ran.
+    ``kinds`` is a list of kind names (None: every kind); a string is a ``TypeError``."""
+    kinds = kind_names(kinds)
     count = 0
     while count < max_jobs and run_next(worker_id, kinds) is not None:
         count += 1
