@@ -263,6 +263,32 @@ def test_claim_refuses_a_string_for_its_kinds():
     assert claimed.pk == job.pk
 
 
+@pytest.mark.parametrize("seconds", [0, -5, float("nan"), float("inf"), 1e300, "60", True])
+def test_lease_calls_refuse_a_bad_lease_seconds_and_write_nothing(seconds):
+    # 0 was read as LEASE_SECONDS, less than 0 wrote a lease already run out (the reaper took
+    # the job); NaN, infinity and 1e300 raised ValueError or OverflowError from the date
+    # arithmetic (SQLite) or a DataError from the database (PostgreSQL: "interval out of range").
+    queued = services.enqueue("test.echo", {})
+    held = services.enqueue("test.echo", {}, priority=1)
+    (claimed,) = services.claim("w", limit=1)
+    assert claimed.pk == held.pk
+    token = claimed.lease_token
+    before = list(Job.objects.order_by("pk").values()), JobEvent.objects.count()
+    calls = [
+        lambda: services.claim("w", lease_seconds=seconds),
+        lambda: services.start(queued, "w", lease_seconds=seconds),
+        lambda: services.begin(held.pk, token, "w", lease_seconds=seconds),
+        lambda: services.heartbeat(held.pk, token, lease_seconds=seconds),
+        lambda: services.extend_leases("w", [(held.pk, token)], lease_seconds=seconds),
+        lambda: services.extend_leases("w", [], lease_seconds=seconds),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match="lease_seconds is a number of seconds greater than 0"):
+            call()
+    assert (list(Job.objects.order_by("pk").values()), JobEvent.objects.count()) == before
+    assert services.begin(held.pk, token, "w", lease_seconds=0.5).attempt == 1
+
+
 def test_priority_orders_claims():
     low = services.enqueue("test.echo", {}, priority=0)
     high = services.enqueue("test.echo", {}, priority=5)

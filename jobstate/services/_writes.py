@@ -93,6 +93,28 @@ class Col:
         return hash(("Col", self.name))
 
 
+# The longest lease a call may ask for (a year): a lease runs out only when its
+# worker is lost, and past the year 9999 it could not be stored at all.
+MAX_LEASE_SECONDS = 366 * 24 * 3600.0
+
+
+def checked_lease(lease_seconds: Any) -> float:
+    """``lease_seconds`` as a float, or ``ValueError``: 0 or less (a lease already
+    run out: the reaper would take the job at once), NaN, infinity or more than a
+    year (Python's date arithmetic or PostgreSQL's interval overflowed, in the
+    middle of the call), or not a number."""
+    if (
+        isinstance(lease_seconds, bool)
+        or not isinstance(lease_seconds, int | float)
+        or not 0 < lease_seconds <= MAX_LEASE_SECONDS  # NaN fails it too
+    ):
+        raise ValueError(
+            f"lease_seconds is a number of seconds greater than 0 and at most {MAX_LEASE_SECONDS:.0f}, "
+            f"not {lease_seconds!r}"
+        )
+    return float(lease_seconds)
+
+
 def lease_times(
     now: datetime | None, lease_seconds: float | None = None, vendor: str | None = None
 ) -> tuple[datetime | LeaseClock, datetime | LeaseClock]:
@@ -101,8 +123,11 @@ def lease_times(
     No ``now`` on PostgreSQL: the database's clock, computed by the statement
     (``LeaseClock``), the clock the reaper judges expiry by, so a worker whose own
     clock is off writes leases that run for ``lease_seconds`` all the same. A
-    caller's ``now``, or SQLite (one machine): that time, this process's clock."""
-    seconds = float(lease_seconds or conf.get("LEASE_SECONDS"))
+    caller's ``now``, or SQLite (one machine): that time, this process's clock.
+
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is a number greater than 0 and at
+    most ``MAX_LEASE_SECONDS``, else ``ValueError``, before anything is written."""
+    seconds = float(conf.get("LEASE_SECONDS")) if lease_seconds is None else checked_lease(lease_seconds)
     if now is None and (vendor or _statements.current().vendor) == "postgresql":
         return LeaseClock(seconds), LeaseClock()
     now = now or timezone.now()

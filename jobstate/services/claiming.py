@@ -51,7 +51,8 @@ def claim(
     (``_writes.lease_times``).
 
     ``kinds`` is a list of kind names (None: every kind); a string, or a name that
-    is not one, is a ``TypeError``.
+    is not one, is a ``TypeError``. ``lease_seconds`` (None: ``LEASE_SECONDS``) is
+    more than 0 and at most a year, else ``ValueError``.
     """
     kinds = kind_names(kinds)
     postgres = connection.vendor == "postgresql"

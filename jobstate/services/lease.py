@@ -93,6 +93,7 @@ def begin(
     Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
     already begun. The lease runs from the database's clock on PostgreSQL unless
     ``now`` is given (``_writes.lease_times``), as in every lease write here.
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
     """
     lease = lease_times(now, lease_seconds)
     now = now or timezone.now()
@@ -212,7 +213,8 @@ def start(
     Refuses any other state (``InvalidTransition``) and a kind at its
     concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
     queued job whose cancel was requested is cancelled (it never ran), then
-    refused, unless this is a recovery run of a workflow's undos (``recovering``)."""
+    refused, unless this is a recovery run of a workflow's undos (``recovering``).
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``."""
     lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     now = now or timezone.now()
     target = job if isinstance(job, Job) else Job(pk=job)
@@ -282,6 +284,7 @@ def heartbeat(
 
     ``worker_id`` re-labels the holder, e.g. when a cluster's pusher claimed the
     job and one of its worker processes now runs it under the same token.
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
     """
     lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     pk = _pk(job)
@@ -314,11 +317,12 @@ def extend_leases(
     ``leases`` are ``(job id, lease token)`` pairs: only those are renewed, and
     only while still held under exactly ``worker_id``, so a job a dead worker
     process took is left to the reaper. Returns how many were renewed.
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
     """
+    lease_expires_at, _ = lease_times(now, lease_seconds)  # checked first, leases or not
     leases = list(leases)
     if not leases:
         return 0
-    lease_expires_at, _ = lease_times(now, lease_seconds)
     held = Q()
     for pk, token in leases:
         held |= Q(pk=pk, lease_token=token)
