@@ -289,6 +289,25 @@ def test_lease_calls_refuse_a_bad_lease_seconds_and_write_nothing(seconds):
     assert services.begin(held.pk, token, "w", lease_seconds=0.5).attempt == 1
 
 
+def test_claim_and_the_reaper_refuse_a_bad_limit_and_write_nothing():
+    services.enqueue("test.echo", {})
+    # A limit past a bigint was a DataError on PostgreSQL and an IntegrityError
+    # ("datatype mismatch") on SQLite; one past MAX_LIMIT overflowed the claim's 4x.
+    for limit in (2**31, 10**30, -1):
+        with pytest.raises(ValueError, match=r"limit is between 0 and 2147483647, not"):
+            services.claim("w", limit=limit)
+        with pytest.raises(ValueError, match=r"limit is between 0 and 2147483647, not"):
+            services.requeue_expired(limit=limit)
+    for limit in ("5", 2.5, None, True):
+        with pytest.raises(TypeError, match="limit is an integer, not"):
+            services.claim("w", limit=limit)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="limit is an integer, not"):
+            services.requeue_expired(limit=limit)  # type: ignore[arg-type]
+    assert Job.objects.get().status == Status.QUEUED and JobEvent.objects.count() == 1
+    assert services.claim("w", limit=0) == [] and services.requeue_expired(limit=0).total == 0
+    assert len(services.claim("w", limit=2**31 - 1)) == 1
+
+
 def test_priority_orders_claims():
     low = services.enqueue("test.echo", {}, priority=0)
     high = services.enqueue("test.echo", {}, priority=5)

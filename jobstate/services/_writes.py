@@ -115,6 +115,23 @@ def checked_lease(lease_seconds: Any) -> float:
     return float(lease_seconds)
 
 
+# The largest batch a ``limit`` may ask for: PostgreSQL's LIMIT is a bigint and a
+# claim looks at up to four times its limit; SQLite took a larger one for a text.
+MAX_LIMIT = 2**31 - 1
+
+
+def checked_limit(limit: Any) -> int:
+    """``limit`` (how many rows a call handles at most), or ``TypeError`` for one
+    that is not an integer and ``ValueError`` for one below 0 or above
+    ``MAX_LIMIT`` (a database error, IntegrityError on SQLite, in the middle of
+    the call); 0 handles none."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit is an integer, not {limit!r}")
+    if not 0 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit is between 0 and {MAX_LIMIT}, not {limit}")
+    return limit
+
+
 def lease_times(
     now: datetime | None, lease_seconds: float | None = None, vendor: str | None = None
 ) -> tuple[datetime | LeaseClock, datetime | LeaseClock]:

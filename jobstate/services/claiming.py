@@ -19,7 +19,7 @@ from jobstate import hooks, registry
 from jobstate.models import Job, JobEvent
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
-from jobstate.services._writes import job_columns, jobs_from_rows, lease_times
+from jobstate.services._writes import checked_limit, job_columns, jobs_from_rows, lease_times
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
 from jobstate.states import Status
@@ -52,9 +52,11 @@ def claim(
 
     ``kinds`` is a list of kind names (None: every kind); a string, or a name that
     is not one, is a ``TypeError``. ``lease_seconds`` (None: ``LEASE_SECONDS``) is
-    more than 0 and at most a year, else ``ValueError``.
+    more than 0 and at most a year, else ``ValueError``. ``limit`` is an integer
+    (``TypeError``) from 0 (nothing claimed) to ``MAX_LIMIT`` (``ValueError``).
     """
     kinds = kind_names(kinds)
+    limit = checked_limit(limit)
     postgres = connection.vendor == "postgresql"
     lease, _ = lease_times(now, lease_seconds, connection.vendor)
     now = now or timezone.now()

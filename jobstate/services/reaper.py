@@ -16,6 +16,7 @@ from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost, sqlstate
 from jobstate.models import Job
 from jobstate.models.job import LeaseClock
+from jobstate.services._writes import checked_limit
 from jobstate.services.actors import Actor
 from jobstate.services.lease import recovering
 from jobstate.services.transitions import lock_parent, move
@@ -62,7 +63,9 @@ def requeue_expired(
     run of a workflow's undos, which a cancel does not stop: ``lease.recovering``).
 
     The history rows name ``actor``: the system's reaper unless given (the
-    admin's "Run the reaper now" names the admin user)."""
+    admin's "Run the reaper now" names the admin user). ``limit`` is an integer
+    (``TypeError``) from 0 to ``MAX_LIMIT`` (``ValueError``)."""
+    limit = checked_limit(limit)
     # Expiry is judged at ``now`` when given, else by the database's clock on
     # PostgreSQL (``LeaseClock``); ``now`` still dates what the reaper writes.
     clock = now
