@@ -308,6 +308,23 @@ def test_claim_and_the_reaper_refuse_a_bad_limit_and_write_nothing():
     assert len(services.claim("w", limit=2**31 - 1)) == 1
 
 
+def test_a_worker_id_with_a_nul_is_stored_as_both_databases_store_text():
+    # PostgreSQL refused it with a DataError (text fields cannot contain NUL); SQLite stored it.
+    first, second = services.enqueue("test.echo", {}), services.enqueue("test.echo", {})
+    assert services.claim("w", kinds=["test.echo\x00"]) == []
+    (claimed,) = services.claim("w\x00a", limit=1)
+    assert claimed.worker_id == "w\ufffda"
+    assert services.extend_leases("w\x00a", [(claimed.pk, claimed.lease_token)]) == 1
+    begun = services.begin(claimed, claimed.lease_token, "w\x00b").job
+    assert begun.worker_id == "w\ufffdb"
+    services.heartbeat(claimed.pk, claimed.lease_token, worker_id="w\x00c")
+    assert Job.objects.get(pk=claimed.pk).worker_id == "w\ufffdc"
+    other = first if claimed.pk == second.pk else second
+    assert services.start(other.pk, "w\x00d").worker_id == "w\ufffdd"
+    labels = set(JobEvent.objects.filter(transition="claim").values_list("actor_label", flat=True))
+    assert labels == {"worker:w\ufffda", "worker:w\ufffdd"}
+
+
 def test_priority_orders_claims():
     low = services.enqueue("test.echo", {}, priority=0)
     high = services.enqueue("test.echo", {}, priority=5)

@@ -23,6 +23,7 @@ from jobstate.services._writes import checked_limit, job_columns, jobs_from_rows
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
 from jobstate.states import Status
+from jobstate.storable import text
 
 
 def claim(
@@ -112,7 +113,7 @@ def kind_names(kinds: Iterable[str] | None) -> list[str] | None:
     wrong = [name for name in names if not isinstance(name, str)]
     if wrong:
         raise TypeError(f"kinds is a list of kind names (strings), not of {wrong[0]!r}")
-    return names
+    return [text(name) for name in names]  # a NUL: no kind (PostgreSQL refused it)
 
 
 def claim_writes(actor: Actor, now: datetime) -> bool:
@@ -262,9 +263,9 @@ def assignment_values(worker_id: str, now: datetime, lease: datetime | LeaseCloc
     """The parameters of ``_assignments(clock=isinstance(lease, LeaseClock))``."""
     stamp = _prep("updated_at", now)
     if isinstance(lease, LeaseClock):
-        values = [worker_id[:200], *lease.sql()[1]]
+        values = [text(worker_id[:200]), *lease.sql()[1]]
     else:
-        values = [worker_id[:200], _prep("lease_expires_at", lease), stamp]
+        values = [text(worker_id[:200]), _prep("lease_expires_at", lease), stamp]
     return values + ([stamp, stamp] if start else [stamp])
 
 
@@ -299,7 +300,7 @@ def claim_ctes(
         f"'claim', %s::varchar, '', jsonb_build_object('attempt', attempts{'' if start else ' + 1'}), "
         "%s::timestamptz FROM claimed)"
     )
-    return sql, [*values, *params, actor.label[:200], _prep("created_at", now, JobEvent)]
+    return sql, [*values, *params, text(actor.label[:200]), _prep("created_at", now, JobEvent)]
 
 
 def _claim_event(job: Job, actor: Actor, now: datetime, start: bool = False) -> JobEvent:
@@ -308,7 +309,7 @@ def _claim_event(job: Job, actor: Actor, now: datetime, start: bool = False) -> 
         from_status=Status.QUEUED,
         to_status=Status.PROCESSING,
         transition="claim",
-        actor_label=actor.label,
+        actor_label=text(actor.label[:200]),
         metadata={"attempt": job.attempts if start else job.attempts + 1},
         created_at=now,
     )

@@ -98,7 +98,7 @@ def begin(
     lease = lease_times(now, lease_seconds)
     now = now or timezone.now()
     pk = _pk(job)
-    worker_id = worker_id[:200]
+    worker_id = text(worker_id[:200])  # as both databases store it (PostgreSQL refuses a NUL)
     begun = _begin_returning(pk, token, worker_id, now, lease)
     if begun is None:
         begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=True)
@@ -242,7 +242,7 @@ def start(
                 "claim",
                 actor=actor,
                 fields={
-                    "worker_id": worker_id,
+                    "worker_id": text(worker_id[:200]),
                     "lease_token": uuid.uuid4(),
                     "lease_expires_at": lease_expires_at,
                     "heartbeat_at": heartbeat_at,
@@ -290,7 +290,7 @@ def heartbeat(
     pk = _pk(job)
     values: dict[str, Any] = {"lease_expires_at": lease_expires_at, "heartbeat_at": heartbeat_at}
     if worker_id is not None:
-        values["worker_id"] = worker_id[:200]
+        values["worker_id"] = text(worker_id[:200])
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING)
     # The common case in one statement: the lease is ours and nothing was asked.
     if update_held(pk, token, values, untroubled=("cancel", "stop")):
@@ -326,7 +326,7 @@ def extend_leases(
     held = Q()
     for pk, token in leases:
         held |= Q(pk=pk, lease_token=token)
-    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id[:200]).update(
+    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=text(worker_id[:200])).update(
         lease_expires_at=lease_expires_at
     )
 
