@@ -89,6 +89,74 @@ def test_only_the_kinds_asked_for_and_no_job_with_a_cancel_request():
     assert then.tried and then.claimed == []  # left to begin(), which cancels it unstarted
 
 
+BOTH = ["test.echo", "test.limited"]  # test.limited: at most 2 processing
+
+
+@postgres_only
+def test_a_next_job_without_a_limit_is_claimed_with_the_outcome_though_a_limited_kind_is_asked_for():
+    done = _running()
+    behind = services.enqueue("test.limited", {}, priority=-1)
+    following = services.enqueue("test.echo", {"n": 1})
+    then = services.NextClaim(ME, BOTH)
+    with CaptureQueriesContext(connection) as queries:
+        services.complete(done, done.lease_token, None, then=then)
+    assert len(queries) == 1
+    assert then.tried and [j.pk for j in then.claimed] == [following.pk]
+    assert Job.objects.get(pk=following.pk).status == Status.PROCESSING
+    assert Job.objects.get(pk=behind.pk).status == Status.QUEUED
+
+
+@postgres_only
+@pytest.mark.parametrize("full", [False, True])
+def test_a_next_job_of_a_limited_kind_is_left_to_the_claim_that_counts_its_limit(full):
+    """The next ready job is of a limited kind: the hand-over takes nothing (not
+    the job of another kind behind it either: claim order), and the worker's own
+    claim takes it if the limit leaves room, else the one behind it."""
+    done = _running()
+    if full:
+        services.enqueue("test.limited", {})
+        services.enqueue("test.limited", {})
+        assert len(services.claim("other:1:2", kinds=["test.limited"], limit=2, start=True)) == 2
+    first = services.enqueue("test.limited", {}, priority=5)
+    behind = services.enqueue("test.echo", {"n": 1})
+    then = services.NextClaim(ME, BOTH)
+    services.complete(done, done.lease_token, None, then=then)
+    assert not then.tried and then.claimed == []
+    assert Job.objects.get(pk=done.pk).status == Status.COMPLETED
+    assert Job.objects.filter(pk__in=[first.pk, behind.pk], status=Status.QUEUED).count() == 2
+    (taken,) = services.claim(ME, kinds=BOTH, start=True)
+    assert taken.pk == (behind.pk if full else first.pk)
+    assert Job.objects.filter(kind="test.limited", status=Status.PROCESSING).count() == (2 if full else 1)
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_job_picked_and_left_is_free_once_the_outcome_committed():
+    """The hand-over locks the job it picks (``FOR UPDATE SKIP LOCKED``); one it
+    leaves is released at the commit: another worker's claim takes it at once."""
+    import threading
+
+    from django.db import connections
+
+    done = _running()
+    left = services.enqueue("test.limited", {})
+    then = services.NextClaim(ME, BOTH)
+    services.complete(done, done.lease_token, None, then=then)
+    assert not then.tried
+    taken: list[list[Job]] = []
+
+    def other_worker() -> None:
+        try:
+            taken.append(services.claim("other:1:2", kinds=["test.limited"]))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_worker)
+    thread.start()
+    thread.join()
+    assert [[job.pk for job in jobs] for jobs in taken] == [[left.pk]]
+
+
 def _left_to_the_worker(done: Job, following: Job) -> None:
     then = services.NextClaim(ME, ["test.echo", "test.limited"])
     services.complete(done, done.lease_token, None, then=then)

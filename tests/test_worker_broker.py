@@ -399,7 +399,9 @@ def test_a_hard_limit_right_after_a_claim_hands_the_unstarted_job_back(broker, t
     # (claimed and begun, its attempt charged), before that job's handler starts.
     ran: list[int] = []
     temp_handler("t.a", lambda ctx: "a")
-    temp_handler("t.b", lambda ctx: ran.append(1), max_attempts=1)
+    # A concurrency limit: never claimed with the outcome (services.handover), but by the
+    # worker's own claim.
+    temp_handler("t.b", lambda ctx: ran.append(1), max_attempts=1, concurrency=5)
     real = services.claim
 
     def alarm_right_after(*args, **kwargs):
@@ -469,7 +471,7 @@ def test_a_hard_limit_hands_back_only_the_job_whose_handler_has_not_started(
     ran: list[str] = []
     temp_handler("t.a", lambda ctx: ran.append("a"))
     temp_handler("t.b", lambda ctx: ran.append("b"))
-    temp_handler("t.c", lambda ctx: ran.append("c"))
+    temp_handler("t.c", lambda ctx: ran.append("c"), concurrency=5)  # the worker's own claim
     real_finish = runner.finish
 
     def finish(ctx, kind, value, then=None):

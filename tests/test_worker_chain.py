@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from django.db import connection
 from django.test import override_settings
 
 from jobstate import registry, services
@@ -85,6 +86,39 @@ def test_chained_claims_respect_concurrency_limits(broker, temp_handler):
     assert running.pk == held.pk
 
 
+def test_with_limited_kinds_registered_the_next_job_is_claimed_with_the_outcome(broker, monkeypatch):
+    """test.limited has a concurrency limit: on PostgreSQL the echo jobs still
+    hand over, each claimed by the completion of the one before."""
+    first = services.enqueue("test.echo", {"n": 0})
+    (package,) = unpack(broker.dequeue())
+    rest = [services.enqueue("test.echo", {"n": i}) for i in (1, 2)]
+    claims: list[object] = []
+    real = services.claim
+
+    def counted(*args: object, **kwargs: object) -> object:
+        claims.append(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(services, "claim", counted)
+    assert run(package) == "completed"
+    assert Job.objects.filter(pk__in=[first.pk, *(j.pk for j in rest)], status=Status.COMPLETED).count() == 3
+    # SQLite: a claim of its own for each next job, and one that finds none.
+    assert len(claims) == (0 if connection.vendor == "postgresql" else 3)
+
+
+def test_a_chained_worker_keeps_a_full_kinds_limit_and_the_claim_order(broker, temp_handler):
+    temp_handler("test.one_at_a_time", lambda ctx: "ok", concurrency=1)
+    services.enqueue("test.echo", {"n": 0})
+    (package,) = unpack(broker.dequeue())
+    services.enqueue("test.one_at_a_time", {})
+    services.claim("other:1:2", kinds=["test.one_at_a_time"], start=True)
+    waiting = services.enqueue("test.one_at_a_time", {}, priority=5)
+    behind = services.enqueue("test.echo", {"n": 1})
+    assert run(package) == "completed"
+    assert Job.objects.get(pk=waiting.pk).status == Status.QUEUED
+    assert Job.objects.get(pk=behind.pk).status == Status.COMPLETED
+
+
 def test_a_queued_job_with_a_cancel_request_is_left_to_begin(broker):
     from django.utils import timezone
 
@@ -132,8 +166,10 @@ def test_a_closed_connection_at_the_next_claim_ends_the_chain_not_the_task(
     failed task. The chain ends there, as for any database error."""
     from django.db import InterfaceError
 
-    # A kind with a concurrency limit: no hand-over, the worker claims its next job itself.
-    temp_handler("test.limited", lambda ctx: "ok", concurrency=5)
+    from jobstate.services import handover
+
+    # No hand-over: the worker claims its next job itself.
+    monkeypatch.setattr(handover, "possible", lambda *args: False)
     first = services.enqueue("test.echo", {})
     (package,) = unpack(broker.dequeue())
     behind = services.enqueue("test.echo", {})

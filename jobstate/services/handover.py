@@ -5,11 +5,18 @@ A worker process that ends a job and goes on to another (``jobstate.worker.tasks
 would otherwise make two round trips and two commits: the outcome with its
 history row, then the claim with its own. On PostgreSQL, when nothing else
 belongs in either transaction (no cascade, no parent to wake, no hook that
-writes, no concurrency limit to count), the two are one statement of four
-data-modifying parts: the guarded outcome, its history row, the claim (which
-only takes a job if the outcome was written) and the claim's history row.
-The outcome is refused exactly as on its own (``LeaseLost``,
-``InvalidTransition``), and then nothing is claimed.
+writes), the two are one statement of four data-modifying parts: the guarded
+outcome, its history row, the claim (which only takes a job if the outcome was
+written) and the claim's history row. The outcome is refused exactly as on its
+own (``LeaseLost``, ``InvalidTransition``), and then nothing is claimed.
+
+A kind with a concurrency limit is never claimed here: its limit is counted
+under a per-kind lock, in a transaction of its own (``claiming.claim``). The
+statement picks the next ready job among all the kinds asked for, in claim
+order, and takes it only if its kind has no limit; when it has one, nothing is
+claimed and the worker claims on its own, through the claim that counts the
+limit (the job picked and left was only locked until the commit). Taking the
+next job of a kind without a limit instead would claim out of order.
 
 Everywhere else the outcome is written as usual and nothing is claimed: the
 worker then claims its next job itself.
@@ -38,7 +45,8 @@ class NextClaim:
     """What to claim with an outcome: one ready job of ``kinds`` for the worker
     process ``worker_id``, begun at once (as ``claim(start=True)``). ``claimed``
     receives it; ``tried`` says whether the claim was made at all (False: the
-    outcome could not take it, and the worker claims on its own)."""
+    outcome could not take it, or the next ready job was of a kind with a
+    concurrency limit, and the worker claims on its own)."""
 
     worker_id: str
     kinds: list[str]
@@ -55,8 +63,8 @@ def possible(job: Any, name: str, actor: Actor, then: NextClaim, now: datetime) 
     if len(sources) != 1 or not one_statement(job, sources[0], target, actor, Event("", target, name, actor)):
         return False
     limits = registry.concurrency_limits()
-    if any(kind in limits for kind in then.kinds):
-        return False
+    if all(kind in limits for kind in then.kinds):
+        return False  # nothing it could take
     return not claim_writes(Actor.worker(then.worker_id), now)
 
 
@@ -78,7 +86,14 @@ def move_and_claim(
     event = Event(source, target, name, actor, reason, None, now)
     moved, moved_params = update_statement(conn, job.pk, values, source, token, event=event, cte=True)
     claimer = Actor.worker(then.worker_id)
-    picked, picked_params = ready_sql(then.kinds, 1, now, True, cancel_free=True)
+    # The next ready job of all the kinds asked for (locked), in claim order: taken
+    # only if its kind has no concurrency limit (see the module's docstring).
+    ready, ready_params = ready_sql(then.kinds, 1, now, True, cancel_free=True, columns="id, kind")
+    limits = registry.concurrency_limits()
+    limited = [kind for kind in then.kinds if kind in limits]
+    picked, picked_params = "SELECT id FROM picked", list[Any]()
+    if limited:
+        picked, picked_params = "SELECT id FROM picked WHERE kind <> ALL(%s)", [limited]
     # The next job's lease from the database's clock, whatever dates the outcome.
     lease, _ = lease_times(None, vendor=conn.vendor)
     claim_values = assignment_values(then.worker_id, now, lease, True)
@@ -86,16 +101,19 @@ def move_and_claim(
         picked, picked_params, claim_values, claimer, now, True, guard=" AND EXISTS (SELECT 1 FROM moved)"
     )
     rows = _statements.fetch(
-        f"WITH {moved}, {claimed} "
-        "SELECT m.n, c.* FROM (SELECT count(*) AS n FROM moved) m LEFT JOIN claimed c ON true",
-        [*moved_params, *claim_params],
+        f"WITH {moved}, picked AS ({ready}), {claimed} "
+        "SELECT m.n, p.n, c.* FROM (SELECT count(*) AS n FROM moved) m "
+        "CROSS JOIN (SELECT count(*) AS n FROM picked) p LEFT JOIN claimed c ON true",
+        [*moved_params, *ready_params, *claim_params],
         conn,
     )
     if not rows[0][0]:
         refuse(job.pk, name, target, token)
     # Handed over before anything else can raise: the claimed job is this worker's to run.
-    then.tried = True
-    then.claimed = jobs_from_rows([row[1:] for row in rows if row[1] is not None], conn)
+    # Tried unless a job was picked and not taken (its kind has a limit): the worker
+    # then claims on its own.
+    then.tried = rows[0][2] is not None or not rows[0][1]
+    then.claimed = jobs_from_rows([row[2:] for row in rows if row[2] is not None], conn)
     committed = not conn.in_atomic_block
     announce(job.pk, source, target, name, actor, reason, now, committed=committed)
     for taken in then.claimed:
