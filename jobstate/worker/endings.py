@@ -15,7 +15,6 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
-from django.db import connection
 
 from jobstate import services
 from jobstate.exceptions import (
@@ -26,7 +25,7 @@ from jobstate.exceptions import (
     Partial,
     Suspend,
 )
-from jobstate.models import Job, JobEvent
+from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.storable import exception_text
 from jobstate.worker import unheard
@@ -35,63 +34,6 @@ from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.limits import timeout_for
 
 logger = logging.getLogger("jobstate")
-
-
-class TransactionLeftOpen(NonRetryable):
-    """The handler returned inside a transaction it had opened (an ``atomic()``
-    entered and never exited, autocommit turned off, or a raw ``BEGIN`` never
-    ended): its writes were rolled back. Never re-run, as for an unstorable
-    result: its other side effects happened."""
-
-
-def transaction_state() -> tuple[int, bool]:
-    """How many atomic blocks this thread's connection is in, and whether it
-    autocommits outside them (without connecting)."""
-    return len(connection.atomic_blocks), connection.connection is None or connection.autocommit
-
-
-def roll_back_left_open(before: tuple[int, bool]) -> bool:
-    """Roll back what the handler left open since ``before`` (``transaction_state``);
-    True if it had. Else the outcome would be written inside that transaction,
-    never committed, and so would every later job of this worker process."""
-    blocks, autocommit = before
-    left = connection.atomic_blocks[blocks:]
-    unset = autocommit and not left and connection.connection is not None and not connection.autocommit
-    raw = autocommit and not left and not unset and _driver_in_transaction()
-    if not left and not unset and not raw:
-        return False
-    try:
-        error = TransactionLeftOpen("the handler left a transaction open")
-        for block in reversed(left):
-            block.__exit__(TransactionLeftOpen, error, None)  # rolls back, as an exception would
-        if unset:
-            connection.rollback()
-            connection.set_autocommit(True)
-        if raw:
-            # Unknown to Django, so its rollback() would do nothing (psycopg2 skips it too).
-            with connection.cursor() as cursor:
-                cursor.execute("ROLLBACK")
-    except Exception:
-        logger.warning("The transaction a handler left open could not be rolled back", exc_info=True)
-        close_quietly()
-    return True
-
-
-def _driver_in_transaction() -> bool:
-    """Whether the driver's connection is in a transaction Django does not know of:
-    a raw ``BEGIN`` the handler ran in autocommit mode and never ended."""
-    raw = connection.connection
-    if raw is None:
-        return False
-    if connection.vendor == "sqlite":
-        try:
-            return bool(raw.in_transaction)
-        except Exception:  # closed under Django (by the handler): it holds no transaction
-            return False
-    # psycopg 3 and psycopg2 alike: 2 INTRANS, 3 INERROR (not 1, a query still active:
-    # an interrupt's doing, and the connection is closed for it).
-    status = getattr(getattr(raw, "info", None), "transaction_status", None)
-    return status in (2, 3)
 
 
 def end_attempt(
@@ -176,58 +118,18 @@ def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> s
     the job did not fail. It goes back to the queue (with the pending progress
     of ``ctx``, if its handler started), ready at once, its attempt refunded
     (``services.hand_back``). Guarded by the lease token ``token``: an outcome
-    already committed stays, and is returned (``stored_outcome``; "lost" if the
-    lease was lost). If that fails, the lease runs out into the reaper."""
+    already committed stays, and is returned (``unheard.stored_outcome``; "lost"
+    if the lease was lost). If that fails, the lease runs out into the reaper."""
     close_quietly()  # the interrupt may have left it mid-command
     try:
         progress = ctx.take_progress() if ctx is not None else None
         services.hand_back(job, token, reason=STOPPED, progress=progress, stopped_run=True)
     except (LeaseLost, InvalidTransition):
-        return stored_outcome(ctx) if ctx is not None else "lost"
+        return unheard.stored_outcome(ctx) if ctx is not None else "lost"
     except Exception:
         logger.exception("Job %s could not be handed back; the reaper will take it", job.pk)
         return "lost"
     return "interrupted"
-
-
-# What an attempt's outcome write stored, by the status its history row moved the job to.
-_STORED: dict[str, str] = {
-    Status.COMPLETED: "completed",
-    Status.PARTIAL: "partial",
-    Status.FAILED: "failed",
-    Status.CANCELLED: "cancelled",
-    Status.WAITING: "suspended",
-}
-
-
-def stored_outcome(ctx: JobContext) -> str:
-    """The outcome this attempt stored before a Ctrl-C cut its write short (the
-    hand-back was refused: the job had left ``processing``), or before the
-    connection dropped (``finish``'s write made again was refused), as ``finish``
-    would have returned it: read from the history row the write made in its
-    transaction (by this worker, since the attempt began). "lost" if there is
-    none: the lease was lost (the reaper, another holder, an operator moved it)."""
-    job = ctx.job
-    mine = JobEvent.objects.filter(
-        job_id=job.pk,
-        from_status=Status.PROCESSING,
-        actor_label=services.Actor.worker(ctx.worker_id).label[:200],
-    )
-    if job.started_at is not None:
-        mine = mine.filter(created_at__gte=job.started_at)
-    try:
-        row = mine.order_by("-id").values_list("to_status", "metadata").first()
-    except Exception:
-        logger.warning("Job %s: could not read what its attempt stored", job.pk, exc_info=True)
-        return "lost"
-    if row is None:
-        return "lost"
-    status, metadata = row
-    if status == Status.QUEUED:  # a retry records its error; a suspend(until=) is marked
-        if metadata.get("suspended"):
-            return "suspended"
-        return "retrying" if "error" in metadata else "lost"
-    return _STORED.get(status, "lost")
 
 
 def cancel_unstarted(job: Job) -> str:
@@ -274,7 +176,7 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
             # Refused when written again: the first write may have committed before
             # the connection dropped (its answer lost with it). What it stored is
             # the attempt's outcome, not a lost lease.
-            stored = stored_outcome(ctx)
+            stored = unheard.stored_outcome(ctx)
             if stored != "lost":
                 logger.info(
                     "Job %s: its outcome (%s) was stored before the connection dropped", ctx.job.pk, stored

@@ -93,16 +93,14 @@ from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.ctrl_c import ctrl_c_held
 from jobstate.worker.endings import (
     NextRequest,
-    TransactionLeftOpen,
     cancel_unstarted,
     finish,
     hand_back_stopped,
     hard_timeout,
     release,
-    roll_back_left_open,
-    transaction_state,
     unknown_kind,
 )
+from jobstate.worker.left_open import TransactionLeftOpen, roll_back_left_open, transaction_state
 from jobstate.worker.limits import hard_limit_for, timeout_for
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.slot import HandlerCall, Slot

@@ -3,7 +3,9 @@ dropped the connection between the commit and the reply, and the write made once
 more on a new one (``connections.reconnecting``) was refused because the first
 had already landed. What the first one did is read back from the database, and
 only what this worker process did is taken up: by its worker id, at the instant
-of that write, and (where it is known) under its lease token."""
+of that write, and (where it is known) under its lease token. An attempt's
+outcome write cut short (the connection dropped, or a Ctrl-C) is read back the
+same way (``stored_outcome``)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from django.db.models import Exists, OuterRef
 from jobstate import services
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
+from jobstate.worker.context import JobContext
 
 logger = logging.getLogger("jobstate.worker")
 
@@ -78,3 +81,43 @@ def handed_over(completed: Any, request: services.NextClaim) -> None:
             "Job %s: claimed with the outcome of job %s before the connection dropped", job.pk, completed
         )
         request.claimed, request.tried = [job], True
+
+
+# What an attempt's outcome write stored, by the status its history row moved the job to.
+_STORED: dict[str, str] = {
+    Status.COMPLETED: "completed",
+    Status.PARTIAL: "partial",
+    Status.FAILED: "failed",
+    Status.CANCELLED: "cancelled",
+    Status.WAITING: "suspended",
+}
+
+
+def stored_outcome(ctx: JobContext) -> str:
+    """The outcome this attempt stored before a Ctrl-C cut its write short (the
+    hand-back was refused: the job had left ``processing``), or before the
+    connection dropped (``finish``'s write made again was refused), as ``finish``
+    would have returned it: read from the history row the write made in its
+    transaction (by this worker, since the attempt began). "lost" if there is
+    none: the lease was lost (the reaper, another holder, an operator moved it)."""
+    job = ctx.job
+    mine = JobEvent.objects.filter(
+        job_id=job.pk,
+        from_status=Status.PROCESSING,
+        actor_label=services.Actor.worker(ctx.worker_id).label[:200],
+    )
+    if job.started_at is not None:
+        mine = mine.filter(created_at__gte=job.started_at)
+    try:
+        row = mine.order_by("-id").values_list("to_status", "metadata").first()
+    except Exception:
+        logger.warning("Job %s: could not read what its attempt stored", job.pk, exc_info=True)
+        return "lost"
+    if row is None:
+        return "lost"
+    status, metadata = row
+    if status == Status.QUEUED:  # a retry records its error; a suspend(until=) is marked
+        if metadata.get("suspended"):
+            return "suspended"
+        return "retrying" if "error" in metadata else "lost"
+    return _STORED.get(status, "lost")
