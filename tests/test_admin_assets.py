@@ -140,12 +140,27 @@ def test_staff_with_change_job_may_download_what_the_job_page_links(
     assert client.get(download(report)).status_code == 200
 
 
+def test_the_asset_list_needs_the_job_view_permission(client: Any, django_user_model: Any) -> None:
+    # A file is a job's output (its owner's data, maybe): view_asset or change_asset
+    # alone shows none of them, as view_jobevent alone shows no history.
+    job, report, *_ = make_assets()
+    staff = django_user_model.objects.create_user("s", password="pw-123456", is_staff=True)
+    change = reverse("admin:jobstate_asset_change", args=[report.pk])
+    client.force_login(grant(staff, "view_asset", "change_asset"))
+    assert client.get(LIST).status_code == client.get(f"{LIST}?job={job.pk}").status_code == 403
+    assert client.get(change).status_code == 403
+    missing = reverse("admin:jobstate_asset_download", args=[uuid.uuid4()])
+    assert client.get(download(report)).status_code == client.get(missing).status_code == 404
+    assert LIST not in client.get(reverse("admin:index")).content.decode()
+    client.force_login(grant(staff, "view_job"))
+    assert client.get(change).status_code == client.get(download(report)).status_code == 200
+    assert download(report) in client.get(f"{LIST}?job={job.pk}").content.decode()
+
+
 def test_missing_file_is_a_404(client: Any, django_user_model: Any, media: Any) -> None:
     _, report, *_ = make_assets()
     report.file.storage.delete(report.file.name)
-    staff = grant(
-        django_user_model.objects.create_user("s", password="pw-123456", is_staff=True), "view_asset"
-    )
+    staff = grant(django_user_model.objects.create_user("s", password="pw-123456", is_staff=True), "view_job")
     client.force_login(staff)
     assert client.get(download(report)).status_code == 404
 

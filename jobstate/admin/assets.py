@@ -83,10 +83,13 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         # The job is joined for its kind: not its heavy columns (as the job list).
         return super().get_queryset(request).defer(*(f"job__{f}" for f in LIST_DEFERRED))
 
+    # Visible to whoever may view jobs, as on the job page (download links included,
+    # and a link here for the rest), and only to them, as the transition history: a file
+    # is a job's output and may hold its owner's data, so ``view_asset`` (or
+    # ``change_asset``) alone shows nothing, as in the API (``visible_assets``).
+
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Also whoever may view jobs: the job page shows them its assets (download links
-        # included) and links here for the rest.
-        return super().has_view_permission(request, obj) or may_view_all(request.user)
+        return may_view_all(request.user)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # assets are added by jobs, through jobstate.services.add_asset
@@ -122,10 +125,10 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         ]
 
     def download_view(self, request: HttpRequest, asset_id: Any) -> FileResponse | HttpResponse:
-        """Stream a stored file to staff who may view it (or to its owner). Anyone else gets
+        """Stream a stored file to staff who may view jobs (or to its owner). Anyone else gets
         the 404 of an asset that does not exist, as from the API: a 403 said it did."""
         user = request.user
-        # Includes may_view_all: the job page's rule for showing the download link.
+        # may_view_all: the job page's rule for showing the download link.
         if self.has_view_permission(request):
             assets = Asset.objects.all()
         else:  # their own, as the API shows them (jobstate.api.permissions.visible_assets)
