@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from jobstate import services
 from jobstate.admin import JobAdmin, stats
+from jobstate.ids import short
 from jobstate.models import Job, WorkerProcess
 from jobstate.services import workers
 from jobstate.states import Status
@@ -118,6 +119,28 @@ def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: A
     assert client.post(change, {"pid": 1}).status_code == 403
     assert client.get(reverse("admin:jobstate_workerprocess_add")).status_code == 403
     assert client.get(reverse("admin:jobstate_workerprocess_delete", args=[row.pk])).status_code == 403
+
+
+def test_view_workerprocess_alone_shows_the_processes_but_not_their_jobs(
+    client: Any, viewer: Any, django_user_model: Any
+) -> None:
+    # A process row is infrastructure, open to its own view permission; the job it runs
+    # is a job's, shown only to staff who may view jobs (as its history and files).
+    job = processing()
+    workers.beat("web-1:400:401", cluster="web-1:400", role="worker", job_id=job.pk)
+    row = WorkerProcess.objects.get(name="web-1:400:401")
+    change = reverse("admin:jobstate_workerprocess_change", args=[row.pk])
+    job_page = reverse("admin:jobstate_job_change", args=[job.pk])
+    ops = django_user_model.objects.create_user("sre", password="pw-sre-12345", is_staff=True)
+    for who, sees_job in ((grant(ops, "view_workerprocess"), False), (viewer, True)):
+        client.force_login(who)
+        listed, page = client.get(PROCESSES), client.get(change)
+        assert listed.status_code == page.status_code == 200
+        html = listed.content.decode()
+        assert "web-1:400:401" in html and "js-state-busy" in html
+        assert (job_page in html, short(job.pk) in html) == (sees_job, sees_job)
+        assert (str(job.pk) in page.content.decode()) is sees_job
+        assert "web-1:400:401" in page.content.decode()
 
 
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 10})  # flagged past 2.5 s

@@ -95,11 +95,22 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
         css = {"all": ("jobstate/admin.css",)}
 
     # Read-only; visible to whoever may view jobs (the one rule: view_job or change_job,
-    # as the dashboard's workers panel), or holds the model's own view permission.
+    # as the dashboard's workers panel), or holds the model's own view permission: a row
+    # is infrastructure (a process's host, pid, heartbeat and clock), not a job's data,
+    # for whoever watches the workers without seeing jobs. The one job field, the job a
+    # process runs now, is shown only to those who may view jobs (the history's and the
+    # assets' rule).
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         user = request.user
         return bool(user.has_perm("jobstate.view_workerprocess")) or may_view_all(user)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = super().get_list_display(request)
+        return shown if may_view_all(request.user) else tuple(c for c in shown if c != "job_col")
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> Any:
+        return None if may_view_all(request.user) else ("job_id",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
