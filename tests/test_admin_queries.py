@@ -108,3 +108,22 @@ def test_the_job_list_reads_the_stored_kinds_once(admin_client: Any) -> None:
     assert len(walks) == 1, seen
     html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
     assert "?kind=test.limited" in html  # a stored kind among the filter's choices
+
+
+def test_the_delete_page_reads_the_jobs_below_once(admin_client: Any) -> None:
+    # Django's collector loads every job a delete cascades to (``parent``), level by
+    # level; the page walked the same levels again to find the active ones among them.
+    from django.contrib.admin.utils import NestedObjects
+    from django.urls import reverse
+
+    from tests.admin_support import completed
+
+    top = completed()
+    for middle in (completed(parent=top), completed(parent=top)):
+        queued(parent=middle)
+        completed(parent=completed(parent=middle))
+    with CaptureQueriesContext(connection) as walk:
+        NestedObjects(using=Job.objects.db).collect([Job.objects.get(pk=top.pk)])
+    seen = queries(admin_client, reverse("admin:jobstate_job_delete", args=[top.pk]))
+    # The session and its user, then the job (``walk`` reads it too), and Django's walk.
+    assert len(seen) == 2 + len(walk.captured_queries), seen

@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import connections, router
+from django.db import connections
 from django.db.models import BinaryField, CharField, Func, Q, QuerySet
 from django.db.models.functions import Cast, Right, Substr
 from django.http import HttpRequest, HttpResponse
@@ -30,8 +30,9 @@ from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL
 
-# Job ids per statement when walking a job's descendants.
-CHUNK = 1000
+# The request attribute ``has_delete_permission`` lists the jobs Django's delete
+# summary asks about under (``get_deleted_objects``).
+COLLECTED = "_jobstate_delete_collected"
 
 # Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
 BADGE_CAP = 100
@@ -40,29 +41,6 @@ SHORT = len(short(uuid.UUID(int=0)))
 
 # Heavy columns the list never shows.
 LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
-
-
-def _active_below(jobs: Any, db: str) -> list[Job]:
-    """The active jobs among the descendants of ``jobs`` (children, theirs...): those
-    deleting ``jobs`` would take with them (``parent`` cascades)."""
-    frontier = [job.pk for job in jobs]
-    seen = set(frontier)
-    active: list[uuid.UUID] = []
-    while frontier:
-        below: list[uuid.UUID] = []
-        for start in range(0, len(frontier), CHUNK):
-            rows = Job.objects.using(db).filter(parent_id__in=frontier[start : start + CHUNK])
-            for pk, status in rows.order_by().values_list("pk", "status"):
-                if pk not in seen:
-                    seen.add(pk)
-                    below.append(pk)
-                    if status not in TERMINAL:
-                        active.append(pk)
-        frontier = below
-    found: list[Job] = []
-    for start in range(0, len(active), CHUNK):
-        found += Job.objects.using(db).filter(pk__in=active[start : start + CHUNK]).only("kind", "status")
-    return sorted(found, key=lambda job: str(job.pk))
 
 
 def _looks_short(term: str) -> bool:
@@ -144,6 +122,9 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         return False  # state changes go through the operation buttons below
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        collected: list[Job] | None = request.__dict__.get(COLLECTED)
+        if collected is not None and obj is not None:
+            collected.append(obj)  # get_deleted_objects: a job the cascade takes
         if obj is not None and not obj.is_terminal:
             return False  # never pull a running job from under its worker
         return super().has_delete_permission(request, obj)
@@ -153,9 +134,22 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         as protected: the cascade would pull it from under its worker. Django's page then
         names those jobs ("would require deleting the following protected related
         objects") and a POST deletes nothing, instead of reading as a missing
-        permission (``has_delete_permission`` refuses each of them)."""
-        to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
-        active = _active_below(objs, router.db_for_write(Job))
+        permission (``has_delete_permission`` refuses each of them).
+
+        The jobs below are those Django's collector loaded (``parent`` cascades), each
+        of which its summary passes to ``has_delete_permission``: read there, not
+        walked again."""
+        collected: list[Job] = []
+        request.__dict__[COLLECTED] = collected
+        try:
+            to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
+        finally:
+            del request.__dict__[COLLECTED]
+        roots = {job.pk for job in objs}
+        below = {job.pk: job for job in collected if job.pk not in roots}
+        active = sorted(
+            (job for job in below.values() if job.status not in TERMINAL), key=lambda j: str(j.pk)
+        )
         if active:
             protected = [*protected, *(self._still_active(job) for job in active)]
             if super().has_delete_permission(request):  # refused only because they are active
