@@ -19,6 +19,7 @@ from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
+from jobstate.worker import retention_holds
 from tests.admin_support import completed, expired, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
@@ -324,6 +325,54 @@ def test_a_finished_job_with_an_active_job_below_it_cannot_be_deleted(admin_clie
             assert f'<a href="{change_url(below)}">{below}</a>, still active' in html
             assert "permission" not in html and f"{done}</a>, still active" not in html
     assert Job.objects.filter(pk__in=[top.pk, middle.pk, below.pk, done.pk]).count() == 4
+
+
+def _refused(client: Any, job: Job) -> str:
+    """The delete page of ``job``, shown again on a confirmed POST, which deletes nothing."""
+    url = reverse("admin:jobstate_job_delete", args=[job.pk])
+    pages = [client.get(url), client.post(url, {"post": "yes"})]
+    for response in pages:
+        assert response.status_code == 200
+        assert "would require deleting the following protected related objects" in response.content.decode()
+    assert Job.objects.filter(pk=job.pk).exists()
+    return str(pages[0].content.decode())
+
+
+@pytest.mark.parametrize("chunk", [1000, 1])  # 1: a statement a job, the ancestors in the first
+def test_a_finished_job_an_active_retry_holds_cannot_be_deleted(
+    admin_client: Any, monkeypatch: Any, chunk: int
+) -> None:
+    # Retention keeps the jobs earlier in an active retry's chain, and every job below
+    # them (retention_holds): deleted, one would empty the next one's retry_of (SET_NULL)
+    # under the running chain. The page names the retry.
+    monkeypatch.setattr(retention_holds, "CHUNK", chunk)
+
+    def held(job: Job, retry: Job) -> str:
+        by = f'<a href="{change_url(retry)}">{retry}</a>'
+        return f'<a href="{change_url(job)}">{job}</a>, held by the active retry {by}'
+
+    first = failed()
+    second = services.request_cancel(services.retry(first), "ops")
+    third = services.retry(second)  # queued: holds second and first
+    for job in (first, second):
+        assert held(job, third) in _refused(admin_client, job)
+    parent = completed()
+    child = completed(parent=parent)
+    again = services.retry(parent)  # holds the parent and, below it, the child
+    assert held(child, again) in _refused(admin_client, child)
+    page = _refused(admin_client, parent)
+    assert held(parent, again) in page and f"{child}</a>, held" not in page
+    top = completed()
+    below = failed(parent=top)
+    retry = services.retry(below)  # a child of top too
+    page = _refused(admin_client, top)
+    assert held(below, retry) in page and f"{retry}</a>, still active" in page
+    # Once the chain has ended, nothing holds its jobs.
+    services.request_cancel(third, "ops")
+    url = reverse("admin:jobstate_job_delete", args=[first.pk])
+    assert "protected" not in admin_client.get(url).content.decode()
+    assert admin_client.post(url, {"post": "yes"}).status_code == 302
+    assert not Job.objects.filter(pk=first.pk).exists()
 
 
 @pytest.mark.parametrize(

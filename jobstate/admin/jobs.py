@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import connections
+from django.db import connections, router
 from django.db.models import BinaryField, CharField, Func, Q, QuerySet
 from django.db.models.functions import Cast, Right, Substr
 from django.http import HttpRequest, HttpResponse
@@ -29,6 +29,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL
+from jobstate.worker.retention_holds import holding_retries
 
 # The request attribute ``has_delete_permission`` lists the jobs Django's delete
 # summary asks about under (``get_deleted_objects``).
@@ -134,7 +135,10 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         as protected: the cascade would pull it from under its worker. Django's page then
         names those jobs ("would require deleting the following protected related
         objects") and a POST deletes nothing, instead of reading as a missing
-        permission (``has_delete_permission`` refuses each of them).
+        permission (``has_delete_permission`` refuses each of them). So is each job
+        the delete would take that an active retry holds, with that retry
+        (``retention_holds.holding_retries``): retention keeps it for the running chain,
+        whose ``retry_of`` the delete would empty.
 
         The jobs below are those Django's collector loaded (``parent`` cascades), each
         of which its summary passes to ``has_delete_permission``: read there, not
@@ -145,20 +149,32 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             to_delete, model_count, perms_needed, protected = super().get_deleted_objects(objs, request)
         finally:
             del request.__dict__[COLLECTED]
-        roots = {job.pk for job in objs}
+        roots = {job.pk: job for job in objs}
         below = {job.pk: job for job in collected if job.pk not in roots}
         active = sorted(
             (job for job in below.values() if job.status not in TERMINAL), key=lambda j: str(j.pk)
         )
-        if active:
-            protected = [*protected, *(self._still_active(job) for job in active)]
-            if super().has_delete_permission(request):  # refused only because they are active
+        jobs = {**below, **roots}
+        held = holding_retries(list(roots), list(below), router.db_for_write(Job))
+        refused = [
+            *(self._still_active(job) for job in active),
+            *(self._held(jobs[pk], retry) for pk, retry in held),
+        ]
+        if refused:
+            protected = [*protected, *refused]
+            if super().has_delete_permission(request):  # refused only for these reasons
                 perms_needed.discard(self.opts.verbose_name)
         return to_delete, model_count, perms_needed, protected
 
-    def _still_active(self, job: Job) -> SafeString:
+    def _link(self, job: Job) -> SafeString:
         url = reverse(f"{self.admin_site.name}:jobstate_job_change", args=[job.pk])
-        return format_html('Job: <a href="{}">{}</a>, still active', url, job)
+        return format_html('<a href="{}">{}</a>', url, job)
+
+    def _still_active(self, job: Job) -> SafeString:
+        return format_html("Job: {}, still active", self._link(job))
+
+    def _held(self, job: Job, retry: Job) -> SafeString:
+        return format_html("Job: {}, held by the active retry {}", self._link(job), self._link(retry))
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("jobstate.cancel_job"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import BooleanField, F, Func, Q
 from django.db.models.expressions import RawSQL
@@ -114,3 +114,52 @@ def chains_locked(pks: list[Any]) -> list[Any]:
     mine = set(pks)
     missed = {job for job, i in pairs if i not in got and i not in mine}
     return [pk for pk in pks if pk not in missed]
+
+
+# Job ids per statement in ``holding_retries``.
+CHUNK = 1000
+
+
+def holding_retries(roots: list[Any], below: list[Any], using: str) -> list[tuple[Any, Job]]:
+    """The jobs a delete of ``roots`` would take (``roots`` and ``below``, the jobs
+    under them) that an active retry holds (``held``), each paired with that retry
+    (its id, kind and status: no query of its own): one later in the job's retry
+    chain, or in the chain of a job above a root (everything below a held job is
+    held; one below another of them needs no reason of its own). Read forward along
+    ``retry_of`` from those jobs (its partial index), ``CHUNK`` of them a statement,
+    the roots' ancestors in the first."""
+    conn = connections[using]
+    table = conn.ops.quote_name(Job._meta.db_table)
+    active = ", ".join(["%s"] * len(ACTIVE))
+    ids = [_pk.get_db_prep_value(pk, conn) for pk in [*roots, *below]]
+    top = [_pk.get_db_prep_value(pk, conn) for pk in roots]
+    found: set[tuple[Any, Any, str, str]] = set()
+    for start in range(0, len(ids), CHUNK):
+        chunk = ids[start : start + CHUNK]
+        some = ", ".join(["%s"] * len(chunk))
+        up, up_params, up_rows = "", [], ""
+        if start == 0 and top:
+            up = (
+                f"up(id, job) AS (SELECT parent_id, id FROM {table}"
+                f" WHERE id IN ({', '.join(['%s'] * len(top))}) AND parent_id IS NOT NULL"
+                f" UNION SELECT j.parent_id, up.job FROM {table} j JOIN up ON j.id = up.id"
+                f" WHERE j.parent_id IS NOT NULL), "
+            )
+            up_params, up_rows = top, " UNION ALL SELECT id, job FROM up"
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"WITH RECURSIVE {up}start(id, job) AS (SELECT id, id FROM {table} WHERE id IN ({some})"
+                f"{up_rows}), later(job, id, kind, status) AS ("
+                f"SELECT start.job, j.id, j.kind, j.status FROM {table} j JOIN start"
+                f" ON j.retry_of_id = start.id WHERE j.retry_of_id IS NOT NULL"
+                f" UNION SELECT later.job, j.id, j.kind, j.status FROM {table} j JOIN later"
+                f" ON j.retry_of_id = later.id WHERE j.retry_of_id IS NOT NULL"
+                f") SELECT job, id, kind, status FROM later WHERE status IN ({active})",
+                [*up_params, *chunk, *(str(s) for s in ACTIVE)],
+            )
+            found.update(cursor.fetchall())
+    pairs = [
+        (_pk.to_python(job), Job(id=_pk.to_python(pk), kind=kind, status=status))
+        for job, pk, kind, status in found
+    ]
+    return sorted(pairs, key=lambda pair: (str(pair[0]), str(pair[1].pk)))
