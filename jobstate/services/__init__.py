@@ -11,6 +11,7 @@ from jobstate.services.assets import (
     result_assets,
     safe_name,
 )
+from jobstate.services.bulk import Child, enqueue_children, enqueue_many
 from jobstate.services.control import (
     DuplicateActiveKey,
     cancel_now,
@@ -24,11 +25,8 @@ from jobstate.services.control import (
     suspend,
 )
 from jobstate.services.enqueue import (
-    Child,
     check_job,
     enqueue,
-    enqueue_children,
-    enqueue_many,
     get_or_enqueue,
     key_problem,
 )
