@@ -166,6 +166,19 @@ def test_streams_and_long_polls_are_throttled_without_any_setting(user: Any, mon
     assert client.get(JOBS).status_code == 200
 
 
+@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {}})
+def test_a_refused_long_poll_does_not_count_against_the_stream_rate(user: Any, monkeypatch: Any) -> None:
+    monkeypatch.setitem(throttling.DEFAULT_RATES, "jobstate_stream", "1/minute")
+    job = completed(user)
+    client = client_for(user)
+    url = job_url(job)
+    refused = ["wait=1e9", "wait=inf", "wait=1&wait=2", "wait=1&since=yesterday", "wait=1&since=a&since=b"]
+    for query in refused:
+        assert_error(client.get(f"{url}?{query}"), 400, "invalid")
+    assert client.get(url, {"wait": 1}).status_code == 200  # the scope's one request
+    assert_error(client.get(url, {"wait": 1}), 429, "throttled")
+
+
 @override_settings(JOBSTATE=FAST, REST_FRAMEWORK={"DEFAULT_THROTTLE_RATES": {"jobstate_stream": None}})
 def test_a_none_rate_turns_the_stream_scope_off(user: Any, monkeypatch: Any) -> None:
     monkeypatch.setitem(throttling.DEFAULT_RATES, "jobstate_stream", "1/minute")

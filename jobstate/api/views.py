@@ -21,7 +21,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
 from rest_framework import ISO_8601, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -136,10 +136,21 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         return throttles
 
     def _long_poll(self) -> bool:
+        """Whether the request is a valid long-poll (``wait`` above 0): one that ``retrieve``
+        refuses (a bad, out of range or repeated ``wait`` or ``since``) is its 400, and does
+        not count against the stream scope (it used to take one of its requests)."""
         try:
-            return float(self.request.query_params.get("wait") or 0) > 0
-        except ValueError:
+            return bool(self._wait_params().get("wait"))
+        except ValidationError:
             return False
+
+    def _wait_params(self) -> dict[str, Any]:
+        """``wait`` and ``since``, each given at most once and valid, or a 400."""
+        for param in ("wait", "since"):
+            once(self.request, param)
+        params = WaitSerializer(data=self.request.query_params)
+        params.is_valid(raise_exception=True)
+        return dict(params.validated_data)
 
     def get_serializer_class(self) -> type[serializers.BaseSerializer[Any]]:
         return JobSerializer if self.action == "list" else JobDetailSerializer
@@ -183,11 +194,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         )
 
     def retrieve(self, request: Request, pk: str | None = None) -> Response | WaitFirst:
-        for param in ("wait", "since"):
-            once(request, param)
-        params = WaitSerializer(data=request.query_params)
-        params.is_valid(raise_exception=True)
-        wait = params.validated_data.get("wait")
+        params = self._wait_params()
+        wait = params.get("wait")
         waited = getattr(request._request, WAITED, None)
         if isinstance(waited, WaitFirst):
             lost = waited.access.lost()  # e.g. the token was deleted while it waited
@@ -195,7 +203,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
                 raise lost
         if wait and not self._waited():
             job_id = self._visible_id(pk)
-            since = params.validated_data.get("since")
+            since = params.get("since")
             if since is None:
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
