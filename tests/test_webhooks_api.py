@@ -18,7 +18,7 @@ from jobstate.api import webhooks as webhooks_api
 from jobstate.models import Job
 from jobstate.webhooks import outbox, rotation
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
-from tests.api_support import client_for, grant, job_url, make_job
+from tests.api_support import assert_error, client_for, grant, job_url, make_job
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -408,6 +408,23 @@ def test_kinds_are_checked(user, kinds):
     assert not WebhookEndpoint.objects.exists()
 
 
+@pytest.mark.parametrize("kind", [" report.export", "report.export ", "\treport.export\n", "\u00a0a"])
+def test_a_kind_with_surrounding_whitespace_is_a_400_not_stripped(user, kind):
+    """An enqueue takes its kind exactly as sent; a subscription stripped it, and
+    so heard about a kind other than the one it was given."""
+    client = client_for(user)
+    body = {"url": "https://hooks.example.com/a", "kinds": ["a", kind]}
+    error = assert_error(client.post(URL, body, format="json"), 400, "invalid")
+    assert "surrounding whitespace" in str(error["fields"]["kinds"]) and repr(kind)[:20] in error["message"]
+    assert not WebhookEndpoint.objects.exists()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a", kinds=["a"])
+    assert_error(client.patch(f"{URL}{endpoint.pk}/", {"kinds": [kind]}, format="json"), 400, "invalid")
+    endpoint.refresh_from_db()
+    assert endpoint.kinds == ["a"]
+    inner = client.post(URL, {**body, "kinds": ["report. export"]}, format="json")
+    assert inner.status_code == 201 and inner.data["kinds"] == ["report. export"]  # inside: as sent
+
+
 def test_kinds_are_at_most_a_hundred_and_repeats_are_stored_once(user):
     """5,000 kinds or repeated events were stored as sent, and the outbox read
     them on every transition of the owner's jobs."""
@@ -419,11 +436,11 @@ def test_kinds_are_at_most_a_hundred_and_repeats_are_stored_once(user):
     assert not WebhookEndpoint.objects.exists()
     body = {
         "url": "https://hooks.example.com/a",
-        "kinds": ["b", " a ", "b", *too_many[:99], "a"] * 50,  # 101 distinct: too many
+        "kinds": ["b", "a", "b", *too_many[:99], "a"] * 50,  # 101 distinct: too many
         "events": ["job.failed", "job.completed", "job.failed"] * 100,
     }
     assert client.post(URL, body, format="json").status_code == 400
-    body["kinds"] = ["b", " a ", "b", *too_many[:98], "a"] * 50  # 100 distinct
+    body["kinds"] = ["b", "a", "b", *too_many[:98], "a"] * 50  # 100 distinct
     response = client.post(URL, body, format="json")
     assert response.status_code == 201, response.data
     endpoint = WebhookEndpoint.objects.get()

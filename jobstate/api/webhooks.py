@@ -89,10 +89,11 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
         child=StrictChoiceField(choices=sorted(EVENTS)), allow_empty=False, required=False
     )
     kinds = serializers.ListField(
-        child=StrictCharField(max_length=validation.KIND_MAX_LENGTH),
+        # Not trimmed: a kind is matched as sent (validation.kinds refuses surrounding whitespace).
+        child=StrictCharField(max_length=validation.KIND_MAX_LENGTH, trim_whitespace=False),
         required=False,
         help_text=f"Only jobs of these kinds (empty: every kind): at most {validation.MAX_KINDS}, "
-        "repeats stored once.",
+        "repeats stored once, each exactly as sent (surrounding whitespace is a 400).",
     )
     secret = serializers.CharField(
         read_only=True,

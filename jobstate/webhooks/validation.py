@@ -72,17 +72,25 @@ def events(value: Any) -> list[str]:
 def kinds(value: Any) -> list[str]:
     """A list of at most ``MAX_KINDS`` job kinds (empty or none: every kind):
     non-blank strings of at most 200 characters without NUL or lone surrogates,
-    stripped of surrounding whitespace, repeats removed (in order)."""
+    repeats removed (in order). Kinds are matched exactly as sent, as an enqueue's
+    kind is looked up: one with surrounding whitespace is refused (most likely a
+    typo for the kind without it), not stripped into another kind."""
     if value is None:
         return []
     if not isinstance(value, list):
         raise ValidationError("A list of job kinds (empty: every kind).", code="invalid")
     cleaned: dict[str, None] = {}
     for item in value:
-        kind = item.strip() if isinstance(item, str) else None
+        if isinstance(item, str) and item.strip() and item != item.strip():
+            raise ValidationError(
+                "Not a job kind: %(item)s (surrounding whitespace: kinds are matched exactly as sent).",
+                code="whitespace",
+                params={"item": repr(item)[:100]},
+            )
+        kind = item if isinstance(item, str) else None
         # text() changes a NUL or a lone surrogate (which the admin's JSON field lets
         # through, and a jsonb column refuses: a 500).
-        if not kind or len(kind) > KIND_MAX_LENGTH or text(kind) != kind:
+        if not kind or not kind.strip() or len(kind) > KIND_MAX_LENGTH or text(kind) != kind:
             raise ValidationError(
                 "Not a job kind: %(item)s (a non-blank name of at most %(max)s characters, "
                 "no NUL or lone surrogate).",
