@@ -13,6 +13,7 @@ from django.core.cache import cache
 from django.core.signals import request_finished
 from django.db import close_old_connections, connection
 from django.test import override_settings
+from django.utils import timezone
 from rest_framework.exceptions import Throttled
 from rest_framework.test import APIClient
 
@@ -238,6 +239,46 @@ def test_a_stream_nobody_closes_gives_its_slot_back_when_collected(user: Any) ->
     again.release()
     again.release()  # idempotent: the count does not go below what is open
     assert throttling.hold_stream_slot(user) is not None
+
+
+@override_settings(JOBSTATE={**FAST, "LONGPOLL_MAX_SECONDS": 30, "API_MAX_STREAMS_PER_USER": 1})
+def test_a_long_poll_cancelled_before_it_waits_gives_its_slot_back(user: Any) -> None:
+    # Under ASGI a client that goes away cancels the request's task. Cancelled while the
+    # detail view (in its thread) took the slot, the long-poll never saw its WaitFirst:
+    # the slot stayed held until its cache entry expired (the whole wait, 30 s here).
+    import asyncio
+    import threading
+    from unittest import mock
+
+    taken = threading.Event()
+
+    def view(request: Any) -> longpoll.WaitFirst:
+        slot = throttling.hold_stream_slot(user, throttling.long_poll_seconds(30))
+        taken.set()
+        time.sleep(0.2)  # the task is cancelled meanwhile
+        return longpoll.WaitFirst("job", timezone.now(), 30, slot, mock.Mock())
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(longpoll.long_poll_view(view)(mock.Mock()))
+        while not taken.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    deadline = time.monotonic() + 2  # the view's thread may still be returning
+    while True:
+        gc.collect()
+        try:
+            again = throttling.hold_stream_slot(user)
+            break
+        except Throttled:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    assert again is not None
+    again.release()
 
 
 @override_settings(JOBSTATE={**FAST, "SSE_MAX_SECONDS": 0.3, "SSE_POLL_SECONDS": 0.05})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from functools import wraps
@@ -91,6 +92,10 @@ class WaitFirst(HttpResponse):
     ) -> None:
         super().__init__(status=202)
         self.job_id, self.since, self.seconds, self.slot = job_id, since, seconds, slot
+        if slot is not None:
+            # Under ASGI a client that goes away while the view runs cancels the request's
+            # task: the view's thread still returns this answer, which nobody waits on.
+            weakref.finalize(self, slot.release)
         # After the wait the view asks it again: the view's second run authenticates with the
         # user its first run set on the request (cached, permissions and all), not afresh.
         self.access = access
