@@ -375,6 +375,32 @@ def test_a_finished_job_an_active_retry_holds_cannot_be_deleted(
     assert not Job.objects.filter(pk=first.pk).exists()
 
 
+def test_a_finished_job_below_an_active_job_cannot_be_deleted(admin_client: Any) -> None:
+    # Retention keeps a job with an active job above it (ActiveAbove): a retried child
+    # workflow reuses its completed children. The page names the nearest active one.
+    def below(job: Job, above: Job) -> str:
+        by = f'<a href="{change_url(above)}">{above}</a>'
+        return f'<a href="{change_url(job)}">{job}</a>, below the active job {by}'
+
+    top = processing()
+    middle = completed(parent=top)
+    leaf = completed(parent=middle)
+    assert below(leaf, top) in _refused(admin_client, leaf)
+    page = _refused(admin_client, middle)
+    assert below(middle, top) in page and f"{leaf}</a>, below" not in page
+    outer = processing()
+    inner = processing(parent=outer)
+    done = completed(parent=inner)
+    page = _refused(admin_client, done)
+    assert below(done, inner) in page and f"{outer}</a>" not in page
+    # Once the job above has finished, nothing keeps them.
+    services.complete(top, top.lease_token, {"ok": True})
+    url = reverse("admin:jobstate_job_delete", args=[middle.pk])
+    assert "protected" not in admin_client.get(url).content.decode()
+    assert admin_client.post(url, {"post": "yes"}).status_code == 302
+    assert not Job.objects.filter(pk__in=[middle.pk, leaf.pk]).exists()
+
+
 @pytest.mark.parametrize(
     ("make", "shown"),
     [

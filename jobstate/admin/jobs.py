@@ -29,7 +29,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL
-from jobstate.worker.retention_holds import holding_retries
+from jobstate.worker.retention_holds import active_ancestors, holding_retries
 
 # The request attribute ``has_delete_permission`` lists the jobs Django's delete
 # summary asks about under (``get_deleted_objects``).
@@ -138,7 +138,10 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         permission (``has_delete_permission`` refuses each of them). So is each job
         the delete would take that an active retry holds, with that retry
         (``retention_holds.holding_retries``): retention keeps it for the running chain,
-        whose ``retry_of`` the delete would empty.
+        whose ``retry_of`` the delete would empty. And so is each deleted job with an
+        active job above it, with the nearest such job (``retention_holds.active_ancestors``):
+        retention keeps it, as a retried child workflow of that job reuses its completed
+        children.
 
         The jobs below are those Django's collector loaded (``parent`` cascades), each
         of which its summary passes to ``has_delete_permission``: read there, not
@@ -155,10 +158,13 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             (job for job in below.values() if job.status not in TERMINAL), key=lambda j: str(j.pk)
         )
         jobs = {**below, **roots}
-        held = holding_retries(list(roots), list(below), router.db_for_write(Job))
+        using = router.db_for_write(Job)
+        held = holding_retries(list(roots), list(below), using)
+        above = active_ancestors(list(roots), using)
         refused = [
             *(self._still_active(job) for job in active),
             *(self._held(jobs[pk], retry) for pk, retry in held),
+            *(self._below_active(roots[pk], ancestor) for pk, ancestor in above),
         ]
         if refused:
             protected = [*protected, *refused]
@@ -175,6 +181,9 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
 
     def _held(self, job: Job, retry: Job) -> SafeString:
         return format_html("Job: {}, held by the active retry {}", self._link(job), self._link(retry))
+
+    def _below_active(self, job: Job, ancestor: Job) -> SafeString:
+        return format_html("Job: {}, below the active job {}", self._link(job), self._link(ancestor))
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("jobstate.cancel_job"))

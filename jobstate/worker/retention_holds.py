@@ -8,8 +8,8 @@ children of the earlier run's child workflows, ``jobstate.workflows.reuse``, one
 level down and further). Deleted, a job in the chain would leave the next one's
 ``retry_of`` empty (``on_delete=SET_NULL``) while the chain still runs.
 
-An active job keeps every job below it (``active_above``): a child workflow of its
-that failed, retried by an operator, reuses its own completed children.
+An active job keeps every job below it (``ActiveAbove``, ``active_ancestors``): a child
+workflow of its that failed, retried by an operator, reuses its own completed children.
 """
 
 from __future__ import annotations
@@ -82,6 +82,35 @@ class ActiveAbove(Func):
             f" SELECT 1 FROM above JOIN {table} a ON a.id = above.id WHERE a.status IN ({active}))"
         )
         return sql, [*params, *(str(s) for s in ACTIVE)]
+
+
+def active_ancestors(pks: list[Any], using: str) -> list[tuple[Any, Job]]:
+    """Those of ``pks`` with an active job above them (``ActiveAbove``), each paired
+    with the nearest such job (its id, kind and status: no query of its own). One
+    statement: up each job's ``parent`` chain by primary key."""
+    if not pks:
+        return []
+    conn = connections[using]
+    table = conn.ops.quote_name(Job._meta.db_table)
+    some = ", ".join(["%s"] * len(pks))
+    active = ", ".join(["%s"] * len(ACTIVE))
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE up(job, id, depth) AS ("
+            f"SELECT id, parent_id, 1 FROM {table} WHERE id IN ({some}) AND parent_id IS NOT NULL"
+            f" UNION SELECT up.job, j.parent_id, up.depth + 1 FROM {table} j JOIN up ON j.id = up.id"
+            f" WHERE j.parent_id IS NOT NULL"
+            f") SELECT up.job, a.id, a.kind, a.status, up.depth FROM up JOIN {table} a ON a.id = up.id"
+            f" WHERE a.status IN ({active})",
+            [*(_pk.get_db_prep_value(pk, conn) for pk in pks), *(str(s) for s in ACTIVE)],
+        )
+        rows = cursor.fetchall()
+    nearest: dict[Any, tuple[int, Job]] = {}
+    for job, pk, kind, status, depth in rows:
+        key = _pk.to_python(job)
+        if key not in nearest or depth < nearest[key][0]:
+            nearest[key] = (depth, Job(id=_pk.to_python(pk), kind=kind, status=status))
+    return sorted(((key, above) for key, (_, above) in nearest.items()), key=lambda pair: str(pair[0]))
 
 
 def chains_locked(pks: list[Any]) -> list[Any]:
