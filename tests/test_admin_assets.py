@@ -157,6 +157,23 @@ def test_the_asset_list_needs_the_job_view_permission(client: Any, django_user_m
     assert download(report) in client.get(f"{LIST}?job={job.pk}").content.decode()
 
 
+def test_deleting_an_asset_needs_the_job_view_permission(client: Any, django_user_model: Any) -> None:
+    # The delete page names the asset (a job's output): delete_asset alone reaches
+    # neither it nor the delete, as view_asset alone shows nothing.
+    _, report, *_ = make_assets()
+    staff = django_user_model.objects.create_user("s", password="pw-123456", is_staff=True)
+    url = reverse("admin:jobstate_asset_delete", args=[report.pk])
+    client.force_login(grant(staff, "delete_asset"))
+    response = client.get(url)
+    assert response.status_code == 403 and report.name not in response.content.decode()
+    assert client.post(url, {"post": "yes"}).status_code == 403
+    assert Asset.objects.filter(pk=report.pk).exists()
+    client.force_login(grant(staff, "view_job"))
+    assert report.name in client.get(url).content.decode()
+    assert client.post(url, {"post": "yes"}).status_code == 302
+    assert not Asset.objects.filter(pk=report.pk).exists()
+
+
 def test_missing_file_is_a_404(client: Any, django_user_model: Any, media: Any) -> None:
     _, report, *_ = make_assets()
     report.file.storage.delete(report.file.name)

@@ -97,6 +97,12 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Django's delete page asks for the delete permission alone (not view or
+        # change), and it names the asset: ``delete_asset`` needs the job view
+        # permission too, as the list and the asset's page do.
+        return may_view_all(request.user) and super().has_delete_permission(request, obj)
+
     @admin.display(description="size", ordering="size")
     def size_display(self, obj: Asset) -> str:
         return display.file_size(obj.size) if obj.file else "-"
