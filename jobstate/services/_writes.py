@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
 
@@ -132,6 +134,21 @@ def checked_limit(limit: Any) -> int:
     return limit
 
 
+def checked_now(now: Any) -> datetime | None:
+    """The ``now`` a service was given (None: its clock), or ``ValidationError``,
+    before anything is written, as ``enqueue`` refuses such a ``run_after``: not a
+    datetime, or a naive one with ``USE_TZ = True`` (Django only warned, and stored
+    it as if in the default time zone). With ``USE_TZ = False`` a naive one is what
+    Django stores."""
+    if now is None:
+        return None
+    if not isinstance(now, datetime):
+        raise ValidationError({"now": ["now is a datetime."]})
+    if settings.USE_TZ and now.utcoffset() is None:
+        raise ValidationError({"now": ["now is a timezone-aware datetime."]})
+    return now
+
+
 def lease_times(
     now: datetime | None, lease_seconds: float | None = None, vendor: str | None = None
 ) -> tuple[datetime | LeaseClock, datetime | LeaseClock]:
@@ -143,7 +160,9 @@ def lease_times(
     caller's ``now``, or SQLite (one machine): that time, this process's clock.
 
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is a number greater than 0 and at
-    most ``MAX_LEASE_SECONDS``, else ``ValueError``, before anything is written."""
+    most ``MAX_LEASE_SECONDS``, else ``ValueError``, before anything is written;
+    ``now`` as ``checked_now`` takes it."""
+    now = checked_now(now)
     seconds = float(conf.get("LEASE_SECONDS")) if lease_seconds is None else checked_lease(lease_seconds)
     if now is None and (vendor or _statements.current().vendor) == "postgresql":
         return LeaseClock(seconds), LeaseClock()

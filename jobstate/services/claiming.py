@@ -49,7 +49,8 @@ def claim(
     statement also begins them: ``started_at`` set and the attempt charged.
     Returned in claim order (priority, then ``run_after``, then age). The lease
     runs from the database's clock on PostgreSQL unless ``now`` is given
-    (``_writes.lease_times``).
+    (``_writes.lease_times``): with ``USE_TZ = True`` a timezone-aware one, else
+    ``ValidationError``, as in every call here that takes one.
 
     ``kinds`` is a list of kind names (None: every kind); a string, or a name that
     is not one, is a ``TypeError``. ``lease_seconds`` (None: ``LEASE_SECONDS``) is

@@ -92,7 +92,8 @@ def begin(
     unless this is the reaper's recovery run of a workflow's undos (``recovering``).
     Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
     already begun. The lease runs from the database's clock on PostgreSQL unless
-    ``now`` is given (``_writes.lease_times``), as in every lease write here.
+    ``now`` is given (``_writes.lease_times``), as in every lease write here; with
+    ``USE_TZ = True`` a naive ``now`` is a ``ValidationError``, nothing written.
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
     """
     lease = lease_times(now, lease_seconds)
@@ -360,7 +361,8 @@ def report_progress(
     """Store progress (0..100) and renew the lease in one UPDATE.
 
     Refused (nothing written) when the token is stale (``LeaseLost``) or when a
-    cancel was requested (``CancelRequested``: the handler should stop).
+    cancel was requested (``CancelRequested``: the handler should stop), and
+    before anything, a naive ``now`` with ``USE_TZ = True`` (``ValidationError``).
     """
     values = progress_fields(percent, message, step)
     lease_expires_at, heartbeat_at = lease_times(now)

@@ -21,7 +21,7 @@ from jobstate.models import Job
 from jobstate.retry import backoff_seconds, bounded
 from jobstate.services import handover
 from jobstate.services._rows import create_job as _create
-from jobstate.services._writes import Col
+from jobstate.services._writes import Col, checked_now
 from jobstate.services.actors import Actor
 from jobstate.services.handover import NextClaim
 from jobstate.services.lease import JobRef, _pk
@@ -58,8 +58,10 @@ def complete(
     statement (``handover``), that job is claimed with this outcome and put in
     ``then.claimed``; elsewhere nothing is claimed.
 
-    A ``token`` of None is refused (``LeaseLost``), nothing written.
+    A ``token`` of None is refused (``LeaseLost``), nothing written. ``now``
+    (None: the clock) is timezone-aware with ``USE_TZ = True``, else ``ValidationError``.
     """
+    now = checked_now(now)
     token = held(_pk(job), token, "complete")
     # Errors of earlier attempts stay in the history, not on a completed job.
     fields = {
@@ -156,7 +158,8 @@ def mark_partial(
     now: datetime | None = None,
 ) -> Job | None:
     """End the job ``partial``: some result, and an error saying what is missing.
-    ``progress`` and a ``token`` of None as in ``complete``."""
+    ``progress``, ``now`` and a ``token`` of None as in ``complete``."""
+    now = checked_now(now)
     token = held(_pk(job), token, "mark_partial")
     fields = {
         **(progress or {}),
@@ -202,8 +205,9 @@ def fail(
 
     ``token``: the lease token of the attempt that failed, or None to fail the job
     without a lease (an operator, a script): no lease is checked, and a queued job
-    can be failed too. A worker calls ``fail_held``, which refuses None."""
-    now = now or timezone.now()
+    can be failed too. A worker calls ``fail_held``, which refuses None.
+    ``now`` as in ``complete``."""
+    now = checked_now(now) or timezone.now()
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
     pk = _pk(job)

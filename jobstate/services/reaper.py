@@ -16,7 +16,7 @@ from jobstate import hooks
 from jobstate.exceptions import InvalidTransition, LeaseLost, sqlstate
 from jobstate.models import Job
 from jobstate.models.job import LeaseClock
-from jobstate.services._writes import checked_limit
+from jobstate.services._writes import checked_limit, checked_now
 from jobstate.services.actors import Actor
 from jobstate.services.lease import recovering
 from jobstate.services.transitions import lock_parent, move
@@ -64,8 +64,10 @@ def requeue_expired(
 
     The history rows name ``actor``: the system's reaper unless given (the
     admin's "Run the reaper now" names the admin user). ``limit`` is an integer
-    (``TypeError``) from 0 to ``MAX_LIMIT`` (``ValueError``)."""
+    (``TypeError``) from 0 to ``MAX_LIMIT`` (``ValueError``); ``now`` is timezone-aware
+    with ``USE_TZ = True`` (``ValidationError``)."""
     limit = checked_limit(limit)
+    now = checked_now(now)
     # Expiry is judged at ``now`` when given, else by the database's clock on
     # PostgreSQL (``LeaseClock``); ``now`` still dates what the reaper writes.
     clock = now
