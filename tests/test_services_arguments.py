@@ -72,7 +72,58 @@ def test_with_use_tz_false_a_naive_now_is_taken_as_before(settings):
     services.enqueue("test.echo", {})
     naive = timezone.now()  # naive here, in TIME_ZONE as Django stores it
     (claimed,) = services.claim("w", now=naive, lease_seconds=60)
-    assert claimed.lease_expires_at == naive + timedelta(seconds=60)
+    services.heartbeat(claimed, claimed.lease_token, now=naive)
     services.complete(claimed, claimed.lease_token, now=naive)
     assert Job.objects.get(pk=claimed.pk).status == Status.COMPLETED
     assert services.requeue_expired(now=naive).total == 0
+
+
+@pytest.mark.parametrize("worker", [5, None, b"w", ["w"]])
+def test_a_worker_id_that_is_not_a_string_is_a_type_error_and_writes_nothing(worker):
+    # claim(5) was taken on SQLite (claimed under worker_id "5") and failed oddly on
+    # PostgreSQL; the other calls raised "'int' object is not subscriptable".
+    queued, held, token = _held()
+    before = stored()
+    calls = [
+        lambda: services.claim(worker),
+        lambda: services.start(queued, worker),
+        lambda: services.begin(held.pk, token, worker),
+        lambda: services.extend_leases(worker, [(held.pk, token)]),
+        lambda: services.extend_leases(worker, []),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"worker_id is a string, not "):
+            call()
+    if worker is not None:  # None: heartbeat keeps the holder's label
+        with pytest.raises(TypeError, match=r"worker_id is a string, not "):
+            services.heartbeat(held.pk, token, worker_id=worker)
+    assert stored() == before
+
+
+def test_enqueue_refuses_a_parent_or_retry_of_that_is_not_a_job_and_writes_nothing():
+    # Django's "ValueError: Cannot assign "'abc'": "Job.parent" must be a "Job" instance."
+    parent = services.enqueue("test.echo", {})
+    before = stored()
+    for name in ("parent", "retry_of"):
+        for value in ("abc", parent.pk, str(parent.pk)):
+            for enqueue in (services.enqueue, services.get_or_enqueue):
+                with pytest.raises(TypeError, match=rf"^{name} is a Job or None, not "):
+                    enqueue("test.echo", {}, **{name: value})
+    assert stored() == before
+    child = services.enqueue("test.echo", {}, parent=parent, retry_of=None)
+    assert child.parent_id == parent.pk
+
+
+@pytest.mark.parametrize("delay", ["3", True, [1]])
+def test_fail_refuses_a_retry_delay_that_is_not_a_number_and_writes_nothing(delay):
+    # "3" raised "'>' not supported between instances of 'str' and 'int'" from the backoff.
+    _queued, held, token = _held()
+    services.begin(held.pk, token, "w")
+    before = stored()
+    for fail in (services.fail, services.fail_held):
+        with pytest.raises(TypeError, match=r"retry_delay is a number of seconds or None, not "):
+            fail(held.pk, token, "boom", retry_delay=delay)
+    assert stored() == before
+    requeued = services.fail(held.pk, token, "boom", retry_delay=30)
+    assert requeued is None or requeued.status == Status.QUEUED
+    assert Job.objects.get(pk=held.pk).status == Status.QUEUED

@@ -32,6 +32,7 @@ from jobstate.services._rows import (
     event_values,
 )
 from jobstate.services.actors import Actor
+from jobstate.storable import text
 
 
 @functools.lru_cache(maxsize=4)
@@ -132,6 +133,15 @@ def checked_limit(limit: Any) -> int:
     if not 0 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit is between 0 and {MAX_LIMIT}, not {limit}")
     return limit
+
+
+def worker_label(worker_id: Any) -> str:
+    """``worker_id`` as both databases store it (at most 200 characters, no NUL:
+    PostgreSQL refuses one), or ``TypeError`` for one that is not a string (SQLite
+    stored a number as its text, PostgreSQL refused it mid-call)."""
+    if not isinstance(worker_id, str):
+        raise TypeError(f"worker_id is a string, not {worker_id!r:.100}")
+    return text(worker_id[:200])
 
 
 def checked_now(now: Any) -> datetime | None:

@@ -19,7 +19,7 @@ from jobstate import hooks, registry
 from jobstate.models import Job, JobEvent
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
-from jobstate.services._writes import checked_limit, job_columns, jobs_from_rows, lease_times
+from jobstate.services._writes import checked_limit, job_columns, jobs_from_rows, lease_times, worker_label
 from jobstate.services.actors import Actor
 from jobstate.services.transitions import announce
 from jobstate.states import Status
@@ -52,11 +52,13 @@ def claim(
     (``_writes.lease_times``): with ``USE_TZ = True`` a timezone-aware one, else
     ``ValidationError``, as in every call here that takes one.
 
-    ``kinds`` is a list of kind names (None: every kind); a string, or a name that
-    is not one, is a ``TypeError``. ``lease_seconds`` (None: ``LEASE_SECONDS``) is
-    more than 0 and at most a year, else ``ValueError``. ``limit`` is an integer
-    (``TypeError``) from 0 (nothing claimed) to ``MAX_LIMIT`` (``ValueError``).
+    ``worker_id`` is a string (``TypeError``). ``kinds`` is a list of kind names
+    (None: every kind); a string, or a name that is not one, is a ``TypeError``.
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year,
+    else ``ValueError``. ``limit`` is an integer (``TypeError``) from 0 (nothing
+    claimed) to ``MAX_LIMIT`` (``ValueError``).
     """
+    worker_id = worker_label(worker_id)
     kinds = kind_names(kinds)
     limit = checked_limit(limit)
     postgres = connection.vendor == "postgresql"

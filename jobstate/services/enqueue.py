@@ -156,8 +156,12 @@ def get_or_enqueue(
     cancelled (it would end cancelled with this request's work).
 
     ``run_after`` is a timezone-aware datetime; with ``USE_TZ = False`` only
-    PostgreSQL stores one (a ``ValidationError`` elsewhere).
+    PostgreSQL stores one (a ``ValidationError`` elsewhere). ``parent`` and
+    ``retry_of`` are jobs or None, else ``TypeError``.
     """
+    for name, job in (("parent", parent), ("retry_of", retry_of)):
+        if job is not None and not isinstance(job, Job):
+            raise TypeError(f"{name} is a Job or None, not {job!r:.100}")
     spec, cleaned = cleaned_input(
         kind,
         parameters,

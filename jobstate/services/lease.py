@@ -33,7 +33,7 @@ from jobstate.models import Job, JobEvent
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._rows import concrete_field
-from jobstate.services._writes import job_columns, jobs_from_rows, lease_times, update_job
+from jobstate.services._writes import job_columns, jobs_from_rows, lease_times, update_job, worker_label
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.claiming import room_for
@@ -95,11 +95,12 @@ def begin(
     ``now`` is given (``_writes.lease_times``), as in every lease write here; with
     ``USE_TZ = True`` a naive ``now`` is a ``ValidationError``, nothing written.
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
+    ``worker_id`` is a string, else ``TypeError``.
     """
+    worker_id = worker_label(worker_id)
     lease = lease_times(now, lease_seconds)
     now = now or timezone.now()
     pk = _pk(job)
-    worker_id = text(worker_id[:200])  # as both databases store it (PostgreSQL refuses a NUL)
     begun = _begin_returning(pk, token, worker_id, now, lease)
     if begun is None:
         begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=True)
@@ -215,7 +216,9 @@ def start(
     concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
     queued job whose cancel was requested is cancelled (it never ran), then
     refused, unless this is a recovery run of a workflow's undos (``recovering``).
-    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``."""
+    ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
+    ``worker_id`` is a string, else ``TypeError``."""
+    worker_id = worker_label(worker_id)
     lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     now = now or timezone.now()
     target = job if isinstance(job, Job) else Job(pk=job)
@@ -243,7 +246,7 @@ def start(
                 "claim",
                 actor=actor,
                 fields={
-                    "worker_id": text(worker_id[:200]),
+                    "worker_id": worker_id,
                     "lease_token": uuid.uuid4(),
                     "lease_expires_at": lease_expires_at,
                     "heartbeat_at": heartbeat_at,
@@ -286,12 +289,13 @@ def heartbeat(
     ``worker_id`` re-labels the holder, e.g. when a cluster's pusher claimed the
     job and one of its worker processes now runs it under the same token.
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
+    ``worker_id`` is a string, else ``TypeError``.
     """
     lease_expires_at, heartbeat_at = lease_times(now, lease_seconds)
     pk = _pk(job)
     values: dict[str, Any] = {"lease_expires_at": lease_expires_at, "heartbeat_at": heartbeat_at}
     if worker_id is not None:
-        values["worker_id"] = text(worker_id[:200])
+        values["worker_id"] = worker_label(worker_id)
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING)
     # The common case in one statement: the lease is ours and nothing was asked.
     if update_held(pk, token, values, untroubled=("cancel", "stop")):
@@ -319,15 +323,17 @@ def extend_leases(
     only while still held under exactly ``worker_id``, so a job a dead worker
     process took is left to the reaper. Returns how many were renewed.
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
+    ``worker_id`` is a string, else ``TypeError``.
     """
     lease_expires_at, _ = lease_times(now, lease_seconds)  # checked first, leases or not
+    worker_id = worker_label(worker_id)
     leases = list(leases)
     if not leases:
         return 0
     held = Q()
     for pk, token in leases:
         held |= Q(pk=pk, lease_token=token)
-    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=text(worker_id[:200])).update(
+    return Job.objects.filter(held, status=Status.PROCESSING, worker_id=worker_id).update(
         lease_expires_at=lease_expires_at
     )
 

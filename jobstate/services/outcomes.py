@@ -206,8 +206,13 @@ def fail(
     ``token``: the lease token of the attempt that failed, or None to fail the job
     without a lease (an operator, a script): no lease is checked, and a queued job
     can be failed too. A worker calls ``fail_held``, which refuses None.
-    ``now`` as in ``complete``."""
+    ``now`` as in ``complete``; ``retry_delay`` (None: the kind's backoff) is a
+    number of seconds, else ``TypeError``."""
     now = checked_now(now) or timezone.now()
+    if retry_delay is not None and (
+        isinstance(retry_delay, bool) or not isinstance(retry_delay, int | float)
+    ):
+        raise TypeError(f"retry_delay is a number of seconds or None, not {retry_delay!r:.100}")
     error = text((error or error_type or "failed").strip() or "failed")
     error_type, traceback = text(error_type), text(traceback)
     pk = _pk(job)
