@@ -20,7 +20,7 @@ from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.worker import retention_holds
-from tests.admin_support import completed, expired, failed, processing, queued
+from tests.admin_support import completed, expired, failed, grant, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -767,3 +767,20 @@ def test_retry_of_a_job_whose_kind_is_gone_says_so(admin_client: Any) -> None:
     page = admin_client.post(act_url(other, "retry"), {"reason": "again"}, follow=True)
     assert html.escape(why) in page.content.decode()
     assert not Job.objects.filter(retry_of__in=[done, other]).exists()
+
+
+def test_deleting_a_job_needs_the_job_view_permission(client: Any, django_user_model: Any) -> None:
+    # The delete page names the job and everything below it: delete_job alone reaches
+    # neither it nor the delete (nor the bulk action), as for assets.
+    job = completed()
+    staff = django_user_model.objects.create_user("d", password="pw-123456", is_staff=True)
+    url = reverse("admin:jobstate_job_delete", args=[job.pk])
+    client.force_login(grant(staff, "delete_job"))
+    response = client.get(url)
+    assert response.status_code == 403 and job.kind not in response.content.decode()
+    assert client.post(url, {"post": "yes"}).status_code == 403
+    assert Job.objects.filter(pk=job.pk).exists()
+    client.force_login(grant(staff, "view_job"))
+    assert client.get(url).status_code == 200
+    assert client.post(url, {"post": "yes"}).status_code == 302
+    assert not Job.objects.filter(pk=job.pk).exists()

@@ -28,6 +28,7 @@ from jobstate.admin.job_page import JobPageFields
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
+from jobstate.models.job import may_view_all
 from jobstate.states import ACTIVE, TERMINAL
 from jobstate.worker.retention_holds import active_ancestors, holding_retries
 
@@ -128,7 +129,8 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             collected.append(obj)  # get_deleted_objects: a job the cascade takes
         if obj is not None and not obj.is_terminal:
             return False  # never pull a running job from under its worker
-        return super().has_delete_permission(request, obj)
+        # The delete page names the job and all below it: those who may view jobs only.
+        return may_view_all(request.user) and super().has_delete_permission(request, obj)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, set[str], list[Any]]:
         """Django's summary of a delete, each active job below the deleted ones listed
