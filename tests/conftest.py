@@ -12,8 +12,7 @@ from django.db import connection
 from django_q.conf import Conf
 
 from jobstate import registry, services
-from jobstate.worker import broker as broker_module
-from jobstate.worker import counters
+from jobstate.worker import cluster, counters
 from jobstate.worker.broker import JobBroker
 
 # Fixtures shared by several test modules, registered once here (no module imports
@@ -118,7 +117,7 @@ def broker(monkeypatch):  # type: ignore[no-untyped-def]
     """A fresh broker as the sentinel would build it, with a fast poll."""
     monkeypatch.setattr(counters, "pending", None)
     monkeypatch.setattr(counters, "busy", None)
-    monkeypatch.setattr(broker_module, "_cluster_id", None)
+    monkeypatch.setattr(cluster, "_cluster_id", None)
     monkeypatch.setattr(Conf, "POLL", 0.01)
     monkeypatch.setattr(Conf, "WORKERS", 2)
     monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)  # tests of the queue limit set their own

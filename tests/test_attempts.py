@@ -1018,7 +1018,7 @@ def test_a_clean_exit_waits_for_a_database_that_does_not_answer_a_heartbeat_at_m
     on a database that no longer answers (packets dropped) waited for the TCP
     timeout, minutes; the process, and the cluster's stop, with them."""
     from jobstate.services import workers
-    from jobstate.worker import broker
+    from jobstate.worker import leases
     from jobstate.worker.supervisor import supervisor
 
     answered = threading.Event()
@@ -1031,7 +1031,7 @@ def test_a_clean_exit_waits_for_a_database_that_does_not_answer_a_heartbeat_at_m
     try:
         _wait(WorkerProcess.objects.filter(name="host:1:5").exists)
         monkeypatch.setattr(workers, "gone", hangs)
-        for exit_hook in (sup.retire, lambda: broker._pusher_gone("host:1:pusher")):
+        for exit_hook in (sup.retire, lambda: leases._pusher_gone("host:1:pusher")):
             started = time.monotonic()
             exit_hook()
             assert time.monotonic() - started < 2

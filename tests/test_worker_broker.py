@@ -25,7 +25,9 @@ from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from jobstate.worker import broker as broker_module
 from jobstate.worker import counters, runner, tasks
-from jobstate.worker.broker import EXECUTE, cluster_id
+from jobstate.worker.cluster import cluster_id
+from jobstate.worker.leases import max_wait
+from jobstate.worker.packages import EXECUTE
 from jobstate.worker.runner import hard_limit_for, run_next
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -618,7 +620,7 @@ def test_renewal_stops_once_no_worker_took_anything_for_longer_than_any_task_run
     for _ in range(2):
         services.enqueue("test.echo", {})
     first, second = (UUID(ack.removeprefix("job:")) for ack, _ in broker.dequeue())
-    start, limit = time.monotonic(), broker_module.max_wait()
+    start, limit = time.monotonic(), max_wait()
     soon = timezone.now() + timedelta(seconds=1)
 
     Job.objects.update(lease_expires_at=soon)

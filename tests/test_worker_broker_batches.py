@@ -7,8 +7,7 @@ from django.test import override_settings
 from django_q.conf import Conf
 
 from jobstate import services
-from jobstate.worker import broker as broker_module
-from jobstate.worker import counters
+from jobstate.worker import cluster, counters, room
 from jobstate.worker.broker import JobBroker
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,11 +18,11 @@ def broker(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(counters, "pending", None)
     monkeypatch.setattr(counters, "busy", None)
     monkeypatch.setattr(counters, "plain", None)
-    monkeypatch.setattr(broker_module, "_cluster_id", None)
+    monkeypatch.setattr(cluster, "_cluster_id", None)
     monkeypatch.setattr(Conf, "POLL", 0.01)
     monkeypatch.setattr(Conf, "WORKERS", 2)
     monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)
-    monkeypatch.setattr(broker_module, "FULL_WAIT_MAX", 0.02)
+    monkeypatch.setattr(room, "FULL_WAIT_MAX", 0.02)
     broker = JobBroker(list_key="jobstate-test-batches")
     calls: list[int] = []
     claim = broker._claim

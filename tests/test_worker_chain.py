@@ -13,7 +13,7 @@ from jobstate import registry, services
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import counters, tasks
-from jobstate.worker.broker import cluster_id
+from jobstate.worker.cluster import cluster_id
 from jobstate.worker.packages import CHAIN_MARGIN
 from jobstate.worker.runner import hard_limit_for
 from tests.test_worker_broker import run, unpack

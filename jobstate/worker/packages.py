@@ -1,8 +1,7 @@
 """The django-q2 package that carries one reserved job to a worker process.
 
 Kept apart from ``tasks`` (which runs packages) so that the broker, which builds
-them, and ``tasks``, which asks the broker about its cluster, do not import
-each other.
+them, does not import the code that runs them.
 """
 
 from __future__ import annotations

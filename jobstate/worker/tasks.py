@@ -28,6 +28,7 @@ from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
 from jobstate.worker import counters, q2, unheard
+from jobstate.worker.cluster import cluster_id
 from jobstate.worker.connections import Calls, reconnecting
 from jobstate.worker.endings import (
     HARD_TIMEOUT,
@@ -103,8 +104,6 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
     handler starts, the job is handed back here (requeued, without an attempt
     charged, or cancelled, with its history), or else left to the reaper.
     """
-    from jobstate.worker import broker
-
     started = time.monotonic()
     counters.picked_up()
     try:
@@ -116,7 +115,7 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
             # not this process's to run or to end.
             logger.warning("Job %s: a package without a lease token was skipped; nothing ran", job_id)
             return "skipped"
-        cluster = broker.cluster_id()
+        cluster = cluster_id()
         me = worker_id(cluster)
         _serve(me, cluster)
         spec = registry.all_handlers().get(kind or "")
@@ -307,9 +306,7 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
 
 def run_by_id(job_id: Any) -> str:
     """Id-only alternative: claim and begin this one job now, and run it."""
-    from jobstate.worker import broker
-
-    cluster = broker.cluster_id()
+    cluster = cluster_id()
     me = worker_id(cluster)
     _serve(me, cluster)
     leased_at, since = time.monotonic(), timezone.now()
