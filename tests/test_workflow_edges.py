@@ -15,6 +15,7 @@ from jobstate.exceptions import Interrupted, NonRetryable, Partial
 from jobstate.models import Job, JobStep
 from jobstate.states import Status
 from jobstate.worker.runner import drain
+from jobstate.workflows import step_undos
 from jobstate.workflows import steps as wf_steps
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -212,7 +213,7 @@ def test_an_interrupt_right_after_an_undo_neither_repeats_it_nor_skips_the_other
             calls.append(output)
 
     jobstate.workflow("t.edge_undo", max_attempts=1, retry_backoff=0)(Three)
-    real = wf_steps.undone
+    real = step_undos.undone
     fired: list[bool] = []
 
     def undone(job: Any, token: Any, name: str, *, because: str) -> None:
@@ -221,7 +222,7 @@ def test_an_interrupt_right_after_an_undo_neither_repeats_it_nor_skips_the_other
             fired.append(True)
             raise Interrupted("timeout")  # right after the commit
 
-    monkeypatch.setattr(wf_steps, "undone", undone)
+    monkeypatch.setattr(step_undos, "undone", undone)
     try:
         job = services.enqueue("t.edge_undo", {})
         drain()

@@ -452,21 +452,21 @@ def test_child_jobs_of_a_step_copied_into_a_retry():
 
 def test_a_timeout_right_after_the_children_started_waits_for_them(monkeypatch):
     from jobstate.exceptions import Interrupted
-    from jobstate.workflows import steps
+    from jobstate.workflows import step_waits
 
-    real_wait = steps.wait
+    real_wait = step_waits.wait
 
     def wait_then_time_out(*args: Any, **kwargs: Any) -> Any:
         real_wait(*args, **kwargs)  # committed: the children exist, the step waits
         raise Interrupted("timeout")
 
-    monkeypatch.setattr(steps, "wait", wait_then_time_out)
+    monkeypatch.setattr(step_waits, "wait", wait_then_time_out)
     parent = services.enqueue("wf.fan", {"n": 3})
     assert run_next("w1") is not None
     parent.refresh_from_db()
     assert parent.status == Status.WAITING and parent.attempts == 0
     assert step(parent, "split").status == "waiting"
-    monkeypatch.setattr(steps, "wait", real_wait)
+    monkeypatch.setattr(step_waits, "wait", real_wait)
     assert drain() == 4  # the 3 children, then the parent
     parent.refresh_from_db()
     assert parent.status == Status.COMPLETED and parent.result["total"] == 3

@@ -17,7 +17,7 @@ from jobstate import registry, services
 from jobstate.models import Job, JobEvent, JobStep, JobStepSpawn
 from jobstate.states import Status
 from jobstate.worker.runner import drain
-from jobstate.workflows import steps
+from jobstate.workflows import step_waits, steps
 from jobstate.workflows.spawns import SPAWNED
 from tests.workflow_jobs import SimulatedCrash
 
@@ -81,7 +81,7 @@ def test_children_start_in_bulk_with_their_options_history_and_order() -> None:
     jobstate.workflow("t.options", max_attempts=1)(Options)
     try:
         job = services.enqueue("t.options", {})
-        real = steps.wait
+        real = step_waits.wait
         counted: list[int] = []
 
         def measured(*args: Any, **kwargs: Any) -> Any:
@@ -91,12 +91,12 @@ def test_children_start_in_bulk_with_their_options_history_and_order() -> None:
             return made
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(steps, "wait", measured)
+            patch.setattr(step_waits, "wait", measured)
             drain(kinds=["t.options"])
     finally:
         registry.unregister("t.options")
     assert counted and counted[0] < CHILDREN / 2, counted
-    ids = steps.children_of(job.pk, "split")
+    ids = step_waits.children_of(job.pk, "split")
     children = list(Job.objects.filter(parent_id=job.pk).order_by("created_at", "id"))
     assert [str(c.pk) for c in children] == ids  # start order is spawn order
     assert [c.parameters["item"] for c in children] == list(range(CHILDREN))
@@ -126,7 +126,7 @@ def test_workers_claim_children_of_equal_priority_in_spawn_order() -> None:
     try:
         job = services.enqueue("t.ordered_flow", {})
         drain(kinds=["t.ordered_flow"])
-        spawned = [Job.objects.get(pk=pk) for pk in steps.children_of(job.pk, "split")]
+        spawned = [Job.objects.get(pk=pk) for pk in step_waits.children_of(job.pk, "split")]
         assert [c.parameters["item"] for c in spawned] == list(range(ORDERED))
         keys = [(-c.priority, c.run_after, c.created_at) for c in spawned]
         assert keys == sorted(set(keys))  # no two tied: the claim order is the spawn order

@@ -11,7 +11,7 @@ class JobStepSpawn(models.Model):
     and not started yet (``jobstate.workflows.spawns``). Each checkpoint adds the rows of
     the spawns made since the one before (it never rewrites the earlier ones); the step
     deletes them when it starts its children, and deleting the job deletes them.
-    Written by ``jobstate.workflows.steps`` only."""
+    Written by ``jobstate.workflows.steps`` and ``step_waits`` only."""
 
     # Keyed by the job, not the step row: deleting jobs (retention) deletes these
     # rows with one statement, and the steps' rows stay deleted without being read.

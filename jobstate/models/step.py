@@ -2,7 +2,7 @@
 
 Status changes go through ``jobstate.services.steps.move_step`` (a guarded UPDATE
 plus a history row on the job, in one transaction); other columns (cursor, detail)
-are written by ``jobstate.workflows.steps``."""
+are written by ``jobstate.workflows.steps``, ``step_waits`` and ``step_undos``."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from jobstate.exceptions import Interrupted, LeaseLost
 from jobstate.models.step import StepStatus
 from jobstate.storable import exception_text
-from jobstate.workflows import steps
+from jobstate.workflows import step_undos, steps
 from jobstate.workflows.context import StepContext
 
 if TYPE_CHECKING:
@@ -114,14 +114,14 @@ def compensate(run: RunState, failed_step: str, error: str) -> Report:
             logger.exception("Undo of step '%s' of job %s failed", spec.name, run.job.pk)
             _undo_failed(run, spec.name, row, f"{type(exc).__name__}: {exception_text(exc)}", because)
         else:
-            steps.undone(run.job, run.token, spec.name, because=because)
+            step_undos.undone(run.job, run.token, spec.name, because=because)
             row.status = S.UNDONE
     report = report_of(run.specs, run.rows)
     if report:
-        steps.compensated(run.job, run.token, failed_step, report.summary(failed_step))
+        step_undos.compensated(run.job, run.token, failed_step, report.summary(failed_step))
     return report
 
 
 def _undo_failed(run: RunState, name: str, row: Any, message: str, because: str) -> None:
-    steps.undo_failed(run.job, run.token, name, message, because=because)
+    step_undos.undo_failed(run.job, run.token, name, message, because=because)
     row.detail = {**row.detail, steps.UNDO_ERROR: message[:2000]}

@@ -19,7 +19,7 @@ from jobstate import conf, services
 from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.storable import text
-from jobstate.workflows import spawns, steps
+from jobstate.workflows import spawns, step_waits, steps
 from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
 from jobstate.workflows.spawns import REUSED, ChildSpec
 
@@ -255,7 +255,7 @@ class StepContext:
         A step copied into a retry lists the children of the job that ran it, and one
         that reused an earlier run's completed children lists those too."""
         if step is not None:
-            qs = Job.objects.filter(pk__in=steps.children_of(self.job.pk, step))
+            qs = Job.objects.filter(pk__in=step_waits.children_of(self.job.pk, step))
         else:
             copied = JobStep.objects.filter(job_id=self.job.pk).filter(
                 Q(detail__has_key="copied_from") | Q(detail__has_key=REUSED)

@@ -19,7 +19,7 @@ from jobstate.exceptions import NonRetryable, Suspend
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.states import ACTIVE, Status
-from jobstate.workflows import steps
+from jobstate.workflows import step_waits, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.spawns import CHUNK, REUSED, Reuse
 
@@ -35,7 +35,7 @@ class ChildrenFailed(NonRetryable):
 
 def start(run: RunState, spec: StepSpec, sctx: StepContext, value: Any, reuse: Reuse | None = None) -> None:
     """``reuse``: the earlier run's completed children the spawns take (``workflows.reuse``)."""
-    children = steps.wait(
+    children = step_waits.wait(
         run.job, run.token, spec.name, sctx.spawned, value=value, band=run.band(spec), reuse=reuse
     )
     taken = len(reuse.jobs) if reuse is not None else 0

@@ -28,7 +28,7 @@ from jobstate.exceptions import (
 from jobstate.models import JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.storable import exception_text, result_value
-from jobstate.workflows import compensation, fanout, reuse, steps
+from jobstate.workflows import compensation, fanout, reuse, step_waits, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow
 
@@ -102,7 +102,7 @@ class Run:
         try:
             if row.status != S.WAITING and "children" in row.detail:
                 # An earlier run started this step's children: wait for them, never again.
-                steps.resume_wait(self.job, self.token, row, percent=self.band(spec)[0])
+                step_waits.resume_wait(self.job, self.token, row, percent=self.band(spec)[0])
             if row.status == S.WAITING:
                 output = fanout.fan_in(self, spec, row)
             else:

@@ -1,13 +1,13 @@
 """The child jobs a fan-out step asks for (``StepContext.spawn``), and those it asked
 for while walking its items with ``ctx.iterate``/``ctx.batches``.
 
-A step's children are started only when it returns (``steps.wait``), but a checkpoint
+A step's children are started only when it returns (``step_waits.wait``), but a checkpoint
 of its iteration commits before that: a resume goes on after the items it counts.
 So each such checkpoint also stores, in the same transaction, the spawns the iteration
 made for the items it moves past, and a resumed iteration takes them back
 (``restored``) in place of the items it does not walk again. Each item gets exactly
 one child: the spawns of the items after the last checkpoint were never stored, and
-those items are walked again. ``steps.wait`` drops them once the children exist.
+those items are walked again. ``step_waits.wait`` drops them once the children exist.
 
 The spawns are rows (``JobStepSpawn``), and a checkpoint adds only those made since
 the previous one (``Stored``): rewriting the whole list at each checkpoint cost a step
