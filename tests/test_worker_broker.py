@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import pydoc
 import time
 from datetime import timedelta
@@ -66,6 +67,17 @@ def test_dequeue_claims_a_batch_as_signed_packages(broker):
         assert claimed.status == Status.PROCESSING and claimed.started_at is None and claimed.attempts == 0
     assert set(Job.objects.values_list("status", "worker_id")) == {(Status.PROCESSING, cluster_id())}
     assert cluster_id() == f"{os.uname().nodename}:{os.getppid()}"
+
+
+@override_settings(JOBSTATE={"PREFETCH": 10})
+def test_a_broker_unpickled_in_a_spawned_pusher_claims_and_renews(broker):
+    # django-q2 pickles only the list key and info; a pusher started by "spawn"
+    # (macOS's default) gets the broker that way, and its first dequeue renews leases.
+    job = services.enqueue("test.echo", {})
+    copy = pickle.loads(pickle.dumps(broker))
+    handed = copy.dequeue()
+    assert [ack for ack, _ in handed] == [f"job:{job.pk}"]
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
 
 
 @override_settings(JOBSTATE={"PREFETCH": 2})

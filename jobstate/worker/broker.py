@@ -71,6 +71,12 @@ class JobBroker(Room, Leases, q2.OrmBroker):  # type: ignore[misc]  # django-q2 
         super().__init__(list_key=list_key)
         counters.create()
         name_cluster()
+        self._start()
+
+    def _start(self) -> None:
+        """The state a broker keeps in its own process: django-q2 pickles only the
+        list key and info (a pusher started by ``spawn``, macOS's default, unpickles
+        the broker), so everything else starts afresh here."""
         self._listener: Listener | None = None
         self._outage = Outage(logger, "jobstate broker")
         self._exit_hooked = 0
@@ -217,9 +223,7 @@ class JobBroker(Room, Leases, q2.OrmBroker):  # type: ignore[misc]  # django-q2 
 
     def __setstate__(self, state: Any) -> None:
         super().__setstate__(state)
-        self._listener = None
-        self._outage = Outage(logger, "jobstate broker")
-        self._reset()
+        self._start()
 
 
 _is_job = counters.is_job
