@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Field, Model, Q, QuerySet
+from django.db.models import Field, IntegerField, Model, Q, QuerySet
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import BasePagination
@@ -111,10 +111,7 @@ class KeysetPagination(BasePagination):
             values = payload["v"]
             if not isinstance(values, list) or len(values) != len(self.fields):
                 raise ValueError("wrong cursor length")
-            position = [
-                cast("Field[Any, Any]", model._meta.get_field(f.lstrip("-"))).to_python(v)  # not a relation
-                for f, v in zip(self.fields, values, strict=True)
-            ]
+            position = [_cursor_value(model, f, v) for f, v in zip(self.fields, values, strict=True)]
             # With USE_TZ = False our own cursors hold naive times (as stored).
             naive = any(isinstance(v, datetime) and timezone.is_naive(v) for v in position)
             if any(v is None for v in position) or (naive and settings.USE_TZ):
@@ -219,6 +216,18 @@ def _after(fields: list[str], position: list[Any]) -> Q:
         strict |= step
     # Index condition on the leading column (see the module docstring).
     return Q(**{f"{names[0]}__{ops[0]}e": position[0]}) & strict
+
+
+def _cursor_value(model: type[Model], name: str, value: Any) -> Any:
+    """A cursor's value for the field ``name``, if it has the JSON type ``_jsonable``
+    writes for it: an integer for an integer field, a string for the others (times,
+    ids). ``to_python`` coerced other types: ``5`` or ``true`` into a UUID, ``"5"``,
+    ``5.5`` or ``true`` into an integer."""
+    field = cast("Field[Any, Any]", model._meta.get_field(name.lstrip("-")))  # not a relation
+    wanted = int if isinstance(field, IntegerField) else str
+    if type(value) is not wanted:  # not isinstance: a bool is an int
+        raise TypeError(f"cursor value of type {type(value).__name__}")
+    return field.to_python(value)
 
 
 def _jsonable(value: Any) -> Any:
