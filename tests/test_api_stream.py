@@ -282,3 +282,53 @@ def test_a_projects_gzip_middleware_leaves_the_stream_as_it_is(user: Any, settin
     services.report_progress(job, job.lease_token, 40, "resizing")
     assert next(stream)["data"]["progress"] == 40
     response.close()
+
+
+SERVER_ERROR = {"error": {"code": "server_error", "message": "Internal server error.", "fields": {}}}
+
+
+def fail_second_read(monkeypatch: Any) -> None:
+    from django.db import OperationalError
+
+    from jobstate.api import stream as stream_module
+
+    read = stream_module.snapshot
+    reads: list[Any] = []
+
+    def flaky(job_id: Any) -> Any:
+        reads.append(job_id)
+        if len(reads) == 2:
+            raise OperationalError("server closed the connection unexpectedly (secret detail)")
+        return read(job_id)
+
+    monkeypatch.setattr(stream_module, "snapshot", flaky)
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_database_error_mid_stream_ends_it_with_an_error_event(user, monkeypatch, caplog):
+    # The stream used to end as if closed normally: no client could tell a failure.
+    fail_second_read(monkeypatch)
+    job = running(user)
+    got = list(events(open_stream(user, job).streaming_content))
+    assert "retry" in got[0] and got[1]["event"] == "job"
+    assert got[2:] == [{"event": "error", "data": SERVER_ERROR}]  # nothing of the exception
+    logged = [r for r in caplog.records if r.name == "jobstate.api" and r.levelname == "ERROR"]
+    assert len(logged) == 1 and "secret detail" in str(logged[0].exc_info[1])
+
+
+@override_settings(JOBSTATE=FAST)
+def test_a_database_error_mid_async_stream_ends_it_with_an_error_event(user, monkeypatch, caplog):
+    from asgiref.sync import async_to_sync
+
+    from jobstate.api import stream as stream_module
+
+    fail_second_read(monkeypatch)
+    job = running(user)
+
+    async def read() -> list[bytes]:
+        return [chunk async for chunk in stream_module.aevent_stream(job.pk)]
+
+    got = list(events(iter(async_to_sync(read)())))
+    assert "retry" in got[0] and got[1]["event"] == "job"
+    assert got[2:] == [{"event": "error", "data": SERVER_ERROR}]
+    assert [r.levelname for r in caplog.records if r.name == "jobstate.api"] == ["ERROR"]

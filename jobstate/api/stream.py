@@ -15,6 +15,8 @@
   ``ACCESS_CHECK_SECONDS`` (``jobstate.api.access``): once the credentials no longer
   authenticate the same active user, or the job is no longer theirs to see, the
   stream sends one ``error`` event (the 401/404 body a new request would get) and ends.
+  A poll that fails (a database error) is logged and ends the stream with an ``error``
+  event too (the 500 body, nothing of the error).
 - The long-poll behind ``GET /jobs/{id}/?wait=&since=`` is ``jobstate.api.longpoll``.
 
 Each comes twice: a plain generator/function for WSGI (the server thread is the
@@ -49,6 +51,7 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 
 from jobstate import conf
+from jobstate.api.errors import error_body
 from jobstate.api.outputs import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
@@ -176,6 +179,16 @@ def _read(job_id: Any, access: AccessCheck | None) -> tuple[dict[str, Any] | Non
     return refused, None if refused is not None else snapshot(job_id)
 
 
+# What a stream sends last when a poll fails (a database error): the body of a 500,
+# nothing of the error itself. The stream used to just end, which looks like a normal close.
+FAILED = _event("error", error_body("server_error", "Internal server error."))
+
+
+def _failed(job_id: Any) -> bytes:
+    logger.exception("Progress stream of job %s stopped on an error", job_id)
+    return FAILED
+
+
 def event_stream(
     job_id: Any,
     *,
@@ -187,8 +200,13 @@ def event_stream(
     events = _Events(last_event_id, clock)
     yield events.opening()
     while True:
-        refused, current = _read(job_id, access if access is not None and events.access_due() else None)
-        yield from events.after(current, refused)
+        try:
+            refused, current = _read(job_id, access if access is not None and events.access_due() else None)
+            chunks = events.after(current, refused)
+        except Exception:
+            yield _failed(job_id)
+            return
+        yield from chunks
         if events.done:
             return
         sleep(events.pause())
@@ -226,8 +244,15 @@ async def aevent_stream(
     read = sync_to_async(polled(_read))  # the check and the poll: one connection
     yield events.opening()
     while True:
-        refused, current = await read(job_id, access if access is not None and events.access_due() else None)
-        for chunk in events.after(current, refused):
+        try:
+            refused, current = await read(
+                job_id, access if access is not None and events.access_due() else None
+            )
+            chunks = events.after(current, refused)
+        except Exception:  # not a cancellation (the client went away): a BaseException
+            yield _failed(job_id)
+            return
+        for chunk in chunks:
             yield chunk
         if events.done:
             return
