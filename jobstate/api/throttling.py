@@ -3,9 +3,10 @@
 Rates come from ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``, read on every
 request (so ``override_settings`` works), under the scopes ``jobstate_enqueue``
 (POST /jobs/), ``jobstate`` (every other endpoint) and ``jobstate_stream`` (the
-progress stream and long-polls, on top of ``jobstate``). A missing rate means no
-limit, except for ``jobstate_stream``, which defaults to ``DEFAULT_RATES``; a
-``None`` rate turns a scope off.
+progress streams and long-polls opened, on top of ``jobstate``; the requests to
+those endpoints that open none count apart at the same rate: ``count_stream``). A
+missing rate means no limit, except for ``jobstate_stream``, which defaults to
+``DEFAULT_RATES``; a ``None`` rate turns a scope off.
 
 A stream or long-poll also holds a connection (and under WSGI a server thread)
 while it is open, so each user may hold at most
@@ -66,6 +67,26 @@ class StreamThrottle(JobstateThrottle):
 
     def scope_for(self, view: Any) -> str | None:
         return STREAM_SCOPE
+
+
+class StreamProbeThrottle(StreamThrottle):
+    """The ``jobstate_stream`` rate, counted in a history of its own."""
+
+    def get_cache_key(self, request: Any, view: Any) -> str | None:
+        key = super().get_cache_key(request, view)
+        return None if key is None else f"{key}_probe"
+
+
+def count_stream(request: Any, view: Any, *, opens: bool) -> None:
+    """Count a progress-stream or long-poll request, or raise ``Throttled`` (429).
+
+    One that opens a stream or waits (``opens``) counts against ``jobstate_stream``.
+    One that opens nothing (a job the caller cannot see, a 204 for a finished job the
+    client has seen, a HEAD) counts against a history of its own at the same rate: such
+    probes are bounded, without taking the requests the user's real streams need."""
+    throttle = StreamThrottle() if opens else StreamProbeThrottle()
+    if not throttle.allow_request(request, view):
+        raise Throttled(wait=throttle.wait())
 
 
 def max_streams() -> int | None:

@@ -21,7 +21,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
 from rest_framework import ISO_8601, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -41,7 +41,7 @@ from jobstate.api.permissions import CanActOnJob, may_start, may_view_all, visib
 from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
 from jobstate.api.stream import finished_and_seen, streaming_response
-from jobstate.api.throttling import StreamThrottle, hold_stream_slot, long_poll_seconds
+from jobstate.api.throttling import count_stream, hold_stream_slot, long_poll_seconds
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.models.job import with_retried
@@ -130,19 +130,9 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             return []  # the long-poll's own request, counted before it waited
         # A retry makes a new job too: it counts as an enqueue.
         self.throttle_scope = "jobstate_enqueue" if self.action in ("create", "retry") else "jobstate"
-        throttles = super().get_throttles()
-        if self.action == "stream" or (self.action == "retrieve" and self._long_poll()):
-            throttles.append(StreamThrottle())
-        return throttles
-
-    def _long_poll(self) -> bool:
-        """Whether the request is a valid long-poll (``wait`` above 0): one that ``retrieve``
-        refuses (a bad, out of range or repeated ``wait`` or ``since``) is its 400, and does
-        not count against the stream scope (it used to take one of its requests)."""
-        try:
-            return bool(self._wait_params().get("wait"))
-        except ValidationError:
-            return False
+        # The stream scope is counted by ``stream`` and ``retrieve`` once they know whether
+        # the request opens a stream (``count_stream``): a 400 is not counted at all.
+        return super().get_throttles()
 
     def _wait_params(self) -> dict[str, Any]:
         """``wait`` and ``since``, each given at most once and valid, or a 400."""
@@ -176,6 +166,14 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             raise NotFound()
         return job_id
 
+    def _stream_job(self, pk: Any) -> uuid.UUID:
+        """``_visible_id`` for a stream or long-poll: its 404 opens nothing (``count_stream``)."""
+        try:
+            return self._visible_id(pk)
+        except NotFound:
+            count_stream(self.request, self, opens=False)
+            raise
+
     def _detail(self, job_id: Any, status_code: int = 200, **headers: str) -> Response:
         job = self.get_queryset().prefetch_related("steps").get(pk=job_id)
         data = JobDetailSerializer(job, context=self.get_serializer_context()).data
@@ -202,11 +200,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             if lost is not None:
                 raise lost
         if wait and not self._waited():
-            job_id = self._visible_id(pk)
+            job_id = self._stream_job(pk)
             since = params.get("since")
             if since is None:
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
+                count_stream(request, self, opens=True)
                 # long_poll_view waits (holding the slot, outside any transaction), then asks again.
                 slot = hold_stream_slot(request.user, long_poll_seconds(wait))
                 return WaitFirst(job_id, since, wait, slot, StreamAccess(request, job_id))
@@ -367,12 +366,15 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         renderer_classes=[JSONRenderer, EventStreamRenderer],
     )
     def stream(self, request: Request, pk: str | None = None) -> HttpResponse | StreamingHttpResponse:
-        job_id = self._visible_id(pk)
+        job_id = self._stream_job(pk)
         last_id = request.headers.get("Last-Event-ID") or None
-        if finished_and_seen(job_id, last_id):
+        seen = finished_and_seen(job_id, last_id)
+        # A HEAD sends no event: it holds none of the user's streams.
+        opens = not seen and request.method != "HEAD"
+        count_stream(request, self, opens=opens)
+        if seen:
             # 204 tells an EventSource to stop reconnecting (the SSE specification); no slot held.
             return HttpResponse(status=204, headers={"Cache-Control": "no-cache"})
-        # A HEAD sends no event: it holds none of the user's streams.
-        slot = None if request.method == "HEAD" else hold_stream_slot(request.user)
+        slot = hold_stream_slot(request.user) if opens else None
         # Async under ASGI (sent as made, no thread held), sync under WSGI.
         return streaming_response(request, job_id, last_id, slot, StreamAccess(request, job_id).refusal)
