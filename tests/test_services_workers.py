@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.test import override_settings
 from django.utils import timezone
 
@@ -50,3 +51,25 @@ def test_a_beat_returns_the_database_clock_on_postgresql_and_stores_the_offset_g
     workers.beat("h:1:2", cluster="h:1", role="worker", finished=1)  # no offset: kept
     row = WorkerProcess.objects.get()
     assert row.clock_offset == -1.5 and row.jobs_done == 1 and row.seen_at >= before
+
+
+@pytest.mark.parametrize(
+    ("now", "message"),
+    [(datetime.now(), "now is a timezone-aware datetime."), ("now", "now is a datetime.")],
+)
+def test_a_naive_now_is_refused_with_use_tz_and_writes_nothing(now, message):
+    # Django only warned and took it as if in the default time zone: a process seen
+    # hours off in another zone, judged alive or dead by the wrong clock.
+    aware = timezone.now()
+    workers.beat("h:1:2", cluster="h:1", role="worker", now=aware)
+    calls = [
+        lambda: workers.beat("h:1:2", cluster="h:1", role="worker", now=now),
+        lambda: workers.beat("h:1:3", cluster="h:1", role="worker", now=now),
+        lambda: workers.alive(now),
+        lambda: workers.forget_dead(0, now=now),
+    ]
+    for call in calls:
+        with pytest.raises(ValidationError) as refused:
+            call()
+        assert refused.value.message_dict == {"now": [message]}
+    assert list(WorkerProcess.objects.values_list("name", "seen_at")) == [("h:1:2", aware)]

@@ -5,9 +5,11 @@ ends failed or cancelled ends its active children."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from jobstate import services
@@ -60,6 +62,24 @@ def test_an_invalid_step_transition_is_refused_with_nothing_written():
     with pytest.raises(StepStateError):
         services.move_step(job.pk, "nope", "start", actor=Actor.system("t"), job_status=Status.PROCESSING)
     assert snapshot(job) == before  # no step, no history row, not even the job's progress
+
+
+def test_move_step_refuses_a_naive_now_with_use_tz_and_writes_nothing():
+    # It wrote the step and its history row, Django only warning (a naive time taken
+    # as if in the default time zone); the other services refuse one.
+    job = claimed_workflow()
+    before = snapshot(job)
+    for now, message in ((datetime.now(), "now is a timezone-aware datetime."), (1, "now is a datetime.")):
+        with pytest.raises(ValidationError) as refused:
+            services.move_step(
+                job.pk, "s1", "start", actor=Actor.system("t"), job_status=Status.PROCESSING, now=now
+            )
+        assert refused.value.message_dict == {"now": [message]}
+    assert snapshot(job) == before
+    aware = timezone.now()
+    running = Status.PROCESSING
+    services.move_step(job.pk, "s1", "start", actor=Actor.system("t"), job_status=running, now=aware)
+    assert JobStep.objects.get(job_id=job.pk, name="s1").updated_at == aware
 
 
 def test_each_step_transition_writes_one_history_row_in_its_transaction():

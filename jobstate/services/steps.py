@@ -18,6 +18,7 @@ from django.utils import timezone
 from jobstate.exceptions import StepStateError
 from jobstate.models import JobStep
 from jobstate.services._rows import record_event
+from jobstate.services._writes import checked_now
 from jobstate.services.actors import Actor
 
 # The history row's ``transition`` for each step transition.
@@ -71,8 +72,10 @@ def move_step(
 ) -> str:
     """Apply the declared step transition ``transition`` to step ``name`` of job
     ``job_id`` and record it; returns the status it left. Raises ``StepStateError``
-    (nothing written) when the step is missing or not in one of its sources."""
-    now = now or timezone.now()
+    (nothing written) when the step is missing or not in one of its sources. ``now``
+    (None: the clock) is timezone-aware with ``USE_TZ = True``, else ``ValidationError``
+    (``_writes.checked_now``), before anything is written."""
+    now = checked_now(now) or timezone.now()
     sources, target = step_sources(transition), step_target(transition)
     values: dict[str, Any] = {"status": target, "updated_at": now, **(fields or {})}
     with transaction.atomic():
@@ -110,5 +113,6 @@ def step_event(
     now: datetime | None = None,
 ) -> None:
     """A history row for a step decision that changes no status (an undo that
-    failed, a retry seeded from a step)."""
+    failed, a retry seeded from a step). Internal: ``now`` is taken as given (the
+    public function that reaches it checks one from its caller)."""
     record_event(job_id, job_status, job_status, event, actor, reason[:1000], metadata, now)

@@ -103,6 +103,9 @@ def move(
     ``LeaseLost`` and writes nothing. A job that ends ``failed`` or ``cancelled``
     ends its active children first (``cascade``). Returns the in-memory job,
     updated, when one was passed.
+
+    Internal: ``now`` is taken as given; each public function that reaches it
+    checks a caller's ``now`` first (``_writes.checked_now``).
     """
     now = now or timezone.now()
     target, sources, values = transition_values(name, fields, now)

@@ -15,6 +15,7 @@ from django.utils import timezone
 from jobstate import conf
 from jobstate.models.job import LeaseClock
 from jobstate.models.worker import WorkerProcess
+from jobstate.services._writes import checked_now
 
 
 def beat(
@@ -37,8 +38,11 @@ def beat(
     On PostgreSQL ``seen_at`` is the database's clock (unless ``now`` is given),
     the one liveness is judged by, and the UPDATE also returns it
     (``STATEMENT_TIMESTAMP()``) for ``jobstate.worker.clock``; None elsewhere and
-    on a first beat.
+    on a first beat. A ``now`` given is timezone-aware with ``USE_TZ = True``, else
+    ``ValidationError`` (``_writes.checked_now``), nothing written; so in
+    ``alive`` and ``forget_dead``.
     """
+    now = checked_now(now)
     db = router.db_for_write(WorkerProcess)
     seen: datetime | LeaseClock = now or timezone.now()
     if now is None and connections[db].vendor == "postgresql":
@@ -99,7 +103,8 @@ def gone(name: str) -> None:
 
 def alive(now: datetime | None = None) -> QuerySet[WorkerProcess]:
     """Processes seen within ``WORKER_ALIVE_SECONDS`` of ``now`` (None: by
-    ``LeaseClock``, the database's clock on PostgreSQL)."""
+    ``LeaseClock``, the database's clock on PostgreSQL); ``now`` as in ``beat``."""
+    now = checked_now(now)
     return WorkerProcess.objects.filter(seen_at__gte=_ago(float(conf.get("WORKER_ALIVE_SECONDS")), now))
 
 
@@ -110,7 +115,8 @@ def recorded() -> QuerySet[WorkerProcess]:
 
 def forget_dead(older_than_seconds: float = 24 * 3600, now: datetime | None = None) -> int:
     """Delete rows of processes not seen for ``older_than_seconds`` (before ``now``,
-    None: by ``LeaseClock``); returns how many."""
+    None: by ``LeaseClock``); returns how many. ``now`` as in ``beat``."""
+    now = checked_now(now)
     deleted, _ = WorkerProcess.objects.filter(seen_at__lt=_ago(older_than_seconds, now)).delete()
     return deleted
 
