@@ -127,3 +127,39 @@ def test_fail_refuses_a_retry_delay_that_is_not_a_number_and_writes_nothing(dela
     requeued = services.fail(held.pk, token, "boom", retry_delay=30)
     assert requeued is None or requeued.status == Status.QUEUED
     assert Job.objects.get(pk=held.pk).status == Status.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("worker", "kinds", "message"),
+    [
+        ("w", "test.echo", r"^kinds is a list of kind names, not a string"),
+        ("w", [5], r"^kinds is a list of kind names \(strings\), not of 5"),
+        ("w", None, r"^kinds is a list of kind names, not None"),
+        (5, ["test.echo"], r"^worker_id is a string, not 5"),
+    ],
+)
+def test_a_next_claim_refuses_kinds_or_a_worker_id_claim_would_refuse(worker, kinds, message):
+    # NextClaim("w", "test.echo") was taken: on PostgreSQL the outcome claimed nothing
+    # though a test.echo job was ready, and said it had tried (the worker took it that
+    # none was ready).
+    with pytest.raises(TypeError, match=message):
+        services.NextClaim(worker, kinds)
+    then = services.NextClaim("w", ("test.echo",))
+    assert then.kinds == ["test.echo"]
+
+
+def test_enqueue_children_refuses_a_retry_of_or_parent_that_is_not_a_job_and_writes_nothing():
+    # Django's "Cannot assign ...: "Job.retry_of" must be a "Job" instance", or
+    # "'str' object has no attribute 'owner_id'".
+    parent = services.enqueue("test.echo", {})
+    before = stored()
+    for value in ("abc", parent.pk, str(parent.pk)):
+        with pytest.raises(TypeError, match=r"^retry_of is a Job or None, not "):
+            services.Child("test.echo", {}, retry_of=value)
+        with pytest.raises(TypeError, match=r"^parent is a Job, not "):
+            services.enqueue_children(value, [services.Child("test.echo", {})], actor=services.Actor("t"))
+    assert stored() == before
+    (child,) = services.enqueue_children(
+        parent, [services.Child("test.echo", {}, retry_of=parent)], actor=services.Actor("t")
+    )
+    assert (child.parent_id, child.retry_of_id) == (parent.pk, parent.pk)

@@ -71,7 +71,8 @@ def enqueue_many(
 
 @dataclass(frozen=True)
 class Child:
-    """A child job for ``enqueue_children``: what ``enqueue`` takes for one, keyless."""
+    """A child job for ``enqueue_children``: what ``enqueue`` takes for one, keyless.
+    ``retry_of`` is a Job or None, else ``TypeError`` (as ``enqueue`` refuses one)."""
 
     kind: str
     parameters: Mapping[str, Any] | None = None
@@ -80,6 +81,10 @@ class Child:
     max_attempts: int | None = None
     retry_of: Job | None = None
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        if self.retry_of is not None and not isinstance(self.retry_of, Job):
+            raise TypeError(f"retry_of is a Job or None, not {self.retry_of!r:.100}")
 
 
 def enqueue_children(parent: Job, children: Sequence[Child], *, actor: Actor) -> list[Job]:
@@ -92,7 +97,11 @@ def enqueue_children(parent: Job, children: Sequence[Child], *, actor: Actor) ->
     Child ``i`` is created ``i`` microseconds after the first (both databases keep
     microseconds): the claim order (priority, ``run_after``, ``created_at``) then
     follows the spawn order among children of equal priority and ``run_after``, as
-    when each had its own insert; one shared instant left them tied."""
+    when each had its own insert; one shared instant left them tied.
+
+    ``parent`` is a Job, else ``TypeError``, nothing written."""
+    if not isinstance(parent, Job):
+        raise TypeError(f"parent is a Job, not {parent!r:.100}")
     now = timezone.now()
     default_attempts = conf.get("DEFAULT_MAX_ATTEMPTS")
     jobs: list[Job] = []

@@ -33,9 +33,9 @@ from jobstate import registry
 from jobstate.models import Job
 from jobstate.services import _statements
 from jobstate.services._rows import announce
-from jobstate.services._writes import Event, jobs_from_rows, lease_times, update_statement
+from jobstate.services._writes import Event, jobs_from_rows, lease_times, update_statement, worker_label
 from jobstate.services.actors import Actor
-from jobstate.services.claiming import assignment_values, claim_ctes, claim_writes, ready_sql
+from jobstate.services.claiming import assignment_values, claim_ctes, claim_writes, kind_names, ready_sql
 from jobstate.services.transitions import one_statement, refuse, transition_values, updated
 from jobstate.states import Status
 
@@ -46,12 +46,22 @@ class NextClaim:
     process ``worker_id``, begun at once (as ``claim(start=True)``). ``claimed``
     receives it; ``tried`` says whether the claim was made at all (False: the
     outcome could not take it, or the next ready job was of a kind with a
-    concurrency limit, and the worker claims on its own)."""
+    concurrency limit, and the worker claims on its own).
+
+    ``worker_id`` is a string and ``kinds`` a list of kind names (as ``claim``
+    takes them; not None), else ``TypeError``, before the outcome is written."""
 
     worker_id: str
     kinds: list[str]
     claimed: list[Job] = field(default_factory=list)
     tried: bool = False
+
+    def __post_init__(self) -> None:
+        self.worker_id = worker_label(self.worker_id)
+        kinds = kind_names(self.kinds)
+        if kinds is None:
+            raise TypeError("kinds is a list of kind names, not None")
+        self.kinds = kinds
 
 
 def possible(job: Any, name: str, actor: Actor, then: NextClaim, now: datetime) -> bool:
