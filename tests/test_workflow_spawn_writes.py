@@ -4,11 +4,13 @@ Rewritten whole, 50,000 spawns took 500 checkpoints writing 411 MB in all."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -137,3 +139,58 @@ def test_workers_claim_children_of_equal_priority_in_spawn_order() -> None:
         registry.unregister("t.ordered_flow")
         registry.unregister("t.ordered")
     assert taken == list(range(ORDERED))
+
+
+class Reused(jobstate.Workflow):
+    @jobstate.step()
+    def split(self, ctx: Any) -> None:
+        parameters: dict[str, Any] = {"label": "same dict"}
+        for item in range(REUSED):
+            parameters["item"] = item  # one dict, changed after each spawn
+            ctx.spawn("t.leaf", parameters)
+        parameters["late"] = object()  # after the last spawn: not the children's
+
+
+REUSED = 5
+
+
+def test_spawned_children_are_validated_once_with_their_parameters_as_spawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # spawn() validated each child and the fan-out validated it again, from the step's
+    # own dict: a change after spawn() reached the child (every child took the last
+    # item; an unstorable value failed the fan-out).
+    validated: list[str] = []
+    real = registry.HandlerSpec.validate
+
+    def counted(spec: registry.HandlerSpec, parameters: Any) -> dict[str, Any]:
+        validated.append(spec.name)
+        return real(spec, parameters)
+
+    monkeypatch.setattr(registry.HandlerSpec, "validate", counted)
+    jobstate.workflow("t.reused", max_attempts=1)(Reused)
+    try:
+        job = services.enqueue("t.reused", {})
+        drain(kinds=["t.reused"])
+    finally:
+        registry.unregister("t.reused")
+    assert validated.count("t.leaf") == REUSED
+    children = Job.objects.filter(parent_id=job.pk).order_by("created_at", "id")
+    assert [c.parameters for c in children] == [{"label": "same dict", "item": i} for i in range(REUSED)]
+
+
+def test_a_child_is_taken_unvalidated_only_as_checked_child_made_it() -> None:
+    parent = services.enqueue("t.leaf", {})
+    actor = services.Actor("t")
+    checked = services.checked_child("t.leaf", {"item": 1})
+    with pytest.raises(TypeError):
+        services.Child("t.leaf", {"late": object()}, _checked=True)  # type: ignore[call-arg]
+    for forged in (
+        dataclasses.replace(checked, parameters={"late": object()}),
+        dataclasses.replace(checked, priority=10**6),
+    ):
+        with pytest.raises(ValidationError):
+            services.enqueue_children(parent, [forged], actor=actor)
+    assert not Job.objects.filter(parent_id=parent.pk).exists()
+    (child,) = services.enqueue_children(parent, [checked.retrying(parent, "again")], actor=actor)
+    assert (child.parameters, child.retry_of_id) == ({"item": 1}, parent.pk)

@@ -11,7 +11,7 @@ from jobstate.services.assets import (
     result_assets,
     safe_name,
 )
-from jobstate.services.bulk import Child, enqueue_children, enqueue_many
+from jobstate.services.bulk import Child, checked_child, enqueue_children, enqueue_many
 from jobstate.services.control import (
     DuplicateActiveKey,
     cancel_now,
@@ -64,6 +64,7 @@ __all__ = [
     "begin",
     "cancel_now",
     "check_job",
+    "checked_child",
     "claim",
     "complete",
     "enqueue",

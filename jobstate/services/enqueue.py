@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -38,12 +39,20 @@ def cleaned_input(
     priority: int,
     run_after: datetime | None,
     max_attempts: int | None,
+    copy: bool = False,
 ) -> tuple[HandlerSpec, dict[str, Any]]:
+    """The handler of ``kind`` and the cleaned parameters, or ``ValidationError``
+    (``UnknownKind``): every check ``enqueue`` makes of its arguments. ``copy``: the
+    cleaned parameters are never the caller's object (a schema-less kind returns it
+    as given) but a copy, as JSON, that later changes to it do not reach."""
     if not isinstance(kind, str) or not kind:
         raise ValidationError({"kind": ["A job kind is required."]})
     spec = get_handler(kind)
     cleaned = spec.validate(parameters)
-    size = len(json_text(cleaned, "parameters").encode())
+    encoded = json_text(cleaned, "parameters")
+    if copy and cleaned is parameters:
+        cleaned = json.loads(encoded)
+    size = len(encoded.encode())
     if size > conf.get("MAX_PARAMETERS_BYTES"):
         raise ValidationError(
             {"parameters": [f"Parameters are {size} bytes; the limit is {conf.get('MAX_PARAMETERS_BYTES')}."]}

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 from types import MappingProxyType, TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from django.core.exceptions import ValidationError
 from django.core.files import File
@@ -243,12 +243,12 @@ class StepContext:
         if unknown:
             raise NonRetryable(f"spawn({kind!r}) got unknown options: {', '.join(sorted(unknown))}")
         try:
-            cleaned = services.check_job(kind, parameters, **options)
+            child = services.checked_child(kind, parameters, **options)
         except UnknownKind:
             raise
         except ValidationError as invalid:
             raise NonRetryable(f"spawn({kind!r}): {_messages(invalid)}") from invalid
-        self.spawned.append(ChildSpec(kind, cleaned, options))
+        self.spawned.append(ChildSpec(kind, cast(dict[str, Any], child.parameters), options, checked=child))
 
     def child_jobs(self, step: str | None = None) -> Any:
         """The children started by ``step`` (default: all this job's), in start order.

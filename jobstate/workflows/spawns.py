@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any
 
 from jobstate.models import JobStepSpawn
+from jobstate.services.bulk import Child
 from jobstate.storable import json_value
 
 # Keys of ``JobStep.detail``: REUSED, a fan-out step's children reused from an earlier
@@ -36,11 +37,14 @@ CHUNK = 500  # ids per IN (...) query
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """A child job a fan-out step asked for (see ``StepContext.spawn``)."""
+    """A child job a fan-out step asked for (see ``StepContext.spawn``). ``checked``:
+    the child as ``services.checked_child`` validated it in this attempt (None for
+    one taken back from a checkpoint, validated again when it starts)."""
 
     kind: str
     parameters: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    checked: Child | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -56,11 +56,8 @@ def wait(
             if pick is None:
                 retry_of = earlier.get(old) if old is not None else None
                 reason = f"child of step '{name}'" + (f", retry of {old}" if retry_of else "")
-                new.append(
-                    services.Child(
-                        child.kind, child.parameters, retry_of=retry_of, reason=reason, **child.options
-                    )
-                )
+                base = child.checked or services.Child(child.kind, child.parameters, **child.options)
+                new.append(base.retrying(retry_of, reason))
         created = services.enqueue_children(job, new, actor=actor_of(job))
         made = iter(created)
         ids = [pick or str(next(made).pk) for pick in picks]
