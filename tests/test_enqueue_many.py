@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from decimal import Decimal
+from uuid import UUID
+
 import pytest
 
 from jobstate import services
@@ -63,3 +67,20 @@ def test_a_batch_size_below_one_is_refused_before_anything_is_written(batch_size
     with pytest.raises(ValueError, match="batch_size"):
         services.enqueue_many([("test.echo", {"i": i}) for i in range(3)], batch_size=batch_size)
     assert not Job.objects.exists()
+
+
+def test_a_schema_less_kinds_parameters_are_stored_as_the_json_that_was_checked():
+    # The check encodes as Django does (a datetime as ISO text, a Decimal, a UUID, a
+    # tuple as a list); the insert used the column's plain encoder and raised TypeError
+    # for what the check had let through. Now every path stores that JSON, read back.
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    token = UUID("12345678-1234-5678-1234-567812345678")
+    given = {"when": when, "amount": Decimal("1.50"), "token": token, "pair": (1, 2)}
+    stored = {"when": "2026-01-02T03:04:05Z", "amount": "1.50", "token": str(token), "pair": [1, 2]}
+    one = services.enqueue("test.echo", given)
+    many = services.enqueue_many([("test.echo", given), ("test.echo", given)])
+    for job in [one, *many]:
+        assert job.parameters == stored and job.parameters is not given
+        assert Job.objects.get(pk=job.pk).parameters == stored
+    given["when"] = "changed later"
+    assert one.parameters == stored

@@ -120,7 +120,6 @@ def checked_child(
         priority=priority,
         run_after=run_after,
         max_attempts=max_attempts,
-        copy=True,
     )
     child = Child(spec.name, cleaned, priority, run_after, max_attempts)
     object.__setattr__(child, "_checked", True)

@@ -39,18 +39,19 @@ def cleaned_input(
     priority: int,
     run_after: datetime | None,
     max_attempts: int | None,
-    copy: bool = False,
 ) -> tuple[HandlerSpec, dict[str, Any]]:
     """The handler of ``kind`` and the cleaned parameters, or ``ValidationError``
-    (``UnknownKind``): every check ``enqueue`` makes of its arguments. ``copy``: the
-    cleaned parameters are never the caller's object (a schema-less kind returns it
-    as given) but a copy, as JSON, that later changes to it do not reach."""
+    (``UnknownKind``): every check ``enqueue`` makes of its arguments. The cleaned
+    parameters are the JSON that was checked, read back: never the caller's object,
+    which later changes would reach, nor values the JSON column cannot take (a
+    schema-less kind's datetime, Decimal or tuple read as a schema's are,
+    ``HandlerSpec.validate``)."""
     if not isinstance(kind, str) or not kind:
         raise ValidationError({"kind": ["A job kind is required."]})
     spec = get_handler(kind)
     cleaned = spec.validate(parameters)
     encoded = json_text(cleaned, "parameters")
-    if copy and cleaned is parameters:
+    if cleaned is parameters:
         cleaned = json.loads(encoded)
     size = len(encoded.encode())
     if size > conf.get("MAX_PARAMETERS_BYTES"):
