@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 
@@ -153,6 +154,12 @@ class Suspend(Exception):
     ``until`` or, when None, until its last active child has ended."""
 
     def __init__(self, reason: str = "waiting", until: datetime | None = None) -> None:
+        # Refused where the handler raises it (its attempt fails with this error),
+        # not later in the worker, which could then store nothing.
+        if until is not None and not isinstance(until, datetime):
+            raise TypeError(f"Suspend(until=...) is a datetime or None, not {type(until).__name__}")
+        if until is not None and settings.USE_TZ and until.utcoffset() is None:
+            raise ValueError("Suspend(until=...) is a timezone-aware datetime (USE_TZ is on)")
         super().__init__(reason)
         self.reason = reason
         self.until = until

@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from jobstate import services
+from jobstate.exceptions import Suspend
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 
@@ -163,3 +164,33 @@ def test_enqueue_children_refuses_a_retry_of_or_parent_that_is_not_a_job_and_wri
         parent, [services.Child("test.echo", {}, retry_of=parent)], actor=services.Actor("t")
     )
     assert (child.parent_id, child.retry_of_id) == (parent.pk, parent.pk)
+
+
+@pytest.mark.parametrize(
+    ("until", "message"),
+    [
+        (datetime.now() + timedelta(hours=1), "until is a timezone-aware datetime."),
+        ("2030-01-01T00:00:00Z", "until is a datetime."),
+        (
+            datetime.max.replace(tzinfo=timezone.get_fixed_timezone(-60)),
+            "until is between the years 1 and 9999 in UTC.",
+        ),
+    ],
+)
+def test_suspend_refuses_an_until_it_could_not_store_and_writes_nothing(until, message):
+    # Django only warned at a naive one and stored it in the default time zone; a
+    # string reached the ORM's own error, past the year 9999 the database's.
+    _, held, token = _held()
+    before = stored()
+    with pytest.raises(ValidationError) as refused:
+        services.suspend(held, token, until=until)
+    assert refused.value.message_dict == {"until": [message]}
+    assert stored() == before
+
+
+def test_a_handlers_suspend_with_an_until_it_could_not_store_is_refused_where_it_is_raised():
+    with pytest.raises(TypeError, match=r"Suspend\(until=\.\.\.\) is a datetime or None, not str"):
+        Suspend("later", until="tomorrow")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        Suspend("later", until=datetime.now())
+    assert Suspend("later", until=timezone.now()).until is not None

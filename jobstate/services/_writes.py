@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -150,13 +150,24 @@ def checked_now(now: Any) -> datetime | None:
     datetime, or a naive one with ``USE_TZ = True`` (Django only warned, and stored
     it as if in the default time zone). With ``USE_TZ = False`` a naive one is what
     Django stores."""
-    if now is None:
+    return checked_time(now, "now")
+
+
+def checked_time(moment: Any, field: str) -> datetime | None:
+    """``checked_now`` for any time a service stores, the error keyed by ``field``;
+    also refused outside the years 1 to 9999 in UTC (PostgreSQL writes year 10000
+    and then cannot read it back; SQLite's conversion overflows)."""
+    if moment is None:
         return None
-    if not isinstance(now, datetime):
-        raise ValidationError({"now": ["now is a datetime."]})
-    if settings.USE_TZ and now.utcoffset() is None:
-        raise ValidationError({"now": ["now is a timezone-aware datetime."]})
-    return now
+    if not isinstance(moment, datetime):
+        raise ValidationError({field: [f"{field} is a datetime."]})
+    if settings.USE_TZ and moment.utcoffset() is None:
+        raise ValidationError({field: [f"{field} is a timezone-aware datetime."]})
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError({field: [f"{field} is between the years 1 and 9999 in UTC."]}) from None
+    return moment
 
 
 def lease_times(

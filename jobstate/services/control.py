@@ -22,6 +22,7 @@ from jobstate.registry import get_handler
 from jobstate.services import cascade, retryable
 from jobstate.services._rows import JobRef, create_job, record_event
 from jobstate.services._rows import get_job as _get
+from jobstate.services._writes import checked_time
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
 from jobstate.services.transitions import (
@@ -350,6 +351,7 @@ def suspend(
     ``progress`` as in ``cancel_now``, stored with either. A ``token`` of None is
     refused (``LeaseLost``), nothing written.
     """
+    until = checked_time(until, "until")
     token = held(job.pk, token, "suspend")
     who = actor or Actor.worker(job.worker_id)
     fields: dict[str, Any] = {**(progress or {}), "attempts": _refund(), "worker_id": ""}
