@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 import time
 
+from django.db import transaction
+
 _lock = threading.Lock()
 _wanted: tuple[float, frozenset[str]] | None = None
 
@@ -32,3 +34,11 @@ def forget() -> None:
     global _wanted
     with _lock:
         _wanted = None
+
+
+def changed(using: str | None = None) -> None:
+    """An endpoint changed in the current transaction on ``using``: drop the answer
+    now, for the rest of this transaction, and again once it commits, since another
+    thread may have cached the committed rows in between."""
+    forget()
+    transaction.on_commit(forget, using=using, robust=True)

@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, router
 from django.db.models import Q
 from django.utils import timezone
 
@@ -93,11 +93,12 @@ class WebhookEndpoint(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         super().save(*args, **kwargs)
-        cache.forget()
+        cache.changed(self._state.db)
 
-    def delete(self, *args: Any, **kwargs: Any) -> Any:
-        result = super().delete(*args, **kwargs)
-        cache.forget()
+    def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
+        using = using or router.db_for_write(type(self), instance=self)
+        result = super().delete(using=using, keep_parents=keep_parents)
+        cache.changed(using)
         return result
 
     def signing_secrets(self, now: Any = None) -> list[str]:
