@@ -376,7 +376,7 @@ def test_a_finished_job_an_active_retry_holds_cannot_be_deleted(
 
 
 def test_a_finished_job_below_an_active_job_cannot_be_deleted(admin_client: Any) -> None:
-    # Retention keeps a job with an active job above it (active_above): a retried child
+    # Retention keeps a job with an active job above it (ActiveAbove): a retried child
     # workflow reuses its completed children. The page names the nearest active one.
     def below(job: Job, above: Job) -> str:
         by = f'<a href="{change_url(above)}">{above}</a>'

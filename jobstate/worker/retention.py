@@ -53,7 +53,7 @@ from jobstate import conf, hooks, services
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, TERMINAL
 from jobstate.stuck import no_jit
-from jobstate.worker.retention_holds import active_above, chains_locked, held, held_cte
+from jobstate.worker.retention_holds import ActiveAbove, chains_locked, held, held_cte
 
 MAX_DAYS = 36_500  # a century: an older cutoff is before any job
 # The webhook deliveries' kind (jobstate.webhooks.outbox.KIND: a sibling package).
@@ -91,7 +91,7 @@ def old_enough(days: float, now: datetime | None = None) -> QuerySet[Job]:
     return (
         Job.objects.finished()
         .filter(finished_at__lt=cutoff)
-        .exclude(active_above())
+        .exclude(ActiveAbove())
         .exclude(held())
         .order_by("finished_at")
     )
@@ -314,9 +314,9 @@ def _prune_jobs(
     """Delete the jobs (none with a history row past ``upto``), batch after batch, adding
     the counts to ``report``; True when stopped at ``deadline`` with prunable jobs left."""
     while True:  # until a batch finds nothing: each makes parents childless for the next
-        # Without PostgreSQL's JIT: the recursive queries are planned as costly (it
-        # guesses the rows each level reaches) but run in milliseconds, and compiling
-        # them took seconds a batch (on 20,000 jobs in trees 50 deep, most of a prune).
+        # Without PostgreSQL's JIT: the recursive tests (an active job above, a retry
+        # chain held) are planned as costly, the planner guessing the rows each level
+        # reaches, but run in milliseconds; compiling them took seconds a batch.
         with transaction.atomic(), no_jit():
             pks = list(_not_announced(prunable(days, now, upto)).values_list("pk", flat=True)[:size])
             if not pks:
