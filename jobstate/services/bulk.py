@@ -21,7 +21,7 @@ from jobstate.models import Job, JobEvent
 from jobstate.registry import get_handler
 from jobstate.services._rows import announce, column, concrete_field, insert_events, notify
 from jobstate.services.actors import Actor
-from jobstate.services.enqueue import cleaned_input, user_of
+from jobstate.services.enqueue import check_job, cleaned_input, user_of
 from jobstate.states import Status
 from jobstate.storable import text
 
@@ -112,16 +112,8 @@ def checked_child(
     ``UnknownKind``), which ``enqueue_children`` then takes without validating it
     again (a workflow's ``spawn``). Its parameters are the cleaned ones, copied: a
     change to the caller's dict afterwards does not reach the child."""
-    spec, cleaned = cleaned_input(
-        kind,
-        parameters,
-        key=None,
-        watermark=None,
-        priority=priority,
-        run_after=run_after,
-        max_attempts=max_attempts,
-    )
-    child = Child(spec.name, cleaned, priority, run_after, max_attempts)
+    cleaned = check_job(kind, parameters, priority=priority, run_after=run_after, max_attempts=max_attempts)
+    child = Child(kind, cleaned, priority, run_after, max_attempts)
     object.__setattr__(child, "_checked", True)
     return child
 
