@@ -12,19 +12,18 @@ history with the actor ``cli:<os user>``. Errors are one line (exit status 1).
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError, UnknownKind
+from jobstate.management.commands import _show
 from jobstate.management.commands._common import (
     check_reason,
     check_text,
@@ -35,9 +34,8 @@ from jobstate.management.commands._common import (
     not_blank,
 )
 from jobstate.models import Job
-from jobstate.states import ACTIVE, Status
+from jobstate.states import Status
 
-HISTORY_ROWS = 50
 REFUSED = {
     "cancel": "only a queued, waiting or running job can be cancelled",
     "retry": "only a finished job can be retried",
@@ -152,61 +150,12 @@ class Command(BaseCommand):
             self.stdout.write("  " + ", ".join(facts))
 
     def do_show(self, options: dict[str, Any]) -> None:
-        job = get_job(options["job"])
-        events = list(job.events.select_related("actor").order_by("-id")[:HISTORY_ROWS])[::-1]
-        total = job.events.count()
-        retries = [str(pk) for pk in job.retries.order_by("created_at").values_list("pk", flat=True)]
-        children = job.children.order_by().count()
+        shown = _show.read(get_job(options["job"]))
         if options["json"]:
-            data = self._as_dict(job, events, total, retries, children)
-            self.stdout.write(json.dumps(data, indent=2, cls=DjangoJSONEncoder))
+            self.stdout.write(_show.as_json(shown))
             return
-        w = self.stdout.write
-        w(f"job        {job.pk}")
-        w(f"kind       {job.kind}")
-        status = Status(job.status).label if job.status in Status.values else job.status
-        extra = " (cancel requested)" if job.cancel_requested_at and job.status != Status.CANCELLED else ""
-        if job.stop_requested_at and job.status in ACTIVE:
-            extra += " (stop requested)"
-        w(f"status     {status}{extra}")
-        w(f"owner      {job.owner.get_username() if job.owner else '-'}")
-        progress = f"{job.progress}%" + (f"  {job.progress_message}" if job.progress_message else "")
-        w(f"progress   {progress}" + (f"  [step {job.current_step}]" if job.current_step else ""))
-        w(f"attempts   {job.attempts} of {job.max_attempts}")
-        w(f"priority   {job.priority}" + (f"   key {job.key}" if job.key else ""))
-        if marks := _watermarks(job):
-            w(f"watermarks {marks}")
-        w(f"created    {_when(job.created_at)}")
-        if job.run_after and job.run_after > job.created_at and job.status == Status.QUEUED:
-            w(f"run after  {_when(job.run_after)}")
-        w(f"started    {_when(job.started_at)}")
-        w(f"finished   {_when(job.finished_at)}")
-        if job.cancel_requested_at:
-            w(f"cancel     requested {_when(job.cancel_requested_at)}")
-        if job.stop_requested_at:
-            w(f"stop       requested {_when(job.stop_requested_at)}")
-        if job.worker_id:
-            w(f"worker     {job.worker_id}")
-        if job.parent_id:
-            w(f"parent     {job.parent_id}")
-        if job.retry_of_id:
-            w(f"retry of   {job.retry_of_id}")
-        for pk in retries:
-            w(f"retried as {pk}")
-        if children:
-            w(f"children   {children} job{'s' if children != 1 else ''}")
-        if job.error_message:
-            w(f"error      {job.error_type + ': ' if job.error_type else ''}{job.error_message}")
-        if job.result not in (None, {}, []):
-            w(f"result     {json.dumps(job.result, cls=DjangoJSONEncoder)[:500]}")
-        w(
-            f"history    ({total} transition{'s' if total != 1 else ''}"
-            + (", latest shown)" if total > len(events) else ")")
-        )
-        for e in events:
-            change = f"{e.from_status or '-'} -> {e.to_status}"
-            reason = f"  {e.reason}" if e.reason else ""
-            w(f"  {_when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_label}{reason}")
+        for line in _show.lines(shown):
+            self.stdout.write(line)
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -238,75 +187,7 @@ class Command(BaseCommand):
             moment = timezone.make_aware(moment)
         return moment
 
-    @staticmethod
-    def _as_dict(
-        job: Job, events: list[Any], total: int, retries: list[str], children: int
-    ) -> dict[str, Any]:
-        """What the text shows: ``history`` holds the latest ``HISTORY_ROWS`` of
-        ``history_total`` transitions; ``retried_as`` the jobs that retried this one,
-        ``children`` how many child jobs it has."""
-        return {
-            "id": job.pk,
-            "kind": job.kind,
-            "status": job.status,
-            "owner": job.owner.get_username() if job.owner else None,
-            "progress": job.progress,
-            "progress_message": job.progress_message,
-            "current_step": job.current_step,
-            "attempts": job.attempts,
-            "max_attempts": job.max_attempts,
-            "priority": job.priority,
-            "key": job.key,
-            "input_watermark": job.input_watermark,
-            "claimed_watermark": job.claimed_watermark,
-            "last_success_watermark": job.last_success_watermark,
-            "created_at": job.created_at,
-            "run_after": job.run_after,
-            "started_at": job.started_at,
-            "finished_at": job.finished_at,
-            "cancel_requested_at": job.cancel_requested_at,
-            "stop_requested_at": job.stop_requested_at,
-            "worker_id": job.worker_id,
-            "parent": job.parent_id,
-            "retry_of": job.retry_of_id,
-            "retried_as": retries,
-            "children": children,
-            "error_type": job.error_type,
-            "error_message": job.error_message,
-            "result": job.result,
-            "history_total": total,
-            "history": [
-                {
-                    "at": e.created_at,
-                    "from": e.from_status,
-                    "to": e.to_status,
-                    "transition": e.transition,
-                    "actor": e.actor_label,
-                    "reason": e.reason,
-                }
-                for e in events
-            ],
-        }
-
-
-def _watermarks(job: Job) -> str:
-    """``input 7  claimed 7  last success 6``: the watermarks that are set (0 is one)."""
-    marks = (
-        ("input", job.input_watermark),
-        ("claimed", job.claimed_watermark),
-        ("last success", job.last_success_watermark),
-    )
-    return "  ".join(f"{label} {value}" for label, value in marks if value is not None)
-
 
 def _seconds(value: float) -> str:
     """``60s`` for 60 and 60.0, ``0.5s``: a whole number without its ``.0``."""
     return f"{int(value)}s" if float(value).is_integer() else f"{value}s"
-
-
-def _when(moment: datetime | None) -> str:
-    """In the current time zone; a naive time (``USE_TZ = False``) is so already."""
-    if moment is None:
-        return "-"
-    local = timezone.localtime(moment) if timezone.is_aware(moment) else moment
-    return local.strftime("%Y-%m-%d %H:%M:%S")
