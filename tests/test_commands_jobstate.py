@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import services
-from jobstate.models import Job, JobEvent, JobStep
+from jobstate.models import Asset, Job, JobEvent, JobStep
 from jobstate.services import control
 from jobstate.states import Status
 from tests.admin_support import completed, failed, processing, queued
@@ -345,6 +345,59 @@ def test_show_prints_the_watermarks_that_are_set() -> None:
     assert "watermarks input 7  claimed 6  last success 5" in lines
     data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
     assert (data["input_watermark"], data["claimed_watermark"], data["last_success_watermark"]) == (7, 6, 5)
+
+
+def test_show_lists_the_job_s_assets_as_the_api_does(settings: Any, tmp_path: Any) -> None:
+    # It printed none: the files a job made were only in the admin and the API.
+    settings.MEDIA_ROOT = tmp_path
+    job = processing()
+    lost = services.add_asset(job, asset_type="report", name="lost.csv", content=b"x", token=job.lease_token)
+    Asset.objects.filter(pk=lost.pk).update(attempt_lost=True)  # hidden from the results, as in the API
+    report = services.add_asset(
+        job, asset_type="report", name="report.csv", content=b"x" * 2048, token=job.lease_token
+    )
+    link = services.add_asset(job, asset_type="link", url="https://example.org/data.json")
+    out = run("jobstate", "show", str(job.pk))[0]
+    assets = out[out.index("\nassets") + 1 :].splitlines()
+    assert assets[0] == "assets     (2 assets)" and len(assets) == 3
+    assert assets[1].split()[2:] == ["2.0", "KB", "text/csv", "report", "report.csv"]
+    assert assets[2].split()[2:] == ["-", "application/json", "link", "data.json", link.url]
+    assert "lost.csv" not in out and report.storage_path not in out and str(job.pk) + "/" not in out
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert data["assets_total"] == 2
+    first, second = data["assets"]
+    assert first == {
+        "id": str(report.pk),
+        "asset_type": "report",
+        "name": "report.csv",
+        "content_type": "text/csv",
+        "size": 2048,
+        "sha256": report.sha256,
+        "url": None,
+        "metadata": {},
+        "created_at": first["created_at"],
+    }
+    assert first["created_at"].startswith(f"{report.created_at:%Y-%m-%dT%H:%M:%S}")
+    assert (second["name"], second["size"], second["url"]) == ("data.json", 0, link.url)
+
+    plain = queued()
+    out = run("jobstate", "show", str(plain.pk))[0]
+    assert not any(line.startswith("assets") for line in out.splitlines())
+    data = json.loads(run("jobstate", "show", str(plain.pk), "--json")[0])
+    assert (data["assets_total"], data["assets"]) == (0, [])
+
+
+def test_show_lists_the_first_50_assets_and_says_how_many_more() -> None:
+    job = processing()
+    for i in range(53):
+        services.add_asset(job, asset_type="link", url=f"https://example.org/{i}.json")
+    first = [a.name for a in services.result_assets(job)[:50]]
+    out = run("jobstate", "show", str(job.pk))[0]
+    assets = out[out.index("\nassets") + 1 :].splitlines()
+    assert assets[0] == "assets     (53 assets)" and assets[-1] == "  ... and 3 more"
+    assert [line.split()[-2] for line in assets[1:-1]] == first
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert data["assets_total"] == 53 and [a["name"] for a in data["assets"]] == first
 
 
 @override_settings(USE_TZ=False)

@@ -9,12 +9,15 @@ from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
 
-from jobstate.models import Job, JobEvent
+from jobstate import services
+from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import ACTIVE, Status
 
 HISTORY_ROWS = 50
+ASSET_ROWS = 50
 
 
 @dataclass
@@ -26,16 +29,21 @@ class Shown:
     history_total: int
     retries: list[str]  # ids of the jobs that retried this one
     children: int
+    assets: list[Asset]  # the first ASSET_ROWS of the job's results (services.result_assets)
+    assets_total: int
 
 
 def read(job: Job) -> Shown:
     events = list(job.events.select_related("actor").order_by("-id")[:HISTORY_ROWS])[::-1]
+    assets = list(services.result_assets(job)[: ASSET_ROWS + 1])
     return Shown(
         job=job,
         events=events,
         history_total=job.events.count(),
         retries=[str(pk) for pk in job.retries.order_by("created_at").values_list("pk", flat=True)],
         children=job.children.order_by().count(),
+        assets=assets[:ASSET_ROWS],
+        assets_total=services.result_assets(job).count() if len(assets) > ASSET_ROWS else len(assets),
     )
 
 
@@ -91,12 +99,23 @@ def lines(shown: Shown) -> Iterator[str]:
         change = f"{e.from_status or '-'} -> {e.to_status}"
         reason = f"  {e.reason}" if e.reason else ""
         yield f"  {_when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_label}{reason}"
+    if shown.assets:  # none: no heading, as the admin's job page has no empty table
+        total = shown.assets_total
+        yield f"assets     ({total} asset{'s' if total != 1 else ''})"
+        for a in shown.assets:
+            # As the admin's job page: no size for an external URL, which has no stored file.
+            size = str(filesizeformat(a.size)).replace("\xa0", " ") if a.file else "-"
+            url = f"  {a.web_url}" if a.web_url and not a.file else ""
+            yield f"  {_when(a.created_at)}  {size:>9}  {a.content_type:<24} {a.asset_type:<16} {a.name}{url}"
+        if total > len(shown.assets):
+            yield f"  ... and {total - len(shown.assets)} more"
 
 
 def as_dict(shown: Shown) -> dict[str, Any]:
     """What the text shows: ``history`` holds the latest ``HISTORY_ROWS`` of
     ``history_total`` transitions; ``retried_as`` the jobs that retried this one,
-    ``children`` how many child jobs it has."""
+    ``children`` how many child jobs it has; ``assets`` the first ``ASSET_ROWS`` of the
+    ``assets_total`` files of its results, with the fields the API gives (no storage path)."""
     job = shown.job
     return {
         "id": job.pk,
@@ -138,6 +157,21 @@ def as_dict(shown: Shown) -> dict[str, Any]:
                 "reason": e.reason,
             }
             for e in shown.events
+        ],
+        "assets_total": shown.assets_total,
+        "assets": [
+            {
+                "id": a.pk,
+                "asset_type": a.asset_type,
+                "name": a.name,
+                "content_type": a.content_type,
+                "size": a.size,
+                "sha256": a.sha256,
+                "url": a.web_url or None,
+                "metadata": a.metadata,
+                "created_at": a.created_at,
+            }
+            for a in shown.assets
         ],
     }
 

@@ -73,7 +73,7 @@ class Command(BaseCommand):
         show = sub.add_parser(
             "show",
             help="Status, progress, attempts, watermarks, cancel and stop requests, related jobs (parent, "
-            "retries, children) and history of a job.",
+            "retries, children), history and assets of a job.",
         )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
