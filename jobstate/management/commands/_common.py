@@ -1,19 +1,43 @@
-"""Shared by the jobstate commands: find a job by id, say what went wrong in one line."""
+"""Shared by the jobstate commands: find a job by id, say what went wrong in one line,
+stop quietly when the reader of the output leaves."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import CommandError
+from django.core.management.base import BaseCommand, CommandError
 
 from jobstate import services
 from jobstate.exceptions import InvalidParameters
 from jobstate.models import Job
+
+# A shell's status for a process that SIGPIPE ended (128 + 13), as `git log | head` leaves.
+BROKEN_PIPE_STATUS = 141
+
+
+class PipedCommand(BaseCommand):
+    """A command whose output may be piped to ``head`` or a pager: when the reader
+    closes the pipe, it stops quietly with BROKEN_PIPE_STATUS instead of a
+    BrokenPipeError traceback (Python ignores SIGPIPE, so the write raises)."""
+
+    def run_from_argv(self, argv: list[str]) -> None:  # the command line only, not call_command
+        try:
+            super().run_from_argv(argv)
+            self.stdout.flush()  # here, not at exit, where a failure is "Exception ignored" (status 120)
+        except BrokenPipeError:
+            # What is still buffered goes nowhere, and the flush at exit cannot fail again.
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # not a file: a StringIO
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stdout.fileno())
+                os.close(devnull)
+            raise SystemExit(BROKEN_PIPE_STATUS) from None
 
 
 def cli_actor() -> services.Actor:

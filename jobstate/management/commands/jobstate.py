@@ -1,7 +1,8 @@
 """``manage.py jobstate``: enqueue, cancel, retry and inspect jobs from a shell.
 
 Every change goes through ``jobstate.services`` and is recorded in the job's
-history with the actor ``cli:<os user>``. Errors are one line (exit status 1).
+history with the actor ``cli:<os user>``. Errors are one line (exit status 1); a reader
+that closes the pipe early (``| head``) ends the command quietly (exit status 141).
 
     manage.py jobstate kinds
     manage.py jobstate enqueue reports.build --params '{"month": "2026-10"}' --owner alice
@@ -17,7 +18,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -25,6 +26,7 @@ from jobstate import conf, registry, services
 from jobstate.exceptions import InvalidTransition, JobStateError, UnknownKind
 from jobstate.management.commands import _show
 from jobstate.management.commands._common import (
+    PipedCommand,
     check_reason,
     check_text,
     cli_actor,
@@ -42,7 +44,7 @@ REFUSED = {
 }
 
 
-class Command(BaseCommand):
+class Command(PipedCommand):
     help = "Enqueue, cancel, retry and show jobs; list the registered kinds."
 
     def add_arguments(self, parser: CommandParser) -> None:
