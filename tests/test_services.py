@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -478,6 +479,21 @@ def test_a_key_with_a_nul_is_a_validation_error_and_a_reason_is_stored_as_text()
 @pytest.mark.parametrize("owner", ["alice", 10**30, 987654, True, 1.5])
 def test_an_owner_that_names_no_user_is_a_validation_error(owner):
     # A raw ValueError, OverflowError/DataError or IntegrityError (at the commit) before.
+    for enqueue in (
+        lambda: services.enqueue("test.echo", {}, owner=owner),
+        lambda: services.enqueue_many([("test.echo", {})], owner=owner),
+    ):
+        with pytest.raises(ValidationError) as refused:
+            enqueue()
+        assert "owner" in refused.value.message_dict
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("which", ["another model's instance", "an unsaved user"])
+def test_an_owner_that_is_no_saved_user_is_a_validation_error(which, django_user_model):
+    # An AttributeError (the actor's get_username) or a ValueError at the insert before.
+    unsaved = django_user_model(username="x")
+    owner = Group.objects.create(name="ops") if which.startswith("another") else unsaved
     for enqueue in (
         lambda: services.enqueue("test.echo", {}, owner=owner),
         lambda: services.enqueue_many([("test.echo", {})], owner=owner),

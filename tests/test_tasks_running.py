@@ -14,6 +14,7 @@ import datetime as dt
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -452,6 +453,14 @@ def test_an_owner_given_by_id_is_the_enqueue_actor(user):
     job = Job.objects.get(pk=result.id)
     assert job.owner == user
     assert job.events.get().actor_label == "user:alice"
+
+
+def test_an_owner_that_is_no_user_is_a_validation_error_and_writes_nothing():
+    # An AttributeError ('Group' object has no attribute 'get_username') before.
+    with pytest.raises(ValidationError) as refused:
+        t.noop_task.using(owner=Group.objects.create(name="ops")).enqueue()
+    assert refused.value.message_dict == {"owner": ["Not a user: a Group."]}
+    assert not Job.objects.exists()
 
 
 # -- jobstate state changes seen through get_result -----------------------------------

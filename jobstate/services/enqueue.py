@@ -220,12 +220,20 @@ def enqueue(kind: str, parameters: Mapping[str, Any] | None = None, **options: A
 
 
 def user_of(owner: Any) -> Any:
-    """The owner as a user: None, a user, or the primary key of one (checked: a value of
-    another type, out of range or naming no user is a ValidationError, not a database
-    error at the insert or at the commit)."""
-    if owner is None or isinstance(owner, Model):
+    """The owner as a user: None, a saved user, or the primary key of one (checked: a
+    value of another type, another model's instance, an unsaved user, or a key out of
+    range or naming no user is a ValidationError, not a database error at the insert or
+    at the commit)."""
+    if owner is None:
         return owner
     User = get_user_model()
+    if isinstance(owner, Model):
+        # Else an AttributeError (naming the actor) or a ValueError at the insert.
+        if not isinstance(owner, User):
+            raise ValidationError({"owner": [f"Not a user: a {type(owner).__name__}."]})
+        if owner.pk is None:
+            raise ValidationError({"owner": ["The user is not saved (it has no id yet)."]})
+        return owner
     try:
         if isinstance(owner, bool) or not isinstance(owner, int | str | uuid.UUID):
             raise ValidationError("not a key")  # 1.5 would be read as 1
