@@ -409,6 +409,22 @@ def test_context_reaches_jobstate_progress_and_assets(settings, tmp_path):
     assert Asset.objects.get(job=job).name == "report.txt"
 
 
+def test_an_async_task_reaches_jobstate_through_sync_to_async():
+    # As docs/howto/django-tasks.md says: called directly, the context's methods raise
+    # SynchronousOnlyOperation (they use the database); through sync_to_async they work.
+    ok, direct = jt.async_progress.enqueue(False), jt.async_progress.enqueue(True)
+    run_all()
+    ok.refresh()
+    direct.refresh()
+    assert ok.status == TaskResultStatus.SUCCESSFUL and ok.return_value == "done"
+    job = Job.objects.get(pk=ok.id)
+    assert job.progress == 100 and job.progress_message == "half way"
+    assert direct.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in direct.errors] == [
+        "django.core.exceptions.SynchronousOnlyOperation"
+    ]
+
+
 def test_current_outside_a_task():
     with pytest.raises(RuntimeError, match="only available while a task runs"):
         current()

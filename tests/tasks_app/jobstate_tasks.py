@@ -146,3 +146,17 @@ def typed_bare(n: int) -> int:
 def typed_context(context: JobstateTaskContext, steps: int) -> int:
     context.jobstate.progress(50, "half way")
     return context.attempt + steps
+
+
+@task(takes_context=True, max_attempts=1)
+async def async_progress(context: TaskContext, direct: bool) -> str:
+    """The form docs/howto/django-tasks.md gives for an async task (with ``direct``,
+    also the call it warns of)."""
+    from asgiref.sync import sync_to_async
+
+    if direct:
+        context.jobstate.progress(10, "direct")
+    await sync_to_async(context.jobstate.progress)(50, "half way")
+    await sync_to_async(context.jobstate.heartbeat)()
+    await sync_to_async(current().check_cancelled)()
+    return "done"
