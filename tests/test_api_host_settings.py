@@ -157,7 +157,7 @@ def test_a_fresh_project_with_these_settings_serves_the_api(host_project, tmp_pa
         "token list": 200,
         "token enqueue": 201,
         "kinds": True,
-        "internal kind": 403,
+        "internal kind": 400,
         "anonymous": 401,
         "schema": 200,
         "schema paths": True,

@@ -72,20 +72,6 @@ class Conflict(exceptions.APIException):
     default_detail = "The request conflicts with the job's current state."
 
 
-class KindNotAllowed(exceptions.PermissionDenied):
-    """The kind exists, but its API policy does not let this user start it."""
-
-    default_code = "kind_not_allowed"
-
-    def __init__(self, kind: str, permission: str | None = None) -> None:
-        if permission:
-            message = f"Starting '{kind}' jobs through the API needs the '{permission}' permission."
-        else:
-            message = f"Jobs of kind '{kind}' cannot be started through the API."
-        super().__init__(message, self.default_code)
-        self.kind = kind
-
-
 class KindGone(exceptions.APIException):
     """A retry of a job whose kind has no handler here any more: the request has no
     ``kind`` field to blame (``UnknownKind``'s field error is an enqueue's)."""
@@ -200,9 +186,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         logging.getLogger(f"django.security.{type(exc).__name__}").error(str(exc))
         code, status_code, fields = "invalid", 400, {}
         message = _suspicious_message(exc)
-    elif isinstance(exc, KindNotAllowed):
-        code, status_code, message = "kind_not_allowed", 403, str(exc.detail)
-        fields = {"kind": [message]}
     elif isinstance(exc, exceptions.APIException):
         code, message, fields = _api_exception(exc)
         status_code = exc.status_code

@@ -1,8 +1,9 @@
 """``GET /api/kinds/``: the kinds the caller may start, with their parameters.
 
 Only kinds whose ``api=`` policy lets the caller enqueue them are listed (see
-``jobstate.api.permissions.may_start``); the same rule refuses ``POST /jobs/``
-for any other kind with a 403.
+``jobstate.api.permissions.may_start``); ``POST /jobs/`` answers any other kind
+as it answers one not registered (a 400 ``unknown_kind``), so the two agree on
+what exists for the caller.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class KindList(JobstateAPIView):
     @extend_schema(
         summary="Kinds you may start",
         description="Every kind whose API policy lets you enqueue it, by name, with the schema of its "
-        "parameters. Enqueueing any other kind is refused with 403 (`kind_not_allowed`).",
+        "parameters. Any other kind, registered or not, is an unknown kind to you: enqueueing it is a 400 "
+        "`unknown_kind`.",
         responses=KindSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
