@@ -18,6 +18,9 @@ from django.conf import settings
 # it made jobs that enqueue's own max_attempts= refused).
 MAX_ATTEMPTS_LIMIT = 1000
 
+# The range of a job's priority (its column is a smallint).
+PRIORITY_RANGE = (-32768, 32767)
+
 DEFAULTS: dict[str, Any] = {
     # Seconds a claim is valid without a heartbeat.
     "LEASE_SECONDS": 60,
@@ -82,6 +85,11 @@ DEFAULTS: dict[str, Any] = {
     "API_MAX_STREAMS_PER_USER": 5,
     # Largest accepted API request body in bytes (JSON); larger bodies get a 413.
     "API_MAX_BODY_BYTES": 1024 * 1024,
+    # Highest ``priority`` a caller may send to POST /api/jobs/ (-32768 to 32767; a higher
+    # one is a 400): a user's jobs cannot jump every other user's queue. Staff holding
+    # jobstate.change_job may send any, as code may (services.enqueue); negative ones
+    # (run later) are always accepted.
+    "API_MAX_PRIORITY": 0,
     # Stuck-job thresholds (seconds).
     "STUCK_NO_HEARTBEAT_SECONDS": 120,
     "STUCK_QUEUED_PAST_DUE_SECONDS": 300,
@@ -279,12 +287,14 @@ MINIMUM: dict[str, float] = {
     "PREFETCH": 0,  # less than 0 claimed nothing for idle workers (0 acts as None)
     "API_MAX_STREAMS_PER_USER": 0,  # less than 0 refused every stream (0 acts as None)
     "METRICS_FOLD_BATCH": 1,  # read as 1: a scrape folded one history row
+    "API_MAX_PRIORITY": PRIORITY_RANGE[0],  # no job can have a lower one
 }
 
 # The most a numeric key takes (E012).
 MAXIMUM: dict[str, float] = {
     "DEFAULT_MAX_ATTEMPTS": MAX_ATTEMPTS_LIMIT,
     "WEBHOOK_MAX_ATTEMPTS": MAX_ATTEMPTS_LIMIT,
+    "API_MAX_PRIORITY": PRIORITY_RANGE[1],  # nor a higher one
 }
 
 # Fractions (E010): finite, 0 to 1. RETRY_JITTER above 1 (25 for 25 %) multiplied

@@ -42,6 +42,7 @@ def test_enqueue_creates_a_job_owned_by_the_caller(user):
     assert (event.actor_label, event.actor_id, event.transition) == ("api", user.pk, "enqueue")
 
 
+@override_settings(JOBSTATE={"API_MAX_PRIORITY": 7})
 def test_enqueue_with_options(user):
     when = timezone.now() + dt.timedelta(hours=1)
     response = client_for(user).post(
@@ -52,6 +53,58 @@ def test_enqueue_with_options(user):
     assert response.status_code == 201
     job = Job.objects.get(pk=response.json()["id"])
     assert (job.key, job.priority, job.run_after) == ("k1", 7, when)
+
+
+def _priority_refused(client, priority, cap):  # type: ignore[no-untyped-def]
+    before = counts()
+    body = {"kind": "test.echo", "key": "k", "priority": priority}
+    error = assert_error(client.post(JOBS, body, format="json"), 400, "invalid")
+    message = (
+        f"Ensure this value is less than or equal to {cap}: the highest priority you may set through the API."
+    )
+    assert error["fields"] == {"priority": [message]}
+    assert error["message"] == f"priority: {message}"
+    assert counts() == before
+
+
+def _priority_taken(client, priority):  # type: ignore[no-untyped-def]
+    response = client.post(JOBS, {"kind": "test.echo", "priority": priority}, format="json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get(pk=response.json()["id"]).priority == priority
+
+
+def test_a_caller_cannot_jump_the_queue_with_a_priority_above_the_cap(user):
+    # Any user could send up to 32767, and their jobs ran before everyone else's.
+    client = client_for(user)
+    for priority in (1, 32767):
+        _priority_refused(client, priority, 0)
+    for priority in (0, -1, -32768):  # running later is always allowed, to the column's least
+        _priority_taken(client, priority)
+    assert_error(client.post(JOBS, {"kind": "test.echo", "priority": -32769}, format="json"), 400, "invalid")
+
+
+def test_the_priority_cap_is_the_setting_read_at_each_request(user):
+    client = client_for(user)
+    with override_settings(JOBSTATE={"API_MAX_PRIORITY": 5}):
+        _priority_taken(client, 5)
+        _priority_refused(client, 6, 5)
+    with override_settings(JOBSTATE={"API_MAX_PRIORITY": -10}):
+        _priority_refused(client, 0, -10)  # the default priority too, when sent
+        _priority_taken(client, -10)
+
+
+def test_staff_holding_change_job_may_set_any_priority(user, staff_user):
+    # Staff without the permission, and the permission without staff status, are capped.
+    _priority_refused(client_for(grant(staff_user, "view_job", "requeue_job")), 1, 0)
+    _priority_refused(client_for(grant(user, "change_job")), 1, 0)
+    operator = client_for(grant(staff_user, "change_job"))
+    for priority in (32767, 1, -32768):
+        _priority_taken(operator, priority)
+
+
+def test_the_priority_cap_binds_the_api_not_code(user):
+    with override_settings(JOBSTATE={"API_MAX_PRIORITY": 0}):
+        assert services.enqueue("test.echo", {}, owner=user, priority=32767).priority == 32767
 
 
 def test_enqueue_with_a_known_key_returns_the_existing_job_with_200(user):

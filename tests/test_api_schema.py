@@ -241,7 +241,9 @@ def call(token: str, path: str, method: str, expect: int, **parts: Any) -> Any:
     return response
 
 
-@override_settings(JOBSTATE=FAST, REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, **NO_LIMITS})
+@override_settings(
+    JOBSTATE={**FAST, "API_MAX_PRIORITY": 3}, REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, **NO_LIMITS}
+)
 def test_success_responses_conform_to_the_schema(user, token, seeded):
     queued, processing, cancelling, _cancelled, done, dead = seeded["jobs"]
     stored, external = seeded["assets"]

@@ -335,3 +335,20 @@ def test_the_api_mounted_without_an_app_its_pages_need_is_an_error(app, monkeypa
     assert error.level == checks.ERROR and f"{app!r} is not in INSTALLED_APPS" in error.msg
     settings.ROOT_URLCONF = __name__  # a project that does not mount the API needs none of them
     assert api_app_errors() == []
+
+
+def test_the_api_priority_cap_is_a_priority_a_job_can_have():
+    # An int, not a bool nor a float, within the priority column's range (a smallint).
+    for bad, check in (
+        (True, "jobstate.E003"),
+        (1.0, "jobstate.E003"),
+        ("5", "jobstate.E003"),
+        (None, "jobstate.E003"),
+        (-32769, "jobstate.E005"),
+        (32768, "jobstate.E012"),
+    ):
+        with override_settings(JOBSTATE={"API_MAX_PRIORITY": bad}):
+            assert [(e.id, e.obj) for e in errors()] == [(check, "API_MAX_PRIORITY")], bad
+    for fine in (-32768, -5, 0, 10, 32767):
+        with override_settings(JOBSTATE={"API_MAX_PRIORITY": fine}):
+            assert errors() == [], fine

@@ -13,6 +13,7 @@ from typing import Any
 from rest_framework import ISO_8601, serializers
 from rest_framework.exceptions import ErrorDetail
 
+from jobstate import conf
 from jobstate.api.fields import AwareDateTimeField, ParametersField, StrictCharField, StrictIntegerField
 
 BIGINT = 2**63
@@ -94,7 +95,14 @@ class EnqueueSerializer(StrictInput):
         default=None,
         help_text="Input version for keyed jobs; a newer watermark re-runs a finished job.",
     )
-    priority = StrictIntegerField(min_value=-32768, max_value=32767, required=False, default=0)
+    priority = StrictIntegerField(
+        min_value=conf.PRIORITY_RANGE[0],
+        max_value=conf.PRIORITY_RANGE[1],
+        required=False,
+        default=0,
+        help_text="Higher runs first; a negative one runs later. At most the server's "
+        '`JOBSTATE["API_MAX_PRIORITY"]` (0 unless set) unless you are staff with `jobstate.change_job`.',
+    )
     run_after = AwareDateTimeField(
         required=False,
         allow_null=True,
@@ -102,6 +110,18 @@ class EnqueueSerializer(StrictInput):
         input_formats=[ISO_8601],
         help_text="Do not start before this time (ISO 8601).",
     )
+
+    def validate_priority(self, value: int) -> int:
+        # The view passes the caller's cap (``max_priority``; None: the column's range);
+        # without one, the setting's.
+        cap = self.context["max_priority"] if "max_priority" in self.context else conf.get("API_MAX_PRIORITY")
+        if cap is not None and value > cap:
+            raise serializers.ValidationError(
+                f"Ensure this value is less than or equal to {cap}: the highest priority you may set "
+                "through the API.",
+                code="max_value",
+            )
+        return value
 
 
 class ReasonSerializer(StrictInput):

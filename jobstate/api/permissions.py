@@ -14,6 +14,9 @@ start its kind; staff may do so to other people's jobs when they hold the
 matching model permission (``jobstate.cancel_job``, ``jobstate.retry_job``).
 The operator remedies (requeue a processing job, fail a job with a reason) need
 ``jobstate.requeue_job`` and staff status, whoever owns the job, as in the admin.
+
+Priority: an enqueue's ``priority`` is capped by ``JOBSTATE["API_MAX_PRIORITY"]``,
+but for staff holding ``jobstate.change_job`` (any in the column's range).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from django.db.models import QuerySet
 from rest_framework.permissions import BasePermission
 
-from jobstate import registry
+from jobstate import conf, registry
 from jobstate.models import Asset, Job
 from jobstate.models.job import VIEW_ALL_PERMISSIONS as VIEW_ALL_PERMISSIONS
 from jobstate.models.job import may_view_all as may_view_all
@@ -75,6 +78,14 @@ def may_start_kind(user: Any, kind: str) -> bool:
 
 def startable_kinds(user: Any) -> list[registry.HandlerSpec]:
     return [spec for _, spec in sorted(registry.all_handlers().items()) if may_start(user, spec)]
+
+
+def max_priority(user: Any) -> int | None:
+    """The highest ``priority`` ``user`` may send to ``POST /jobs/`` (None: the column's)."""
+    if getattr(user, "is_staff", False) and user.has_perm("jobstate.change_job"):
+        return None
+    cap: int = conf.get("API_MAX_PRIORITY")
+    return cap
 
 
 def may_act(user: Any, job: Job, action: str) -> bool:

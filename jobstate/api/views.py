@@ -37,7 +37,7 @@ from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredRea
 from jobstate.api.longpoll import WAITED, WaitFirst, long_poll_view
 from jobstate.api.outputs import JobDetailSerializer, JobEventSerializer, JobSerializer, StuckSerializer
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination, once
-from jobstate.api.permissions import CanActOnJob, may_start_kind, may_view_all, visible_jobs
+from jobstate.api.permissions import CanActOnJob, max_priority, may_start_kind, may_view_all, visible_jobs
 from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
 from jobstate.api.stream import finished_and_seen, streaming_response
@@ -215,10 +215,10 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         return Response(JobDetailSerializer(job, context=self.get_serializer_context()).data)
 
     def create(self, request: Request) -> Response:
-        serializer = EnqueueSerializer(data=request.data)
+        user = request.user
+        serializer = EnqueueSerializer(data=request.data, context={"max_priority": max_priority(user)})
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        user = request.user
         if not may_start_kind(user, data["kind"]):
             # A kind the caller may not start answers as one not registered (GET /api/kinds/
             # leaves it out too): a 403 told any user which internal handler names exist.
