@@ -123,6 +123,16 @@ def test_a_kind_without_a_policy_answers_as_an_unknown_kind(user, temp_handler):
     assert not Job.objects.exists()
 
 
+def test_the_server_log_says_why_a_registered_kind_was_refused(user, temp_handler, caplog):
+    # The client cannot tell it from an unknown kind; a developer who forgot api= reads the log.
+    temp_handler("test.internal")
+    with caplog.at_level("INFO", logger="jobstate.api"):
+        client_for(user).post(JOBS, {"kind": "test.internal"}, format="json")
+        client_for(user).post(JOBS, {"kind": "test.not_registered"}, format="json")
+    refused = [r.getMessage() for r in caplog.records if r.name == "jobstate.api"]
+    assert len(refused) == 1 and "'test.internal'" in refused[0] and "api=" in refused[0]
+
+
 def test_a_fan_out_child_cannot_be_started_through_the_api(user):
     _answers_as_unknown(client_for(user), {"kind": "wf.child", "parameters": {"n": 1}})
     assert not Job.objects.exists()

@@ -9,6 +9,7 @@ jobstate.services with ``Actor.api(user)``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -26,7 +27,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobstate import services
+from jobstate import registry, services
 from jobstate.api.access import StreamAccess
 from jobstate.api.assets import AssetSerializer
 from jobstate.api.base import JobstateAPIView, parse_id
@@ -48,6 +49,8 @@ from jobstate.models.job import with_retried
 from jobstate.services import Actor
 from jobstate.states import Status
 from jobstate.stuck import REASONS, find_stuck
+
+logger = logging.getLogger("jobstate.api")
 
 # The columns the list shows (no parameters, result or traceback: large JSON
 # and text the list never needs), the owner's name joined in.
@@ -222,6 +225,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         if not may_start_kind(user, data["kind"]):
             # A kind the caller may not start answers as one not registered (GET /api/kinds/
             # leaves it out too): a 403 told any user which internal handler names exist.
+            # The server's log still tells a developer who forgot ``api=`` why.
+            if data["kind"] in registry.all_handlers():
+                logger.info(
+                    "API enqueue of kind %r refused: its api= policy does not let this caller start it",
+                    data["kind"],
+                )
             raise UnknownKind(data["kind"])
         # Keys are scoped per owner: the job a key names is always the caller's own.
         job, created = services.get_or_enqueue(
