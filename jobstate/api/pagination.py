@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, IntegerField, Model, Q, QuerySet
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
@@ -222,12 +223,26 @@ def _cursor_value(model: type[Model], name: str, value: Any) -> Any:
     """A cursor's value for the field ``name``, if it has the JSON type ``_jsonable``
     writes for it: an integer for an integer field, a string for the others (times,
     ids). ``to_python`` coerced other types: ``5`` or ``true`` into a UUID, ``"5"``,
-    ``5.5`` or ``true`` into an integer."""
+    ``5.5`` or ``true`` into an integer. An integer must also fit the column (see
+    ``_integer_range``): no row holds one that does not."""
     field = cast("Field[Any, Any]", model._meta.get_field(name.lstrip("-")))  # not a relation
     wanted = int if isinstance(field, IntegerField) else str
     if type(value) is not wanted:  # not isinstance: a bool is an int
         raise TypeError(f"cursor value of type {type(value).__name__}")
+    if isinstance(value, int):  # of the field's type, checked above
+        low, high = _integer_range(field)
+        if not low <= value <= high:
+            raise ValueError("cursor value out of the column's range")
     return field.to_python(value)
+
+
+def _integer_range(field: Field[Any, Any]) -> tuple[int, int]:
+    """The range of ``field``'s column as PostgreSQL types it (a smallint for a
+    SmallIntegerField), the same on every database (SQLite's own is 64 bits for every
+    integer). Django turns a lookup past the range into an empty or full page, not an
+    error, so the range is checked here."""
+    ranges = BaseDatabaseOperations.integer_field_ranges
+    return ranges.get(field.get_internal_type(), ranges["BigIntegerField"])
 
 
 def _jsonable(value: Any) -> Any:
