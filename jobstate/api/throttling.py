@@ -4,7 +4,8 @@ Rates come from ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]``, read on every
 request (so ``override_settings`` works), under the scopes ``jobstate_enqueue``
 (POST /jobs/), ``jobstate`` (every other endpoint) and ``jobstate_stream`` (the
 progress streams and long-polls opened, on top of ``jobstate``; the requests to
-those endpoints that open none count apart at the same rate: ``count_stream``). A
+those endpoints that open none, a refusal for too many open included, count apart
+at the same rate: ``count_stream``, ``open_stream``). A
 missing rate means no limit, except for ``jobstate_stream``, which defaults to
 ``DEFAULT_RATES``; a ``None`` rate turns a scope off.
 
@@ -170,3 +171,25 @@ def stream_slot(user: Any, seconds: float | None = None) -> Iterator[None]:
     finally:
         if slot is not None:
             slot.release()
+
+
+def open_stream(request: Any, view: Any, seconds: float | None = None) -> StreamSlot | None:
+    """Take one of the user's stream slots (``hold_stream_slot``), and count the
+    request against ``jobstate_stream`` as opening a stream; or raise ``Throttled``.
+
+    The slot is taken first: a refusal for too many open streams opens nothing, so it
+    counts with the requests that open none (``count_stream(opens=False)``), not
+    against the rate the user's real streams need; a client retrying it in a loop
+    stays bounded by that count."""
+    try:
+        slot = hold_stream_slot(request.user, seconds)
+    except Throttled:
+        count_stream(request, view, opens=False)
+        raise
+    try:
+        count_stream(request, view, opens=True)
+    except Throttled:
+        if slot is not None:
+            slot.release()
+        raise
+    return slot

@@ -42,7 +42,7 @@ from jobstate.api.permissions import CanActOnJob, max_priority, may_start_kind, 
 from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
 from jobstate.api.stream import finished_and_seen, streaming_response
-from jobstate.api.throttling import count_stream, hold_stream_slot, long_poll_seconds
+from jobstate.api.throttling import count_stream, long_poll_seconds, open_stream
 from jobstate.exceptions import UnknownKind
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.models.job import with_retried
@@ -208,9 +208,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             if since is None:
                 since = Job.objects.filter(pk=job_id).values_list("updated_at", flat=True).first()
             if since is not None:
-                count_stream(request, self, opens=True)
                 # long_poll_view waits (holding the slot, outside any transaction), then asks again.
-                slot = hold_stream_slot(request.user, long_poll_seconds(wait))
+                slot = open_stream(request, self, long_poll_seconds(wait))
                 return WaitFirst(job_id, since, wait, slot, StreamAccess(request, job_id))
         job = self.get_queryset().prefetch_related("steps").filter(pk=parse_id(pk)).first()
         if job is None:
@@ -381,10 +380,11 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         seen = finished_and_seen(job_id, last_id)
         # A HEAD sends no event: it holds none of the user's streams.
         opens = not seen and request.method != "HEAD"
-        count_stream(request, self, opens=opens)
+        if not opens:
+            count_stream(request, self, opens=False)
         if seen:
             # 204 tells an EventSource to stop reconnecting (the SSE specification); no slot held.
             return HttpResponse(status=204, headers={"Cache-Control": "no-cache"})
-        slot = hold_stream_slot(request.user) if opens else None
+        slot = open_stream(request, self) if opens else None
         # Async under ASGI (sent as made, no thread held), sync under WSGI.
         return streaming_response(request, job_id, last_id, slot, StreamAccess(request, job_id).refusal)
