@@ -45,6 +45,14 @@ logger = logging.getLogger("jobstate.api")
 # Seconds a client waits before trying again a request the database was too busy for
 # (a lock held by another write: SQLite's busy timeout, PostgreSQL's lock_timeout).
 BUSY_RETRY_AFTER = 1
+BUSY_MESSAGE = "The database is busy with other writes; try again after Retry-After seconds."
+
+
+def is_busy(exc: BaseException) -> bool:
+    """A database error from other transactions holding what it needed (``contended``):
+    the same request may succeed in a moment, so a 503 ``database_busy`` with
+    ``Retry-After``, not a 500."""
+    return isinstance(exc, OperationalError) and contended(exc)
 
 
 # The shape, for the schema ------------------------------------------------
@@ -199,11 +207,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
         if getattr(exc, "wait", None) is not None:
             headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
-    elif isinstance(exc, OperationalError) and contended(exc):
+    elif is_busy(exc):
         # Its transaction was rolled back: the same request may succeed in a moment.
         logger.warning("Database busy in API view %s: %s", context.get("view"), exc)
-        code, status_code, fields = "database_busy", 503, {}
-        message = "The database is busy with other writes; try again after Retry-After seconds."
+        code, status_code, fields, message = "database_busy", 503, {}, BUSY_MESSAGE
         headers["Retry-After"] = str(BUSY_RETRY_AFTER)
     else:
         # A bug, not bad input: log it with its traceback, answer in the same shape.

@@ -16,7 +16,9 @@
   authenticate the same active user, or the job is no longer theirs to see, the
   stream sends one ``error`` event (the 401/404 body a new request would get) and ends.
   A poll that fails (a database error) is logged and ends the stream with an ``error``
-  event too (the 500 body, nothing of the error).
+  event too (the 500 body, nothing of the error); one the database was too busy for
+  (``is_busy``: "database is locked", a lock timeout) sends the 503 ``database_busy``
+  body the other endpoints answer, with an SSE ``retry`` of their ``Retry-After``.
 - The long-poll behind ``GET /jobs/{id}/?wait=&since=`` is ``jobstate.api.longpoll``.
 
 Each comes twice: a plain generator/function for WSGI (the server thread is the
@@ -51,7 +53,7 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 
 from jobstate import conf
-from jobstate.api.errors import error_body
+from jobstate.api.errors import BUSY_MESSAGE, BUSY_RETRY_AFTER, error_body, is_busy
 from jobstate.api.outputs import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
@@ -182,9 +184,17 @@ def _read(job_id: Any, access: AccessCheck | None) -> tuple[dict[str, Any] | Non
 # What a stream sends last when a poll fails (a database error): the body of a 500,
 # nothing of the error itself. The stream used to just end, which looks like a normal close.
 FAILED = _event("error", error_body("server_error", "Internal server error."))
+# A poll the database was too busy for: what the other endpoints answer (a 503 to retry),
+# its Retry-After as the reconnection time an EventSource waits (SSE's ``retry``).
+BUSY = f"retry: {BUSY_RETRY_AFTER * 1000}\n".encode() + _event(
+    "error", error_body("database_busy", BUSY_MESSAGE)
+)
 
 
-def _failed(job_id: Any) -> bytes:
+def _failed(job_id: Any, exc: Exception) -> bytes:
+    if is_busy(exc):
+        logger.warning("Progress stream of job %s stopped: database busy: %s", job_id, exc)
+        return BUSY
     logger.exception("Progress stream of job %s stopped on an error", job_id)
     return FAILED
 
@@ -203,8 +213,8 @@ def event_stream(
         try:
             refused, current = _read(job_id, access if access is not None and events.access_due() else None)
             chunks = events.after(current, refused)
-        except Exception:
-            yield _failed(job_id)
+        except Exception as exc:
+            yield _failed(job_id, exc)
             return
         yield from chunks
         if events.done:
@@ -249,8 +259,8 @@ async def aevent_stream(
                 job_id, access if access is not None and events.access_due() else None
             )
             chunks = events.after(current, refused)
-        except Exception:  # not a cancellation (the client went away): a BaseException
-            yield _failed(job_id)
+        except Exception as exc:  # not a cancellation (the client went away): a BaseException
+            yield _failed(job_id, exc)
             return
         for chunk in chunks:
             yield chunk
