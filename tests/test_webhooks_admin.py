@@ -181,9 +181,9 @@ def test_without_view_job_staff_see_and_change_only_their_own_endpoints(client, 
     mine = WebhookEndpoint.objects.create(owner=staff, url="https://hooks.example.com/mine")
     from jobstate.webhooks.models import WebhookDelivery
 
-    for endpoint in (theirs, mine):
+    for endpoint, job_owner in ((theirs, user), (mine, staff)):
         WebhookDelivery.objects.create(
-            endpoint=endpoint, webhook_id="msg", event="job.completed", job_id=services_job(user).pk
+            endpoint=endpoint, webhook_id="msg", event="job.completed", job_id=services_job(job_owner).pk
         )
     client.force_login(staff)
     listed = client.get("/admin/jobstate/webhookendpoint/").context["cl"].result_list
@@ -574,3 +574,40 @@ def test_an_admin_who_ticks_enabled_re_enables_what_was_disabled_when_the_form_l
     assert response.status_code == 302, errors(response)
     endpoint.refresh_from_db()
     assert endpoint.enabled and endpoint.consecutive_failures == 0
+
+
+def test_an_endpoint_given_to_another_owner_shows_them_only_the_deliveries_about_their_jobs(
+    admin_client, client, django_user_model, user
+):
+    """An operator gave alice's endpoint to a staff user who sees only their own
+    endpoints: its records of alice's jobs (her receiver's answers) stayed with it
+    and showed on their endpoint page and delivery list."""
+    from django.contrib.auth.models import Permission
+
+    from jobstate.webhooks.models import WebhookDelivery
+
+    staff = django_user_model.objects.create_user("hooks-admin", password="x", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_webhookendpoint", "view_webhookdelivery"])
+    )
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    WebhookDelivery.objects.create(
+        endpoint=endpoint, webhook_id="msg_alice", event="job.completed", job_id=services_job(user).pk
+    )
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "owner": str(staff.pk)})
+    assert response.status_code == 302, errors(response)
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).owner_id == staff.pk
+    WebhookDelivery.objects.create(
+        endpoint=endpoint, webhook_id="msg_staff", event="job.completed", job_id=services_job(staff).pk
+    )
+    client.force_login(staff)
+    html = client.get(page).content.decode()
+    assert "msg_staff" in html and "msg_alice" not in html
+    listed = client.get("/admin/jobstate/webhookdelivery/").context["cl"].result_list
+    assert [d.webhook_id for d in listed] == ["msg_staff"]
+    alices = WebhookDelivery.objects.get(webhook_id="msg_alice")
+    assert client.get(f"/admin/jobstate/webhookdelivery/{alices.pk}/change/").status_code == 302
+    # Staff who may see every job still see the whole history; the form says who sees what.
+    html = " ".join(admin_client.get(page).content.decode().split())
+    assert "msg_alice" in html and "the new owner sees only those about their own jobs" in html

@@ -259,12 +259,13 @@ def test_a_disabled_endpoint_shows_why_and_re_enabling_resets_it(user):
 
 def test_deliveries_are_listed_newest_first(user, other_user):
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    job = make_job(user)  # shown by the job it is about (``visibility``): a real one of hers
     for attempt, code in [(1, 500), (2, 200)]:
         WebhookDelivery.objects.create(
             endpoint=endpoint,
             webhook_id="msg_1",
             event="job.completed",
-            job_id="8d6f3c52-4f0c-4b8e-9d0a-0c3f1f0a1b2c",
+            job_id=job.pk,
             attempt=attempt,
             ok=code == 200,
             status_code=code,
@@ -278,6 +279,51 @@ def test_deliveries_are_listed_newest_first(user, other_user):
     assert client_for(other_user).get(f"{URL}{endpoint.pk}/deliveries/").status_code == 404
 
 
+def delivered(endpoint: WebhookEndpoint, job: Job, body: str) -> WebhookDelivery:
+    return WebhookDelivery.objects.create(
+        endpoint=endpoint,
+        webhook_id=f"msg_{uuid.uuid4().hex}",
+        event="job.completed",
+        job_id=job.pk,
+        ok=True,
+        status_code=200,
+        response_body=body,
+    )
+
+
+def test_a_reassigned_endpoint_shows_its_new_owner_only_the_deliveries_about_their_jobs(
+    user, other_user, staff_user
+):
+    """An operator gave alice's endpoint to bob: its records of alice's jobs (their
+    ids, her receiver's answers) stayed with it and bob read them."""
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    alices = delivered(endpoint, make_job(user), "alice's receiver says")
+    endpoint.owner = other_user  # as the admin's owner field saves it
+    endpoint.save()
+    bobs = delivered(endpoint, make_job(other_user), "bob's receiver says")
+    listed = client_for(other_user).get(f"{URL}{endpoint.pk}/deliveries/").data["results"]
+    assert [d["id"] for d in listed] == [bobs.pk]
+    assert client_for(user).get(f"{URL}{endpoint.pk}/deliveries/").status_code == 404
+    # Those who may see every job see every record.
+    viewer = client_for(grant(staff_user, "view_job"))
+    listed = viewer.get(f"{URL}{endpoint.pk}/deliveries/").data["results"]
+    assert [d["id"] for d in listed] == [bobs.pk, alices.pk]
+
+
+def test_an_owner_does_not_see_the_deliveries_a_global_endpoint_made_before_it_was_theirs(user, staff_user):
+    # The API's is_global: false on a global endpoint makes it its editor's own; an
+    # editor who later may not see every job sees the records of their own jobs only.
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    delivered(everyone, make_job(user), "about alice's job")
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    assert editor.patch(f"{URL}{everyone.pk}/", {"is_global": False}, format="json").status_code == 200
+    assert len(editor.get(f"{URL}{everyone.pk}/deliveries/").data["results"]) == 1
+    staff_user.user_permissions.clear()
+    own = delivered(everyone, make_job(staff_user), "about carol's job")
+    listed = client_for(staff_user).get(f"{URL}{everyone.pk}/deliveries/").data["results"]
+    assert [d["id"] for d in listed] == [own.pk]
+
+
 @override_settings(TIME_ZONE="Asia/Kolkata", REST_FRAMEWORK={"DATETIME_FORMAT": "%d.%m.%Y %H:%M"})
 def test_times_are_utc_iso_8601_whatever_the_projects_settings(user):
     # As the jobs' (tests/test_api_jobs.py): not the project's format or time zone.
@@ -286,7 +332,7 @@ def test_times_are_utc_iso_8601_whatever_the_projects_settings(user):
     endpoint = WebhookEndpoint.objects.get(pk=created["id"])
     rotated = client.post(f"{URL}{endpoint.pk}/rotate-secret/", {}, format="json").json()
     delivery = WebhookDelivery.objects.create(
-        endpoint=endpoint, webhook_id="msg_1", event="job.completed", job_id=uuid.uuid4()
+        endpoint=endpoint, webhook_id="msg_1", event="job.completed", job_id=make_job(user).pk
     )
     [listed] = client.get(f"{URL}{endpoint.pk}/deliveries/").json()["results"]
     endpoint.refresh_from_db()

@@ -24,7 +24,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import text
-from jobstate.webhooks import validation
+from jobstate.webhooks import validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
@@ -54,7 +54,8 @@ class DeliveryInline(CappedInline):
         return admin.TabularInline.has_view_permission(self, request, obj)  # the model's own
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).order_by("-id")
+        # As the API's list: the endpoint may have been someone else's (``visibility``).
+        return visibility.seen_by(super().get_queryset(request), request.user).order_by("-id")
 
 
 def _https_by_default(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
@@ -82,6 +83,9 @@ class WebhookEndpointForm(forms.ModelForm):
         formfield_callback = staticmethod(_https_by_default)
         field_classes = {"events": _ShownJSON, "kinds": _ShownJSON}
         help_texts = {
+            "owner": "Empty: a global endpoint that hears about every job (staff only). Given to "
+            "another owner, it keeps its deliveries, but the new owner sees only those about their own "
+            "jobs; rotate its secret (overlap 0), which the previous owner may hold.",
             "enabled": "Deliveries stop when an endpoint keeps failing (see the disabled reason). "
             "Tick it again, once the receiver works, to resume them and reset the failure count.",
         }
@@ -315,7 +319,9 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
         # The endpoints' ids, not a join: with a join PostgreSQL walked every delivery
         # newest first to find the few of this user's endpoints.
         own = list(WebhookEndpoint.objects.filter(owner=request.user.pk).values_list("pk", flat=True))
-        return qs.filter(endpoint_id__in=own)
+        # And of those, the ones about their own jobs (an endpoint given to them keeps
+        # its records of the previous owner's: ``visibility``).
+        return visibility.seen_by(qs.filter(endpoint_id__in=own), request.user)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WebhookDelivery], search_term: str

@@ -43,7 +43,7 @@ from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.webhooks import rotation, validation
+from jobstate.webhooks import rotation, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
@@ -271,5 +271,8 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
     @action(detail=True)
     def deliveries(self, request: Request, pk: str | None = None) -> Response:
         endpoint = self.get_object()
-        page = self.paginate_queryset(WebhookDelivery.objects.filter(endpoint=endpoint))
+        # Those about the caller's jobs (all for staff who see every job): the endpoint
+        # may have been someone else's (``visibility``).
+        records = visibility.seen_by(WebhookDelivery.objects.filter(endpoint=endpoint), request.user)
+        page = self.paginate_queryset(records)
         return self.get_paginated_response(DeliverySerializer(page, many=True).data)
