@@ -24,7 +24,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import text
-from jobstate.webhooks import validation, visibility
+from jobstate.webhooks import cache, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
@@ -258,6 +258,12 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
             return queryset.get(**{field.name: field.to_python(object_id)})
         except (model.DoesNotExist, ValidationError, ValueError):
             return None
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
+        # The bulk action deletes a queryset, without the model's delete(), which
+        # drops the process's cached wanted events.
+        super().delete_queryset(request, queryset)
+        cache.changed(queryset.db)
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
         if not change:
