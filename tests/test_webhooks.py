@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -23,6 +22,7 @@ from jobstate.models import Job
 from jobstate.webhooks import delivery, outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.worker.runner import drain
+from tests.webhook_support import read_in_another_thread
 
 pytestmark = pytest.mark.django_db
 
@@ -401,22 +401,6 @@ def test_a_malformed_stored_endpoint_is_skipped_and_logged(user, caplog, events,
     assert f"webhook endpoint {bad.pk} skipped" in caplog.text
 
 
-def _read_in_another_thread() -> frozenset[str]:
-    """What another thread of this process caches: the committed endpoints."""
-    seen: list[frozenset[str]] = []
-
-    def read() -> None:
-        try:
-            seen.append(outbox.wanted_events())
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=read)
-    thread.start()
-    thread.join(10)
-    return seen[0]
-
-
 @pytest.mark.django_db(transaction=True)  # the endpoint's change commits
 def test_a_reader_before_an_endpoint_change_commits_leaves_no_stale_answer(user):
     """The change drops the process's answer at once (for its own transaction) and
@@ -429,7 +413,7 @@ def test_a_reader_before_an_endpoint_change_commits_leaves_no_stale_answer(user)
     assert outbox.wanted_events() == frozenset(endpoint.events)
     with transaction.atomic():
         endpoint.delete()
-        assert _read_in_another_thread() == frozenset(endpoint.events)
+        assert read_in_another_thread() == frozenset(endpoint.events)
     assert outbox.wanted_events() == frozenset()
 
 

@@ -5,10 +5,16 @@ transaction would hide that."""
 
 from __future__ import annotations
 
-import pytest
+import time
+import uuid
 
-from jobstate.webhooks import outbox
-from jobstate.webhooks.models import WebhookEndpoint
+import pytest
+from django.db import transaction
+from django.test.utils import override_settings
+
+from jobstate.webhooks import delivery, outbox
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
+from tests.webhook_support import read_in_another_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,4 +43,17 @@ def test_the_admins_bulk_delete_drops_the_answer(admin_client, endpoint):
         {"action": "delete_selected", "_selected_action": [endpoint.pk], "post": "yes"},
     )
     assert response.status_code == 302 and not WebhookEndpoint.objects.exists()
+    assert outbox.wanted_events() == frozenset()
+
+
+@override_settings(JOBSTATE={"WEBHOOK_DISABLE_AFTER": 1})
+def test_disabling_after_failures_drops_the_answer_again_when_it_commits(endpoint):
+    # A queryset update: it dropped the answer at once only, and a thread that read the
+    # endpoints before the disable committed had cached the enabled endpoint again.
+    assert outbox.wanted_events() == EVENTS
+    record = WebhookDelivery(endpoint=endpoint, webhook_id="msg_1", event="job.started", job_id=uuid.uuid4())
+    with transaction.atomic():
+        assert delivery._failed(record, endpoint, "HTTP 503", time.monotonic())
+        assert read_in_another_thread() == EVENTS
+    assert not WebhookEndpoint.objects.get(pk=endpoint.pk).enabled
     assert outbox.wanted_events() == frozenset()

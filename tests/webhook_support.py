@@ -10,6 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from django.db import connection
+
+from jobstate.webhooks import outbox
 
 
 @dataclass
@@ -89,3 +92,19 @@ def receiver() -> Iterator[Receiver]:
     state.release.set()
     server.shutdown()
     server.server_close()
+
+
+def read_in_another_thread() -> frozenset[str]:
+    """What another thread of this process caches: the committed endpoints."""
+    seen: list[frozenset[str]] = []
+
+    def read() -> None:
+        try:
+            seen.append(outbox.wanted_events())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    thread.join(10)
+    return seen[0]

@@ -27,7 +27,7 @@ from django.utils import timezone
 from jobstate import conf, registry
 from jobstate.exceptions import NonRetryable
 from jobstate.storable import text
-from jobstate.webhooks import errors, signing, transport
+from jobstate.webhooks import cache, errors, signing, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.webhooks.outbox import KIND
 
@@ -174,12 +174,11 @@ def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, star
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
     reason = text(f"disabled after {limit} failed attempts in a row; the last: {error[:1000]}. {REENABLE}")
-    if WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit).update(
-        enabled=False, disabled_at=timezone.now(), disabled_reason=reason
-    ):
-        from jobstate.webhooks import outbox
-
-        outbox.forget()
+    disabling = WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit)
+    if disabling.update(enabled=False, disabled_at=timezone.now(), disabled_reason=reason):
+        # A queryset update, without the model's save: drop the cached wanted events
+        # as it does (at once, and at the commit when in a transaction).
+        cache.changed(disabling.db)
     return True
 
 
