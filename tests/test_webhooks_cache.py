@@ -1,7 +1,7 @@
 """The process's cached "which events are wanted" (``jobstate.webhooks.cache``):
-dropped by every write of jobstate's own that changes the endpoints. Committing
-tests: the answer is dropped again when a change commits, and the test's own
-transaction would hide that."""
+dropped by every write of jobstate's own that changes the endpoints, and never
+filled from rows a rollback can undo. Committing tests: the answer is dropped
+again when a change commits, and the test's own transaction would hide that."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def endpoint(user):
     )
 
 
+class Undone(Exception):
+    pass
+
+
 def test_the_admins_bulk_delete_drops_the_answer(admin_client, endpoint):
     # Django's delete_selected deletes a queryset: the model's delete() is not called.
     assert outbox.wanted_events() == EVENTS
@@ -57,3 +61,31 @@ def test_disabling_after_failures_drops_the_answer_again_when_it_commits(endpoin
         assert read_in_another_thread() == EVENTS
     assert not WebhookEndpoint.objects.get(pk=endpoint.pk).enabled
     assert outbox.wanted_events() == frozenset()
+
+
+def test_a_rolled_back_change_leaves_the_answer_of_the_committed_rows(endpoint):
+    """A transaction that changed an endpoint read its own uncommitted rows and cached
+    them for the whole process: rolled back, its deleted endpoint heard nothing for
+    WEBHOOK_CACHE_SECONDS."""
+    assert outbox.wanted_events() == EVENTS
+    with pytest.raises(Undone), transaction.atomic():
+        WebhookEndpoint.objects.get(pk=endpoint.pk).delete()
+        assert outbox.wanted_events() == frozenset()  # its own change, as it reads it
+        raise Undone
+    assert outbox.wanted_events() == EVENTS
+    with pytest.raises(Undone), transaction.atomic():
+        WebhookEndpoint.objects.create(url="https://hooks.example.com/b", events=["job.failed"])
+        assert outbox.wanted_events() == EVENTS | {"job.failed"}
+        raise Undone
+    assert outbox.wanted_events() == EVENTS
+
+
+def test_a_change_rolled_back_to_a_savepoint_leaves_the_answer_of_the_transactions_rows(endpoint):
+    with transaction.atomic():
+        with pytest.raises(Undone), transaction.atomic():
+            endpoint.enabled = False
+            endpoint.save()
+            assert outbox.wanted_events() == frozenset()
+            raise Undone
+        assert outbox.wanted_events() == EVENTS
+    assert outbox.wanted_events() == EVENTS

@@ -41,4 +41,18 @@ def changed(using: str | None = None) -> None:
     now, for the rest of this transaction, and again once it commits, since another
     thread may have cached the committed rows in between."""
     forget()
-    transaction.on_commit(forget, using=using, robust=True)
+    transaction.on_commit(_committed, using=using, robust=True)
+
+
+def _committed() -> None:
+    forget()
+
+
+def uncommitted(using: str | None = None) -> bool:
+    """Whether the transaction open on ``using`` changed an endpoint (``changed``) and
+    has not committed: what it reads then, a rollback may undo, so it is not cached
+    for the process. Django keeps ``_committed`` among the connection's commit
+    callbacks until the commit, and drops it with a rollback (to a savepoint too):
+    Django has no rollback callback to drop the answer with."""
+    callbacks = getattr(transaction.get_connection(using), "run_on_commit", ())
+    return any(entry[1] is _committed for entry in callbacks)

@@ -65,14 +65,17 @@ def wanted_events() -> frozenset[str]:
     if cached is not None:
         return cached
     events: set[str] = set()
-    for endpoint_id, stored in WebhookEndpoint.objects.filter(enabled=True).values_list("pk", "events"):
+    rows = WebhookEndpoint.objects.filter(enabled=True)
+    for endpoint_id, stored in rows.values_list("pk", "events"):
         wanted = validation.events_or_none(stored)
         if wanted is None:
             _malformed(endpoint_id, "events", stored)
         else:
             events.update(wanted)
     answer = frozenset(events)
-    cache.put(answer, float(conf.get("WEBHOOK_CACHE_SECONDS")))
+    if not cache.uncommitted(rows.db):
+        # Else read from this transaction's own changes, which a rollback undoes.
+        cache.put(answer, float(conf.get("WEBHOOK_CACHE_SECONDS")))
     return answer
 
 
