@@ -113,8 +113,12 @@ def temp_handler():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def broker(monkeypatch):  # type: ignore[no-untyped-def]
-    """A fresh broker as the sentinel would build it, with a fast poll."""
+def broker(monkeypatch, settings):  # type: ignore[no-untyped-def]
+    """A fresh broker as the sentinel would build it, with a fast poll, and a
+    worker chain that a loaded machine does not cut short: the 2 s default, counted
+    from the first job's start, ran out on a busy CI machine before a test's
+    chained claim (tests of the chain's end set their own)."""
+    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "WORKER_CHAIN_SECONDS": 120}
     monkeypatch.setattr(counters, "pending", None)
     monkeypatch.setattr(counters, "busy", None)
     monkeypatch.setattr(cluster, "_cluster_id", None)
