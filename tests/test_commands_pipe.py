@@ -1,5 +1,6 @@
 """``manage.py jobstate ... | head``: a reader that leaves early ends the command
-quietly, with the exit status of a process that SIGPIPE ended, not a traceback."""
+quietly, with the exit status of a process that SIGPIPE ended, not a traceback. So do
+``jobstate_stuck`` (not its "could not run" 3), ``jobstate_workflow`` and ``jobstate_diagram``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,41 @@ import threading
 import pytest
 
 from jobstate import services
-from tests.admin_support import processing
+from tests.admin_support import expired, processing
 from tests.test_claim_concurrency import ROOT, database_env
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux
+
+
+def run_piped(*args: str, lines: int = 1, unbuffered: bool = False) -> tuple[list[bytes], int, str]:
+    """``manage.py ARGS`` writing into a pipe of one page whose reader takes ``lines`` lines,
+    then closes it (as ``head -N``); with 0 it is closed before the command starts (a reader
+    already gone). Buffered, a short output fails at the last flush; ``unbuffered``
+    (PYTHONUNBUFFERED, as some containers set it) each write reaches the pipe, so the one that
+    fails is in ``handle``. The lines read, the exit status and stderr."""
+    read_end, write_end = os.pipe()
+    if F_SETPIPE_SZ is not None:
+        fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)  # the writer waits for the reader after one page
+    if not lines:
+        os.close(read_end)
+    env = database_env()
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    command = [sys.executable, "manage.py", *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    killer = threading.Timer(60, proc.kill)  # a hung command fails the test instead of blocking it
+    killer.start()
+    try:
+        read: list[bytes] = []
+        if lines:
+            with os.fdopen(read_end, "rb") as reader:
+                read = [reader.readline() for _ in range(lines)]
+        _, err = proc.communicate(timeout=60)
+    finally:
+        killer.cancel()
+    return read, proc.returncode, err.decode()
 
 
 @pytest.mark.skipif(F_SETPIPE_SZ is None, reason="a pipe of one page: Linux")
@@ -28,18 +60,35 @@ def test_a_reader_that_closes_the_pipe_ends_show_quietly() -> None:
         services.add_asset(
             job, asset_type="link", url=f"https://example.org/{i}.json", content_type="text/x-" + "x" * 190
         )
-    read_end, write_end = os.pipe()
-    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)  # the writer waits for the reader after one page
-    command = [sys.executable, "manage.py", "jobstate", "show", str(job.pk)]
-    proc = subprocess.Popen(command, cwd=ROOT, env=database_env(), stdout=write_end, stderr=subprocess.PIPE)
-    os.close(write_end)
-    killer = threading.Timer(60, proc.kill)  # a hung command fails the test instead of blocking it
-    killer.start()
-    try:
-        with os.fdopen(read_end, "rb") as reader:
-            first = reader.readline()  # as `head -1`, then the pipe is closed
-        _, err = proc.communicate(timeout=60)
-    finally:
-        killer.cancel()
-    assert first == f"job        {job.pk}\n".encode()
-    assert (proc.returncode, err.decode()) == (141, "")
+    first, status, err = run_piped("jobstate", "show", str(job.pk))
+    assert first == [f"job        {job.pk}\n".encode()]
+    assert (status, err) == (141, "")
+
+
+BUFFERING = pytest.mark.parametrize("unbuffered", [False, True], ids=["buffered", "unbuffered"])
+
+
+@BUFFERING
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_pipe_ends_jobstate_stuck_with_141_not_its_monitoring_codes(unbuffered: bool) -> None:
+    # Buffered, the stuck job's exit status 2 went on and the flush at exit failed:
+    # "Exception ignored ... BrokenPipeError", status 120. A write that failed in handle()
+    # was caught as a check that could not run: a traceback and status 3.
+    expired()
+    assert run_piped("jobstate_stuck", lines=0, unbuffered=unbuffered)[1:] == (141, "")
+
+
+@BUFFERING
+@pytest.mark.django_db(transaction=True)
+def test_a_closed_pipe_ends_jobstate_workflow_state_quietly(unbuffered: bool) -> None:
+    # Status 120 ("Exception ignored") buffered; a traceback and status 1 unbuffered.
+    job = services.enqueue("wf.fixable", {})
+    assert run_piped("jobstate_workflow", "state", str(job.pk), lines=0, unbuffered=unbuffered)[1:] == (
+        141,
+        "",
+    )
+
+
+@BUFFERING
+def test_a_closed_pipe_ends_jobstate_diagram_quietly(unbuffered: bool) -> None:
+    assert run_piped("jobstate_diagram", lines=0, unbuffered=unbuffered)[1:] == (141, "")

@@ -29,7 +29,11 @@ class PipedCommand(BaseCommand):
 
     def run_from_argv(self, argv: list[str]) -> None:  # the command line only, not call_command
         try:
-            super().run_from_argv(argv)
+            try:
+                super().run_from_argv(argv)
+            except SystemExit:  # a CommandError, or an exit status the command chose
+                self.stdout.flush()  # what it printed before: the reader may have left meanwhile
+                raise
             self.stdout.flush()  # here, not at exit, where a failure is "Exception ignored" (status 120)
         except BrokenPipeError:
             # What is still buffered goes nowhere, and the flush at exit cannot fail again.

@@ -1,11 +1,10 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from jobstate.diagram import mermaid
+from jobstate.management.commands._common import PipedCommand
 
 
-class Command(BaseCommand):
+class Command(PipedCommand):
     help = "Print the job state diagram (mermaid), generated from the model's transitions."
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -2,7 +2,8 @@
 
 Exit codes (Nagios style): 0 nothing to report; 1 only jobs that recently
 failed after their last attempt; 2 at least one active job is stuck; 3 (unknown)
-the check could not run: a bad argument, the database unreachable.
+the check could not run: a bad argument, the database unreachable; 141 the reader
+of the output closed the pipe (``jobstate_stuck | head -1``), as for ``jobstate``.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import json
 import traceback
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from jobstate import conf, stuck
+from jobstate.management.commands._common import BROKEN_PIPE_STATUS, PipedCommand
 
 UNKNOWN = 3
 
@@ -22,21 +24,22 @@ class Verdict(SystemExit):
     """The exit status the findings call for (1 or 2)."""
 
 
-class Command(BaseCommand):
+class Command(PipedCommand):
     help = (
         "List stuck jobs with their reason and remedy. Exit 0: none, 1: recent failures only, "
-        "2: stuck, 3: the check could not run."
+        "2: stuck, 3: the check could not run, 141: the reader closed the pipe."
     )
 
     def run_from_argv(self, argv: list[str]) -> None:
         # Exit 1 (a CommandError) or 2 (argparse's for a bad argument) would read as
-        # recent failures or stuck jobs to a monitoring system: a failed check is 3.
+        # recent failures or stuck jobs to a monitoring system: a failed check is 3. A closed
+        # pipe (PipedCommand's 141) is not a failed check either.
         try:
             super().run_from_argv(argv)
         except Verdict:
             raise
         except SystemExit as stop:
-            if stop.code:
+            if stop.code and stop.code != BROKEN_PIPE_STATUS:
                 raise SystemExit(UNKNOWN) from None
             raise
         except Exception:

@@ -8,11 +8,12 @@ import json
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, JobStateError
 from jobstate.management.commands._common import (
+    PipedCommand,
     check_reason,
     check_text,
     cli_actor,
@@ -32,7 +33,7 @@ REFUSED = {
 }
 
 
-class Command(BaseCommand):
+class Command(PipedCommand):
     help = (
         "Start a workflow, show its state, retry it from a step, skip a step, or stop a serving one "
         "(one that never served is cancelled)."
