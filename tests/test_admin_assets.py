@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -294,3 +295,52 @@ def test_staff_who_may_view_jobs_open_the_job_pages_link_to_all_its_assets(
         assert response.status_code == 200, staff
         assert "https://example.org/50.json" in response.content.decode()  # the newest
         assert client.get(reverse("admin:jobstate_asset_add")).status_code == 403
+
+
+def a_job_with_a_lost_attempt() -> tuple[Any, Asset, Asset, Asset]:
+    """Attempt 1 stored try1.csv and was requeued by an operator (lost); attempt 2
+    stored final.csv; link.json was stored without a lease."""
+    job = processing()
+    lost = services.add_asset(job, asset_type="report", name="try1.csv", content=b"1", token=job.lease_token)
+    link = services.add_asset(job, asset_type="link", url="https://example.org/link.json")
+    services.requeue(job, "ops", "worker hung")
+    job = services.start(job, "w-2")
+    result = services.add_asset(
+        job, asset_type="report", name="final.csv", content=b"2", token=job.lease_token
+    )
+    return job, lost, link, result
+
+
+def cells(html: str, field: str) -> list[str]:
+    return [
+        re.sub(r"<[^>]+>", "", c).strip()
+        for c in re.findall(rf'<td class="field-{field}">(.*?)</td>', html, re.S)
+    ]
+
+
+def test_the_job_page_lists_its_results_first_and_marks_a_lost_attempt_s_files(admin_client: Any) -> None:
+    # Files of a lost attempt were listed among the results, in time order and unmarked,
+    # while the API and `jobstate show` leave them out (services.result_assets).
+    job, lost, link, result = a_job_with_a_lost_attempt()
+    assert [a.pk for a in services.result_assets(job)] == [link.pk, result.pk]
+    page = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assets = page[page.index("js-assets") :]
+    assert cells(assets, "name") == ["link.json", "final.csv", "try1.csv"]
+    assert cells(assets, "attempt_display") == ["-", "2", "1, lost"]
+    assert assets.count('class="js-lost"') == 1 and "not among the job&#x27;s results" in assets
+    assert download(lost) in assets  # still there to debug the lost attempt
+
+
+def test_the_asset_list_and_page_mark_a_lost_attempt_s_files(admin_client: Any) -> None:
+    job, lost, _link, result = a_job_with_a_lost_attempt()
+    html = admin_client.get(f"{LIST}?job={job.pk}").content.decode()
+    names = [
+        re.sub(r"<[^>]+>", "", n).strip()
+        for n in re.findall(r'<th class="field-name">(.*?)</th>', html, re.S)
+    ]
+    shown = dict(zip(names, cells(html, "attempt_display"), strict=True))
+    assert shown == {"final.csv": "2", "link.json": "-", "try1.csv": "1, lost"}
+    page = admin_client.get(reverse("admin:jobstate_asset_change", args=[lost.pk])).content.decode()
+    assert "1, lost" in page and 'class="js-lost"' in page
+    page = admin_client.get(reverse("admin:jobstate_asset_change", args=[result.pk])).content.decode()
+    assert 'class="js-lost"' not in page

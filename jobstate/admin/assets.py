@@ -15,7 +15,7 @@ from django.utils.safestring import SafeString
 from jobstate.admin import display
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.filters import JobIdFilter
-from jobstate.admin.inlines import download_link
+from jobstate.admin.inlines import attempt_label, download_link
 from jobstate.admin.jobs import LIST_DEFERRED
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.exceptions import RangeNotSatisfiable, UnservableFile
@@ -52,6 +52,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         "job_link",
         "owner",
         "created_at",
+        "attempt_display",
         "download",
     )
     list_filter = (AssetTypeFilter, AssetJobFilter, ("created_at", admin.DateFieldListFilter))
@@ -75,6 +76,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         "url",
         "metadata_display",
         "created_at",
+        "attempt_display",
         "download",
     )
     readonly_fields = fields
@@ -111,6 +113,10 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     def job_link(self, obj: Asset) -> SafeString:
         url = reverse("admin:jobstate_job_change", args=[obj.job_id])
         return format_html('<a href="{}">{} <code>{}</code></a>', url, obj.job.kind, short(obj.job_id))
+
+    @admin.display(description="attempt")
+    def attempt_display(self, obj: Asset) -> SafeString:
+        return attempt_label(obj)
 
     @admin.display(description="metadata")
     def metadata_display(self, obj: Asset) -> SafeString:

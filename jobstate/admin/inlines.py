@@ -1,7 +1,8 @@
 """Read-only inlines on the job page: history, workflow steps, assets.
 
 A job may have thousands of transitions or assets: those inlines show the
-latest ``limit`` rows and link to the full list, filtered by the job.
+latest ``limit`` rows and link to the full list, filtered by the job. The assets
+list the job's results first, then the files of lost attempts, marked.
 """
 
 from __future__ import annotations
@@ -200,11 +201,30 @@ class JobEventInline(EventColumns, CappedInline):
         return super().get_queryset(request).select_related("actor").order_by("id")
 
 
+class ResultsFirstFormSet(CappedInlineFormSet):
+    """The latest assets, the job's results (``services.result_assets``) first, then
+    those of lost attempts, which the API and ``jobstate show`` leave out; each oldest first."""
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_results_first"):
+            self._results_first = sorted(super().get_queryset(), key=lambda asset: asset.attempt_lost)
+        return self._results_first
+
+
 class AssetInline(CappedInline):
     model = Asset
+    formset = ResultsFirstFormSet
     verbose_name = "asset"
     verbose_name_plural = "Assets"
-    fields = ("name", "asset_type", "size_display", "content_type", "created_at", "download")
+    fields = (
+        "name",
+        "asset_type",
+        "size_display",
+        "content_type",
+        "created_at",
+        "attempt_display",
+        "download",
+    )
     classes = ("js-assets",)
     noun = "assets"
     full_list = "admin:jobstate_asset_changelist"
@@ -216,9 +236,29 @@ class AssetInline(CappedInline):
     def size_display(self, obj: Asset) -> str:
         return display.file_size(obj.size) if obj.file else "-"
 
+    @admin.display(description="attempt")
+    def attempt_display(self, obj: Asset) -> SafeString:
+        return attempt_label(obj)
+
     @admin.display(description="download")
     def download(self, obj: Asset) -> SafeString:
         return download_link(obj)
+
+
+LOST_HINT = (
+    "Its worker died, or the attempt was taken from it (reaped, requeued or failed by an operator): "
+    "not among the job's results, which the API and manage.py jobstate show list."
+)
+
+
+def attempt_label(asset: Asset) -> SafeString:
+    """The attempt that stored ``asset`` ("-": not stored under a lease), "N, lost" when
+    that attempt was lost (the row is muted, see admin.css)."""
+    if asset.attempt is None:
+        return format_html("{}", "-")
+    if asset.attempt_lost:
+        return format_html('<span class="js-lost" title="{}">{}, lost</span>', LOST_HINT, asset.attempt)
+    return format_html("{}", asset.attempt)
 
 
 def download_link(asset: Asset) -> SafeString:

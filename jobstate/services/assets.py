@@ -325,7 +325,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 def result_assets(job: Job | UUID | str) -> Any:
     """The assets that belong to ``job``'s results, oldest first: every asset but
     those of an attempt that was lost (``Asset.objects.visible()``). The API and
-    the admin's result views list these."""
+    ``manage.py jobstate show`` list these; the admin's job page lists them first, then
+    the lost ones, marked."""
     pk = job.pk if isinstance(job, Job) else job
     return Asset.objects.visible().filter(job_id=pk).order_by("created_at", "pk")
 
