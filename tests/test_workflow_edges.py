@@ -280,3 +280,34 @@ def test_a_step_error_whose_str_raises_is_recorded_as_itself_and_compensates(sag
     assert undone == ["A1"]
     assert statuses(job) == {"a": "undone", "b": "failed"}
     assert "Unprintable()" in JobStep.objects.get(job_id=job.pk, name="b").error_message
+
+
+def test_later_steps_and_result_get_an_output_as_it_was_stored():
+    # The run handed on what the step returned (a tuple, an int key), a resumed run what
+    # was stored (a list, a text key): a later step behaved differently after a crash.
+    seen: list[Any] = []
+
+    class Shapes(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> dict[Any, Any]:
+            return {"pair": (1, 2), 3: "three"}
+
+        @jobstate.step()
+        def b(self, ctx: Any, a: dict[str, Any]) -> None:
+            seen.append(a)
+
+        def result(self, outputs: dict[str, Any]) -> Any:
+            seen.append(outputs["a"])
+            return "done"
+
+    jobstate.workflow("t.edge_shapes", max_attempts=1)(Shapes)
+    try:
+        job = services.enqueue("t.edge_shapes", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_shapes")
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED, job.error_message
+    stored = JobStep.objects.get(job_id=job.pk, name="a").output
+    assert stored == {"pair": [1, 2], "3": "three"}
+    assert seen == [stored, stored]

@@ -144,7 +144,7 @@ class Run:
         except Exception as exc:
             self._failed(spec, exc, f"{type(exc).__name__}: {exception_text(exc)}")
             raise
-        self.outputs[name] = output
+        self.outputs[name] = row.output  # as stored (JSON), as a resumed run reads it
 
     def _call(self, spec: StepSpec, sctx: StepContext) -> Any:
         kwargs = dict(self.outputs) if spec.all_inputs else {}
