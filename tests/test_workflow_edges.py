@@ -110,6 +110,32 @@ def test_a_timeout_right_after_a_step_completed_on_the_last_attempt_compensates(
     assert statuses(job) == {"a": "undone", "b": "failed"}
 
 
+@pytest.mark.parametrize("committed", [False, True], ids=["before-the-commit", "after-the-commit"])
+def test_a_timeout_inside_a_steps_failure_on_the_last_attempt_still_compensates(saga, monkeypatch, committed):
+    # The interrupt escaped the run: the job failed "timed out" with its step left
+    # running and no undo, or marked compensating with its undos never run.
+    undone = saga("t.edge_fail", b_raises=RuntimeError("b broke"))
+    real = wf_steps.fail
+    cut: list[bool] = []
+
+    def fail(*args: Any, **kwargs: Any) -> bool:
+        if not cut:
+            cut.append(True)
+            if committed:
+                real(*args, **kwargs)
+            raise Interrupted("timeout")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(wf_steps, "fail", fail)
+    job = services.enqueue("t.edge_fail", {})
+    drain()
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.FAILED, "WorkflowFailed"), job.error_message
+    assert job.error_message == "step 'b' failed: RuntimeError: b broke; undone: a"
+    assert undone == ["A1"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
+
+
 def test_a_partial_result_that_cannot_be_stored_fails_the_step_for_good_and_compensates(saga):
     # json_value raised inside the Partial handler: the step stayed running, the
     # attempt was retried as a ValidationError, and no undo ran on the last one.

@@ -158,7 +158,7 @@ class Run:
     def _failed(self, spec: StepSpec, exc: BaseException, error: str) -> None:
         final = self.final(exc)
         try:
-            marked = steps.fail(self.job, self.token, self.rows[spec.name], error, compensating=final)
+            marked = self._fail(spec, error, final)
         except StepStateError:
             # The timeout's interrupt (or a database error) came inside this run's own
             # bookkeeping, next to a commit: begin()'s (the step never started) or
@@ -167,13 +167,29 @@ class Run:
             if unstarted is None:
                 return
             spec = unstarted
-            row = self.rows[spec.name]
-            marked = steps.fail(self.job, self.token, row, error, compensating=final, started=False)
+            marked = self._fail(spec, error, final, started=False)
         if not marked:  # attempts left, or a cancel is pending (no undo runs then)
             return
         report = self._compensate(spec.name, error)
         if report:
             raise WorkflowFailed(report.message(spec.name, error), report) from exc
+
+    def _fail(self, spec: StepSpec, error: str, final: bool, *, started: bool = True) -> bool:
+        """``steps.fail`` for ``spec``; whether it marked the workflow compensating."""
+        row = self.rows[spec.name]
+        try:
+            return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
+        except Interrupted as exc:
+            if exc.why == "lease":
+                raise
+            # The heartbeat interrupts a run once, here just before or after the failure
+            # was committed: go by the stored row, else the job would end with the step
+            # left running (no undo) or marked compensating with its undos never run.
+            self._reload()
+            row = self.rows[spec.name]
+            if steps.COMPENSATING in row.detail or (started and row.status == S.FAILED):
+                return steps.COMPENSATING in row.detail
+            return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
 
     def _unstarted(self, spec: StepSpec) -> StepSpec | None:
         """``spec`` if its stored row shows it did not start; the next step not done
