@@ -526,6 +526,17 @@ def test_definition_errors_are_caught_when_the_class_is_defined():
             @jobstate.step("x")
             def b(self, ctx: Any) -> None: ...
 
+    # A step method named as a Workflow attribute: "steps" was replaced by the step
+    # list (every run failed calling it), "result" was called again as the result.
+    for taken in ("steps", "result", "kind", "step_named"):
+        with pytest.raises(TypeError, match=f"'{taken}' is a Workflow attribute"):
+            type("Taken", (jobstate.Workflow,), {taken: jobstate.step()(lambda self, ctx: None)})
+    with pytest.raises(TypeError, match="undo method 'result'"):
+
+        class UndoResult(jobstate.Workflow):
+            @jobstate.step(undo="result")
+            def a(self, ctx: Any) -> None: ...
+
     class Empty(jobstate.Workflow):
         pass
 

@@ -161,10 +161,12 @@ def _spec(
     if not name or len(name) > 200 or name in earlier:
         raise TypeError(f"{where}: step names are unique, non-empty, at most 200 characters")
     _plain(where, func, "the step")
+    if hasattr(Workflow, attr):  # the run calls result(); cls.steps replaces a method
+        raise TypeError(f"{where}: '{attr}' is a Workflow attribute; give the step method another name")
     undo = mark.undo
     if callable(undo):
         undo = undo.__name__
-    if undo is not None and not callable(getattr(cls, undo, None)):
+    if undo is not None and (hasattr(Workflow, undo) or not callable(getattr(cls, undo, None))):
         raise TypeError(f"{where}: undo method '{undo}' is not defined on the class")
     if undo is not None:
         _plain(where, getattr(cls, undo), f"undo method '{undo}'")
