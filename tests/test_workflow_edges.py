@@ -337,3 +337,30 @@ def test_later_steps_and_result_get_an_output_as_it_was_stored():
     stored = JobStep.objects.get(job_id=job.pk, name="a").output
     assert stored == {"pair": [1, 2], "3": "three"}
     assert seen == [stored, stored]
+
+
+@pytest.mark.parametrize("second", ["iterate", "batches"])
+def test_a_second_iteration_in_a_step_is_refused_instead_of_skipping_items(second):
+    # The second loop started at the first one's item count (the step's one cursor):
+    # of b1..b5 it walked b4 and b5, and the step completed.
+    seen: list[Any] = []
+
+    class Twice(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> None:
+            for x in ctx.iterate(["a1", "a2", "a3"]):
+                seen.append(x)
+            items = ["b1", "b2", "b3", "b4", "b5"]
+            for y in ctx.iterate(items) if second == "iterate" else ctx.batches(items):
+                seen.append(y)
+
+    jobstate.workflow("t.edge_twice", max_attempts=3)(Twice)
+    try:
+        job = services.enqueue("t.edge_twice", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_twice")
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.FAILED, 1)
+    assert "iterates once" in job.error_message
+    assert seen == ["a1", "a2", "a3"]

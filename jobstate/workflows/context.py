@@ -184,11 +184,17 @@ class StepContext:
 
     def _iterating(self, start: int) -> None:
         """An iteration begins at item ``start``: the spawns an earlier attempt made for
-        the items before it (stored with the checkpoint it resumes from) come back here."""
-        if self._iterated is None:
-            self._iterated = len(self.spawned)
-            back, self._saved = spawns.restored(self.job.pk, self.step, self._stored, start)
-            self.spawned.extend(back)
+        the items before it (stored with the checkpoint it resumes from) come back here.
+        One per step run: the cursor counts the items of one iteration, so a second
+        one would start at the first one's count and skip as many of its own items."""
+        if self._iterated is not None:
+            raise NonRetryable(
+                f"step '{self.step}' iterates once (ctx.iterate or ctx.batches): its cursor counts "
+                "the items of one iteration, a second one would skip as many; split the step"
+            )
+        self._iterated = len(self.spawned)
+        back, self._saved = spawns.restored(self.job.pk, self.step, self._stored, start)
+        self.spawned.extend(back)
 
     def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
         """Yield ``items`` from the step's cursor on, checkpointing the number of items
