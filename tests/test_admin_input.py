@@ -191,6 +191,17 @@ def test_an_unfiltered_list_does_not_hide_a_database_error(admin_client: Any, mo
         admin_client.get(JOBS)
 
 
+def test_an_object_id_with_a_nul_character_is_a_missing_object(admin_client: Any, worker_row: Any) -> None:
+    # A worker process's id is its name (text): PostgreSQL refuses a NUL in it (a 500).
+    for suffix in ("change/", "history/"):  # delete/: 403, no one may delete a row
+        response = admin_client.get(f"{WORKERS}host:1%001/{suffix}")
+        assert response.status_code == 302, suffix
+        assert response["Location"] == reverse("admin:index"), suffix
+        assert any("Perhaps it was deleted?" in m for m in texts(response)), suffix
+    found = admin_client.get(reverse("admin:jobstate_workerprocess_change", args=[worker_row.pk]))
+    assert found.status_code == 200
+
+
 # --- bulk actions ------------------------------------------------------------------------
 
 

@@ -132,6 +132,13 @@ class SafeListAdmin:
                 messages.warning(request, f"The filters were not valid and have been cleared ({exc}).")
             raise
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        # A text primary key (a worker process's name) is looked up as given, and
+        # PostgreSQL refuses a NUL in text: no row has one, so none is found.
+        if _has_nul(object_id):
+            return None
+        return super().get_object(request, object_id, from_field)  # type: ignore[misc]
+
     def response_action(
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
