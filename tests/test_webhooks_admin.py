@@ -120,6 +120,23 @@ def test_the_admin_refuses_more_than_a_hundred_kinds_and_stores_repeats_once(adm
     assert endpoint.kinds == ["b", "a"]
 
 
+@pytest.mark.parametrize("depth", [150, 990, 100_000])
+@pytest.mark.parametrize("field", ["events", "kinds"])
+def test_json_nested_too_deep_is_a_form_error(admin_client, user, field, depth):
+    # json.loads ran out of stack (RecursionError, a 500) on the posted value, on the
+    # value shown again and on the page's initial value of the field.
+    deep = "[" * depth + '"job.completed"' + "]" * depth
+    found = errors(admin_client.post(ADD, {**GOOD, field: deep}))
+    assert "Nested more than 100 levels deep." in str(found[field])
+    assert not WebhookEndpoint.objects.exists()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    body = {**GOOD, "owner": str(user.pk), "description": "changed"}
+    assert admin_client.post(page, {**body, f"initial-{field}": deep}).status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.description == "changed"
+
+
 def test_changing_an_endpoint_is_checked_too(admin_client, user):
     endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
     page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"

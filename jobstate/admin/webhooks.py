@@ -23,7 +23,7 @@ from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
-from jobstate.storable import text
+from jobstate.storable import MAX_DEPTH, text, too_deep
 from jobstate.webhooks import cache, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
@@ -66,7 +66,21 @@ def _https_by_default(field: models.Field[Any, Any], **kwargs: Any) -> forms.Fie
 
 class _ShownJSON(forms.JSONField):
     """A JSON field whose refused value is shown again as UTF-8 can carry it: a lone
-    surrogate (``"\\ud800"`` in the submitted JSON) made the page a 500."""
+    surrogate (``"\\ud800"`` in the submitted JSON) made the page a 500. Text nested
+    deeper than ``MAX_DEPTH`` is refused unparsed: ``json.loads`` ran out of stack on
+    it (a 500), in the posted value, its redisplay and the page's initial value."""
+
+    default_error_messages = {"too_deep": f"Nested more than {MAX_DEPTH} levels deep."}
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and too_deep(value):
+            raise ValidationError(self.error_messages["too_deep"], code="too_deep")
+        return super().to_python(value)
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if isinstance(data, str) and too_deep(data):
+            return forms.fields.InvalidJSONInput(data)  # shown again as it was typed
+        return super().bound_data(data, initial)
 
     def prepare_value(self, value: Any) -> Any:
         return text(super().prepare_value(value))
