@@ -151,6 +151,12 @@ def test_nul_characters_in_posted_reasons_are_dropped(admin_client: Any) -> None
         "requeue",
         "stuck remedy (lease expired (worker lost)): host died",
     )
+    # A note that makes the reason too long is refused, not cut short: nothing is done.
+    other_lost = expired()
+    long_note = {"job": str(other_lost.pk), "operation": "requeue", "note": "x" * 1000}
+    response = admin_client.post(reverse("admin:jobstate_job_stuck_remedy"), long_note, follow=True)
+    assert "The note is too long" in response.content.decode()
+    assert JobEvent.objects.filter(job=other_lost).count() == 2  # enqueued and claimed, no requeue
     # The confirmation form of the job page refuses them, as any Django form field does.
     other = queued()
     page = admin_client.post(

@@ -25,6 +25,7 @@ from jobstate.admin.actions import (
     Operation,
     not_offered,
     posted_text,
+    reason_too_long,
     refusal_text,
 )
 from jobstate.ids import short
@@ -207,7 +208,11 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     title = finding.title.lower()
     note = posted_text(request, "note")
     reason = f"stuck remedy ({title})" + (f": {note}" if note else "")
-    after = _perform(request, op, job, reason[:REASON_MAX_LENGTH])
+    too_long = reason_too_long(reason)
+    if too_long is not None:  # refused, as the job page's form refuses one: not cut short
+        messages.error(request, f"The note is too long: {too_long}")
+        return back
+    after = _perform(request, op, job, reason)
     if after is not None and op.name == "retry":
         messages.info(request, f"The new job is {after.pk}.")
     return back
