@@ -54,5 +54,8 @@ def uncommitted(using: str | None = None) -> bool:
     for the process. Django keeps ``_committed`` among the connection's commit
     callbacks until the commit, and drops it with a rollback (to a savepoint too):
     Django has no rollback callback to drop the answer with."""
-    callbacks = getattr(transaction.get_connection(using), "run_on_commit", ())
-    return any(entry[1] is _committed for entry in callbacks)
+    connection = transaction.get_connection(using)
+    try:  # Django's entries are (savepoint ids, function, robust) in 5.2 and 6.x
+        return any(entry[1] is _committed for entry in connection.run_on_commit)
+    except (AttributeError, TypeError, IndexError):  # another layout: cache nothing in a transaction
+        return bool(connection.in_atomic_block)
