@@ -24,6 +24,9 @@ def seen_by(deliveries: QuerySet[WebhookDelivery], user: Any) -> QuerySet[Webhoo
     """``deliveries`` narrowed to those ``user`` may read."""
     if may_view_all(user):
         return deliveries
+    pk = getattr(user, "pk", None)
+    if pk is None:  # owner_id=None would match the system jobs' deliveries
+        return deliveries.none()
     # A primary-key probe per record read: the lists walk the records newest first.
-    theirs = Job.objects.filter(pk=OuterRef("job_id"), owner_id=getattr(user, "pk", None))
+    theirs = Job.objects.filter(pk=OuterRef("job_id"), owner_id=pk)
     return deliveries.filter(Exists(theirs))
