@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django_q.conf import Conf
 
-from jobstate import registry, services
+from jobstate import conf, registry, services
 from jobstate.worker import cluster, counters
 from jobstate.worker.broker import JobBroker
 
@@ -113,12 +113,12 @@ def temp_handler():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def broker(monkeypatch, settings):  # type: ignore[no-untyped-def]
+def broker(monkeypatch):  # type: ignore[no-untyped-def]
     """A fresh broker as the sentinel would build it, with a fast poll, and a
     worker chain that a loaded machine does not cut short: the 2 s default, counted
     from the first job's start, ran out on a busy CI machine before a test's
     chained claim (tests of the chain's end set their own)."""
-    settings.JOBSTATE = {**getattr(settings, "JOBSTATE", {}), "WORKER_CHAIN_SECONDS": 120}
+    monkeypatch.setitem(conf.DEFAULTS, "WORKER_CHAIN_SECONDS", 120)  # an override_settings keeps it
     monkeypatch.setattr(counters, "pending", None)
     monkeypatch.setattr(counters, "busy", None)
     monkeypatch.setattr(cluster, "_cluster_id", None)

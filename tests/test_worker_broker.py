@@ -49,7 +49,7 @@ def run(package: dict) -> str:  # type: ignore[type-arg]
     return pydoc.locate(package["func"])(*package["args"], **package["kwargs"])  # type: ignore[misc]
 
 
-@override_settings(JOBSTATE={"PREFETCH": 10})
+@override_settings(JOBSTATE={"PREFETCH": 10, "WORKER_CHAIN_SECONDS": 2})  # the default's room
 def test_dequeue_claims_a_batch_as_signed_packages(broker):
     jobs = [services.enqueue("test.echo", {"n": i}) for i in range(3)]
     handed = broker.dequeue()
