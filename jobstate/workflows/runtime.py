@@ -177,17 +177,19 @@ class Run:
     def _fail(self, spec: StepSpec, error: str, final: bool, *, started: bool = True) -> bool:
         """``steps.fail`` for ``spec``; whether it marked the workflow compensating."""
         row = self.rows[spec.name]
+        stamp = row.finished_at  # a failure this call commits writes its own
         try:
             return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
         except Interrupted as exc:
-            if exc.why == "lease":
+            if exc.why != "timeout":
                 raise
-            # The heartbeat interrupts a run once, here just before or after the failure
+            # The timeout interrupts a run once, here just before or after the failure
             # was committed: go by the stored row, else the job would end with the step
             # left running (no undo) or marked compensating with its undos never run.
             self._reload()
             row = self.rows[spec.name]
-            if steps.COMPENSATING in row.detail or (started and row.status == S.FAILED):
+            written = row.status == S.FAILED and row.finished_at != stamp
+            if steps.COMPENSATING in row.detail or written:
                 return steps.COMPENSATING in row.detail
             return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
 
