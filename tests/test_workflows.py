@@ -531,7 +531,7 @@ def test_definition_errors_are_caught_when_the_class_is_defined():
     for taken in ("steps", "result", "kind", "step_named"):
         with pytest.raises(TypeError, match=f"'{taken}' is a Workflow attribute"):
             type("Taken", (jobstate.Workflow,), {taken: jobstate.step()(lambda self, ctx: None)})
-    with pytest.raises(TypeError, match="undo method 'result'"):
+    with pytest.raises(TypeError, match="undo method 'result' is a Workflow attribute"):
 
         class UndoResult(jobstate.Workflow):
             @jobstate.step(undo="result")

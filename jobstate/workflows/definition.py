@@ -166,7 +166,9 @@ def _spec(
     undo = mark.undo
     if callable(undo):
         undo = undo.__name__
-    if undo is not None and (hasattr(Workflow, undo) or not callable(getattr(cls, undo, None))):
+    if undo is not None and hasattr(Workflow, undo):
+        raise TypeError(f"{where}: undo method '{undo}' is a Workflow attribute; give it another name")
+    if undo is not None and not callable(getattr(cls, undo, None)):
         raise TypeError(f"{where}: undo method '{undo}' is not defined on the class")
     if undo is not None:
         _plain(where, getattr(cls, undo), f"undo method '{undo}'")
