@@ -84,8 +84,7 @@ def max_priority(user: Any) -> int | None:
     """The highest ``priority`` ``user`` may send to ``POST /jobs/`` (None: the column's)."""
     if getattr(user, "is_staff", False) and user.has_perm("jobstate.change_job"):
         return None
-    cap: int = conf.get("API_MAX_PRIORITY")
-    return cap
+    return int(conf.get("API_MAX_PRIORITY"))
 
 
 def may_act(user: Any, job: Job, action: str) -> bool:
