@@ -64,13 +64,20 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         else:
             signal_group(proc, signal.SIGINT)
     deadline = time.monotonic() + 15
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(0.1, deadline - time.monotonic()))
+    try:
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        # A second Ctrl-C (or SIGTERM) cuts the wait short. It ended this script and
+        # left the worker cluster running, orphaned, with the jobs it held.
+        print("Stopping now.", flush=True)
     # Whatever is left in each group (the parent or a child that ignored SIGINT) is killed.
     for proc in procs:
         signal_group(proc, signal.SIGKILL)
-        proc.wait()
+    for proc in procs:
+        with contextlib.suppress(KeyboardInterrupt):  # killed already: only reaped here
+            proc.wait()
 
 
 def main() -> int:

@@ -85,3 +85,42 @@ def test_make_demo_names_a_taken_port_and_how_to_pick_another():
         [sys.executable, str(script)], env={"DEMO_PORT": "http"}, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "not a port number" in bad.stderr
+
+
+def test_a_second_interrupt_while_the_demo_stops_kills_what_is_left(monkeypatch):
+    """Ctrl-C twice: the second interrupt came while stop() waited for the cluster, ended
+    the script and left the cluster running, orphaned. Now it cuts the wait short and
+    every process group is killed."""
+    import importlib.util
+    import signal
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "demo.py"
+    spec = importlib.util.spec_from_file_location("demo_script", path)
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+
+    class Proc:
+        def __init__(self, name: str) -> None:
+            self.args = ["python", "manage.py", name]
+            self.pid = -1
+            self.waits = 0
+
+        def send_signal(self, sig: int) -> None:
+            pass
+
+        def wait(self, timeout: float | None = None) -> int:
+            self.waits += 1
+            if self.args[2] == "qcluster" and self.waits == 1:
+                raise KeyboardInterrupt  # the second Ctrl-C, while the cluster stops
+            return 0
+
+    signalled: list[tuple[str, int]] = []
+    monkeypatch.setattr(demo, "signal_group", lambda proc, sig: signalled.append((proc.args[2], sig)))
+    procs = [Proc("qcluster"), Proc("runserver")]
+    try:
+        demo.stop(procs)
+    except KeyboardInterrupt:  # uncaught, it would end the whole test session
+        pytest.fail("the second interrupt escaped stop(): the cluster was left running")
+    assert ("qcluster", signal.SIGKILL) in signalled and ("runserver", signal.SIGKILL) in signalled
