@@ -182,6 +182,65 @@ def test_checkpoints_report_progress_within_the_step():
     assert seen == [(100, "20/20"), (75, "second")]
 
 
+def test_a_resumed_step_begins_where_its_checkpoint_left_the_progress():
+    begun: list[tuple[str, int | None, int]] = []  # (step, cursor, the job's progress as it begins)
+    crashed: set[str] = set()  # each iterating step's worker dies once, after item 23
+
+    class Resume(jobstate.Workflow):
+        @jobstate.step()
+        def first(self, ctx: Any) -> None:
+            pass
+
+        def _walk(self, ctx: Any, items: Any) -> None:
+            begun.append((ctx.step, ctx.cursor, Job.objects.get(pk=ctx.job.pk).progress))
+            for i in ctx.iterate(items, every=10):
+                if i == 23 and ctx.step not in crashed:
+                    crashed.add(ctx.step)
+                    raise SimulatedCrash(ctx.step)
+
+        @jobstate.step()
+        def known(self, ctx: Any) -> None:  # 50 items: the band is 25..50
+            self._walk(ctx, range(50))
+
+        @jobstate.step()
+        def unknown(self, ctx: Any) -> None:  # no total: the step's progress is not known
+            self._walk(ctx, iter(range(50)))
+
+        @jobstate.step()
+        def plain(self, ctx: Any) -> None:
+            begun.append((ctx.step, ctx.cursor, Job.objects.get(pk=ctx.job.pk).progress))
+
+    jobstate.workflow("t.resume", max_attempts=5, retry_backoff=0)(Resume)
+    try:
+        job = services.enqueue("t.resume", {})
+        with pytest.raises(SimulatedCrash):
+            drain()
+        assert Job.objects.get(pk=job.pk).progress == 35  # 25 + 25 * 20/50 at the checkpoint
+        assert step_rows(job)["known"].detail == {steps.PERCENT: 40.0}  # the step's own progress
+        assert state(job)["steps"][1]["detail"] == {}  # bookkeeping, not shown
+        expire_leases()
+        with pytest.raises(SimulatedCrash):
+            resume(job)
+        assert Job.objects.get(pk=job.pk).progress_message == "20 done"
+        expire_leases()
+        assert resume(job) == "completed"
+        retried = retry_from(job, "known", actor="ops")
+        drain()
+    finally:
+        registry.unregister("t.resume")
+    assert begun == [
+        ("known", None, 25),  # a first run begins at the band's start
+        ("known", 20, 35),  # resumed from its checkpoint: not back to 25
+        ("unknown", None, 50),
+        ("unknown", 20, 50),
+        ("plain", None, 75),
+        ("known", None, 25),  # an operator's retry runs the step again from its start
+        ("unknown", None, 50),
+        ("plain", None, 75),
+    ]
+    assert Job.objects.get(pk=retried.pk).status == Status.COMPLETED
+
+
 def test_compensation_undoes_completed_steps_in_reverse_order():
     job = services.enqueue("wf.saga", {})
     drain()  # attempt 1 fails in ship and is retried; attempt 2 fails for good

@@ -137,6 +137,8 @@ class StepContext:
         spawned: spawns.Stored | None = None,
     ) -> None:
         self._active("checkpoint")
+        if percent is not None:  # kept for a resumed run to begin at (``steps.resumed_percent``)
+            detail = {**(detail or {}), steps.PERCENT: min(100.0, max(0.0, float(percent)))}
         try:
             steps.checkpoint(
                 self.job,

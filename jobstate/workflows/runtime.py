@@ -66,6 +66,12 @@ class Run:
         total = len(self.specs)
         return 100 * spec.position / total, 100 * (spec.position + 1) / total
 
+    def resumed_at(self, spec: StepSpec, row: JobStep) -> float:
+        """The job's progress as ``spec`` begins: its band's start, plus the share its
+        checkpoint had reached when it resumes from one (the job never goes back)."""
+        low, high = self.band(spec)
+        return low + (high - low) * steps.resumed_percent(row) / 100
+
     def execute(self) -> Any:
         names = [s.name for s in self.specs]
         try:
@@ -106,7 +112,7 @@ class Run:
             if row.status == S.WAITING:
                 output = fanout.fan_in(self, spec, row)
             else:
-                steps.begin(self.job, self.token, row, percent=self.band(spec)[0])
+                steps.begin(self.job, self.token, row, percent=self.resumed_at(spec, row))
                 sctx = StepContext(self, spec, row)
                 output = self._call(spec, sctx)
                 if sctx.spawned:

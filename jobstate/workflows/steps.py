@@ -44,6 +44,9 @@ COMPENSATION_KEYS = (COMPENSATING, UNDO_ERROR, "undone_at", "undone_because")
 # its fan-in's (children that did not complete).
 PARTIAL = "partial"
 FAN_IN_PARTIAL = "fan_in_partial"
+# The step's own progress (0..100) at its last checkpoint that gave one: a resumed
+# run begins there, not at the start of the step's share of the job's progress.
+PERCENT = "percent"
 
 
 def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
@@ -73,6 +76,15 @@ def _ensure_rows(job_id: Any, names: Iterable[str]) -> dict[str, JobStep]:
         )
         rows.update({row.name: row for row in created})
     return rows
+
+
+def resumed_percent(row: JobStep) -> float:
+    """The step's own progress (0..100) when it begins: 0, or where the checkpoint it
+    resumes from left it."""
+    stored = (row.detail or {}).get(PERCENT) if row.cursor is not None else None
+    if isinstance(stored, bool) or not isinstance(stored, int | float):
+        return 0.0
+    return min(100.0, max(0.0, float(stored)))
 
 
 def begin(job: Job, token: Any, row: JobStep, *, percent: float) -> JobStep:
