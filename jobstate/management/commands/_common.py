@@ -21,6 +21,10 @@ from jobstate.models import Job
 # A shell's status for a process that SIGPIPE ended (128 + 13), as `git log | head` leaves.
 BROKEN_PIPE_STATUS = 141
 
+# Characters per write of a long text: at most 4,096 bytes in UTF-8, Linux's PIPE_BUF, so a
+# write to a pipe is all or nothing.
+_WRITE_CHARS = 1024
+
 
 class PipedCommand(BaseCommand):
     """A command whose output may be piped to ``head`` or a pager: when the reader
@@ -42,6 +46,15 @@ class PipedCommand(BaseCommand):
                 os.dup2(devnull, self.stdout.fileno())
                 os.close(devnull)
             raise SystemExit(BROKEN_PIPE_STATUS) from None
+
+    def write_long(self, text: str) -> None:
+        """``text`` (a JSON document) and a newline, in pieces a pipe takes whole. Unbuffered
+        (PYTHONUNBUFFERED), one large write that the reader cut short was written in part and
+        the rest dropped without an error (stdout's text layer ignores the count its raw file
+        returns): exit status 0 instead of BROKEN_PIPE_STATUS."""
+        for start in range(0, len(text), _WRITE_CHARS):
+            self.stdout.write(text[start : start + _WRITE_CHARS], ending="")
+        self.stdout.write("")
 
 
 def cli_actor() -> services.Actor:

@@ -154,7 +154,7 @@ class Command(PipedCommand):
     def do_show(self, options: dict[str, Any]) -> None:
         shown = _show.read(get_job(options["job"]))
         if options["json"]:
-            self.stdout.write(_show.as_json(shown))
+            self.write_long(_show.as_json(shown))
             return
         for line in _show.lines(shown):
             self.stdout.write(line)

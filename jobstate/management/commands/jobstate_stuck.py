@@ -89,7 +89,7 @@ class Command(PipedCommand):
         counts = {c: min(self.cap, n) for c, n in counted.items()}
         if options["json"]:
             payload = {"counts": counts, "findings": [f.as_dict() for f in findings]}
-            self.stdout.write(json.dumps(payload, indent=2))
+            self.write_long(json.dumps(payload, indent=2))
         else:
             self._print(counts, findings)
         code = 0

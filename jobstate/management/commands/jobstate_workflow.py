@@ -86,7 +86,7 @@ class Command(PipedCommand):
                         f"Job {job.pk} ({job.kind}) is not a workflow; "
                         f"`manage.py jobstate show {job.pk}` shows it"
                     )
-                self.stdout.write(json.dumps(state(job), indent=2))
+                self.write_long(json.dumps(state(job), indent=2))
             elif action == "retry":
                 new = retry_from(
                     job, options["step"], actor=actor, reason=options["reason"], skip=options["skip"]
