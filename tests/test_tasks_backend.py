@@ -16,6 +16,8 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobstate import registry, services
@@ -118,6 +120,20 @@ def test_get_result_keeps_the_tasks_key_and_owner(user):
     assert default_task_backend.get_result(owned.id).task.owner == user
     by_id = t.noop_task.using(owner=user.pk).enqueue()
     assert default_task_backend.get_result(by_id.id).task.owner == user
+
+
+def test_enqueue_by_user_id_returns_the_owner_as_get_result_does(user):
+    # The enqueue's result kept the id the task was given: not equal to get_result's.
+    with CaptureQueriesContext(connection) as queries:
+        by_id = t.noop_task.using(owner=user.pk).enqueue()
+    assert by_id.task.owner == user
+    assert default_task_backend.get_result(by_id.id) == by_id
+    # One query for the user (the service checks the id), and none for a user given.
+    assert len([q for q in queries if user._meta.db_table in q["sql"]]) == 1
+    with CaptureQueriesContext(connection) as queries:
+        owned = t.noop_task.using(owner=user).enqueue()
+    assert owned.task.owner is user
+    assert not [q for q in queries if user._meta.db_table in q["sql"]]
 
 
 def test_get_result_of_a_job_that_is_not_a_task(temp_handler):

@@ -97,7 +97,9 @@ class JobstateBackend(BaseTaskBackend):
             actor=services.Actor.system(f"tasks:{self.alias}") if owner is None else None,
         )
         if created:
-            result = build_result(job, task, events=[])
+            # rebuild_task: the owner as get_result returns it, a user where the task was given
+            # its id (the job's, already loaded: no query).
+            result = build_result(job, rebuild_task(task, job), events=[])
             task_enqueued.send(type(self), task_result=result)
             return result
         return build_result(job, rebuild_task(task, job))
