@@ -717,6 +717,30 @@ def test_a_long_last_error_leaves_how_to_re_enable_whole(user):
     assert endpoint.disabled_reason.endswith("Fix the receiver first.")
 
 
+@override_settings(JOBSTATE={"WEBHOOK_DISABLE_AFTER": 1})
+def test_an_attempt_that_fails_after_its_endpoint_changed_owner_does_not_quote_its_error(user, other_user):
+    # The attempt began under alice (about her job) and failed once the endpoint was
+    # bob's: its error went into the reason bob reads, about a record he does not see.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    record = WebhookDelivery(
+        endpoint=endpoint, webhook_id="msg_1", event="job.completed", job_id=uuid.uuid4()
+    )
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(owner=other_user)
+    assert delivery._failed(record, endpoint, "BadStatusLine: 'alice-invoice-7'", time.monotonic())
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and endpoint.disabled_at is not None
+    assert endpoint.disabled_reason == delivery.OWNER_CHANGED
+    # Without a change of owner (a global endpoint's too), the reason quotes the error.
+    for owner in (other_user, None):
+        endpoint = WebhookEndpoint.objects.create(owner=owner, url="https://hooks.example.com/b")
+        record = WebhookDelivery(
+            endpoint=endpoint, webhook_id="msg_2", event="job.completed", job_id=uuid.uuid4()
+        )
+        assert delivery._failed(record, endpoint, "HTTP 500", time.monotonic())
+        endpoint.refresh_from_db()
+        assert not endpoint.enabled and "the last: HTTP 500" in endpoint.disabled_reason
+
+
 @override_settings(JOBSTATE=ALLOW)
 def test_a_global_endpoint_outlives_the_staff_user_who_made_it(user, staff_user, receiver):
     """A global endpoint is the installation's (an operator's integration, like a log

@@ -628,3 +628,31 @@ def test_an_endpoint_given_to_another_owner_shows_them_only_the_deliveries_about
     # Staff who may see every job still see the whole history; the form says who sees what.
     html = " ".join(admin_client.get(page).content.decode().split())
     assert "msg_alice" in html and "the new owner sees only those about their own jobs" in html
+
+
+def test_an_endpoint_given_to_another_owner_while_disabled_no_longer_quotes_the_previous_owners_error(
+    admin_client, user, other_user
+):
+    """Its reason quoted the last failed delivery, about alice's job, whose record
+    bob, its new owner, does not see."""
+    from jobstate.webhooks import delivery
+
+    reason = "disabled after 20 failed attempts in a row; the last: BadStatusLine: 'alice-invoice-7'. "
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user,
+        url="https://hooks.example.com/a",
+        enabled=False,
+        consecutive_failures=20,
+        disabled_at=timezone.now(),
+        disabled_reason=reason + delivery.REENABLE,
+    )
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "description": "billing"})
+    assert response.status_code == 302, errors(response)
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).disabled_reason == reason + delivery.REENABLE
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "owner": str(other_user.pk)})
+    assert response.status_code == 302, errors(response)
+    endpoint.refresh_from_db()
+    assert (endpoint.owner_id, endpoint.enabled, endpoint.consecutive_failures) == (other_user.pk, False, 20)
+    assert endpoint.disabled_at is not None and endpoint.disabled_reason == delivery.OWNER_CHANGED
+    assert "alice-invoice-7" not in admin_client.get(page).content.decode()

@@ -324,6 +324,42 @@ def test_an_owner_does_not_see_the_deliveries_a_global_endpoint_made_before_it_w
     assert [d["id"] for d in listed] == [own.pk]
 
 
+def test_an_endpoint_that_changes_owner_while_disabled_no_longer_quotes_the_previous_owners_error(
+    user, staff_user
+):
+    """Its reason quoted the last failed delivery, about a job of the previous owner
+    (a global endpoint's: anyone's), whose record the new owner does not see."""
+    from jobstate.webhooks import delivery
+
+    everyone = WebhookEndpoint.objects.create(
+        owner=None,
+        url="https://hooks.example.com/all",
+        enabled=False,
+        consecutive_failures=20,
+        disabled_at=timezone.now(),
+        disabled_reason="disabled after 20 failed attempts in a row; the last: BadStatusLine: "
+        "'alice-invoice-7'. " + delivery.REENABLE,
+    )
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    changed = editor.patch(f"{URL}{everyone.pk}/", {"is_global": False}, format="json")
+    assert changed.status_code == 200 and changed.data["owner"] == "carol"
+    assert changed.data["enabled"] is False and changed.data["consecutive_failures"] == 20
+    assert changed.data["disabled_reason"] == delivery.OWNER_CHANGED
+    assert "alice-invoice-7" not in changed.data["disabled_reason"]
+    # Re-enabling it still clears the reason; a change that keeps the owner keeps it.
+    shown = editor.patch(f"{URL}{everyone.pk}/", {"description": "x"}, format="json").data
+    assert shown["disabled_reason"] == delivery.OWNER_CHANGED
+    shown = editor.patch(f"{URL}{everyone.pk}/", {"enabled": True, "is_global": True}, format="json").data
+    assert shown["enabled"] and shown["disabled_reason"] == "" and shown["consecutive_failures"] == 0
+
+
+def test_an_enabled_endpoint_that_changes_owner_keeps_an_empty_reason(staff_user):
+    everyone = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/all")
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    changed = editor.patch(f"{URL}{everyone.pk}/", {"is_global": False}, format="json")
+    assert changed.status_code == 200 and changed.data["disabled_reason"] == ""
+
+
 @override_settings(TIME_ZONE="Asia/Kolkata", REST_FRAMEWORK={"DATETIME_FORMAT": "%d.%m.%Y %H:%M"})
 def test_times_are_utc_iso_8601_whatever_the_projects_settings(user):
     # As the jobs' (tests/test_api_jobs.py): not the project's format or time zone.

@@ -24,7 +24,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import MAX_DEPTH, text, too_deep
-from jobstate.webhooks import cache, validation, visibility
+from jobstate.webhooks import cache, delivery, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
@@ -290,6 +290,10 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         if obj.enabled and "enabled" in fields:
             obj.consecutive_failures, obj.disabled_at, obj.disabled_reason = 0, None, ""
             fields |= {"consecutive_failures", "disabled_at", "disabled_reason"}
+        elif "owner" in fields and obj.disabled_reason:
+            # Still disabled, for its new owner: a reason without the previous owner's error.
+            obj.disabled_reason = delivery.reason_after_owner_change(obj.disabled_reason)
+            fields.add("disabled_reason")
         obj.save(update_fields=sorted(fields | {"updated_at"}))
 
 

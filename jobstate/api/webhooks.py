@@ -43,7 +43,7 @@ from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.webhooks import rotation, validation, visibility
+from jobstate.webhooks import delivery, rotation, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
@@ -248,6 +248,9 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         if data.get("enabled") and not endpoint.enabled:
             # Re-enabled by its owner: start counting failures afresh.
             extra = {"consecutive_failures": 0, "disabled_at": None, "disabled_reason": ""}
+        elif "owner" in data:
+            # Still disabled, for its new owner: a reason without the previous owner's error.
+            extra = {"disabled_reason": delivery.reason_after_owner_change(endpoint.disabled_reason)}
         serializer.save(**extra)
 
     @extend_schema(summary="Rotate the signing secret", request=RotateSerializer)

@@ -21,7 +21,7 @@ from typing import Any
 from django.contrib.auth.models import AnonymousUser
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from jobstate import conf, registry
@@ -49,6 +49,20 @@ REENABLE = (
     'PATCH {"enabled": true} on the endpoint in the webhooks API, or tick "Enabled" on its '
     "admin page. Fix the receiver first."
 )
+
+# The reason of an endpoint that changed owner while disabled (or during the attempt
+# that disabled it): the error its reason quoted came from a delivery about a job of
+# the previous owner, whose record the new owner does not see (``visibility``).
+OWNER_CHANGED = (
+    "disabled after failed attempts in a row, before the endpoint changed owner; their errors "
+    f"are in the previous owner's delivery records. {REENABLE}"
+)
+
+
+def reason_after_owner_change(reason: str) -> str:
+    """The ``disabled_reason`` an endpoint keeps when its owner changes: none if it
+    had none, else one that quotes no delivery."""
+    return OWNER_CHANGED if reason else ""
 
 
 # What an attempt needs besides the request WEBHOOK_TIMEOUT bounds: the DNS lookup
@@ -174,8 +188,11 @@ def _failed(record: WebhookDelivery, endpoint: WebhookEndpoint, error: str, star
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     limit = int(conf.get("WEBHOOK_DISABLE_AFTER"))
     reason = text(f"disabled after {limit} failed attempts in a row; the last: {error[:1000]}. {REENABLE}")
+    # Judged in the update: the endpoint may have changed owner during the attempt,
+    # which was about a job of the owner read before it.
+    quoted = Case(When(Q(owner=endpoint.owner_id), then=Value(reason)), default=Value(OWNER_CHANGED))
     disabling = WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True, consecutive_failures__gte=limit)
-    if disabling.update(enabled=False, disabled_at=timezone.now(), disabled_reason=reason):
+    if disabling.update(enabled=False, disabled_at=timezone.now(), disabled_reason=quoted):
         # A queryset update, without the model's save: drop the cached wanted events
         # as it does (at once, and at the commit when in a transaction).
         cache.changed(disabling.db)
