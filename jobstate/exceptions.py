@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import datetime
 
 from django.conf import settings
@@ -200,3 +201,22 @@ def contended(exc: BaseException) -> bool:
 def _sqlite_locked(exc: BaseException) -> bool:
     message = str(exc)
     return "database is locked" in message or "database table is locked" in message
+
+
+# SQLSTATEs of a connection the server refused or ended, besides class 08
+# (connection_exception): admin_shutdown (pg_terminate_backend, a fast or smart
+# shutdown), crash_shutdown, cannot_connect_now (the server is starting or stopping).
+DISCONNECTION_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def disconnected(exc: BaseException) -> bool:
+    """Did this ``OperationalError`` or ``InterfaceError`` come from the connection
+    rather than the query: the server refused or ended it (PostgreSQL down, restarting,
+    failing over), or none could be made? The server's errors say so by their SQLSTATE;
+    the driver's own (a refused or lost connection, a pool that gave none in time,
+    psycopg2's "connection already closed") have none. SQLite's never have one, and
+    are not a connection's ("disk I/O error", "no such table"): not counted."""
+    state = sqlstate(exc)
+    if state is not None:
+        return state.startswith("08") or state in DISCONNECTION_STATES
+    return not isinstance(exc.__cause__ or exc, sqlite3.Error)

@@ -12,7 +12,7 @@ import psycopg.errors
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.cache import cache
-from django.db import IntegrityError, OperationalError
+from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -186,14 +186,14 @@ def test_an_unexpected_error_is_a_json_500_and_logged(user, monkeypatch, caplog)
     assert "Unhandled error" in caplog.text
 
 
-def operational_error(cause: Exception) -> OperationalError:
+def operational_error(cause: Exception, cls: type[DatabaseError] = OperationalError) -> Any:
     """The database error as Django raises it: its own class, the driver's as the cause."""
     try:
         raise cause
     except Exception as exc:
         try:
-            raise OperationalError(*exc.args) from exc
-        except OperationalError as wrapped:
+            raise cls(*exc.args) from exc
+        except cls as wrapped:
             return wrapped
 
 
@@ -232,8 +232,14 @@ def test_database_contention_is_a_503_to_retry(user, monkeypatch, caplog, cause)
     [
         operational_error(sqlite3.OperationalError("disk I/O error")),
         operational_error(psycopg.errors.QueryCanceled("canceling statement due to statement timeout")),
-        operational_error(psycopg.errors.AdminShutdown("terminating connection")),
+        operational_error(sqlite3.OperationalError("no such table: jobstate_job")),
+        operational_error(sqlite3.InterfaceError("bad parameter or other API misuse"), InterfaceError),
+        operational_error(
+            psycopg.errors.UndefinedTable('relation "jobstate_job" does not exist'), ProgrammingError
+        ),
+        ProgrammingError("the query has 1 placeholder but 2 parameters were passed"),
         IntegrityError("database is locked"),
+        IntegrityError("connection refused"),
     ],
     ids=str,
 )

@@ -20,7 +20,7 @@ from django.core.exceptions import (
 )
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
@@ -36,6 +36,7 @@ from jobstate.exceptions import (
     RangeNotSatisfiable,
     UnknownKind,
     contended,
+    disconnected,
 )
 from jobstate.services import DuplicateActiveKey
 from jobstate.states import Status
@@ -46,6 +47,10 @@ logger = logging.getLogger("jobstate.api")
 # (a lock held by another write: SQLite's busy timeout, PostgreSQL's lock_timeout).
 BUSY_RETRY_AFTER = 1
 BUSY_MESSAGE = "The database is busy with other writes; try again after Retry-After seconds."
+# Seconds a client waits before trying again a request whose database connection failed
+# (PostgreSQL down or restarting): long enough for a restart or a failover to finish.
+UNAVAILABLE_RETRY_AFTER = 5
+UNAVAILABLE_MESSAGE = "The database is unavailable; try again after Retry-After seconds."
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -53,6 +58,18 @@ def is_busy(exc: BaseException) -> bool:
     the same request may succeed in a moment, so a 503 ``database_busy`` with
     ``Retry-After``, not a 500."""
     return isinstance(exc, OperationalError) and contended(exc)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """A database error from the connection, not the request (``disconnected``: refused,
+    not made, ended by the server): the same request may succeed once the database is
+    back, so a 503 ``database_unavailable`` with ``Retry-After``, not a 500."""
+    return isinstance(exc, OperationalError | InterfaceError) and disconnected(exc)
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (libpq's take several) for a one-line warning."""
+    return " ".join(str(exc).split())
 
 
 # The shape, for the schema ------------------------------------------------
@@ -212,6 +229,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         logger.warning("Database busy in API view %s: %s", context.get("view"), exc)
         code, status_code, fields, message = "database_busy", 503, {}, BUSY_MESSAGE
         headers["Retry-After"] = str(BUSY_RETRY_AFTER)
+    elif is_unavailable(exc):
+        # Not a bug: one line, no traceback (an outage would log one per request).
+        logger.warning("Database unavailable in API view %s: %s", context.get("view"), one_line(exc))
+        code, status_code, fields, message = "database_unavailable", 503, {}, UNAVAILABLE_MESSAGE
+        headers["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
     else:
         # A bug, not bad input: log it with its traceback, answer in the same shape.
         logger.exception("Unhandled error in API view %s", context.get("view"))

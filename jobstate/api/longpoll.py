@@ -23,6 +23,7 @@ from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse
 
 from jobstate import conf
+from jobstate.api.errors import is_busy, is_unavailable, one_line
 from jobstate.api.stream import polled
 from jobstate.models import Job
 from jobstate.states import TERMINAL
@@ -119,10 +120,14 @@ def long_poll_view(view: Callable[..., Any]) -> Callable[..., Any]:
         try:
             asgi = isinstance(request, ASGIRequest)
             await await_change(response.job_id, response.since, response.seconds, asgi=asgi)
-        except Exception:
+        except Exception as exc:
             # E.g. the database went away while waiting: answer now; the detail
-            # view reports what it finds, in the API's error shape if it fails too.
-            logger.warning("Long-poll of job %s stopped waiting", response.job_id, exc_info=True)
+            # view reports what it finds, in the API's error shape if it fails too
+            # (a 503 while the database is busy or unavailable, logged there).
+            if is_busy(exc) or is_unavailable(exc):
+                logger.warning("Long-poll of job %s stopped waiting: %s", response.job_id, one_line(exc))
+            else:
+                logger.warning("Long-poll of job %s stopped waiting", response.job_id, exc_info=True)
         finally:
             if response.slot is not None:
                 response.slot.release()

@@ -53,7 +53,8 @@ DESCRIPTIONS = {
     "413": "Request body too large.",
     "415": "Unsupported media type (send JSON).",
     "429": "Throttled; retry after `Retry-After` seconds.",
-    "503": "The database is busy with other writes (`database_busy`); retry after `Retry-After` seconds.",
+    "503": "The database is busy with other writes (`database_busy`) or its connection failed "
+    "(`database_unavailable`); retry after `Retry-After` seconds.",
 }
 
 

@@ -18,7 +18,9 @@
   A poll that fails (a database error) is logged and ends the stream with an ``error``
   event too (the 500 body, nothing of the error); one the database was too busy for
   (``is_busy``: "database is locked", a lock timeout) sends the 503 ``database_busy``
-  body the other endpoints answer, with an SSE ``retry`` of their ``Retry-After``.
+  body the other endpoints answer, with an SSE ``retry`` of their ``Retry-After``; one
+  whose connection failed (``is_unavailable``: PostgreSQL down or restarting) the 503
+  ``database_unavailable`` body, the same way.
 - The long-poll behind ``GET /jobs/{id}/?wait=&since=`` is ``jobstate.api.longpoll``.
 
 Each comes twice: a plain generator/function for WSGI (the server thread is the
@@ -53,7 +55,16 @@ from django.db import connections
 from django.http import StreamingHttpResponse
 
 from jobstate import conf
-from jobstate.api.errors import BUSY_MESSAGE, BUSY_RETRY_AFTER, error_body, is_busy
+from jobstate.api.errors import (
+    BUSY_MESSAGE,
+    BUSY_RETRY_AFTER,
+    UNAVAILABLE_MESSAGE,
+    UNAVAILABLE_RETRY_AFTER,
+    error_body,
+    is_busy,
+    is_unavailable,
+    one_line,
+)
 from jobstate.api.outputs import JobSnapshotSerializer
 from jobstate.api.throttling import StreamSlot
 from jobstate.models import Job
@@ -189,12 +200,19 @@ FAILED = _event("error", error_body("server_error", "Internal server error."))
 BUSY = f"retry: {BUSY_RETRY_AFTER * 1000}\n".encode() + _event(
     "error", error_body("database_busy", BUSY_MESSAGE)
 )
+# A poll whose database connection failed (``is_unavailable``): the same, with its 503.
+UNAVAILABLE = f"retry: {UNAVAILABLE_RETRY_AFTER * 1000}\n".encode() + _event(
+    "error", error_body("database_unavailable", UNAVAILABLE_MESSAGE)
+)
 
 
 def _failed(job_id: Any, exc: Exception) -> bytes:
     if is_busy(exc):
         logger.warning("Progress stream of job %s stopped: database busy: %s", job_id, exc)
         return BUSY
+    if is_unavailable(exc):
+        logger.warning("Progress stream of job %s stopped: database unavailable: %s", job_id, one_line(exc))
+        return UNAVAILABLE
     logger.exception("Progress stream of job %s stopped on an error", job_id)
     return FAILED
 

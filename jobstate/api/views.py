@@ -362,7 +362,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         "whose `Last-Event-ID` is a finished job's final event gets 204 (an EventSource stops reconnecting). "
         "Access is checked again every few seconds: once the credentials or the job's visibility are "
         "gone, an `error` event (the 401 or 404 error body) closes the stream; a poll the database is "
-        "too busy for sends the 503 `database_busy` body as an `error` event, with `retry: 1000`.",
+        "too busy for sends the 503 `database_busy` body as an `error` event, with `retry: 1000`; "
+        "one whose database connection failed, the 503 `database_unavailable` body, with `retry: 5000`.",
         responses={
             (200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream."),
             204: OpenApiResponse(description="The job has finished and the client has its final event."),
