@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from jobstate import services
 from jobstate.models import Asset
-from tests.admin_support import grant, processing
+from tests.admin_support import expired, grant, processing
 from tests.api_support import client_for
 
 pytestmark = pytest.mark.django_db
@@ -344,3 +344,94 @@ def test_the_asset_list_and_page_mark_a_lost_attempt_s_files(admin_client: Any) 
     assert "1, lost" in page and 'class="js-lost"' in page
     page = admin_client.get(reverse("admin:jobstate_asset_change", args=[result.pk])).content.decode()
     assert 'class="js-lost"' not in page
+
+
+def assets_of_every_attempt_case() -> dict[str, Asset]:
+    """One asset of each case, made through the services: stored without a lease, by
+    the running attempt, by a finished attempt, by an attempt its worker failed and
+    retried (kept), by an attempt requeued or failed by an operator, and by a reaped one."""
+    _job, requeued, no_lease, running = a_job_with_a_lost_attempt()
+    retried = processing()
+    kept = services.add_asset(
+        retried, asset_type="log", name="try.log", content=b"x", token=retried.lease_token
+    )
+    services.fail(retried, retried.lease_token, "flaky", retry_delay=0)
+    retried = services.start(retried, "w-2")
+    finished = services.add_asset(
+        retried, asset_type="report", name="done.csv", content=b"y", token=retried.lease_token
+    )
+    services.complete(retried, retried.lease_token, {"ok": True})
+    forced = processing()
+    force_failed = services.add_asset(
+        forced, asset_type="report", name="forced.csv", content=b"z", token=forced.lease_token
+    )
+    services.force_fail(forced, "ops", "stuck")
+    dead = expired()
+    reaped = services.add_asset(
+        dead, asset_type="report", name="dead.csv", content=b"d", token=dead.lease_token
+    )
+    services.requeue_expired()
+    assets = {
+        "no lease": no_lease,
+        "running": running,
+        "retried by its worker": kept,
+        "finished": finished,
+        "requeued by an operator": requeued,
+        "failed by an operator": force_failed,
+        "reaped": reaped,
+    }
+    return {case: Asset.objects.get(pk=asset.pk) for case, asset in assets.items()}
+
+
+def listed_attempts(html: str) -> dict[str, str]:
+    """The asset list's rows: asset id to its *attempt* cell."""
+    ids = re.findall(r'<th class="field-name"><a href="/[^"]*/jobstate/asset/([^/]+)/change/', html)
+    return dict(zip(ids, cells(html, "attempt_display"), strict=True))
+
+
+def test_the_asset_list_filters_the_results_or_the_lost_attempts(admin_client: Any) -> None:
+    # An operator cleaning storage wants the files of lost attempts, which the API and
+    # `jobstate show` leave out; the list had no way to find them, nor to hide them.
+    assets = assets_of_every_attempt_case()
+    lost = {"requeued by an operator", "failed by an operator", "reaped"}
+    assert {case for case, asset in assets.items() if asset.attempt_lost} == lost
+    html = admin_client.get(LIST).content.decode()
+    every = listed_attempts(html)
+    assert set(every) == {str(asset.pk) for asset in assets.values()}
+    assert "?attempt=results" in html and "?attempt=lost" in html
+    results = listed_attempts(admin_client.get(f"{LIST}?attempt=results").content.decode())
+    gone = listed_attempts(admin_client.get(f"{LIST}?attempt=lost").content.decode())
+    # The filter, the column's "N, lost" and the API's results agree on every case.
+    assert set(results) == {str(a.pk) for case, a in assets.items() if case not in lost}
+    assert set(results) == {str(pk) for pk in Asset.objects.visible().values_list("pk", flat=True)}
+    assert set(gone) == {str(a.pk) for case, a in assets.items() if case in lost}
+    assert not any(label.endswith(", lost") for label in results.values()), results
+    assert all(label.endswith(", lost") for label in gone.values()), gone
+    assert {**results, **gone} == every
+    job = assets["requeued by an operator"].job_id
+    one_job = listed_attempts(admin_client.get(f"{LIST}?attempt=lost&job={job}").content.decode())
+    assert one_job == {str(assets["requeued by an operator"].pk): "1, lost"}
+    response = admin_client.get(f"{LIST}?attempt=all")  # not a choice: the filters reset
+    assert response.status_code == 302 and response["Location"].endswith("?e=1")
+
+
+def test_the_asset_list_s_queries_do_not_grow_with_its_rows_or_its_filter(admin_client: Any) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(url: str) -> int:
+        admin_client.get(url)  # warm the session
+        with CaptureQueriesContext(connection) as seen:
+            assert admin_client.get(url).status_code == 200
+        return len(seen.captured_queries)
+
+    assets_of_every_attempt_case()
+    urls = ("", "?type=report", "?attempt=results", "?attempt=lost", "?attempt=lost&type=report")
+    few = {query: queries(f"{LIST}{query}") for query in urls}
+    for _ in range(3):
+        assets_of_every_attempt_case()
+    many = {query: queries(f"{LIST}{query}") for query in urls}
+    assert many == few, few
+    # As any other filter does (a filtered list runs in a savepoint: SafeChangeList).
+    assert few["?attempt=results"] == few["?attempt=lost"] == few["?type=report"], few
+    assert few["?attempt=lost&type=report"] == few["?type=report"], few

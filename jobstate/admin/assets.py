@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db.models import QuerySet
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
@@ -38,6 +39,26 @@ class AssetTypeFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(asset_type=value)
 
 
+class AttemptFilter(admin.SimpleListFilter):
+    """The jobs' results (what the API lists: ``Asset.objects.visible()``), or the files
+    of lost attempts (what an operator cleaning storage looks for): by the asset's own
+    ``attempt_lost`` flag, which the *attempt* column's "N, lost" shows, so no join."""
+
+    title = "attempt"
+    parameter_name = "attempt"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [("results", "Results"), ("lost", "Lost attempts")]
+
+    def queryset(self, request: Any, queryset: QuerySet[Asset]) -> QuerySet[Asset]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in ("results", "lost"):
+            raise IncorrectLookupParameters(f"Unknown attempt filter '{value}'")
+        return queryset.filter(attempt_lost=value == "lost")
+
+
 class AssetJobFilter(JobIdFilter):
     """Assets of one job (reached from the job page)."""
 
@@ -55,7 +76,12 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
         "attempt_display",
         "download",
     )
-    list_filter = (AssetTypeFilter, AssetJobFilter, ("created_at", admin.DateFieldListFilter))
+    list_filter = (
+        AssetTypeFilter,
+        AttemptFilter,
+        AssetJobFilter,
+        ("created_at", admin.DateFieldListFilter),
+    )
     list_select_related = ("job", "owner")
     search_fields = ()
     ordering = ("-created_at",)
