@@ -10,18 +10,20 @@ changes, transactions) is in test_tasks_running.py. The worker there is
 
 from __future__ import annotations
 
+import copy
 import sys
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobstate import registry, services
-from jobstate.models import Job
+from jobstate.models import Job, JobEvent
 from jobstate.tasks import JobstateBackend, JobstateTask
 from jobstate.tasks.compat import (
     InvalidTask,
@@ -29,7 +31,9 @@ from jobstate.tasks.compat import (
     TaskResultStatus,
     task_backends,
 )
-from jobstate.tasks.exceptions import TaskUnavailable
+from jobstate.tasks.exceptions import OperatorFailed, TaskUnavailable
+from jobstate.tasks.results import history, with_history
+from jobstate.worker.runner import run_job
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
 from tests.tasks_support import run_all
@@ -243,6 +247,112 @@ def test_refresh_reads_the_worker_outcome():
     assert result.errors == []
     async_to_sync(result.arefresh)()
     assert result.return_value == 42
+
+
+def failed_once_the_first_statement_ran(job_id: str) -> Any:
+    """An execute wrapper: an operator fails the job as soon as the first statement has
+    run (between the reads of a TaskResult made of more than one)."""
+    ran: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not ran:
+            ran.append(sql)
+            services.force_fail(job_id, actor="admin", reason="enough")
+        return result
+
+    return wrapper
+
+
+def reserved() -> Any:
+    """A task job a worker cluster reserved (claimed, not begun): its history is read."""
+    result = t.noop_task.enqueue()
+    services.claim("w", limit=1)
+    return result
+
+
+def retried() -> Any:
+    """A task job on its second attempt, the first one failed: its history is read."""
+    result = jt.flaky.enqueue("m")
+    with transaction.atomic():  # one attempt only: the retry is due at once, so claim it by hand
+        services.claim("w1", limit=1)
+    run_job(Job.objects.get(pk=result.id), "w1")
+    services.claim("w2", limit=1, start=True)
+    return result
+
+
+def read_by_refresh(result: Any) -> Any:
+    result = copy.copy(result)
+    result.refresh()
+    return result
+
+
+def read_by_arefresh(result: Any) -> Any:
+    result = copy.copy(result)
+    async_to_sync(result.arefresh)()
+    return result
+
+
+@pytest.mark.parametrize("job", [reserved, retried])
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda result: default_task_backend.get_result(result.id),
+        lambda result: async_to_sync(default_task_backend.aget_result)(result.id),
+        read_by_refresh,
+        read_by_arefresh,
+    ],
+    ids=["get_result", "aget_result", "refresh", "arefresh"],
+)
+def test_a_task_result_is_one_committed_state_of_its_job(job, read):
+    # Read in two statements, the job's status was from before the operator's fail and
+    # its errors (from the history) from after: a result the job never had.
+    result = job()
+    before = default_task_backend.get_result(result.id)
+    with connection.execute_wrapper(failed_once_the_first_statement_ran(result.id)):
+        seen = read(result)
+    after = default_task_backend.get_result(result.id)
+    assert after.status == TaskResultStatus.FAILED and after.errors[-1].exception_class is OperatorFailed
+    assert seen in (before, after)
+
+
+def test_enqueue_returns_one_committed_state_of_the_job_it_found():
+    first = jt.sync_account.enqueue(7)
+    services.claim("w", limit=1)  # reserved: the job found again is read with its history
+
+    def fail_before_the_history_is_read(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if JobEvent._meta.db_table in sql and sql.lstrip().upper().startswith("SELECT") and not failed:
+            failed.append(services.force_fail(first.id, actor="admin", reason="enough"))
+        return execute(sql, params, many, context)
+
+    failed: list[Job] = []
+    with connection.execute_wrapper(fail_before_the_history_is_read):
+        again = jt.sync_account.enqueue(7)
+    assert failed and again.id == first.id
+    assert again == default_task_backend.get_result(first.id)
+    assert again.status == TaskResultStatus.FAILED
+
+
+@pytest.mark.parametrize("job", [reserved, retried])
+def test_get_result_and_refresh_are_one_query_each(job):
+    result = job()
+    with CaptureQueriesContext(connection) as queries:
+        default_task_backend.get_result(result.id)
+        result.refresh()
+    assert len(queries) == 2
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_the_history_read_with_the_job_is_the_history_queried(settings, use_tz):
+    # with_history reads the times as JSON text: naive or aware as Django reads the column.
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, "Asia/Kolkata"
+    result = retried()
+    read = history(with_history(Job.objects.filter(pk=result.id)).get())
+    queried = history(Job.objects.get(pk=result.id))
+    assert [row[0] for row in read] == ["enqueue", "claim", "requeue", "claim"]
+    assert read[2][3]["error_type"] == "RuntimeError"
+    assert read == queried
+    assert all(timezone.is_aware(row[4]) is use_tz for row in read)
 
 
 # -- validation --------------------------------------------------------------------

@@ -40,7 +40,7 @@ from jobstate.tasks.handlers import register
 from jobstate.tasks.missing import enqueued_as_task, unavailable
 from jobstate.tasks.options import KEY_TEXT, kind_of, option, storable_key, validate_options
 from jobstate.tasks.rebuild import rebuild_task, task_for_kind
-from jobstate.tasks.results import build_result
+from jobstate.tasks.results import build_result, needs_history, with_history
 from jobstate.tasks.task_types import JobstateTask
 
 
@@ -102,6 +102,8 @@ class JobstateBackend(BaseTaskBackend):
             result = build_result(job, rebuild_task(task, job), events=[])
             task_enqueued.send(type(self), task_result=result)
             return result
+        if needs_history(job):  # the job again, with its history: one state of both
+            job = with_history(Job.objects.select_related("owner").filter(pk=job.pk)).first() or job
         return build_result(job, rebuild_task(task, job))
 
     def check_job(self, task: Task[..., Any], args: Iterable[Any], kwargs: dict[str, Any]) -> None:
@@ -134,7 +136,7 @@ class JobstateBackend(BaseTaskBackend):
             pk = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.select_related("owner").filter(pk=pk).first()
+        job = with_history(Job.objects.select_related("owner").filter(pk=pk)).first()
         if job is None:
             raise TaskResultDoesNotExist(result_id)
         task = task_for_kind(job.kind)

@@ -28,7 +28,7 @@ from jobstate.tasks.compat import (
 from jobstate.tasks.exceptions import UnstorableResult
 from jobstate.tasks.options import kind_of, option
 from jobstate.tasks.rebuild import rebuild_task, spec_of
-from jobstate.tasks.results import build_result
+from jobstate.tasks.results import build_result, with_history
 from jobstate.tasks.task_types import JobstateTaskContext
 
 # The ``jobstate.worker.context.JobContext`` a worker passes to handlers. Not
@@ -184,7 +184,7 @@ def on_transition(change: Any) -> None:
         return
 
     def send() -> None:
-        job = Job.objects.filter(pk=change.job_id).first()
+        job = with_history(Job.objects.filter(pk=change.job_id)).first()
         if job is not None:
             task_finished.send(attempt.sender, task_result=build_result(job, attempt.task))
 
