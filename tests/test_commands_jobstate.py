@@ -245,6 +245,22 @@ def test_kinds_prints_whole_seconds_without_a_fraction(temp_handler: Any) -> Non
     assert "timeout=0.5s" in half and "retry_backoff=2.5s" in half
 
 
+def test_kinds_says_who_may_start_each_kind_through_the_api(temp_handler: Any) -> None:
+    # The API answers unknown_kind for a registered kind it may not start, and the docs
+    # send the developer to `jobstate kinds`, which listed the kind without its api policy.
+    temp_handler("test.internal")
+    temp_handler("test.public", api=True)
+    temp_handler("test.by_perm", api="jobstate.view_job")
+    lines = run("jobstate", "kinds")[0].splitlines()
+    shown = {
+        name: lines[lines.index(name) + 1].split(", ")
+        for name in ("test.internal", "test.public", "test.by_perm")
+    }
+    assert "api=False" in shown["test.internal"]
+    assert "api=True" in shown["test.public"]
+    assert "api='jobstate.view_job'" in shown["test.by_perm"]
+
+
 @pytest.mark.parametrize("action", ["cancel", "retry", "show"])
 def test_bad_and_unknown_ids(action: str) -> None:
     assert refused("jobstate", action, "12ab").startswith("'12ab' is not a job id")

@@ -139,6 +139,7 @@ class Command(PipedCommand):
                 f"max_attempts={spec.max_attempts or default_attempts}",
                 f"timeout={_seconds(spec.timeout or default_timeout)}",
                 f"concurrency={spec.concurrency or 'unlimited'}",
+                f"api={spec.api!r}",  # the API refuses a kind it may not start as unknown
             ]
             if spec.retry_backoff is not None:
                 backoff = spec.retry_backoff
