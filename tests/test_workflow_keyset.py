@@ -113,7 +113,9 @@ def test_keyset_chunks_give_the_rows_in_the_order_offset_chunks_give(
     assert chunks.keyset is not None
     assert rows == expected(qs) and len(rows) == 41
     queries = sql_of(lambda: read(qs, 4))
-    assert len(queries) == 11 and not any("OFFSET" in q.upper() for q in queries), queries
+    # Its last row (the read's bound), then 11 chunks.
+    assert len(queries) == 12 and queries[0].upper().endswith("LIMIT 1"), queries
+    assert not any("OFFSET" in q.upper() for q in queries), queries
     monkeypatch.setattr(keyset, "plan", lambda qs: None)
     assert read(qs, 4)[0] == rows  # the OFFSET path
 
@@ -155,6 +157,48 @@ def test_a_stored_position_resumes_after_its_row(name: str, cut: int) -> None:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("ledger")
+@pytest.mark.parametrize("name", KEYSET)
+def test_upto_a_rows_values_gives_the_rows_up_to_that_row(name: str) -> None:
+    if name == "meta":
+        Effect.objects.bulk_create(Effect(job_id=uuid.uuid4(), label="x", item=i) for i in range(41))
+    qs = items.by_pk_last(KEYSET[name]())
+    plan = keyset.plan(qs)
+    assert plan is not None
+    every = expected(qs)
+    for cut in (0, 1, 13, 27, 40):
+        assert list(qs.filter(keyset.upto(plan, plan.key(every[cut])))) == every[: cut + 1]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("ledger")
+def test_rows_added_after_the_last_row_while_it_is_read_are_not_read_nor_after_a_resume() -> None:
+    """The read stops at the row that was last when it began; its position keeps that
+    row's values, so a resume (even after more rows came) stops there too."""
+    qs = Ledger.objects.order_by("name")
+    every = expected(qs)
+
+    def add() -> None:
+        Ledger.objects.create(name="c", amount=1, day=date(2024, 1, 1), code=uuid.uuid4())  # ties, pk after
+        Ledger.objects.create(name="d", amount=1, day=date(2024, 1, 1), code=uuid.uuid4())
+
+    chunks = items.rows_from(qs, 0, 1)
+    assert isinstance(chunks, items.Chunks)
+    chunks.size = 4
+    assert chunks.count() == 41
+    it = iter(chunks)
+    head = [next(it) for _ in range(13)]
+    add()
+    stored = json.loads(json.dumps(chunks.position()))
+    assert head + list(it) == every
+    add()
+    resumed = items.rows_from(qs, 13, 1, stored)
+    assert isinstance(resumed, items.Chunks)
+    resumed.size = 4
+    assert resumed.count() == 41 and head + list(resumed) == every
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("ledger")
 def test_a_checkpoint_without_a_position_or_for_another_ordering_resumes_by_offset() -> None:
     """A cursor written before keyset reading (the item count only) still resumes at
     its row: the first chunk by OFFSET, the next ones by keyset."""
@@ -168,7 +212,8 @@ def test_a_checkpoint_without_a_position_or_for_another_ordering_resumes_by_offs
     elsewhere = {**(chunks.position() or {}), "order": "tests.Ledger:name,id"}
     for stored in (None, elsewhere, {**elsewhere, "at": 12}, {"at": 13, "order": chunks.keyset.signature}):
         queries = sql_of(lambda: read(qs, 4, 13, stored))  # noqa: B023
-        assert "OFFSET 13" in queries[0].upper() and not any("OFFSET" in q.upper() for q in queries[1:])
+        assert queries[0].upper().endswith("LIMIT 1")  # its bound, not in a position for it
+        assert "OFFSET 13" in queries[1].upper() and not any("OFFSET" in q.upper() for q in queries[2:])
         assert read(qs, 4, 13, stored)[0] == every[13:]
 
 
@@ -218,6 +263,10 @@ def test_a_crashed_walk_resumes_after_its_last_row_without_gap_or_repeat(old_che
     assert done == [r.pk for r in Ledger.objects.order_by("name", "-at", "pk")]
     reads = [q for q in queries if "tests_ledger" in q and "COUNT(" not in q.upper()]
     offsets = [q for q in reads if "OFFSET" in q.upper()]
+    # Without a stored position, its bound is read again first (its last row).
+    bound = [q for q in reads if q.upper().endswith("LIMIT 1")]
+    assert bound == (reads[:1] if old_checkpoint else []), reads
+    reads = reads[len(bound) :]
     assert len(reads) == 6 and offsets == (reads[:1] if old_checkpoint else []), reads
     state = jobstate.workflows.state(job)
     assert items.READ_AFTER not in state["steps"][0]["detail"]  # bookkeeping, not shown

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.db.models import Count, F
+from django.db.models.functions import Lower
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -50,6 +51,8 @@ class ReadRows(jobstate.Workflow):
             try:
                 for row in walk(ctx, rows):
                     Effect.objects.create(job_id=ctx.job.pk, label="item", item=row.item)
+                    if ctx.parameters.get("grow") and row.item < 12:  # the rows' table grows
+                        Effect.objects.create(job_id=ROWS, label="row", item=100 + row.item)
                     if row.item == 23 and ctx.step_attempt == 1:
                         Seen.message.append(Job.objects.get(pk=ctx.job.pk).progress_message)
                         raise SimulatedCrash("load")
@@ -104,8 +107,10 @@ def assert_read_in_chunks() -> None:
     counts = [q for q in Seen.queries if "COUNT(" in q.upper()]
     reads = [q for q in Seen.queries if "COUNT(" not in q.upper()]
     assert len(counts) == 2  # one per attempt
-    # Attempt 1: rows 0-9, 10-19, 20-29 (crash at 23); attempt 2: 20-29, 30-34.
-    assert len(reads) == 5 and all("LIMIT 10" in q.upper() for q in reads), reads
+    # Attempt 1: the last row (the read's bound, stored with the checkpoints), rows 0-9,
+    # 10-19, 20-29 (crash at 23); attempt 2: 20-29, 30-34.
+    assert reads[0].upper().endswith("LIMIT 1"), reads
+    assert len(reads) == 6 and all("LIMIT 10" in q.upper() for q in reads[1:]), reads
     assert Seen.unevaluated == [True]
 
 
@@ -123,6 +128,53 @@ def test_batches_read_a_queryset_in_chunks_and_resume_at_the_cursor() -> None:
     assert job.status == Status.COMPLETED and job.result == 35
     assert ran(job) == list(range(35))  # the crashed batch was rolled back
     assert_read_in_chunks()
+
+
+@pytest.mark.usefixtures("workflow")
+@pytest.mark.parametrize("atomic", [False, True])
+def test_rows_added_while_a_queryset_is_walked_are_left_out_on_every_attempt(atomic: bool) -> None:
+    """The loop walks the rows that matched when it began (up to the last one's ordering
+    values): the 12 rows the step adds, and one added before the resume, came after
+    them and were walked too, 48 items of a total of 35."""
+    job = services.enqueue("t.rows", {"grow": True, "atomic": atomic})
+    with pytest.raises(SimulatedCrash):
+        drain()
+    assert Seen.message == ["20/35"]
+    Effect.objects.create(job_id=ROWS, label="row", item=200)
+    assert services.requeue_expired(now=timezone.now() + timedelta(hours=1)).requeued == [job.pk]
+    run_job(services.start(job.pk, "w2"), "w2")
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.result == 35, job.error_message
+    assert ran(job) == (list(range(35)) if atomic else [*range(24), *range(20, 35)])
+    assert JobStep.objects.get(job_id=job.pk, name="load").cursor == 35
+
+
+class ReadGrowing(jobstate.Workflow):
+    @jobstate.step(batch=10)
+    def load(self, ctx: Any) -> int:
+        rows = Effect.objects.filter(job_id=ROWS).order_by(Lower("label"), "pk")  # read with OFFSET
+        for row in ctx.iterate(rows):
+            if row.item < 12:
+                Effect.objects.create(job_id=ROWS, label="row", item=100 + row.item)
+            Seen.message.append(Job.objects.get(pk=ctx.job.pk).progress_message)
+        return int(ctx.cursor)
+
+
+@pytest.mark.usefixtures("workflow")
+def test_a_queryset_read_with_offset_that_grows_never_shows_more_done_than_its_total() -> None:
+    """Not bounded (no keyset), it walks the rows added after its end too: its total
+    grows with them (``40/40``), where it showed 40/35."""
+    jobstate.workflow("t.growing", max_attempts=1)(ReadGrowing)
+    try:
+        job = services.enqueue("t.growing", {})
+        drain()
+    finally:
+        registry.unregister("t.growing")
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED and job.result == 47, job.error_message
+    shown = [tuple(map(int, m.split("/"))) for m in Seen.message if "/" in m]
+    assert shown and all(done <= total for done, total in shown), shown
+    assert (Seen.message[10], Seen.message[-1]) == ("10/35", "40/40")
 
 
 @pytest.mark.usefixtures("workflow")
@@ -214,9 +266,13 @@ def test_a_queryset_ordered_with_ties_is_read_once_per_row_in_chunks(order: str,
     assert job.status == Status.COMPLETED and job.result == len(expected)
     seen = sorted(Effect.objects.filter(job_id=job.pk).values_list("label", flat=True))
     assert seen == sorted(expected)  # every row exactly once
-    assert len(Seen.queries) == len(expected) // 4 + 1
     pk = f'"{tied(order).model._meta.db_table}"."id"'
-    assert all(re.search(rf"ORDER BY .*, {re.escape(pk)} ASC LIMIT", q) for q in Seen.queries), Seen.queries
+    chunks = Seen.queries
+    if order in ("label", "meta"):  # read by keyset: its last row first, the read's bound
+        bound, *chunks = Seen.queries
+        assert re.search(rf"ORDER BY .*, {re.escape(pk)} DESC LIMIT 1$", bound), bound
+    assert len(chunks) == len(expected) // 4 + 1
+    assert all(re.search(rf"ORDER BY .*, {re.escape(pk)} ASC LIMIT", q) for q in chunks), chunks
 
 
 def test_the_pk_is_appended_to_an_ordering_unless_it_ends_with_it_or_would_change_the_rows() -> None:

@@ -173,6 +173,8 @@ class StepContext:
     def _done(self, done: int, total: int | None, read_after: Any = None) -> None:
         """Checkpoint ``done`` items; ``read_after``: where a keyset read stands then.
         The spawns made for those items are stored with it (``workflows.spawns``)."""
+        if total is not None:  # items added while the loop runs, where it cannot leave them out
+            total = max(total, done)
         percent = 100 * done / total if total else None
         message = f"{done}/{total}" if total else f"{done} done"
         detail: dict[str, Any] = {READ_AFTER: read_after} if read_after is not None else {}
@@ -209,9 +211,9 @@ class StepContext:
         """
         every = self._every(every)
         start = done = self._index()
-        total = length(items)
-        self._iterating(start)
         rows = rows_from(items, start, every, self._read_after)
+        total = length(items, rows)
+        self._iterating(start)
         for item in rows:
             yield item
             done += 1
@@ -226,9 +228,9 @@ class StepContext:
         for work in this database); otherwise the checkpoint follows each batch."""
         size = self._every(size)
         done = self._index()
-        total = length(items)
-        self._iterating(done)
         rows = rows_from(items, done, size, self._read_after)
+        total = length(items, rows)
+        self._iterating(done)
         it = iter(rows)
         while chunk := list(islice(it, size)):
             batch = Batch(self, chunk, done, total, position_of(rows))

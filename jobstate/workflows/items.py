@@ -5,7 +5,9 @@ after the last row's ordering values (``workflows.keyset``) where that is exact,
 an OFFSET otherwise. ``Chunks.position`` is what a checkpoint stores (in the step's
 ``detail``, as ``READ_AFTER``) for a resume to continue after the same row; a resume
 without it (a checkpoint written by an older release, another ordering) starts with
-an OFFSET of the cursor's item count.
+an OFFSET of the cursor's item count. Read by keyset, a QuerySet is counted and read
+only up to its last row when the loop began (``keyset.upto``; kept in the position):
+rows added after it while the step runs are not walked.
 
 The chunks are ordered on the primary key last (``by_pk_last``): ordered on a field with
 equal values (``-created_at``, ``status``), PostgreSQL may return the rows that tie
@@ -36,10 +38,11 @@ READ_CHUNK = 1000
 READ_AFTER = "read_after"
 
 
-def length(items: Iterable[Any]) -> int | None:
-    """The number of items, or None when only iterating them would tell."""
-    if _unread(items):
-        return items.count()
+def length(items: Iterable[Any], rows: Iterable[Any]) -> int | None:
+    """The number of items (``rows``: ``rows_from``'s of them), or None when only
+    iterating them would tell."""
+    if isinstance(rows, Chunks):
+        return rows.count()
     try:
         return len(items)  # type: ignore[arg-type]
     except TypeError:
@@ -113,7 +116,8 @@ def position_of(rows: Iterable[Any]) -> dict[str, Any] | None:
 
 
 class Chunks:
-    """A QuerySet's rows from the ``start``-th on, ``size`` a query."""
+    """A QuerySet's rows from the ``start``-th on, ``size`` a query; read by keyset, up
+    to its last row when the read began (``until``, kept in the position for a resume)."""
 
     def __init__(self, queryset: QuerySet[Any], start: int, size: int, stored: Any) -> None:
         self.queryset = queryset
@@ -122,6 +126,8 @@ class Chunks:
         self.keyset = keyset.plan(queryset)
         self._last: tuple[Any, ...] | None = None  # the ordering values of the last row handed out
         self._after: tuple[Any, ...] | None = None
+        self._until: tuple[Any, ...] | None = None
+        self._bounded: QuerySet[Any] | None = None
         plan = self.keyset
         if (
             plan
@@ -129,14 +135,33 @@ class Chunks:
             and (stored.get("at"), stored.get("order")) == (start, plan.signature)
         ):
             self._after = keyset.decode(plan, stored.get("after"))
+            self._until = keyset.decode(plan, stored.get("until"))
+
+    def rows(self) -> QuerySet[Any]:
+        """The queryset bounded by ``until`` (taken from its last row, one query, unless
+        a stored position gave it); as it is when read with OFFSET."""
+        if self._bounded is None:
+            plan, until, self._bounded = self.keyset, self._until, self.queryset
+            if plan is not None and until is None:
+                last = list(self.queryset.reverse()[:1])
+                if not last:  # nothing matched when the read began
+                    self._bounded = self.queryset.none()
+                    return self._bounded
+                until = self._until = plan.key(last[0])
+            if plan is not None and until is not None:
+                self._bounded = self.queryset.filter(keyset.upto(plan, until))
+        return self._bounded
+
+    def count(self) -> int:
+        return self.rows().count()
 
     def __iter__(self) -> Iterator[Any]:
-        offset, after, plan = self.done, self._after, self.keyset
+        offset, after, plan, bounded = self.done, self._after, self.keyset, self.rows()
         while True:
             if plan is not None and after is not None:
-                rows = list(self.queryset.filter(keyset.after(plan, after))[: self.size])
+                rows = list(bounded.filter(keyset.after(plan, after))[: self.size])
             else:
-                rows = list(self.queryset[offset : offset + self.size])
+                rows = list(bounded[offset : offset + self.size])
             # Taken as read: the step may change a row's fields before the checkpoint.
             keys = [plan.key(row) for row in rows] if plan is not None else []
             for i, row in enumerate(rows):
@@ -155,4 +180,5 @@ class Chunks:
         values = keyset.encode(self._last)
         if values is None:
             return None
-        return {"at": self.done, "order": self.keyset.signature, "after": values}
+        until = keyset.encode(self._until) if self._until is not None else None
+        return {"at": self.done, "order": self.keyset.signature, "after": values, "until": until}

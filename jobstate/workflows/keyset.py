@@ -12,6 +12,7 @@ no DISTINCT ON, union or slice. NULLs sort as the backend sorts them
 ``nulls_first``/``nulls_last`` say. ``plan`` answers None for any other queryset:
 it is read with OFFSET.
 
+``upto`` bounds a read to the rows up to the last one when it began (``items.Chunks``).
 A resume after a crash continues after the values ``encode`` stored (JSON;
 datetimes to the microsecond, decimals and UUIDs as text) and ``decode`` gives back."""
 
@@ -21,7 +22,7 @@ import datetime
 import decimal
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
@@ -200,6 +201,16 @@ def after(keyset: Keyset, values: Sequence[Any]) -> Q:
     if first.nulls_last and first.field.null:
         lead |= Q(**{f"{first.name}__isnull": True})
     return lead & rest
+
+
+def upto(keyset: Keyset, values: Sequence[Any]) -> Q:
+    """The rows up to ``values`` (a row's, the pk last) in the keyset's order, that row
+    included: the rows strictly after them in the reversed order, or that row."""
+    flipped = tuple(
+        replace(t, descending=not t.descending, nulls_last=not t.nulls_last) for t in keyset.terms
+    )
+    pk = keyset.terms[-1]
+    return after(replace(keyset, terms=flipped), values) | Q(**{pk.name: values[-1]})
 
 
 def _beyond(term: Term, value: Any) -> Q | None:
