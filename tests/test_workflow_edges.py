@@ -4,6 +4,7 @@ stored; a failure while a cancel is pending. (From a review: each test failed be
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -15,8 +16,9 @@ from jobstate.exceptions import Interrupted, NonRetryable, Partial
 from jobstate.models import Job, JobStep
 from jobstate.states import Status
 from jobstate.worker.runner import drain
-from jobstate.workflows import step_undos
+from jobstate.workflows import items, step_undos
 from jobstate.workflows import steps as wf_steps
+from tests.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -362,5 +364,77 @@ def test_a_second_iteration_in_a_step_is_refused_instead_of_skipping_items(secon
         registry.unregister("t.edge_twice")
     job.refresh_from_db()
     assert (job.status, job.attempts) == (Status.FAILED, 1)
+    assert "iterates once" in job.error_message and "of loop 1, loop 2 would skip" in job.error_message
+    assert seen == ["a1", "a2", "a3"]
+
+
+def nothing(how: str) -> Any:
+    """An empty loop of each kind: a list, an iterator (no length), a QuerySet, batches."""
+    if how == "generator":
+        return (x for x in ())
+    if how == "queryset":
+        return Effect.objects.filter(job_id=uuid.uuid4()).order_by("pk")
+    return []
+
+
+@pytest.mark.parametrize("first", ["list", "generator", "queryset", "batches"])
+def test_a_loop_over_nothing_leaves_the_steps_iteration_to_the_next_loop(first):
+    # The empty loop took the step's one iteration, and the loop after it was refused,
+    # though nothing had been checkpointed. Failed after its checkpoint at b2, the step
+    # runs again: the empty loop walks nothing again, the next one resumes at b3.
+    seen: list[Any] = []
+
+    class EmptyFirst(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> Any:
+            empty = nothing(first)
+            for x in ctx.batches(empty) if first == "batches" else ctx.iterate(empty):
+                seen.append(x)
+            for y in ctx.iterate(["b1", "b2", "b3", "b4", "b5"], every=2):
+                seen.append(y)
+                if y == "b4" and ctx.step_attempt == 1:
+                    raise RuntimeError("b4")
+            for z in ctx.iterate([]):  # nothing to resume either: allowed after the iteration
+                seen.append(z)
+            return ctx.cursor
+
+    jobstate.workflow("t.edge_empty_first", max_attempts=2, retry_backoff=0)(EmptyFirst)
+    try:
+        job = services.enqueue("t.edge_empty_first", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_empty_first")
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.result) == (Status.COMPLETED, 2, 5), job.error_message
+    assert seen == ["b1", "b2", "b3", "b4", "b3", "b4", "b5"]
+    assert JobStep.objects.get(job_id=job.pk, name="a").detail[items.LOOP] == 1  # the second loop's cursor
+    assert items.LOOP not in jobstate.workflows.state(job)["steps"][0]["detail"]  # bookkeeping, not shown
+
+
+def test_a_resumed_loop_that_is_not_the_one_that_checkpointed_is_refused():
+    # The first loop checkpointed at a2 and failed; run again, it has no items left (a
+    # queryset of the rows still to do, say), and the second loop would have resumed
+    # at the first one's count: b1 and b2 skipped, and the step completed.
+    seen: list[Any] = []
+
+    class Shrinks(jobstate.Workflow):
+        @jobstate.step()
+        def a(self, ctx: Any) -> None:
+            for x in ctx.iterate(["a1", "a2", "a3"] if ctx.step_attempt == 1 else [], every=1):
+                seen.append(x)
+                if x == "a3":
+                    raise RuntimeError("a3")
+            for y in ctx.iterate(["b1", "b2", "b3", "b4", "b5"]):
+                seen.append(y)
+
+    jobstate.workflow("t.edge_shrinks", max_attempts=3, retry_backoff=0)(Shrinks)
+    try:
+        job = services.enqueue("t.edge_shrinks", {})
+        drain()
+    finally:
+        registry.unregister("t.edge_shrinks")
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.FAILED, 2)
     assert "iterates once" in job.error_message
+    assert "counts 2 items of loop 1, loop 2 is the first with items now" in job.error_message
     assert seen == ["a1", "a2", "a3"]

@@ -20,7 +20,7 @@ from jobstate.exceptions import CancelRequested, NonRetryable, UnknownKind
 from jobstate.models import Asset, Job, JobStep
 from jobstate.storable import text
 from jobstate.workflows import spawns, step_waits, steps
-from jobstate.workflows.items import READ_AFTER, length, position_of, rows_from
+from jobstate.workflows.items import LOOP, READ_AFTER, position_of, walk
 from jobstate.workflows.spawns import REUSED, ChildSpec
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class StepContext:
         self.outputs: Mapping[str, Any] = MappingProxyType(dict(run.outputs))
         self.spawned: list[ChildSpec] = []
         self._iterated: int | None = None  # where in ``spawned`` the iteration's spawns begin
+        self._loops = 0  # the iterate/batches loops begun, over nothing or not (``_iterating``)
+        self._loop = 0  # which of them is the step's iteration
         self._saved = 0  # how many of the iteration's spawns are stored (``spawns.Stored``)
         self._fresh = True  # no checkpoint of this attempt stored spawns yet
 
@@ -178,6 +180,8 @@ class StepContext:
         percent = 100 * done / total if total else None
         message = f"{done}/{total}" if total else f"{done} done"
         detail: dict[str, Any] = {READ_AFTER: read_after} if read_after is not None else {}
+        if self._loop or LOOP in self._stored:  # (absent: 0, the first loop)
+            detail[LOOP] = self._loop
         stored = None
         if self._iterated is not None and len(self.spawned) > self._iterated:
             new = self.spawned[self._iterated + self._saved :]  # only those made since the last one
@@ -186,19 +190,34 @@ class StepContext:
         if stored is not None:
             self._saved, self._fresh = stored.first + len(stored.new), False
 
-    def _iterating(self, start: int) -> None:
-        """An iteration begins at item ``start``: the spawns an earlier attempt made for
-        the items before it (stored with the checkpoint it resumes from) come back here.
-        One per step run: the cursor counts the items of one iteration, so a second
-        one would start at the first one's count and skip as many of its own items."""
+    def _iterating(self, start: int, total: int | None) -> bool:
+        """A loop begins at item ``start``; False: it is over nothing (``total`` 0), walks
+        nothing and leaves the step's iteration to another loop. Otherwise it is the
+        step's iteration, and the spawns an earlier attempt made for the items before
+        ``start`` (stored with the checkpoint it resumes from) come back here. One per
+        step run: the cursor counts the items of one iteration, so a second one would
+        start at the first one's count and skip as many of its own items; so would a
+        loop that resumes another one's checkpoint (``LOOP``: which loop stored it)."""
+        loop, self._loops = self._loops, self._loops + 1
+        if total == 0:
+            return False
+        refused = f"step '{self.step}' iterates once (ctx.iterate or ctx.batches): its cursor counts "
         if self._iterated is not None:
             raise NonRetryable(
-                f"step '{self.step}' iterates once (ctx.iterate or ctx.batches): its cursor counts "
-                "the items of one iteration, a second one would skip as many; split the step"
+                f"{refused}the items of loop {self._loop + 1}, "
+                f"loop {loop + 1} would skip as many; split the step"
             )
+        stored = self._stored.get(LOOP, 0) if start else loop
+        if stored != loop:  # (the items of one of them changed since that checkpoint)
+            raise NonRetryable(
+                f"{refused}{start} items of loop {stored + 1}, loop {loop + 1} is the first with items "
+                "now and would skip as many (a loop's items must be the same on every attempt)"
+            )
+        self._loop = loop
         self._iterated = len(self.spawned)
         back, self._saved = spawns.restored(self.job.pk, self.step, self._stored, start)
         self.spawned.extend(back)
+        return True
 
     def iterate(self, items: Iterable[Any], every: int | None = None) -> Iterator[Any]:
         """Yield ``items`` from the step's cursor on, checkpointing the number of items
@@ -211,9 +230,9 @@ class StepContext:
         """
         every = self._every(every)
         start = done = self._index()
-        rows = rows_from(items, start, every, self._read_after)
-        total = length(items, rows)
-        self._iterating(start)
+        rows, total = walk(items, start, every, self._read_after)
+        if not self._iterating(start, total):
+            return
         for item in rows:
             yield item
             done += 1
@@ -228,9 +247,9 @@ class StepContext:
         for work in this database); otherwise the checkpoint follows each batch."""
         size = self._every(size)
         done = self._index()
-        rows = rows_from(items, done, size, self._read_after)
-        total = length(items, rows)
-        self._iterating(done)
+        rows, total = walk(items, done, size, self._read_after)
+        if not self._iterating(done, total):
+            return
         it = iter(rows)
         while chunk := list(islice(it, size)):
             batch = Batch(self, chunk, done, total, position_of(rows))

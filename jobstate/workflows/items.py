@@ -7,7 +7,8 @@ an OFFSET otherwise. ``Chunks.position`` is what a checkpoint stores (in the ste
 without it (a checkpoint written by an older release, another ordering) starts with
 an OFFSET of the cursor's item count. Read by keyset, a QuerySet is counted and read
 only up to its last row when the loop began (``keyset.upto``; kept in the position):
-rows added after it while the step runs are not walked.
+rows added after it while the step runs are not walked. ``walk`` also says when there
+are no items at all: such a loop is not the step's iteration (``StepContext._iterating``).
 
 The chunks are ordered on the primary key last (``by_pk_last``): ordered on a field with
 equal values (``-created_at``, ``status``), PostgreSQL may return the rows that tie
@@ -24,7 +25,7 @@ every attempt."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, TypeGuard
 
 from django.db.models import F, OrderBy, QuerySet
@@ -36,17 +37,29 @@ from jobstate.workflows.keyset import ordering_of
 READ_CHUNK = 1000
 # The key of ``JobStep.detail`` where a checkpoint keeps ``Chunks.position``.
 READ_AFTER = "read_after"
+# The key of ``JobStep.detail`` where a checkpoint keeps which of the step's loops it is
+# (from 0, loops over nothing counted): only that one may resume from the cursor.
+LOOP = "loop"
+_END = object()
 
 
-def length(items: Iterable[Any], rows: Iterable[Any]) -> int | None:
-    """The number of items (``rows``: ``rows_from``'s of them), or None when only
-    iterating them would tell."""
-    if isinstance(rows, Chunks):
-        return rows.count()
-    try:
-        return len(items)  # type: ignore[arg-type]
-    except TypeError:
-        return None
+def walk(
+    items: Iterable[Any], start: int, chunk: int, stored: Any = None
+) -> tuple[Iterable[Any], int | None]:
+    """``rows_from(items, ...)`` and the number of items: 0 when there are none (an
+    iterator is asked for its first item), None when only iterating them would tell."""
+    total: int | None = None
+    if not _unread(items):
+        try:
+            total = len(items)  # type: ignore[arg-type]
+        except TypeError:
+            it = iter(items)
+            first = next(it, _END)
+            if first is _END:
+                return (), 0
+            items = chain((first,), it)
+    rows = rows_from(items, start, chunk, stored)
+    return rows, rows.count() if isinstance(rows, Chunks) else total
 
 
 def rows_from(items: Iterable[Any], start: int, chunk: int, stored: Any = None) -> Iterable[Any]:

@@ -19,7 +19,7 @@ from jobstate.models.step import StepStatus, shown_status
 from jobstate.states import ACTIVE, Status
 from jobstate.workflows.definition import definition_of
 from jobstate.workflows.fanout import retried, rows_of
-from jobstate.workflows.items import READ_AFTER
+from jobstate.workflows.items import LOOP, READ_AFTER
 from jobstate.workflows.spawns import SPAWNED
 from jobstate.workflows.steps import PERCENT
 
@@ -35,6 +35,7 @@ def _step(
     detail.pop("children", None)
     detail.pop("band", None)
     detail.pop(READ_AFTER, None)
+    detail.pop(LOOP, None)
     detail.pop(PERCENT, None)  # the step's progress at its checkpoint (``steps.resumed_percent``)
     detail.pop(SPAWNED, None)  # an iteration's spawns, not started yet (``workflows.spawns``)
     out: dict[str, Any] = {
