@@ -209,14 +209,31 @@ def _sqlite_locked(exc: BaseException) -> bool:
 DISCONNECTION_STATES = frozenset({"57P01", "57P02", "57P03"})
 
 
+# A connection the server refuses for its settings (a wrong database, role or password):
+# no SQLSTATE reaches the driver at connect time, yet retrying cannot help. A bug, not
+# an outage: it stays a 500, logged with its traceback.
+MISCONFIGURED = ("does not exist", "authentication failed", "no password supplied", "pg_hba.conf")
+
+
 def disconnected(exc: BaseException) -> bool:
     """Did this ``OperationalError`` or ``InterfaceError`` come from the connection
     rather than the query: the server refused or ended it (PostgreSQL down, restarting,
     failing over), or none could be made? The server's errors say so by their SQLSTATE;
-    the driver's own (a refused or lost connection, a pool that gave none in time,
-    psycopg2's "connection already closed") have none. SQLite's never have one, and
-    are not a connection's ("disk I/O error", "no such table"): not counted."""
+    the driver's own have none: an ``OperationalError`` (a refused or lost connection,
+    a pool that gave none in time) unless the server refused the settings
+    (``MISCONFIGURED``), and an ``InterfaceError`` only for a closed connection
+    ("the connection is closed", psycopg2's "connection already closed"; "the cursor is
+    closed" is a bug). SQLite's never have one, and are not a connection's ("disk I/O
+    error", "no such table"): not counted."""
     state = sqlstate(exc)
     if state is not None:
         return state.startswith("08") or state in DISCONNECTION_STATES
-    return not isinstance(exc.__cause__ or exc, sqlite3.Error)
+    error = exc.__cause__ or exc
+    if isinstance(error, sqlite3.Error):
+        return False
+    message = str(exc).lower()
+    if any(part in message for part in MISCONFIGURED):
+        return False
+    if type(exc).__name__ == "InterfaceError":
+        return "connection" in message and "closed" in message
+    return True

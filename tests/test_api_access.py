@@ -240,6 +240,12 @@ def test_database_contention_is_a_503_to_retry(user, monkeypatch, caplog, cause)
         ProgrammingError("the query has 1 placeholder but 2 parameters were passed"),
         IntegrityError("database is locked"),
         IntegrityError("connection refused"),
+        # Refused for its settings (no SQLSTATE at connect time): retrying cannot help.
+        operational_error(psycopg.OperationalError('connection failed: FATAL:  database "x" does not exist')),
+        operational_error(
+            psycopg.OperationalError('connection failed: FATAL:  password authentication failed for user "x"')
+        ),
+        operational_error(psycopg.InterfaceError("the cursor is closed"), InterfaceError),
     ],
     ids=str,
 )

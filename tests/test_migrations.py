@@ -136,6 +136,33 @@ def test_history_actor_keeps_no_full_index_with_a_string_user_key():
     assert "jobstate_event_actor_idx" in indexes
 
 
+def asset_indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        return {
+            name
+            for name, info in connection.introspection.get_constraints(cursor, "jobstate_asset").items()
+            if info["index"] and not info["primary_key"]
+        }
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_asset_fk_indexes_are_dropped_by_name_and_come_back_when_reversed():
+    # 0024 drops the foreign keys' own indexes by the names Django gave them: a name
+    # that drifted would make its DROP INDEX IF EXISTS a silent no-op.
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    own = {"jobstate_asset_job_id_fbe1e004", "jobstate_asset_owner_id_e8e5f3b6"}
+    migrate([("jobstate", "0023_status_index_without_processing")])
+    try:
+        before = asset_indexes()
+    finally:
+        migrate(latest)
+    after = asset_indexes()
+    assert own <= before and "jobstate_asset_lost_idx" not in before
+    assert not own & after and "jobstate_asset_lost_idx" in after
+    assert {"jobstate_asset_job_idx", "jobstate_asset_owner_idx"} <= after
+
+
 OWNER_KEYS = "0006_owner_scoped_keys_claimed_watermark"
 WAITING = "0010_waiting_status_step_fsm_asset_attempt"
 

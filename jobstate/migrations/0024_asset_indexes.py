@@ -7,7 +7,9 @@ a second for 2 million assets), and the partial index costs no write for the oth
 (job, created_at) and ``jobstate_asset_owner_idx`` (owner, -created_at) lead with
 them and serve every lookup by either, so each file stored wrote two index entries
 that nothing read. They are dropped by name, so that the foreign keys stay (an
-AlterField would drop and re-add them, locking and re-checking both tables).
+AlterField would drop and re-add them, locking and re-checking both tables), after
+the new index is built: a DROP INDEX locks the table against reads too until the
+migration commits.
 """
 
 import django.db.models.deletion
@@ -34,6 +36,16 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # The new index first: its build holds the table's writes only, and the drops
+        # after it take their exclusive lock just before the migration commits.
+        migrations.AddIndex(
+            model_name="asset",
+            index=models.Index(
+                condition=models.Q(("attempt_lost", True)),
+                fields=["-created_at"],
+                name="jobstate_asset_lost_idx",
+            ),
+        ),
         _drop_fk_index(
             "job",
             models.ForeignKey(
@@ -57,13 +69,5 @@ class Migration(migrations.Migration):
             ),
             "owner_id",
             "jobstate_asset_owner_id_e8e5f3b6",
-        ),
-        migrations.AddIndex(
-            model_name="asset",
-            index=models.Index(
-                condition=models.Q(("attempt_lost", True)),
-                fields=["-created_at"],
-                name="jobstate_asset_lost_idx",
-            ),
         ),
     ]
