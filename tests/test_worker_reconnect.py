@@ -232,7 +232,7 @@ def test_a_handler_that_raised_on_a_dropped_connection_is_retried_with_its_own_e
     [("complete", "completed", Status.COMPLETED), ("fail_held", "retrying", Status.QUEUED)],
 )
 def test_an_outcome_committed_just_before_the_connection_dropped_is_reported_as_stored(
-    temp_handler, monkeypatch, write, outcome, status
+    temp_handler, monkeypatch, caplog, write, outcome, status
 ):
     """The outcome write commits, then its connection drops before the answer comes
     back: written again on a new connection, it is refused (the job left
@@ -264,6 +264,7 @@ def test_an_outcome_committed_just_before_the_connection_dropped_is_reported_as_
     (claimed,) = services.claim("w1")
     monkeypatch.setattr(services, write, committed_then_dropped)
     hooks.attempt_ended.register(record)
+    caplog.set_level(logging.INFO, logger="jobstate")
     try:
         assert run_job(claimed, "w1:1") == outcome
     finally:
@@ -271,6 +272,13 @@ def test_an_outcome_committed_just_before_the_connection_dropped_is_reported_as_
     assert writes == [1, 1] and ended == [outcome]
     job.refresh_from_db()
     assert job.status == status
+    # The retry is logged as stored; when it runs again is not known (the answer was lost).
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobstate.worker" and hasattr(r, "outcome")]
+    assert logged == (
+        [f"Job {job.pk} (t.committed) attempt 1 of 3 failed; runs again later: ValueError: upstream said no"]
+        if outcome == "retrying"
+        else []
+    )
     assert list(job.events.values_list("to_status", flat=True))[2:] == [status]
 
 

@@ -32,6 +32,7 @@ from jobstate.worker import unheard
 from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.limits import timeout_for
+from jobstate.worker.outcome_log import log_ended, logs
 
 logger = logging.getLogger("jobstate")
 
@@ -170,7 +171,7 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
         # The server may have dropped the connection while the handler ran: its
         # outcome is written once more on a new one (guarded by the lease token)
         # rather than recorded as a failure, for a run that ended, to run again.
-        return reconnecting(store, OUTCOME_RECONNECTED)
+        ended = reconnecting(store, OUTCOME_RECONNECTED)
     except (LeaseLost, InvalidTransition):
         if writes > 1:
             # Refused when written again: the first write may have committed before
@@ -184,11 +185,38 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
                 request = asked[0] if asked else None
                 if stored == "completed" and request is not None:
                     unheard.handed_over(ctx.job.pk, request)  # its next job, claimed with it
+                _log(ctx, kind, value, stored, known=False)
                 return stored
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"
     except Exception as exc:
         return _store_failed(ctx, kind, exc)
+    _log(ctx, kind, value, ended)
+    return ended
+
+
+def _log(ctx: JobContext, kind: str, value: Any, ended: str, known: bool = True) -> None:
+    """Log the stored outcome of an attempt that did not succeed; nothing is done
+    for one that did. A result that could not be stored was logged as it was found
+    (``_unstorable``). ``known``: the write's answer came, so the Job object holds
+    the time a retry was given (else it is not known)."""
+    if kind == "ok" or not logs(ended):  # before anything is formatted
+        return
+    if kind == "interrupted":
+        error_type, error = ("Timeout", _timed_out(ctx)) if value == "timeout" else ("", CANCEL_GRACE_OVER)
+        exc = None
+    else:
+        exc = value
+        error_type, error = type(exc).__name__, exception_text(exc) or type(exc).__name__
+    retry_at = ctx.job.run_after if known and ended == "retrying" else None
+    log_ended(ctx, ended, error_type, error, exc, retry_at)
+
+
+CANCEL_GRACE_OVER = "stopped after the cancel grace period"
+
+
+def _timed_out(ctx: JobContext) -> str:
+    return f"Timed out after {timeout_for(ctx.spec):g} s"
 
 
 def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> str:
@@ -204,14 +232,12 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         if value == "lease":
             return "lost"
         if value == "cancel":
-            services.cancel_now(
-                job, token, reason="stopped after the cancel grace period", progress=ctx.take_progress()
-            )
+            services.cancel_now(job, token, reason=CANCEL_GRACE_OVER, progress=ctx.take_progress())
             return "cancelled"
         return end_attempt(
             job,
             token,
-            f"Timed out after {timeout_for(ctx.spec):g} s",
+            _timed_out(ctx),
             error_type="Timeout",
             retry_delay=_delay(ctx),
             progress=ctx.take_progress(),
@@ -295,7 +321,7 @@ def hard_timeout(ctx: JobContext) -> str:
     if a cancel was requested), with the pending progress, which says where it
     stood. If that cannot be written, the lease runs out into the reaper."""
     try:
-        return end_attempt(
+        ended = end_attempt(
             ctx.job, ctx.token, HARD_TIMEOUT, error_type="HardTimeout", progress=ctx.take_progress()
         )
     except (LeaseLost, InvalidTransition):
@@ -305,6 +331,9 @@ def hard_timeout(ctx: JobContext) -> str:
             "Job %s: its hard time limit could not be recorded; the reaper will take it", ctx.job.pk
         )
         return "lost"
+    retry_at = ctx.job.run_after if ended == "retrying" else None
+    log_ended(ctx, ended, "HardTimeout", HARD_TIMEOUT, retry_at=retry_at)
+    return ended
 
 
 def _delay(ctx: JobContext) -> float:

@@ -1,0 +1,70 @@
+"""The worker's log line for an attempt that did not succeed, written once its
+outcome is stored, so that it says what happened: a retry (WARNING), a job that
+failed for good (ERROR, with the handler's traceback), a cancel (INFO). An
+attempt that succeeded, ended ``partial``, suspended or lost its lease logs
+nothing here.
+
+Each record carries ``job_id``, ``kind``, ``attempt``, ``max_attempts``,
+``outcome``, ``error_type`` and ``retry_at`` as attributes (``extra``), for a log
+aggregator to group by."""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime
+
+from jobstate.worker.context import JobContext
+
+logger = logging.getLogger("jobstate.worker")
+
+LEVELS = {"retrying": logging.WARNING, "failed": logging.ERROR, "cancelled": logging.INFO}
+MESSAGE_CHARS = 500
+_LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+
+def logs(ended: str) -> bool:
+    """Whether ``log_ended`` would log this outcome at the level set now."""
+    level = LEVELS.get(ended)
+    return level is not None and logger.isEnabledFor(level)
+
+
+def log_ended(
+    ctx: JobContext,
+    ended: str,
+    error_type: str,
+    error: str,
+    exc: BaseException | None = None,
+    retry_at: datetime | None = None,
+) -> None:
+    """``ended``: the stored outcome ("retrying", "failed" or "cancelled"; any
+    other logs nothing); ``error_type`` and ``error`` as stored; ``exc``: the
+    handler's exception, whose traceback a job failed for good logs; ``retry_at``:
+    when a retried job runs again (None: not known)."""
+    if not logs(ended):
+        return
+    job = ctx.job
+    what = f"{error_type}: {_one_line(error)}" if error_type and error != error_type else _one_line(error)
+    fields = {
+        "job_id": str(job.pk),
+        "kind": job.kind,
+        "attempt": ctx.attempt,
+        "max_attempts": job.max_attempts,
+        "outcome": ended,
+        "error_type": error_type,
+        "retry_at": retry_at.isoformat() if retry_at is not None else None,
+    }
+    head = (job.pk, job.kind, ctx.attempt, job.max_attempts)
+    if ended == "retrying":
+        again = f"runs again at {retry_at.isoformat(timespec='seconds')}" if retry_at else "runs again later"
+        logger.warning("Job %s (%s) attempt %d of %d failed; %s: %s", *head, again, what, extra=fields)
+    elif ended == "failed":
+        # The handler's own exception: its traceback, not that of the frames logging it.
+        logger.error("Job %s (%s) failed on attempt %d of %d: %s", *head, what, exc_info=exc, extra=fields)
+    else:
+        logger.info("Job %s (%s) cancelled on attempt %d of %d: %s", *head, what, extra=fields)
+
+
+def _one_line(text: str) -> str:
+    line = _LINE_BREAKS.sub(" ", text).strip()
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 3] + "..."

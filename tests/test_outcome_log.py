@@ -1,0 +1,168 @@
+"""The worker's log line for an attempt that did not succeed (``jobstate.worker``):
+nothing was logged when a handler raised; only the job row held the error."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from datetime import datetime
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django_q.exceptions import TimeoutException
+
+from jobstate import NonRetryable, services
+from jobstate.models import Job
+from jobstate.states import Status
+from jobstate.worker import outcome_log, tasks
+from jobstate.worker.runner import drain
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "jobstate.worker"]
+
+
+def fields(record: logging.LogRecord) -> dict[str, Any]:
+    names = ("job_id", "kind", "attempt", "max_attempts", "outcome", "error_type", "retry_at")
+    return {name: getattr(record, name) for name in names}
+
+
+def test_a_retry_is_a_warning_and_the_last_failure_an_error_with_the_handler_s_traceback(
+    temp_handler, caplog
+):
+    def parse_row(ctx):
+        raise ValueError(f"bad row {ctx.attempt}")
+
+    temp_handler("t.boom", parse_row, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.boom", {})
+    caplog.set_level(logging.DEBUG, logger="jobstate")
+    assert drain() == 2
+    job.refresh_from_db()
+    retry, final = records(caplog)
+
+    assert retry.levelno == logging.WARNING and retry.exc_info is None
+    retry_at = retry.retry_at  # type: ignore[attr-defined]
+    assert datetime.fromisoformat(retry_at) <= job.started_at  # it ran again at or after that time
+    at = datetime.fromisoformat(retry_at).isoformat(timespec="seconds")
+    assert (
+        retry.getMessage()
+        == f"Job {job.pk} (t.boom) attempt 1 of 2 failed; runs again at {at}: ValueError: bad row 1"
+    )
+    assert fields(retry) == {
+        "job_id": str(job.pk),
+        "kind": "t.boom",
+        "attempt": 1,
+        "max_attempts": 2,
+        "outcome": "retrying",
+        "error_type": "ValueError",
+        "retry_at": retry_at,
+    }
+
+    assert final.levelno == logging.ERROR
+    assert final.getMessage() == f"Job {job.pk} (t.boom) failed on attempt 2 of 2: ValueError: bad row 2"
+    assert fields(final) == {**fields(retry), "attempt": 2, "outcome": "failed", "retry_at": None}
+    assert final.exc_info is not None
+    error = final.exc_info[1]
+    assert isinstance(error, ValueError) and str(error) == "bad row 2"
+    # The handler's traceback, as the job row stores it: its innermost frame is the handler.
+    assert traceback.extract_tb(final.exc_info[2])[-1].name == "parse_row"
+    assert "".join(traceback.format_exception(error)) == job.traceback
+    assert caplog.text.count("Traceback (most recent call last)") == 1
+
+
+def test_a_handler_that_succeeds_logs_nothing(temp_handler, caplog):
+    temp_handler("t.ok", lambda ctx: {"rows": 1})
+    job = services.enqueue("t.ok", {})
+    caplog.set_level(logging.DEBUG, logger="jobstate")
+    assert drain() == 1
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+    assert records(caplog) == []
+
+
+def test_a_non_retryable_error_fails_for_good_on_its_first_attempt(temp_handler, caplog):
+    def nope(ctx):
+        raise NonRetryable("no point\nsecond line of the message")
+
+    temp_handler("t.nope", nope, max_attempts=5)
+    job = services.enqueue("t.nope", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    drain()
+    (final,) = records(caplog)
+    assert final.levelno == logging.ERROR and final.exc_info is not None
+    # One line: the message's line breaks are not the log line's.
+    assert final.getMessage() == (
+        f"Job {job.pk} (t.nope) failed on attempt 1 of 5: NonRetryable: no point second line of the message"
+    )
+
+
+def test_a_cancelled_attempt_is_info(temp_handler, caplog):
+    def slow(ctx):
+        services.request_cancel(ctx.job.pk, "api", "changed my mind")
+        ctx.progress(10)
+
+    temp_handler("t.slow", slow)
+    job = services.enqueue("t.slow", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    drain()
+    (cancelled,) = records(caplog)
+    assert cancelled.levelno == logging.INFO and cancelled.exc_info is None
+    assert cancelled.getMessage().startswith(
+        f"Job {job.pk} (t.slow) cancelled on attempt 1 of 3: CancelRequested"
+    )
+    assert cancelled.outcome == "cancelled"  # type: ignore[attr-defined]
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
+def test_a_timeout_is_a_warning_when_retried_an_error_without_a_traceback_when_final(temp_handler, caplog):
+    def forever(ctx):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    temp_handler("t.forever", forever, timeout=0.5, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.forever", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    drain()
+    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    retry, final = records(caplog)
+    assert (retry.levelno, final.levelno) == (logging.WARNING, logging.ERROR)
+    assert retry.getMessage().endswith(": Timeout: Timed out after 0.5 s")
+    assert (
+        final.getMessage()
+        == f"Job {job.pk} (t.forever) failed on attempt 2 of 2: Timeout: Timed out after 0.5 s"
+    )
+    assert final.exc_info is None  # no error of the handler's to show
+
+
+def test_django_q_s_hard_time_limit_is_logged_as_the_attempt_s_outcome(temp_handler, caplog):
+    def stuck(ctx):
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.stuck", stuck, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.stuck", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.raises(TimeoutException):
+        tasks.run_by_id(str(job.pk))
+    (retry,) = records(caplog)
+    assert retry.levelno == logging.WARNING
+    assert retry.getMessage().startswith(f"Job {job.pk} (t.stuck) attempt 1 of 2 failed; runs again at ")
+    assert retry.getMessage().endswith(": HardTimeout: Stopped by the worker's hard time limit")
+
+
+def test_nothing_is_formatted_when_the_level_is_off(temp_handler, caplog, monkeypatch):
+    def boom(ctx):
+        raise ValueError("bad")
+
+    def no_formatting(text: str) -> str:
+        raise AssertionError("formatted for a level that is off")
+
+    monkeypatch.setattr(outcome_log, "_one_line", no_formatting)
+    temp_handler("t.boom", boom, max_attempts=2, retry_backoff=0)
+    services.enqueue("t.boom", {})
+    caplog.set_level(logging.CRITICAL, logger="jobstate")
+    assert drain() == 2
+    assert records(caplog) == []
