@@ -313,6 +313,20 @@ def test_show_json_has_what_the_text_shows() -> None:
     assert data["retry_of"] is None and data["history_total"] == 3
 
 
+def test_show_prints_the_stored_traceback_last_and_in_the_json() -> None:
+    # It printed "error      OSError: ..." and not the traceback, which only the admin showed.
+    job = failed()
+    lines = run("jobstate", "show", str(job.pk))[0].splitlines()
+    assert "error      OSError: boom: disk full" in lines
+    assert lines[-3:] == ["traceback", "  Traceback...", "  OSError: boom"]
+    assert json.loads(run("jobstate", "show", str(job.pk), "--json")[0])["traceback"] == job.traceback
+    done = completed()
+    assert not any(
+        line.startswith("traceback") for line in run("jobstate", "show", str(done.pk))[0].splitlines()
+    )
+    assert json.loads(run("jobstate", "show", str(done.pk), "--json")[0])["traceback"] == ""
+
+
 def test_show_has_the_requests_and_related_jobs_the_admin_job_page_has() -> None:
     # It showed no stop request and no parent, and a cancel request without its time.
     parent = processing()

@@ -109,6 +109,10 @@ def lines(shown: Shown) -> Iterator[str]:
             yield f"  {_when(a.created_at)}  {size:>9}  {a.content_type:<24} {a.asset_type:<16} {a.name}{url}"
         if total > len(shown.assets):
             yield f"  ... and {total - len(shown.assets)} more"
+    if job.traceback:  # last, whole: the error line above says which error it is
+        yield "traceback"
+        for line in job.traceback.splitlines():
+            yield f"  {line}"
 
 
 def as_dict(shown: Shown) -> dict[str, Any]:
@@ -145,6 +149,7 @@ def as_dict(shown: Shown) -> dict[str, Any]:
         "children": shown.children,
         "error_type": job.error_type,
         "error_message": job.error_message,
+        "traceback": job.traceback,
         "result": job.result,
         "history_total": shown.history_total,
         "history": [

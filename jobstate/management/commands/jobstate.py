@@ -75,7 +75,7 @@ class Command(PipedCommand):
         show = sub.add_parser(
             "show",
             help="Status, progress, attempts, watermarks, cancel and stop requests, related jobs (parent, "
-            "retries, children), history and assets of a job.",
+            "retries, children), error, history and assets of a job, then the traceback of its error.",
         )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
