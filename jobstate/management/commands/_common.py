@@ -3,7 +3,9 @@ stop quietly when the reader of the output leaves."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import copy
 import getpass
 import json
 import os
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobstate import services
 from jobstate.exceptions import InvalidParameters
@@ -55,6 +57,24 @@ class PipedCommand(BaseCommand):
         for start in range(0, len(text), _WRITE_CHARS):
             self.stdout.write(text[start : start + _WRITE_CHARS], ending="")
         self.stdout.write("")
+
+
+def options_after_subcommands(parser: CommandParser) -> None:
+    """Let each subcommand of ``parser`` take, after its own arguments too, the options
+    ``parser`` takes before the subcommand: Django's (``--settings``, ``-v 2``,
+    ``--traceback``, ...), which Django users put at the end; a subparser knows only its own.
+    Call it once every subcommand is added.
+
+    The copies have no default: argparse sets a subparser's defaults over the values given
+    before the subcommand (``jobstate --force-color kinds`` would lose its colour)."""
+    common = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                for option in common:
+                    after = copy.copy(option)
+                    after.default = argparse.SUPPRESS
+                    subparser._add_action(after)
 
 
 def cli_actor() -> services.Actor:

@@ -34,6 +34,7 @@ from jobstate.management.commands._common import (
     get_job,
     json_object,
     not_blank,
+    options_after_subcommands,
 )
 from jobstate.models import Job
 from jobstate.states import Status
@@ -79,6 +80,7 @@ class Command(PipedCommand):
         )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
+        options_after_subcommands(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         check_text(options)

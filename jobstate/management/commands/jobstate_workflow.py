@@ -20,6 +20,7 @@ from jobstate.management.commands._common import (
     fail,
     get_job,
     json_object,
+    options_after_subcommands,
 )
 from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
@@ -65,6 +66,7 @@ class Command(PipedCommand):
         )
         stop.add_argument("job", help="The job's id.")
         stop.add_argument("--reason", default="", help="Recorded in the history.")
+        options_after_subcommands(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         check_text(options)
