@@ -9,12 +9,15 @@ import copy
 import getpass
 import json
 import os
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, OperationalError, ProgrammingError, connections, router
 
 from jobstate import services
 from jobstate.exceptions import InvalidParameters
@@ -28,7 +31,47 @@ BROKEN_PIPE_STATUS = 141
 _WRITE_CHARS = 1024
 
 
-class PipedCommand(BaseCommand):
+class JobstateCommand(BaseCommand):
+    """A jobstate command: run before ``migrate``, it says to run that first in one line
+    (a CommandError, exit status 1) instead of a traceback."""
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except (OperationalError, ProgrammingError) as exc:  # SQLite's, PostgreSQL's "no such table"
+            table = missing_table(exc, options.get("database"))
+            if table is None:  # another error: as it was
+                raise
+            raise CommandError(f"The database has no {table} table: run `manage.py migrate` first") from exc
+
+
+def missing_table(exc: DatabaseError, using: str | None = None) -> str | None:
+    """The first table of an installed model that ``exc`` names and that the database it is
+    read from (``using``, else the router's) does not have; None when there is none, or the
+    database cannot tell. Named in the error and missing, it is the cause, not a lock or a
+    lost connection that happened while another table was missing."""
+    text = str(exc)
+    named = []  # (where the error names it, table, database)
+    for model in apps.get_models():
+        table = model._meta.db_table
+        found = re.search(rf"\b{re.escape(table)}\b", text)  # not jobstate_job in jobstate_jobevent
+        if found:
+            named.append((found.start(), table, using or router.db_for_read(model)))
+    present: dict[str, set[str]] = {}
+    for _, table, alias in sorted(named):
+        connection = connections[alias]
+        if alias not in present:
+            try:
+                with connection.cursor() as cursor:
+                    present[alias] = set(connection.introspection.table_names(cursor))
+            except DatabaseError:  # unreachable, or in a transaction the error aborted: it stands
+                return None
+        if connection.introspection.identifier_converter(table) not in present[alias]:
+            return table
+    return None
+
+
+class PipedCommand(JobstateCommand):
     """A command whose output may be piped to ``head`` or a pager: when the reader
     closes the pipe, it stops quietly with BROKEN_PIPE_STATUS instead of a
     BrokenPipeError traceback (Python ignores SIGPIPE, so the write raises)."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from jobstate.management.commands._common import check_text
+from jobstate.management.commands._common import JobstateCommand, check_text
 from jobstate.models import layout
 
 # Seconds to wait for the table's lock unless --lock-timeout says otherwise: a long
@@ -26,7 +26,7 @@ from jobstate.models import layout
 DEFAULT_LOCK_TIMEOUT = 5.0
 
 
-class Command(BaseCommand):
+class Command(JobstateCommand):
     help = (
         "Move the columns a running job, its claim and its outcome write to the end of "
         "jobstate_job's rows (PostgreSQL)."

@@ -4,16 +4,17 @@ import math
 from datetime import datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from jobstate import conf
+from jobstate.management.commands._common import JobstateCommand
 from jobstate.worker.retention import MAX_DAYS, prune
 
 MAX_BATCH = 100_000
 
 
-class Command(BaseCommand):
+class Command(JobstateCommand):
     help = (
         "Delete finished jobs older than JOBSTATE['RETENTION_DAYS'] (or --days), in batches, until "
         "done (or, with --max-seconds, until that time has passed: it then says more remains; run it "

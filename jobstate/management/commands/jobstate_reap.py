@@ -2,15 +2,16 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from jobstate import services
+from jobstate.management.commands._common import JobstateCommand
 
 DEFAULT_LIMIT = 500  # services.requeue_expired's
 MAX_LIMIT = 100_000
 
 
-class Command(BaseCommand):
+class Command(JobstateCommand):
     help = (
         "Requeue processing jobs whose worker was lost (lease expired), or fail them (no attempt "
         "left), or cancel them (a cancel was requested), once, oldest expiry first, at most --limit "

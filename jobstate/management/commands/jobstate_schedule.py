@@ -2,14 +2,14 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from jobstate import conf
-from jobstate.management.commands._common import check_text, not_blank
+from jobstate.management.commands._common import JobstateCommand, check_text, not_blank
 from jobstate.worker import schedules
 
 
-class Command(BaseCommand):
+class Command(JobstateCommand):
     help = (
         "Install or update the django-q2 Schedules: the reaper every minute, pruning daily. They "
         "run in the cluster --cluster names; a rerun without it keeps the cluster they have."
