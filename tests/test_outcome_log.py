@@ -166,3 +166,24 @@ def test_nothing_is_formatted_when_the_level_is_off(temp_handler, caplog, monkey
     caplog.set_level(logging.CRITICAL, logger="jobstate")
     assert drain() == 2
     assert records(caplog) == []
+
+
+def test_a_nul_or_lone_surrogate_in_the_error_is_logged_as_stored(temp_handler, caplog):
+    # An undecodable file name (os.fsdecode's lone surrogate) or a NUL in the error: a
+    # UTF-8 handler cannot write such a record ("--- Logging error ---"; pytest-xdist
+    # failed on it), so the line and the traceback carry U+FFFD, as the job row does.
+    def reads(ctx):
+        raise ValueError(f"cannot read file-\udcff (attempt {ctx.attempt})\x00")
+
+    temp_handler("t.fsname", reads, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.fsname", {})
+    caplog.set_level(logging.DEBUG, logger="jobstate")
+    assert drain() == 2
+    retry, final = records(caplog)
+    for record in (retry, final):
+        formatted = logging.Formatter().format(record)
+        formatted.encode("utf-8")  # no lone surrogate left
+        assert "\x00" not in formatted and "file-\ufffd" in formatted
+    assert final.levelno == logging.ERROR and final.exc_info is None
+    assert "Traceback (most recent call last)" in final.getMessage() and "in reads" in final.getMessage()
+    assert Job.objects.get(pk=job.pk).status == Status.FAILED

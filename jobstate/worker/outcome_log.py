@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import re
+import traceback
 from datetime import datetime
 
+from jobstate.storable import text
 from jobstate.worker.context import JobContext
 
 logger = logging.getLogger("jobstate.worker")
@@ -60,11 +62,16 @@ def log_ended(
         logger.warning("Job %s (%s) attempt %d of %d failed; %s: %s", *head, again, what, extra=fields)
     elif ended == "failed":
         # The handler's own exception: its traceback, not that of the frames logging it.
+        # One whose text holds a NUL or a lone surrogate (an undecodable file name) would
+        # make a UTF-8 handler fail on the record: then the text as stored, in the message.
+        shown = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        if shown and text(shown) != shown:
+            what, exc = f"{what}\n{text(shown).rstrip()}", None
         logger.error("Job %s (%s) failed on attempt %d of %d: %s", *head, what, exc_info=exc, extra=fields)
     else:
         logger.info("Job %s (%s) cancelled on attempt %d of %d: %s", *head, what, extra=fields)
 
 
-def _one_line(text: str) -> str:
-    line = _LINE_BREAKS.sub(" ", text).strip()
+def _one_line(message: str) -> str:
+    line = _LINE_BREAKS.sub(" ", text(message)).strip()
     return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 3] + "..."
