@@ -10,7 +10,6 @@ from typing import Any
 
 import psycopg
 import psycopg.errors
-import psycopg_pool
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import InterfaceError, OperationalError
@@ -24,6 +23,11 @@ from tests.api_support import JOBS, assert_error, client_for, job_url, make_job,
 from tests.test_api_access import operational_error
 from tests.test_api_stream import FAST, events, open_stream
 from tests.test_api_stream_busy import busy_second_read, logged
+
+
+class PoolTimeout(psycopg.OperationalError):
+    """As psycopg_pool's (not a dependency of jobstate): no pool gave a connection in time."""
+
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_cache")]
 
@@ -40,7 +44,7 @@ DISCONNECTED = [
     operational_error(psycopg.errors.CannotConnectNow("the database system is starting up")),
     operational_error(psycopg.errors.ConnectionFailure("server closed the connection unexpectedly")),
     operational_error(psycopg.errors.ConnectionException("connection exception")),
-    operational_error(psycopg_pool.PoolTimeout("couldn't get a connection after 30.00 sec")),
+    operational_error(PoolTimeout("couldn't get a connection after 30.00 sec")),
     operational_error(psycopg.InterfaceError("connection already closed"), InterfaceError),
     OperationalError("connection refused"),
 ]
