@@ -4,15 +4,13 @@ webhook delivery records as old, and stored asset files no Asset row names
 
 Each batch is one transaction. Deleting a job deletes its history, steps,
 assets and, once the transaction commits, the assets' stored files (the
-Asset post_delete hook in ``jobstate.apps``). A job goes only with or after all
-its children (children first, a batch at a time), so that deleting a job never
-cascades to a child the retention keeps: one finished recently (a retry of an
-old parent's child, say) or still active. One read finds the jobs of many batches
-(``_round``: the oldest that would go and every job below them, children before
-their parents); each batch checks its own jobs again under its lock (``_deletable``).
-A job with an active job above it (its parent, or further up) is kept until that
-work ends, and so are its ancestors: a child workflow that failed, retried, reuses
-its completed children. So is every job earlier in the retry chain of an active job
+Asset post_delete hook in ``jobstate.apps``). Only jobs without children are
+deleted (a parent goes in a later batch, once its children have gone), so that
+deleting a job never cascades to a child the retention keeps: one finished
+recently (a retry of an old parent's child, say) or still active. A job with an
+active job above it (its parent, or further up) is kept until that work ends, and
+so are its ancestors: a child workflow that failed, retried, reuses its completed
+children. So is every job earlier in the retry chain of an active job
 (``retention_holds``): deleted, it would leave the next one's ``retry_of`` empty
 (``on_delete=SET_NULL``) while the chain still runs; and so is every job below
 those, which a workflow retried with ``retry_from`` reads (its copied steps name its
@@ -49,7 +47,6 @@ from django.db.models import Exists, OuterRef, QuerySet, TextField, Value
 from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Lower, Replace
-from django.db.models.signals import post_delete, pre_delete
 from django.utils import timezone
 
 from jobstate import conf, hooks, services
@@ -176,81 +173,23 @@ def _not_announced(qs: QuerySet[Job]) -> QuerySet[Job]:
     return qs.alias(own_ref=own).exclude(own_ref__in=_announced_refs())
 
 
-def _deletable(batch: list[Any], days: float, now: datetime, upto: int | None) -> list[Any]:
-    """Those of ``batch`` (read by ``_round`` in an earlier transaction) that may go
-    now: still ``old_enough``, no delivery under way about them, no history row past
-    ``upto``, and no child that stays (one outside the batch, or one of it that may
-    not go: the batch's earlier ones are gone by now).
-
-    On PostgreSQL, the jobs are locked first: a child or retry committed since the
-    round was read is seen now, and one added from now on waits for the batch (its
-    foreign key check shares the parent's or retried job's row), then fails; none is
-    ever deleted with its parent, or unlinked from its retried job, unseen. A retry
-    that would hold a job from further off (of a job later in its retry chain, or in
-    its parent's) locks the job it retries (``services.retry``): those rows are locked
-    too, and a job with one held by another transaction is kept this time. (SQLite
-    has one writer at a time: the batch's transaction reads and deletes unchanged rows.)"""
-    if connection.features.has_select_for_update_skip_locked:
-        locked = Job.objects.filter(pk__in=batch).select_for_update(skip_locked=True)
-        batch = chains_locked(list(locked.values_list("pk", flat=True)))
-        if not batch:
-            return []
-    ok = _not_announced(old_enough(days, now).filter(pk__in=batch))
-    if upto is not None:
-        ok = ok.exclude(Exists(JobEvent.objects.filter(job_id=OuterRef("pk"), id__gt=upto)))
-    going = set(ok.order_by().values_list("pk", flat=True))
-    children = Job.objects.filter(parent_id__in=going).order_by().values_list("pk", "parent_id")
-    parent_of: dict[Any, Any] = dict(children)
-    # A child that stays keeps its parent, and so that parent's parent, up the batch.
-    for child, parent in parent_of.items():
-        if child in going:
-            continue
-        while parent in going:
-            going.discard(parent)
-            parent = parent_of.get(parent)
-    return [pk for pk in batch if pk in going]
-
-
-# A prune reads the jobs of this many batches at once (``_round``): that one read
-# looks up each old job's ancestors and the retry chains held, which a read per batch
-# did again for every batch (at 12,000 jobs in deep trees on PostgreSQL, 40 s each).
-ROUND_BATCHES = 20
-
-
-def _round(days: float, now: datetime, limit: int, upto: int | None) -> list[Any]:
-    """The next jobs to delete, children before their parents: the oldest ``limit``
-    of ``would_go`` and every job below them, in one statement. Every job below one
-    that would go would go too (one that stays keeps the jobs above it), so each
-    batch of this order can go once the batches before it have."""
-    table = connection.ops.quote_name(Job._meta.db_table)
-    top, params = would_go(days, now, upto).values("pk")[:limit].query.sql_with_params()
-    below = RawSQL(
-        f"WITH RECURSIVE pick(id) AS (SELECT id FROM {table} WHERE id IN ({top})"
-        f" UNION SELECT j.id FROM {table} j JOIN pick ON j.parent_id = pick.id)"
-        f" SELECT id FROM pick",
-        params,
-    )
-    rows = Job.objects.filter(pk__in=below).order_by("finished_at").values_list("pk", "parent_id")
-    return _children_first(dict(rows))
-
-
-def _children_first(parent_of: dict[Any, Any]) -> list[Any]:
-    """The jobs of ``parent_of`` (job: its parent), deepest among them first: each
-    after its children. Otherwise in the given order."""
-    depth: dict[Any, int] = {}
-    for pk in parent_of:
-        path: list[Any] = []
-        on_path: set[Any] = set()
-        node = pk
-        while node in parent_of and node not in depth and node not in on_path:
-            path.append(node)
-            on_path.add(node)
-            node = parent_of[node]
-        level = depth.get(node, -1)  # a job outside them (or none): their top is 0
-        for step in reversed(path):
-            level += 1
-            depth[step] = level
-    return sorted(parent_of, key=lambda pk: -depth[pk])
+def _still_childless(pks: list[Any]) -> list[Any]:
+    """On PostgreSQL, lock the batch's jobs, then keep those that still have no
+    child and that no active retry holds: one committed since the batch was read is
+    seen now, and one added from now on waits for the batch (its foreign key check
+    shares the parent's or retried job's row), then fails; none is ever deleted with
+    its parent, or unlinked from its retried job, unseen. A retry that would hold a
+    job from further off (of a job later in its retry chain, or in its parent's) locks
+    the job it retries (``services.retry``): those rows are locked too, and a job
+    with one held by another transaction is kept this time. (A lock taken by the
+    batch's own read made PostgreSQL sort every candidate: 3x slower.)"""
+    if not connection.features.has_select_for_update_skip_locked:
+        return pks  # SQLite: one writer at a time
+    locked = Job.objects.filter(pk__in=pks).select_for_update(skip_locked=True).values_list("pk", flat=True)
+    safe = chains_locked(list(locked))
+    children = Job.objects.filter(parent_id=OuterRef("pk"))
+    childless = Job.objects.filter(pk__in=safe).exclude(Exists(children)).exclude(held())
+    return list(childless.values_list("pk", flat=True))
 
 
 def prunable_deliveries(days: float, now: datetime | None = None) -> QuerySet[models.Model]:
@@ -374,36 +313,22 @@ def _prune_jobs(
 ) -> bool:
     """Delete the jobs (none with a history row past ``upto``), batch after batch, adding
     the counts to ``report``; True when stopped at ``deadline`` with prunable jobs left."""
-    while True:  # round after round, until one deletes nothing (or finds nothing)
+    while True:  # until a batch finds nothing: each makes parents childless for the next
         # Without PostgreSQL's JIT: the recursive tests (an active job above, a retry
         # chain held) are planned as costly, the planner guessing the rows each level
-        # reaches, but run in milliseconds; compiling them took seconds a read.
-        with no_jit():
-            todo = _round(days, now, size * ROUND_BATCHES, upto)
-        before = report.jobs
-        for start in range(0, len(todo), size):
-            with transaction.atomic(), no_jit():
-                pks = _deletable(todo[start : start + size], days, now, upto)
-                if pks:
-                    _total, counts = _jobs(pks).delete()
-                    report.jobs += counts.get("jobstate.Job", 0)
-                    report.events += counts.get("jobstate.JobEvent", 0)
-                    report.assets += counts.get("jobstate.Asset", 0)
-            if _past(deadline):
-                if start + size < len(todo):
-                    return True
-                return _not_announced(prunable(days, now, upto)).exists()
-        if report.jobs == before:
-            # Nothing went: none found, or all held by another transaction (another
-            # prune, say) or given a child meanwhile: reading again would find the same.
-            return False
-
-
-def _jobs(pks: list[Any]) -> QuerySet[Job]:
-    """The jobs ``pks``, to delete, read by id only (as Django reads a cascade's rows
-    that no delete signal's receiver sees): whole, with their parameters and results,
-    a batch's rows took most of its time. A receiver for Job gets them whole."""
-    jobs = Job.objects.filter(pk__in=pks)
-    if pre_delete.has_listeners(Job) or post_delete.has_listeners(Job):
-        return jobs
-    return jobs.only("pk")
+        # reaches, but run in milliseconds; compiling them took seconds a batch.
+        with transaction.atomic(), no_jit():
+            pks = list(_not_announced(prunable(days, now, upto)).values_list("pk", flat=True)[:size])
+            if not pks:
+                return False
+            pks = _still_childless(pks)
+            if not pks:
+                # All held by another transaction (another prune, say) or given a
+                # child meanwhile: reading again would find the same ones at once.
+                return False
+            _total, counts = Job.objects.filter(pk__in=pks).delete()
+        report.jobs += counts.get("jobstate.Job", 0)
+        report.events += counts.get("jobstate.JobEvent", 0)
+        report.assets += counts.get("jobstate.Asset", 0)
+        if _past(deadline):
+            return _not_announced(prunable(days, now, upto)).exists()
