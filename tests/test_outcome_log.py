@@ -187,3 +187,44 @@ def test_a_nul_or_lone_surrogate_in_the_error_is_logged_as_stored(temp_handler, 
     assert final.levelno == logging.ERROR and final.exc_info is None
     assert "Traceback (most recent call last)" in final.getMessage() and "in reads" in final.getMessage()
     assert Job.objects.get(pk=job.pk).status == Status.FAILED
+
+
+def test_a_log_filter_that_raises_does_not_undo_the_stored_outcome(temp_handler, caplog):
+    # Logging catches what a handler's emit raises, not a logger's filter: the outcome
+    # is stored by then, and the attempt still ends (its attempt_ended hook runs).
+    def boom(ctx):
+        raise ValueError("bad")
+
+    def broken_filter(record: logging.LogRecord) -> bool:
+        if getattr(record, "outcome", None):
+            raise RuntimeError("the filter is broken")
+        return True
+
+    temp_handler("t.filtered", boom, max_attempts=1)
+    job = services.enqueue("t.filtered", {})
+    caplog.set_level(logging.DEBUG, logger="jobstate")
+    worker_logger = logging.getLogger("jobstate.worker")
+    worker_logger.addFilter(broken_filter)
+    try:
+        assert drain() == 1
+    finally:
+        worker_logger.removeFilter(broken_filter)
+    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    assert any("could not be logged" in r.getMessage() for r in caplog.records)
+
+
+def test_an_error_whose_text_cannot_be_had_is_logged_by_its_type(temp_handler, caplog):
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    def boom(ctx):
+        raise Unprintable()
+
+    temp_handler("t.unprintable", boom, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.unprintable", {})
+    caplog.set_level(logging.DEBUG, logger="jobstate")
+    assert drain() == 2
+    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    assert [r.levelno for r in records(caplog)] == [logging.WARNING, logging.ERROR]
+    assert "Unprintable" in records(caplog)[0].getMessage()

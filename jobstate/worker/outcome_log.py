@@ -10,6 +10,7 @@ aggregator to group by."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import traceback
@@ -42,9 +43,25 @@ def log_ended(
     """``ended``: the stored outcome ("retrying", "failed" or "cancelled"; any
     other logs nothing); ``error_type`` and ``error`` as stored; ``exc``: the
     handler's exception, whose traceback a job failed for good logs; ``retry_at``:
-    when a retried job runs again (None: not known)."""
+    when a retried job runs again (None: not known). Never raises: the outcome is
+    stored, and a logging filter or handler that fails must not undo the ending."""
     if not logs(ended):
         return
+    try:
+        _log_ended(ctx, ended, error_type, error, exc, retry_at)
+    except Exception:
+        with contextlib.suppress(Exception):
+            logger.exception("Job %s: its outcome (%s) could not be logged", ctx.job.pk, ended)
+
+
+def _log_ended(
+    ctx: JobContext,
+    ended: str,
+    error_type: str,
+    error: str,
+    exc: BaseException | None,
+    retry_at: datetime | None,
+) -> None:
     job = ctx.job
     what = f"{error_type}: {_one_line(error)}" if error_type and error != error_type else _one_line(error)
     fields = {

@@ -63,7 +63,7 @@ def missing_table(exc: DatabaseError, using: str | None = None) -> str | None:
         if alias not in present:
             try:
                 with connection.cursor() as cursor:
-                    present[alias] = set(connection.introspection.table_names(cursor))
+                    present[alias] = set(connection.introspection.table_names(cursor, include_views=True))
             except DatabaseError:  # unreachable, or in a transaction the error aborted: it stands
                 return None
         if connection.introspection.identifier_converter(table) not in present[alias]:
