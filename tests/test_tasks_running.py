@@ -19,7 +19,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from jobstate import registry, services
+from jobstate import hooks, registry, services
 from jobstate.exceptions import CancelRequested, NonRetryable, Partial
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.tasks import JobstateBackend, current, enqueue_on_commit
@@ -37,7 +37,7 @@ from jobstate.tasks.exceptions import (
     UnstorableResult,
     WorkerLost,
 )
-from jobstate.tasks.results import exception_path, status_of
+from jobstate.tasks.results import exception_path, started_result, status_of
 from jobstate.worker.runner import run_job
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
@@ -309,6 +309,86 @@ def test_worker_sends_started_and_finished(worker_signals):
     assert finished[0][1] == default_task_backend.get_result(ok.id)
     assert finished[1][1] == default_task_backend.get_result(retried.id)
     assert started[0][1].worker_ids == ["inline"] and started[0][1].started_at is not None
+
+
+def test_task_started_on_a_retry_is_what_get_result_reads(worker_signals):
+    started, _finished = worker_signals
+    seen = []
+    task_started.connect(
+        lambda sender, task_result, **kwargs: seen.append(default_task_backend.get_result(task_result.id)),
+        dispatch_uid="jobstate_tasks_read",
+        weak=False,
+    )
+    try:
+        result = jt.flaky.enqueue("m")
+        for worker in ("w1", "w2"):
+            with transaction.atomic():
+                (job,) = services.claim(worker, limit=1)
+            run_job(job, worker)
+    finally:
+        task_started.disconnect(dispatch_uid="jobstate_tasks_read")
+    second = started[1][1]
+    assert second == seen[1]
+    assert second.status == TaskResultStatus.RUNNING
+    assert (second.worker_ids, second.attempts) == (["w1", "w2"], 2)
+    # As Django's TaskResult: the errors of the earlier attempts, none of this one.
+    assert [e.exception_class for e in second.errors] == [RuntimeError]
+    # The first claim stands in for the first attempt's start (docs/howto/django-tasks.md).
+    assert second.started_at <= started[0][1].started_at < second.last_attempted_at
+    assert second.last_attempted_at == Job.objects.get(pk=result.id).started_at
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+@pytest.mark.parametrize("then_claimed", [False, True], ids=["requeued", "requeued-and-claimed"])
+def test_task_started_shows_the_attempt_starting_when_it_is_ended_before_it_is_sent(
+    worker_signals, then_claimed
+):
+    # An operator ends the attempt after the worker began it, before task_started is
+    # sent: the result is the attempt as it began, not its row with a later history.
+    started, _finished = worker_signals
+    result = jt.flaky.enqueue("m")
+    with transaction.atomic():
+        (job,) = services.claim("w1", limit=1)
+    run_job(job, "w1")
+    begun = []
+
+    def requeue(ctx):
+        begun.append(default_task_backend.get_result(str(ctx.job.pk)))
+        services.requeue(ctx.job.pk, actor="admin", reason="stuck")
+        if then_claimed:
+            services.claim("w3", limit=1, start=True)
+
+    hooks.attempt_started.register(requeue)
+    try:
+        with transaction.atomic():
+            (job,) = services.claim("w2", limit=1)
+        assert run_job(job, "w2") == "lost"
+    finally:
+        hooks.attempt_started.unregister(requeue)
+    second = started[1][1]
+    assert second == begun[0]
+    assert second.status == TaskResultStatus.RUNNING
+    assert (second.worker_ids, second.attempts) == (["w1", "w2"], 2)
+    assert [e.exception_class for e in second.errors] == [RuntimeError]
+    result.refresh()
+    assert [e.exception_class for e in result.errors] == [RuntimeError, OperatorRequeued]
+
+
+def test_the_task_started_result_of_a_first_attempt_needs_no_query_and_of_a_retry_one(
+    django_assert_num_queries,
+):
+    result = jt.flaky.enqueue("m")
+    (job,) = services.claim("w1", limit=1, start=True)
+    with django_assert_num_queries(0):  # the begun row says everything
+        first = started_result(job, jt.flaky)
+    assert first == default_task_backend.get_result(result.id)
+    assert run_job(job, "w1") == "retrying"
+    (job,) = services.claim("w2", limit=1, start=True)
+    with django_assert_num_queries(1):  # the job and its history in one statement
+        second = started_result(job, jt.flaky)
+    assert second == default_task_backend.get_result(result.id)
+    assert (second.status, second.worker_ids) == (TaskResultStatus.RUNNING, ["w1", "w2"])
 
 
 @task()

@@ -28,7 +28,7 @@ from jobstate.tasks.compat import (
 from jobstate.tasks.exceptions import UnstorableResult
 from jobstate.tasks.options import kind_of, option
 from jobstate.tasks.rebuild import rebuild_task, spec_of
-from jobstate.tasks.results import build_result, with_history
+from jobstate.tasks.results import build_result, started_result, with_history
 from jobstate.tasks.task_types import JobstateTaskContext
 
 # The ``jobstate.worker.context.JobContext`` a worker passes to handlers. Not
@@ -106,7 +106,7 @@ def execute(task: Task[..., Any], ctx: JobContext, backend: type[Any]) -> Any:
     args = list(parameters.get("args") or [])
     kwargs = dict(parameters.get("kwargs") or {})
     rebuilt = rebuild_task(task, ctx.job)
-    result = build_result(ctx.job, rebuilt)
+    result = started_result(ctx.job, rebuilt)
     sender = backend_class(rebuilt, backend)
     if len(_running) >= RUNNING_LIMIT:  # attempts that lost their lease are never seen to end here
         _running.pop(next(iter(_running)))

@@ -236,6 +236,48 @@ def needs_history(job: Job) -> bool:
     return not (job.status == "processing" and job.attempts == 1 and job.started_at is not None)
 
 
+def as_begun(rows: list[Row], attempt: int) -> list[Row]:
+    """The history as it stood when attempt number ``attempt`` began: without the
+    row that ended it, nor any after it. Claims whose attempt was refunded (see
+    ``began``) are not counted."""
+    charged = 0
+    claimed = False
+    for index, row in enumerate(rows):
+        transition, metadata = row[0], row[3] or {}
+        if transition == "claim":
+            charged, claimed = charged + 1, True
+        elif claimed and (transition in ENDS_ATTEMPT or transition == "suspend"):
+            claimed = False
+            if metadata.get("reserved") or metadata.get("handed_back") or metadata.get("suspended"):
+                charged -= 1
+            elif charged >= attempt:
+                return rows[:index]
+    return rows
+
+
+def started_result(job: Job, task: Task[..., Any]) -> Any:
+    """The ``TaskResult`` of the attempt of ``job`` that is starting (what
+    ``task_started`` carries); ``job`` is the row as that attempt's ``begin`` stored it.
+
+    Its first attempt: that row says everything, no query. Else ``with_history``
+    reads the job and its history in one statement, as ``get_result`` does. If the
+    attempt was ended or taken since it began (an operator's requeue or fail, the
+    reaper), that state is no longer this attempt's: the begun row goes with the
+    history as it stood then (history rows are only ever added)."""
+    if not needs_history(job):
+        return build_result(job, task)
+    read = with_history(Job.objects.filter(pk=job.pk)).first()
+    if (
+        read is not None
+        and read.status == "processing"
+        and read.lease_token == job.lease_token
+        and read.started_at == job.started_at
+    ):
+        return build_result(read, task)
+    rows = history(read) if read is not None else []
+    return build_result(job, task, began(as_begun(rows, job.attempts)))
+
+
 def build_result(job: Job, task: Task[..., Any], events: list[Row] | None = None) -> Any:
     """The ``TaskResult`` of ``job`` (its history is read unless ``events`` is given)."""
     if events is None:
