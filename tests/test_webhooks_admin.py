@@ -653,6 +653,40 @@ def test_an_endpoint_given_to_another_owner_while_disabled_no_longer_quotes_the_
     response = admin_client.post(page, {**as_loaded(page, admin_client), "owner": str(other_user.pk)})
     assert response.status_code == 302, errors(response)
     endpoint.refresh_from_db()
-    assert (endpoint.owner_id, endpoint.enabled, endpoint.consecutive_failures) == (other_user.pk, False, 20)
+    # Still disabled (the receiver is the same), but bob's count starts at 0 (ownership).
+    assert (endpoint.owner_id, endpoint.enabled, endpoint.consecutive_failures) == (other_user.pk, False, 0)
     assert endpoint.disabled_at is not None and endpoint.disabled_reason == delivery.OWNER_CHANGED
     assert "alice-invoice-7" not in admin_client.get(page).content.decode()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_endpoint_given_to_another_owner_keeps_nothing_of_the_previous_owners(
+    admin_client, user, other_user, overlap
+):
+    """Its failure count counted alice's deliveries (4 of 5: bob's first failure
+    disabled it), and alice holds its secret (and the previous one, in an overlap),
+    which signed bob's deliveries: she could sign messages his receiver trusts. The
+    new secret is shown once, after the save, as a rotation's."""
+    endpoint = WebhookEndpoint.objects.create(
+        owner=user, url="https://hooks.example.com/a", consecutive_failures=4
+    )
+    if overlap:
+        endpoint = rotation.rotate(endpoint.pk, 3600)
+    alices = set(endpoint.signing_secrets())
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/"
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "owner": str(other_user.pk)})
+    secret_page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/secret/"
+    assert response.status_code == 302 and response["Location"] == secret_page
+    endpoint.refresh_from_db()
+    assert (endpoint.owner_id, endpoint.enabled, endpoint.consecutive_failures) == (other_user.pk, True, 0)
+    assert endpoint.disabled_reason == "" and endpoint.previous_secret == ""
+    assert endpoint.signing_secrets() == [endpoint.secret] and endpoint.secret not in alices
+    shown = admin_client.get(secret_page).content.decode()
+    assert secrets_in(shown) == [endpoint.secret]
+    assert secrets_in(admin_client.get(secret_page).content.decode()) == []
+    # A save that keeps the owner keeps the secret and the count.
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=2)
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "description": "billing"})
+    assert response.status_code == 302 and response["Location"] != secret_page
+    kept = WebhookEndpoint.objects.get(pk=endpoint.pk)
+    assert (kept.secret, kept.consecutive_failures) == (endpoint.secret, 2)

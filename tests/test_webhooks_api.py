@@ -343,7 +343,8 @@ def test_an_endpoint_that_changes_owner_while_disabled_no_longer_quotes_the_prev
     editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
     changed = editor.patch(f"{URL}{everyone.pk}/", {"is_global": False}, format="json")
     assert changed.status_code == 200 and changed.data["owner"] == "carol"
-    assert changed.data["enabled"] is False and changed.data["consecutive_failures"] == 20
+    # Still disabled (the receiver is the same), but carol's count starts at 0 (ownership).
+    assert changed.data["enabled"] is False and changed.data["consecutive_failures"] == 0
     assert changed.data["disabled_reason"] == delivery.OWNER_CHANGED
     assert "alice-invoice-7" not in changed.data["disabled_reason"]
     # Re-enabling it still clears the reason; a change that keeps the owner keeps it.
@@ -358,6 +359,48 @@ def test_an_enabled_endpoint_that_changes_owner_keeps_an_empty_reason(staff_user
     editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
     changed = editor.patch(f"{URL}{everyone.pk}/", {"is_global": False}, format="json")
     assert changed.status_code == 200 and changed.data["disabled_reason"] == ""
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_endpoint_that_changes_owner_keeps_nothing_of_the_previous_owners(user, staff_user, overlap):
+    """Its failure count counted the previous owner's deliveries (4 of 5: the new
+    owner's first failure disabled it), and the previous owner holds its secret (and
+    the previous one, in an overlap), which went on signing: they could sign messages
+    the new owner's receiver trusts. The new secret is shown once, in the answer to
+    the change, as a rotation's."""
+    theirs = WebhookEndpoint.objects.create(
+        owner=user, url="https://hooks.example.com/a", consecutive_failures=4
+    )
+    if overlap:
+        theirs = rotation.rotate(theirs.pk, 3600)
+    alices = set(theirs.signing_secrets())
+    editor = client_for(grant(staff_user, "view_job", "change_webhookendpoint"))
+    changed = editor.patch(f"{URL}{theirs.pk}/", {"is_global": True}, format="json")
+    assert changed.status_code == 200 and changed.data["is_global"] is True
+    stored = WebhookEndpoint.objects.get(pk=theirs.pk)
+    assert changed.data["consecutive_failures"] == stored.consecutive_failures == 0
+    assert changed.data["secret"] == stored.secret and stored.secret not in alices
+    assert stored.signing_secrets() == [stored.secret] and stored.previous_secret == ""
+    assert changed.data["previous_secret_expires_at"] is None
+    assert editor.get(f"{URL}{theirs.pk}/").data["secret"] is None  # shown once
+    # A change that keeps the owner (is_global as it is) keeps the secret and the count.
+    WebhookEndpoint.objects.filter(pk=theirs.pk).update(consecutive_failures=2)
+    kept = editor.patch(f"{URL}{theirs.pk}/", {"is_global": True, "description": "x"}, format="json")
+    assert kept.status_code == 200 and kept.data["secret"] is None
+    assert kept.data["consecutive_failures"] == 2
+    assert WebhookEndpoint.objects.get(pk=theirs.pk).secret == stored.secret
+    # Made the editor's own: the same, and re-enabled with it, the reason goes too.
+    WebhookEndpoint.objects.filter(pk=theirs.pk).update(
+        enabled=False, disabled_at=timezone.now(), disabled_reason="disabled after ..."
+    )
+    mine = editor.patch(f"{URL}{theirs.pk}/", {"is_global": False, "enabled": True}, format="json")
+    assert mine.status_code == 200 and mine.data["owner"] == "carol" and mine.data["enabled"] is True
+    assert (mine.data["consecutive_failures"], mine.data["disabled_at"], mine.data["disabled_reason"]) == (
+        0,
+        None,
+        "",
+    )
+    assert mine.data["secret"] == WebhookEndpoint.objects.get(pk=theirs.pk).secret != stored.secret
 
 
 @override_settings(TIME_ZONE="Asia/Kolkata", REST_FRAMEWORK={"DATETIME_FORMAT": "%d.%m.%Y %H:%M"})

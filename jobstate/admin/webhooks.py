@@ -24,12 +24,15 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import MAX_DEPTH, text, too_deep
-from jobstate.webhooks import cache, delivery, validation, visibility
+from jobstate.webhooks import cache, ownership, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
 # queues none, ``delivery`` ends the ones queued before): the admin says so.
 INACTIVE_MARK = "owner inactive: nothing is delivered"
+
+# Set on an endpoint whose save gave it a new secret (a change of owner).
+NEW_SECRET = "_jobstate_new_secret"
 
 
 def owner_inactive(endpoint: WebhookEndpoint) -> bool:
@@ -99,7 +102,8 @@ class WebhookEndpointForm(forms.ModelForm):
         help_texts = {
             "owner": "Empty: a global endpoint that hears about every job (staff only). Given to "
             "another owner, it keeps its deliveries, but the new owner sees only those about their own "
-            "jobs; rotate its secret (overlap 0), which the previous owner may hold.",
+            "jobs; its failure count starts again and it gets a new secret (the previous owner held "
+            "the old one), shown once after the save.",
             "enabled": "Deliveries stop when an endpoint keeps failing (see the disabled reason). "
             "Tick it again, once the receiver works, to resume them and reset the failure count.",
         }
@@ -287,14 +291,26 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         # rotation or an automatic disable (``enabled`` still ticked on the page) made
         # since then.
         fields = {name for name in form.changed_data if name in form._meta.fields}
+        if "owner" in fields:
+            # Nothing of the previous owner's: failure count, reason, secret (``ownership``);
+            # the new secret is shown once after the save (``response_change``).
+            for name, value in ownership.handed_over(obj).items():
+                setattr(obj, name, value)
+                fields.add(name)
+            setattr(obj, NEW_SECRET, True)
         if obj.enabled and "enabled" in fields:
             obj.consecutive_failures, obj.disabled_at, obj.disabled_reason = 0, None, ""
             fields |= {"consecutive_failures", "disabled_at", "disabled_reason"}
-        elif "owner" in fields and obj.disabled_reason:
-            # Still disabled, for its new owner: a reason without the previous owner's error.
-            obj.disabled_reason = delivery.reason_after_owner_change(obj.disabled_reason)
-            fields.add("disabled_reason")
         obj.save(update_fields=sorted(fields | {"updated_at"}))
+
+    def response_change(self, request: HttpRequest, obj: WebhookEndpoint) -> Any:
+        # A change of owner made a new secret: shown this once, as after a rotation.
+        response = super().response_change(request, obj)
+        if not getattr(obj, NEW_SECRET, False):
+            return response
+        if IS_POPUP_VAR in request.POST or not isinstance(response, HttpResponseRedirect):
+            return response
+        return webhook_secret.show_once(request, obj, response.url)
 
 
 class DeliveryEventFilter(admin.SimpleListFilter):

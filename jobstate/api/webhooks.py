@@ -43,7 +43,7 @@ from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.webhooks import delivery, rotation, validation, visibility
+from jobstate.webhooks import ownership, rotation, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
@@ -98,8 +98,9 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     secret = serializers.CharField(
         read_only=True,
         allow_null=True,
-        help_text="The signing secret: in the answers to the endpoint's creation and to a rotation "
-        "only (shown once: keep it); null everywhere else. Lost it? Rotate it.",
+        help_text="The signing secret: in the answers to the endpoint's creation, to a rotation and "
+        "to a change of is_global (which makes a new one) only (shown once: keep it); null "
+        "everywhere else. Lost it? Rotate it.",
     )
 
     class Meta:
@@ -124,10 +125,12 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
         data = super().to_representation(instance)
         data["is_global"] = instance.owner_id is None
         # A secret is shown once, in the answer to the request that made it: the
-        # endpoint's creation (to its maker) or a rotation (to whoever may rotate it).
+        # endpoint's creation (to its maker), a rotation (to whoever may rotate it) or a
+        # change of owner, which makes one (``ownership``).
         # Never again: a list would hand over every secret its reader may change, and a
         # GET or PUT showed one to anyone holding its owner's token at any later time.
-        if getattr(self.context.get("view"), "action", None) not in SHOWS_SECRET:
+        view = self.context.get("view")
+        if getattr(view, "action", None) not in SHOWS_SECRET and not getattr(view, "made_secret", False):
             data["secret"] = None
         return data
 
@@ -196,6 +199,7 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
 
     serializer_class = WebhookEndpointSerializer
     queryset = WebhookEndpoint.objects.none()  # schema introspection; see get_queryset
+    made_secret = False  # this request gave the endpoint a new secret (a change of owner)
     pagination_class = NewestFirst
     filter_backends: list[Any] = []
 
@@ -245,12 +249,13 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
                     )
                 data["owner"] = None if is_global else self.request.user
         extra: dict[str, Any] = {}
+        if "owner" in data:
+            # Nothing of the previous owner's: failure count, reason, secret (``ownership``).
+            extra = ownership.handed_over(endpoint)
+            self.made_secret = True
         if data.get("enabled") and not endpoint.enabled:
             # Re-enabled by its owner: start counting failures afresh.
-            extra = {"consecutive_failures": 0, "disabled_at": None, "disabled_reason": ""}
-        elif "owner" in data:
-            # Still disabled, for its new owner: a reason without the previous owner's error.
-            extra = {"disabled_reason": delivery.reason_after_owner_change(endpoint.disabled_reason)}
+            extra |= {"consecutive_failures": 0, "disabled_at": None, "disabled_reason": ""}
         serializer.save(**extra)
 
     @extend_schema(summary="Rotate the signing secret", request=RotateSerializer)
