@@ -690,3 +690,37 @@ def test_an_endpoint_given_to_another_owner_keeps_nothing_of_the_previous_owners
     assert response.status_code == 302 and response["Location"] != secret_page
     kept = WebhookEndpoint.objects.get(pk=endpoint.pk)
     assert (kept.secret, kept.consecutive_failures) == (endpoint.secret, 2)
+
+
+def test_deleting_an_endpoint_lists_no_delivery_of_a_previous_owners_job(
+    admin_client, client, user, django_user_model
+):
+    """The delete confirmation (and the bulk action's) listed every delivery record the
+    deletion takes, each with its event, webhook-id and attempt: those about alice's
+    jobs too, to staff who see only the records of their own."""
+    from django.contrib.auth.models import Permission
+
+    from jobstate.webhooks.models import WebhookDelivery
+
+    staff = django_user_model.objects.create_user("hooks-admin", password="x", is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(
+            codename__in=["view_webhookendpoint", "delete_webhookendpoint", "delete_webhookdelivery"]
+        )
+    )
+    endpoint = WebhookEndpoint.objects.create(owner=staff, url="https://hooks.example.com/a")
+    for webhook_id, owner in [("msg_alice", user), ("msg_staff", staff)]:
+        WebhookDelivery.objects.create(
+            endpoint=endpoint, webhook_id=webhook_id, event="job.completed", job_id=services_job(owner).pk
+        )
+    page = f"/admin/jobstate/webhookendpoint/{endpoint.pk}/delete/"
+    bulk = {"action": "delete_selected", "_selected_action": [str(endpoint.pk)]}
+    client.force_login(staff)
+    for response in (client.get(page), client.post("/admin/jobstate/webhookendpoint/", bulk)):
+        html = response.content.decode()
+        assert response.status_code == 200 and "hooks.example.com/a" in html
+        assert "msg_alice" not in html and "Webhook deliveries: 2" in " ".join(html.split())
+    # Staff who may see every job still see each record; the deletion takes them all.
+    assert "msg_alice" in admin_client.get(page).content.decode()
+    assert client.post(page, {"post": "yes"}).status_code == 302
+    assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()

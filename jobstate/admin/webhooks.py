@@ -277,6 +277,16 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         except (model.DoesNotExist, ValidationError, ValueError):
             return None
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, Any, Any, Any]:
+        to_delete, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        if may_view_all(request.user):
+            return to_delete, counts, perms_needed, protected
+        # The confirmation listed each delivery (its event, webhook-id and attempt), those
+        # about a previous owner's jobs too (``visibility``): the endpoints only, and the
+        # deliveries counted in the summary.
+        endpoints = [item for item in to_delete if not isinstance(item, list)]
+        return endpoints, counts, perms_needed, protected
+
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         # The bulk action deletes a queryset, without the model's delete(), which
         # drops the process's cached wanted events.
