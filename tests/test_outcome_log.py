@@ -116,6 +116,23 @@ def test_a_cancelled_attempt_is_info(temp_handler, caplog):
     assert cancelled.outcome == "cancelled"  # type: ignore[attr-defined]
 
 
+def test_an_error_after_a_cancel_request_is_one_info_line(temp_handler, caplog):
+    # The attempt ends cancelled (services.fail's cancel instead): the service layer
+    # logged it too, so the attempt gave two INFO lines.
+    def late(ctx):
+        services.request_cancel(ctx.job.pk, "api", "changed my mind")
+        raise ValueError("bad row")
+
+    temp_handler("t.late", late)
+    job = services.enqueue("t.late", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    drain()
+    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    (cancelled,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert cancelled.name == "jobstate.worker" and cancelled.levelno == logging.INFO
+    assert cancelled.getMessage() == f"Job {job.pk} (t.late) cancelled on attempt 1 of 3: ValueError: bad row"
+
+
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
 def test_a_timeout_is_a_warning_when_retried_an_error_without_a_traceback_when_final(temp_handler, caplog):
     def forever(ctx):

@@ -331,7 +331,6 @@ def _cancel_instead(
 ) -> Job | None:
     """``fail`` of a processing job whose cancel was requested: end it ``cancelled``
     (inside fail's transaction, the row locked), the error named in the reason."""
-    logger.info("Job %s: cancel requested; the attempt ended with %s", _pk(job), error)
     return move(
         job,
         "cancel",
