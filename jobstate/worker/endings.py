@@ -32,7 +32,7 @@ from jobstate.worker import unheard
 from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.limits import timeout_for
-from jobstate.worker.outcome_log import log_ended, logs
+from jobstate.worker.outcome_log import Stored, log_ended
 
 logger = logging.getLogger("jobstate")
 
@@ -196,20 +196,14 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
 
 
 def _log(ctx: JobContext, kind: str, value: Any, ended: str, known: bool = True) -> None:
-    """Log the stored outcome of an attempt that did not succeed; nothing is done
-    for one that did. A result that could not be stored was logged as it was found
-    (``_unstorable``). ``known``: the write's answer came, so the Job object holds
-    the time a retry was given (else it is not known)."""
-    if kind == "ok" or not logs(ended):  # before anything is formatted
+    """Log the stored outcome of an attempt that did not succeed. A result that
+    could not be stored was logged as it was found (``_unstorable``). ``known``: the
+    write's answer came, so the Job object holds the time a retry was given."""
+    if kind == "ok":
         return
-    if kind == "interrupted":
-        error_type, error = ("Timeout", _timed_out(ctx)) if value == "timeout" else ("", CANCEL_GRACE_OVER)
-        exc = None
-    else:
-        exc = value
-        error_type, error = type(exc).__name__, exception_text(exc) or type(exc).__name__
+    error: BaseException | Stored = value if kind != "interrupted" else _interrupt_error(ctx, value)
     retry_at = ctx.job.run_after if known and ended == "retrying" else None
-    log_ended(ctx, ended, error_type, error, exc, retry_at)
+    log_ended(ctx.job, ctx.attempt, ended, error, retry_at=retry_at)
 
 
 CANCEL_GRACE_OVER = "stopped after the cancel grace period"
@@ -217,6 +211,11 @@ CANCEL_GRACE_OVER = "stopped after the cancel grace period"
 
 def _timed_out(ctx: JobContext) -> str:
     return f"Timed out after {timeout_for(ctx.spec):g} s"
+
+
+def _interrupt_error(ctx: JobContext, why: str) -> Stored:
+    """The error ``_store`` stored for an interrupt (a lost lease stores none)."""
+    return ("Timeout", _timed_out(ctx)) if why == "timeout" else ("", CANCEL_GRACE_OVER)
 
 
 def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> str:
@@ -332,7 +331,7 @@ def hard_timeout(ctx: JobContext) -> str:
         )
         return "lost"
     retry_at = ctx.job.run_after if ended == "retrying" else None
-    log_ended(ctx, ended, "HardTimeout", HARD_TIMEOUT, retry_at=retry_at)
+    log_ended(ctx.job, ctx.attempt, ended, ("HardTimeout", HARD_TIMEOUT), retry_at=retry_at)
     return ended
 
 

@@ -16,14 +16,17 @@ import re
 import traceback
 from datetime import datetime
 
-from jobstate.storable import text
-from jobstate.worker.context import JobContext
+from jobstate.models import Job
+from jobstate.storable import exception_text, text
 
 logger = logging.getLogger("jobstate.worker")
 
 LEVELS = {"retrying": logging.WARNING, "failed": logging.ERROR, "cancelled": logging.INFO}
 MESSAGE_CHARS = 500
 _LINE_BREAKS = re.compile(r"\s*[\r\n]+\s*")
+
+Stored = tuple[str, str]
+"""An error as the job row stores it: ``(error_type, error)``."""
 
 
 def logs(ended: str) -> bool:
@@ -33,47 +36,54 @@ def logs(ended: str) -> bool:
 
 
 def log_ended(
-    ctx: JobContext,
+    job: Job,
+    attempt: int,
     ended: str,
-    error_type: str,
-    error: str,
+    error: BaseException | Stored,
+    *,
     exc: BaseException | None = None,
     retry_at: datetime | None = None,
 ) -> None:
-    """``ended``: the stored outcome ("retrying", "failed" or "cancelled"; any
-    other logs nothing); ``error_type`` and ``error`` as stored; ``exc``: the
-    handler's exception, whose traceback a job failed for good logs; ``retry_at``:
-    when a retried job runs again (None: not known). Never raises: the outcome is
-    stored, and a logging filter or handler that fails must not undo the ending."""
-    if not logs(ended):
+    """Log attempt ``attempt`` of ``job``, whose stored outcome is ``ended``
+    ("retrying", "failed" or "cancelled"; any other logs nothing, at the cost of
+    one dict lookup). ``error``: the handler's exception, described as the job row
+    stores it (its type, its text), or the stored ``(error_type, error)``; ``exc``
+    (default: ``error`` if an exception): the exception whose traceback a job failed
+    for good logs. ``retry_at``: when a retried job runs again (None: not known).
+    Never raises: the outcome is stored, and a logging filter or handler that fails
+    must not undo the ending."""
+    if not logs(ended):  # before anything is formatted
         return
     try:
-        _log_ended(ctx, ended, error_type, error, exc, retry_at)
+        if isinstance(error, BaseException):
+            exc = exc if exc is not None else error
+            error = (type(error).__name__, exception_text(error) or type(error).__name__)
+        _log_ended(job, attempt, ended, *error, exc, retry_at)
     except Exception:
         with contextlib.suppress(Exception):
-            logger.exception("Job %s: its outcome (%s) could not be logged", ctx.job.pk, ended)
+            logger.exception("Job %s: its outcome (%s) could not be logged", job.pk, ended)
 
 
 def _log_ended(
-    ctx: JobContext,
+    job: Job,
+    attempt: int,
     ended: str,
     error_type: str,
     error: str,
     exc: BaseException | None,
     retry_at: datetime | None,
 ) -> None:
-    job = ctx.job
     what = f"{error_type}: {_one_line(error)}" if error_type and error != error_type else _one_line(error)
     fields = {
         "job_id": str(job.pk),
         "kind": job.kind,
-        "attempt": ctx.attempt,
+        "attempt": attempt,
         "max_attempts": job.max_attempts,
         "outcome": ended,
         "error_type": error_type,
         "retry_at": retry_at.isoformat() if retry_at is not None else None,
     }
-    head = (job.pk, job.kind, ctx.attempt, job.max_attempts)
+    head = (job.pk, job.kind, attempt, job.max_attempts)
     if ended == "retrying":
         again = f"runs again at {retry_at.isoformat(timespec='seconds')}" if retry_at else "runs again later"
         logger.warning("Job %s (%s) attempt %d of %d failed; %s: %s", *head, again, what, extra=fields)
