@@ -10,13 +10,14 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 from django.test import override_settings
 from django_q.exceptions import TimeoutException
 
 from jobstate import NonRetryable, services
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.worker import outcome_log, tasks
+from jobstate.worker import outcome_log, runner, tasks
 from jobstate.worker.runner import drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -133,6 +134,68 @@ def test_an_error_after_a_cancel_request_is_one_info_line(temp_handler, caplog):
     assert cancelled.getMessage() == f"Job {job.pk} (t.late) cancelled on attempt 1 of 3: ValueError: bad row"
 
 
+def test_a_kind_without_a_handler_is_an_error_with_the_stored_error(caplog):
+    # Failed (no attempt charged) before any handler was looked for: nothing was logged.
+    job = services.enqueue("test.echo", {})
+    Job.objects.filter(pk=job.pk).update(kind="gone.away")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.FAILED and job.error_type == "UnknownKind"
+    (final,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert final.name == "jobstate.worker" and final.levelno == logging.ERROR and final.exc_info is None
+    assert final.getMessage() == (
+        f"Job {job.pk} (gone.away) failed on attempt 1 of {job.max_attempts}: "
+        f"UnknownKind: {job.error_message}"
+    )
+    assert fields(final) == {
+        "job_id": str(job.pk),
+        "kind": "gone.away",
+        "attempt": 1,
+        "max_attempts": job.max_attempts,
+        "outcome": "failed",
+        "error_type": "UnknownKind",
+        "retry_at": None,
+    }
+
+
+@pytest.mark.parametrize("where", ["begin", "setup"])
+def test_an_error_before_the_handler_starts_is_logged_as_the_attempt_s_outcome(monkeypatch, caplog, where):
+    # services.begin failed (no attempt charged), or the handler's call could not be set
+    # up (begin's attempt refunded): the job is requeued with the error, logged nowhere.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    if where == "begin":
+        monkeypatch.setattr(services, "begin", broken)
+    else:
+        monkeypatch.setattr(runner, "Slot", broken)
+    job = services.enqueue("test.echo", {}, max_attempts=2)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.raises(OperationalError):
+        drain()
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 0, "OperationalError")
+    (retry,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert retry.name == "jobstate.worker" and retry.levelno == logging.WARNING
+    at = job.run_after.isoformat(timespec="seconds")
+    assert retry.getMessage() == (
+        f"Job {job.pk} (test.echo) attempt 1 of 2 failed; runs again at {at}: OperationalError: "
+        f"{job.error_message}"
+    )
+    why = "the worker could not start the job" if where == "begin" else "the handler could not be started"
+    assert job.error_message == f"{why}: server closed the connection unexpectedly"
+    assert fields(retry) == {
+        "job_id": str(job.pk),
+        "kind": "test.echo",
+        "attempt": 1,
+        "max_attempts": 2,
+        "outcome": "retrying",
+        "error_type": "OperationalError",
+        "retry_at": job.run_after.isoformat(),
+    }
+
+
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
 def test_a_timeout_is_a_warning_when_retried_an_error_without_a_traceback_when_final(temp_handler, caplog):
     def forever(ctx):
@@ -168,6 +231,30 @@ def test_django_q_s_hard_time_limit_is_logged_as_the_attempt_s_outcome(temp_hand
     assert retry.levelno == logging.WARNING
     assert retry.getMessage().startswith(f"Job {job.pk} (t.stuck) attempt 1 of 2 failed; runs again at ")
     assert retry.getMessage().endswith(": HardTimeout: Stopped by the worker's hard time limit")
+
+
+def test_django_q_s_hard_time_limit_outside_the_handler_is_logged_as_the_attempt_s_outcome(
+    temp_handler, caplog, monkeypatch
+):
+    # It fired as the outcome was to be written: tasks recorded HardTimeout, logged nowhere.
+    def hard_limit(*args: object, **kwargs: object) -> str:
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.quick", lambda ctx: None, max_attempts=2, retry_backoff=0)
+    monkeypatch.setattr(runner, "finish", hard_limit)
+    job = services.enqueue("t.quick", {})
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.raises(TimeoutException):
+        tasks.run_by_id(str(job.pk))
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.QUEUED, "HardTimeout")
+    (retry,) = records(caplog)
+    at = job.run_after.isoformat(timespec="seconds")
+    assert retry.levelno == logging.WARNING
+    assert retry.getMessage() == (
+        f"Job {job.pk} (t.quick) attempt 1 of 2 failed; runs again at {at}: "
+        "HardTimeout: Stopped by the worker's hard time limit"
+    )
 
 
 def test_nothing_is_formatted_when_the_level_is_off(temp_handler, caplog, monkeypatch):

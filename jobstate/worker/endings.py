@@ -79,11 +79,13 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
     requested. If even that fails, the lease runs out into the reaper. ``begun``:
     ``begin`` had charged the attempt, which is refunded."""
     usable_connection(math.inf)
+    attempt = _unstarted_attempt(job)
+    error = f"{why}: {exception_text(exc)}"[:1000]
     try:
-        return end_attempt(
+        ended = end_attempt(
             job,
             job.lease_token,
-            f"{why}: {exception_text(exc)}"[:1000],
+            error,
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
             unstarted=begun,
@@ -93,22 +95,34 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
     except Exception:
         logger.exception("Job %s could not be released; the reaper will take it", job.pk)
         return "lost"
+    _log_unstarted(job, attempt, ended, (type(exc).__name__, error), exc)
+    return ended
+
+
+def _unstarted_attempt(job: Job) -> int:
+    """The attempt a job whose handler never started was at, read before its outcome
+    is written (which may refund it): ``begin``'s, or the one it was to begin."""
+    return job.attempts if job.started_at is not None else job.attempts + 1
+
+
+def _log_unstarted(
+    job: Job, attempt: int, ended: str, error: Stored, exc: BaseException | None = None
+) -> None:
+    log_ended(job, attempt, ended, error, exc=exc, retry_at=job.run_after if ended == "retrying" else None)
 
 
 def unknown_kind(job: Job) -> str:
     """No handler for this kind in this process: fail it, no retry (no attempt
     charged); cancelled instead if a cancel was requested."""
+    attempt = _unstarted_attempt(job)
+    error = f"No handler registered for kind '{job.kind}'"
     try:
-        moved = services.fail_held(
-            job,
-            job.lease_token,
-            f"No handler registered for kind '{job.kind}'",
-            error_type="UnknownKind",
-            retry=False,
-        )
+        moved = services.fail_held(job, job.lease_token, error, error_type="UnknownKind", retry=False)
     except (LeaseLost, InvalidTransition):
         return "lost"
-    return _ended(moved)  # "cancelled" if a cancel was requested
+    ended = _ended(moved)  # "cancelled" if a cancel was requested
+    _log_unstarted(job, attempt, ended, ("UnknownKind", error))
+    return ended
 
 
 STOPPED = "stopped by Ctrl-C (KeyboardInterrupt) while it ran inline; the attempt is not counted"
@@ -332,6 +346,19 @@ def hard_timeout(ctx: JobContext) -> str:
         return "lost"
     retry_at = ctx.job.run_after if ended == "retrying" else None
     log_ended(ctx.job, ctx.attempt, ended, ("HardTimeout", HARD_TIMEOUT), retry_at=retry_at)
+    return ended
+
+
+def hard_timeout_outside(job: Job, token: UUID | str | None) -> str:
+    """django-q2's hard time limit fired outside the handler (around it, or as its
+    outcome was written): the attempt failed with ``HardTimeout``, unless an outcome
+    is stored already (refused: "lost")."""
+    attempt = _unstarted_attempt(job)
+    try:
+        ended = end_attempt(job, token, HARD_TIMEOUT, error_type="HardTimeout")
+    except (LeaseLost, InvalidTransition):
+        return "lost"
+    _log_unstarted(job, attempt, ended, ("HardTimeout", HARD_TIMEOUT))
     return ended
 
 

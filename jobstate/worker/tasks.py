@@ -31,10 +31,9 @@ from jobstate.worker import counters, q2, unheard
 from jobstate.worker.cluster import cluster_id
 from jobstate.worker.connections import Calls, reconnecting
 from jobstate.worker.endings import (
-    HARD_TIMEOUT,
     cancel_unstarted,
-    end_attempt,
     hand_back_stopped,
+    hard_timeout_outside,
     release,
     unknown_kind,
 )
@@ -212,8 +211,7 @@ def _run_begun(job: Job, me: str, links: Chain | None = None, leased_at: float |
         # fired around it (the outcome write: refused if that was committed).
         # Then django-q2 replaces this worker process.
         close_old_connections()
-        with contextlib.suppress(LeaseLost, InvalidTransition):
-            end_attempt(job, token, HARD_TIMEOUT, error_type="HardTimeout")
+        hard_timeout_outside(job, token)
         raise
     keep_connection()
     return outcome
