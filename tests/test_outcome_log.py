@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -32,17 +33,28 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
     return {name: getattr(record, name) for name in names}
 
 
-def test_a_retry_is_a_warning_and_the_last_failure_an_error_with_the_handler_s_traceback(
-    temp_handler, caplog
-):
+@pytest.fixture
+def drained(temp_handler, caplog):  # type: ignore[no-untyped-def]
+    """``drained(kind, func, level=..., **options)``: register ``func`` for ``kind``,
+    enqueue one job and drain it, ``jobstate`` logged from ``level``; the job as it ended."""
+
+    def run(kind: str, func: Callable[[Any], Any], *, level: int = logging.DEBUG, **options: Any) -> Job:
+        temp_handler(kind, func, **options)
+        job = services.enqueue(kind, {})
+        caplog.set_level(level, logger="jobstate")
+        drain()
+        job.refresh_from_db()
+        return job
+
+    return run
+
+
+def test_a_retry_is_a_warning_and_the_last_failure_an_error_with_the_handler_s_traceback(drained, caplog):
     def parse_row(ctx):
         raise ValueError(f"bad row {ctx.attempt}")
 
-    temp_handler("t.boom", parse_row, max_attempts=2, retry_backoff=0)
-    job = services.enqueue("t.boom", {})
-    caplog.set_level(logging.DEBUG, logger="jobstate")
-    assert drain() == 2
-    job.refresh_from_db()
+    job = drained("t.boom", parse_row, max_attempts=2, retry_backoff=0)
+    assert job.attempts == 2
     retry, final = records(caplog)
 
     assert retry.levelno == logging.WARNING and retry.exc_info is None
@@ -75,23 +87,16 @@ def test_a_retry_is_a_warning_and_the_last_failure_an_error_with_the_handler_s_t
     assert caplog.text.count("Traceback (most recent call last)") == 1
 
 
-def test_a_handler_that_succeeds_logs_nothing(temp_handler, caplog):
-    temp_handler("t.ok", lambda ctx: {"rows": 1})
-    job = services.enqueue("t.ok", {})
-    caplog.set_level(logging.DEBUG, logger="jobstate")
-    assert drain() == 1
-    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+def test_a_handler_that_succeeds_logs_nothing(drained, caplog):
+    assert drained("t.ok", lambda ctx: {"rows": 1}).status == Status.COMPLETED
     assert records(caplog) == []
 
 
-def test_a_non_retryable_error_fails_for_good_on_its_first_attempt(temp_handler, caplog):
+def test_a_non_retryable_error_fails_for_good_on_its_first_attempt(drained, caplog):
     def nope(ctx):
         raise NonRetryable("no point\nsecond line of the message")
 
-    temp_handler("t.nope", nope, max_attempts=5)
-    job = services.enqueue("t.nope", {})
-    caplog.set_level(logging.INFO, logger="jobstate")
-    drain()
+    job = drained("t.nope", nope, level=logging.INFO, max_attempts=5)
     (final,) = records(caplog)
     assert final.levelno == logging.ERROR and final.exc_info is not None
     # One line: the message's line breaks are not the log line's.
@@ -100,15 +105,12 @@ def test_a_non_retryable_error_fails_for_good_on_its_first_attempt(temp_handler,
     )
 
 
-def test_a_cancelled_attempt_is_info(temp_handler, caplog):
+def test_a_cancelled_attempt_is_info(drained, caplog):
     def slow(ctx):
         services.request_cancel(ctx.job.pk, "api", "changed my mind")
         ctx.progress(10)
 
-    temp_handler("t.slow", slow)
-    job = services.enqueue("t.slow", {})
-    caplog.set_level(logging.INFO, logger="jobstate")
-    drain()
+    job = drained("t.slow", slow, level=logging.INFO)
     (cancelled,) = records(caplog)
     assert cancelled.levelno == logging.INFO and cancelled.exc_info is None
     assert cancelled.getMessage().startswith(
@@ -117,18 +119,15 @@ def test_a_cancelled_attempt_is_info(temp_handler, caplog):
     assert cancelled.outcome == "cancelled"  # type: ignore[attr-defined]
 
 
-def test_an_error_after_a_cancel_request_is_one_info_line(temp_handler, caplog):
+def test_an_error_after_a_cancel_request_is_one_info_line(drained, caplog):
     # The attempt ends cancelled (services.fail's cancel instead): the service layer
     # logged it too, so the attempt gave two INFO lines.
     def late(ctx):
         services.request_cancel(ctx.job.pk, "api", "changed my mind")
         raise ValueError("bad row")
 
-    temp_handler("t.late", late)
-    job = services.enqueue("t.late", {})
-    caplog.set_level(logging.INFO, logger="jobstate")
-    drain()
-    assert Job.objects.get(pk=job.pk).status == Status.CANCELLED
+    job = drained("t.late", late, level=logging.INFO)
+    assert job.status == Status.CANCELLED
     (cancelled,) = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert cancelled.name == "jobstate.worker" and cancelled.levelno == logging.INFO
     assert cancelled.getMessage() == f"Job {job.pk} (t.late) cancelled on attempt 1 of 3: ValueError: bad row"
@@ -197,17 +196,14 @@ def test_an_error_before_the_handler_starts_is_logged_as_the_attempt_s_outcome(m
 
 
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
-def test_a_timeout_is_a_warning_when_retried_an_error_without_a_traceback_when_final(temp_handler, caplog):
+def test_a_timeout_is_a_warning_when_retried_an_error_without_a_traceback_when_final(drained, caplog):
     def forever(ctx):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             time.sleep(0.05)
 
-    temp_handler("t.forever", forever, timeout=0.5, max_attempts=2, retry_backoff=0)
-    job = services.enqueue("t.forever", {})
-    caplog.set_level(logging.INFO, logger="jobstate")
-    drain()
-    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    job = drained("t.forever", forever, level=logging.INFO, timeout=0.5, max_attempts=2, retry_backoff=0)
+    assert job.status == Status.FAILED
     retry, final = records(caplog)
     assert (retry.levelno, final.levelno) == (logging.WARNING, logging.ERROR)
     assert retry.getMessage().endswith(": Timeout: Timed out after 0.5 s")
@@ -257,7 +253,7 @@ def test_django_q_s_hard_time_limit_outside_the_handler_is_logged_as_the_attempt
     )
 
 
-def test_nothing_is_formatted_when_the_level_is_off(temp_handler, caplog, monkeypatch):
+def test_nothing_is_formatted_when_the_level_is_off(drained, caplog, monkeypatch):
     def boom(ctx):
         raise ValueError("bad")
 
@@ -265,24 +261,19 @@ def test_nothing_is_formatted_when_the_level_is_off(temp_handler, caplog, monkey
         raise AssertionError("formatted for a level that is off")
 
     monkeypatch.setattr(outcome_log, "_one_line", no_formatting)
-    temp_handler("t.boom", boom, max_attempts=2, retry_backoff=0)
-    services.enqueue("t.boom", {})
-    caplog.set_level(logging.CRITICAL, logger="jobstate")
-    assert drain() == 2
+    assert drained("t.boom", boom, level=logging.CRITICAL, max_attempts=2, retry_backoff=0).attempts == 2
     assert records(caplog) == []
 
 
-def test_a_nul_or_lone_surrogate_in_the_error_is_logged_as_stored(temp_handler, caplog):
+def test_a_nul_or_lone_surrogate_in_the_error_is_logged_as_stored(drained, caplog):
     # An undecodable file name (os.fsdecode's lone surrogate) or a NUL in the error: a
     # UTF-8 handler cannot write such a record ("--- Logging error ---"; pytest-xdist
     # failed on it), so the line and the traceback carry U+FFFD, as the job row does.
     def reads(ctx):
         raise ValueError(f"cannot read file-\udcff (attempt {ctx.attempt})\x00")
 
-    temp_handler("t.fsname", reads, max_attempts=2, retry_backoff=0)
-    job = services.enqueue("t.fsname", {})
-    caplog.set_level(logging.DEBUG, logger="jobstate")
-    assert drain() == 2
+    job = drained("t.fsname", reads, max_attempts=2, retry_backoff=0)
+    assert job.attempts == 2
     retry, final = records(caplog)
     for record in (retry, final):
         formatted = logging.Formatter().format(record)
@@ -290,10 +281,10 @@ def test_a_nul_or_lone_surrogate_in_the_error_is_logged_as_stored(temp_handler, 
         assert "\x00" not in formatted and "file-\ufffd" in formatted
     assert final.levelno == logging.ERROR and final.exc_info is None
     assert "Traceback (most recent call last)" in final.getMessage() and "in reads" in final.getMessage()
-    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    assert job.status == Status.FAILED
 
 
-def test_a_log_filter_that_raises_does_not_undo_the_stored_outcome(temp_handler, caplog):
+def test_a_log_filter_that_raises_does_not_undo_the_stored_outcome(drained, caplog):
     # Logging catches what a handler's emit raises, not a logger's filter: the outcome
     # is stored by then, and the attempt still ends (its attempt_ended hook runs).
     def boom(ctx):
@@ -304,20 +295,17 @@ def test_a_log_filter_that_raises_does_not_undo_the_stored_outcome(temp_handler,
             raise RuntimeError("the filter is broken")
         return True
 
-    temp_handler("t.filtered", boom, max_attempts=1)
-    job = services.enqueue("t.filtered", {})
-    caplog.set_level(logging.DEBUG, logger="jobstate")
     worker_logger = logging.getLogger("jobstate.worker")
     worker_logger.addFilter(broken_filter)
     try:
-        assert drain() == 1
+        job = drained("t.filtered", boom, max_attempts=1)
     finally:
         worker_logger.removeFilter(broken_filter)
-    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    assert job.status == Status.FAILED
     assert any("could not be logged" in r.getMessage() for r in caplog.records)
 
 
-def test_an_error_whose_text_cannot_be_had_is_logged_by_its_type(temp_handler, caplog):
+def test_an_error_whose_text_cannot_be_had_is_logged_by_its_type(drained, caplog):
     class Unprintable(Exception):
         def __str__(self) -> str:
             raise RuntimeError("no text")
@@ -325,10 +313,7 @@ def test_an_error_whose_text_cannot_be_had_is_logged_by_its_type(temp_handler, c
     def boom(ctx):
         raise Unprintable()
 
-    temp_handler("t.unprintable", boom, max_attempts=2, retry_backoff=0)
-    job = services.enqueue("t.unprintable", {})
-    caplog.set_level(logging.DEBUG, logger="jobstate")
-    assert drain() == 2
-    assert Job.objects.get(pk=job.pk).status == Status.FAILED
+    job = drained("t.unprintable", boom, max_attempts=2, retry_backoff=0)
+    assert (job.status, job.attempts) == (Status.FAILED, 2)
     assert [r.levelno for r in records(caplog)] == [logging.WARNING, logging.ERROR]
     assert "Unprintable" in records(caplog)[0].getMessage()
