@@ -554,6 +554,40 @@ def test_a_partial_fan_in_is_fanned_in_again_after_its_failed_child_was_retried(
     assert "partial" not in split.detail and "fan_in_partial" not in split.detail
 
 
+def test_a_step_waiting_again_for_its_children_keeps_the_progress_they_made(monkeypatch):
+    """A run that waits again for the children an earlier run started (its fan-in
+    failed) shows the share of them that finished, as the waiting parent did; it
+    went back to the start of the step's share (33 % -> 0 %) until the fan-in ended."""
+    from jobstate.worker.runner import run_job
+    from jobstate.workflows import fanout
+
+    real_fan_in = fanout.fan_in
+    seen: list[tuple[int, str]] = []  # the parent's progress as each fan-in begins
+
+    def watched_fan_in(run: Any, *args: Any) -> Any:
+        seen.append(Job.objects.values_list("progress", "progress_message").get(pk=run.job.pk))
+        return real_fan_in(run, *args)
+
+    monkeypatch.setattr(fanout, "fan_in", watched_fan_in)
+    _fan_in_fails_once(monkeypatch)
+    parent = services.enqueue("wf.fan_partial", {"n": 3, "fail": [1]})  # max_attempts=2
+    drain()  # split, its children, then the woken parent: its fan-in fails
+    parent.refresh_from_db()
+    assert parent.status == Status.QUEUED
+    failing = Job.objects.get(parent=parent, status=Status.FAILED)
+    Job.objects.filter(pk=failing.pk).update(parameters={"i": 1})  # the cause, fixed
+    services.retry(failing, "ops", "fixed")
+    assert run_job(services.start(parent.pk, "w2"), "w2") == "suspended"  # waits for the retry
+    assert drain() == 2  # the retry, then the parent
+    parent.refresh_from_db()
+    assert (parent.status, parent.progress) == (Status.COMPLETED, 100)
+    assert seen == [
+        (33, "2 of 3 child jobs finished"),  # woken: 2 of 3 (split is 0..50 %) when the last one began
+        (33, "2 of 3 child jobs finished"),  # waiting again: the retried child runs
+        (33, "2 of 3 child jobs finished"),
+    ]
+
+
 def _fan_in_fails_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first ``steps.complete`` of step split raises: its run fails after the fan-in."""
     from jobstate.workflows import steps

@@ -59,9 +59,8 @@ def waiting_progress(waiting: hooks.Waiting) -> tuple[int, str] | None:
     ) or (None, None)
     if not band or not total:
         return None
-    done = max(0, total - waiting.active)
-    fraction = min(1.0, (done * 100 + waiting.progress) / (total * 100))
-    return int(band[0] + (band[1] - band[0]) * fraction), f"{done} of {total} child jobs finished"
+    percent, message = step_waits.placed(band, total, waiting.active, waiting.progress)
+    return int(percent), message
 
 
 def rows_of(ids: list[str], fields: tuple[str, ...]) -> Iterator[dict[str, Any]]:

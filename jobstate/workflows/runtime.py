@@ -108,7 +108,7 @@ class Run:
         try:
             if row.status != S.WAITING and "children" in row.detail:
                 # An earlier run started this step's children: wait for them, never again.
-                step_waits.resume_wait(self.job, self.token, row, percent=self.band(spec)[0])
+                step_waits.resume_wait(self.job, self.token, row, band=self.band(spec))
             if row.status == S.WAITING:
                 output = fanout.fan_in(self, spec, row)
             else:

@@ -6,10 +6,11 @@ and names them (``children_of``). Each write holds the job's lease
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from jobstate import services
@@ -17,7 +18,7 @@ from jobstate.exceptions import StepStateError
 from jobstate.models import Job, JobStep
 from jobstate.models.step import StepStatus
 from jobstate.services.steps import move_step
-from jobstate.states import Status
+from jobstate.states import ACTIVE, Status
 from jobstate.storable import result_value
 from jobstate.workflows import spawns
 from jobstate.workflows.spawns import CHUNK, REUSED, SPAWNED, ChildSpec, Reuse
@@ -105,13 +106,19 @@ def _retried(reuse: Reuse | None) -> dict[str, Job]:
     return found
 
 
-def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
+def resume_wait(job: Job, token: Any, row: JobStep, *, band: tuple[float, float]) -> None:
     """A fan-out step whose children an earlier run of this job started (that run then
     failed, say, while fanning in): ``waiting`` again for the same children, so a
-    retry never starts them twice."""
+    retry never starts them twice. The job shows the share of them that finished
+    within ``band``, as it did while it waited (``placed``)."""
     now = timezone.now()
     with transaction.atomic():
-        hold(job, token, percent=percent, message="waiting for child jobs", step=row.name)
+        total = row.detail.get("total") or len(row.detail.get("children", []))
+        active = Job.objects.filter(parent_id=job.pk, status__in=ACTIVE).aggregate(
+            n=Count("pk"), p=Sum("progress")
+        )
+        percent, message = placed(band, total, active["n"], active["p"] or 0)
+        hold(job, token, percent=percent, message=message, step=row.name)
         move_step(
             job.pk,
             row.name,
@@ -124,6 +131,17 @@ def resume_wait(job: Job, token: Any, row: JobStep, *, percent: float) -> None:
             now=now,
         )
     row.status, row.attempts, row.finished_at, row.error_message = S.WAITING, row.attempts + 1, None, ""
+
+
+def placed(band: Sequence[float], total: int, active: int, progress: int) -> tuple[float, str]:
+    """The job's progress (and message) for a step waiting for its ``total`` children,
+    ``active`` of which are still queued or running, their progress summing
+    ``progress``: the step's ``band`` of the job's progress, filled as they finish."""
+    if not total:
+        return band[0], "waiting for child jobs"
+    done = max(0, total - active)
+    fraction = min(1.0, (done * 100 + progress) / (total * 100))
+    return band[0] + (band[1] - band[0]) * fraction, f"{done} of {total} child jobs finished"
 
 
 def children_of(job_id: Any, name: str) -> list[str]:
