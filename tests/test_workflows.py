@@ -241,6 +241,41 @@ def test_a_resumed_step_begins_where_its_checkpoint_left_the_progress():
     assert Job.objects.get(pk=retried.pk).status == Status.COMPLETED
 
 
+def test_a_step_resumed_from_its_checkpoint_says_so_and_reports_that_progress():
+    """What a step reported after its last checkpoint is not where it resumes (that work
+    runs again): the job shows the checkpoint's progress, and a message that says why
+    it went back; it showed an empty message."""
+    begun: list[tuple[int, str]] = []  # the job's (progress, message) as the step begins
+
+    class Phases(jobstate.Workflow):
+        @jobstate.step()
+        def first(self, ctx: Any) -> None:
+            pass
+
+        @jobstate.step()
+        def second(self, ctx: Any) -> None:  # the band is 50..100
+            begun.append(Job.objects.values_list("progress", "progress_message").get(pk=ctx.job.pk))
+            if ctx.cursor is None:
+                ctx.checkpoint("loaded", percent=40, message="loaded")
+                ctx.progress(80, "almost transformed")
+                raise SimulatedCrash("second")
+
+    jobstate.workflow("t.phases", max_attempts=2, retry_backoff=0)(Phases)
+    try:
+        job = services.enqueue("t.phases", {})
+        with pytest.raises(SimulatedCrash):
+            drain()
+        assert Job.objects.values_list("progress", "progress_message").get(pk=job.pk) == (
+            90,
+            "almost transformed",
+        )
+        expire_leases()
+        assert resume(job) == "completed"
+    finally:
+        registry.unregister("t.phases")
+    assert begun == [(50, ""), (70, "resumed from its last checkpoint")]  # 50 + 50 * 40 %
+
+
 def test_compensation_undoes_completed_steps_in_reverse_order():
     job = services.enqueue("wf.saga", {})
     drain()  # attempt 1 fails in ship and is retried; attempt 2 fails for good

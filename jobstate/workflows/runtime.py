@@ -68,7 +68,8 @@ class Run:
 
     def resumed_at(self, spec: StepSpec, row: JobStep) -> float:
         """The job's progress as ``spec`` begins: its band's start, plus the share its
-        checkpoint had reached when it resumes from one (the job never goes back)."""
+        checkpoint had reached when it resumes from one (what it reported after that
+        checkpoint is not kept: that work runs again)."""
         low, high = self.band(spec)
         return low + (high - low) * steps.resumed_percent(row) / 100
 

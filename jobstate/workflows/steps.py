@@ -47,6 +47,9 @@ FAN_IN_PARTIAL = "fan_in_partial"
 # The step's own progress (0..100) at its last checkpoint that gave one: a resumed
 # run begins there, not at the start of the step's share of the job's progress.
 PERCENT = "percent"
+# The job's progress message as a step resumes from its checkpoint: what it reported
+# after that checkpoint is behind it (that work runs again), so its progress went back.
+RESUMED = "resumed from its last checkpoint"
 
 
 def _refused(job_id: Any, name: str, requested: str) -> StepStateError:
@@ -89,11 +92,12 @@ def resumed_percent(row: JobStep) -> float:
 
 def begin(job: Job, token: Any, row: JobStep, *, percent: float) -> JobStep:
     """``pending``/``failed``/``running`` (a crashed run) -> ``running``, one more attempt.
-    The cursor is kept, so the step resumes from its last checkpoint. ``row`` (read
-    at the start of the run: only the lease holder changes it) is updated in place."""
+    The cursor is kept, so the step resumes from its last checkpoint (the job's message
+    says so: ``RESUMED``). ``row`` (read at the start of the run: only the lease holder
+    changes it) is updated in place."""
     now = timezone.now()
     with transaction.atomic():
-        hold(job, token, percent=percent, message="", step=row.name)
+        hold(job, token, percent=percent, message=RESUMED if row.cursor is not None else "", step=row.name)
         fields = {
             "attempts": F("attempts") + 1,
             "started_at": Coalesce(F("started_at"), now),
