@@ -1,5 +1,7 @@
-"""The jobstate commands before ``migrate``: one line saying to run it, not a traceback
-(``OperationalError: no such table: django_q_schedule``); other database errors as they were."""
+"""The jobstate commands before ``migrate``, or before the migrations of an upgrade: one line
+saying to run it (and which migrations it applies), not a traceback (``OperationalError: no
+such table: django_q_schedule``, ``no such column: jobstate_asset.attempt``); other database
+errors as they were."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import OperationalError, connection
+from django.db.migrations.executor import MigrationExecutor
 
 from jobstate.worker import schedules
 from tests.test_claim_concurrency import ROOT, database_env
+from tests.test_migrations import migrate
 
 pytestmark = pytest.mark.django_db
 
@@ -91,12 +95,49 @@ def test_every_command_says_to_migrate_first_on_a_database_without_tables(tmp_pa
     )
 
 
+# Before the asset's attempt columns and the webhook tables.
+BEFORE_ASSET_ATTEMPTS = ("jobstate", "0009_worker_processes")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_database_migrated_in_part_names_the_migrations_not_applied() -> None:
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    (last,) = [name for app, name in latest if app == "jobstate"]
+    later = [
+        n for app, n in executor.loader.disk_migrations if app == "jobstate" and n > BEFORE_ASSET_ATTEMPTS[1]
+    ]
+    old = migrate([BEFORE_ASSET_ATTEMPTS])
+    try:
+        Job = old.get_model("jobstate", "Job")
+        job = Job.objects.create(kind="test.echo", status="queued")
+        # The upgrade's code on the release before's tables: a column, then a table it lacks.
+        with pytest.raises(CommandError) as show:
+            call_command("jobstate", "show", str(job.pk), stdout=io.StringIO())
+        with pytest.raises(CommandError) as cancel:
+            call_command("jobstate", "cancel", str(job.pk), stdout=io.StringIO())
+        status = Job.objects.get(pk=job.pk).status
+    finally:
+        migrate(latest)
+    advice = (
+        "run `manage.py migrate` first; not applied: jobstate 0010_waiting_status_step_fsm_asset_attempt "
+        f"to {last} ({len(later)} migrations)"
+    )
+    # It was a traceback: OperationalError: no such column: jobstate_asset.attempt.
+    assert str(show.value) == f"The database's jobstate_asset table has no attempt column: {advice}"
+    assert str(cancel.value) == f"The database has no jobstate_webhookendpoint table: {advice}"
+    assert status == "queued"  # the cancel wrote nothing
+
+
 @pytest.mark.parametrize(
     "error",
     [
         "database is locked",
         # Names a table, which is there: not "run migrate".
         "database table is locked: django_q_schedule",
+        # Names a column, which is there.
+        "no such column: django_q_schedule.name",
     ],
 )
 def test_other_database_errors_are_as_they_were(monkeypatch: pytest.MonkeyPatch, error: str) -> None:

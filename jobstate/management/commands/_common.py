@@ -18,6 +18,7 @@ from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, router
+from django.db.migrations.executor import MigrationExecutor
 
 from jobstate import services
 from jobstate.exceptions import InvalidParameters
@@ -32,17 +33,26 @@ _WRITE_CHARS = 1024
 
 
 class JobstateCommand(BaseCommand):
-    """A jobstate command: run before ``migrate``, it says to run that first in one line
-    (a CommandError, exit status 1) instead of a traceback."""
+    """A jobstate command: run before ``migrate``, or before the migrations of a new release
+    are applied, it says to run that first in one line (a CommandError, exit status 1),
+    naming the migrations not applied, instead of a traceback."""
 
     def execute(self, *args: Any, **options: Any) -> Any:
         try:
             return super().execute(*args, **options)
         except (OperationalError, ProgrammingError) as exc:  # SQLite's, PostgreSQL's "no such table"
-            table = missing_table(exc, options.get("database"))
-            if table is None:  # another error: as it was
-                raise
-            raise CommandError(f"The database has no {table} table: run `manage.py migrate` first") from exc
+            using = options.get("database")
+            found = _missing_table(exc, using)
+            if found is not None:
+                table, alias = found
+                lacking = f"The database has no {table} table"
+            else:
+                column = missing_column(exc, using)
+                if column is None:  # another error: as it was
+                    raise
+                table, name, alias = column
+                lacking = f"The database's {table} table has no {name} column"
+            raise CommandError(f"{lacking}: {_migrate_advice(alias)}") from exc
 
 
 def missing_table(exc: DatabaseError, using: str | None = None) -> str | None:
@@ -50,6 +60,12 @@ def missing_table(exc: DatabaseError, using: str | None = None) -> str | None:
     read from (``using``, else the router's) does not have; None when there is none, or the
     database cannot tell. Named in the error and missing, it is the cause, not a lock or a
     lost connection that happened while another table was missing."""
+    found = _missing_table(exc, using)
+    return None if found is None else found[0]
+
+
+def _missing_table(exc: DatabaseError, using: str | None) -> tuple[str, str] | None:
+    """``missing_table``'s table and the alias of the database that lacks it."""
     text = str(exc)
     named = []  # (where the error names it, table, database)
     for model in apps.get_models():
@@ -59,16 +75,99 @@ def missing_table(exc: DatabaseError, using: str | None = None) -> str | None:
             named.append((found.start(), table, using or router.db_for_read(model)))
     present: dict[str, set[str]] = {}
     for _, table, alias in sorted(named):
-        connection = connections[alias]
         if alias not in present:
-            try:
-                with connection.cursor() as cursor:
-                    present[alias] = set(connection.introspection.table_names(cursor, include_views=True))
-            except DatabaseError:  # unreachable, or in a transaction the error aborted: it stands
+            tables = _table_names(alias)
+            if tables is None:
                 return None
-        if connection.introspection.identifier_converter(table) not in present[alias]:
-            return table
+            present[alias] = tables
+        if connections[alias].introspection.identifier_converter(table) not in present[alias]:
+            return table, alias
     return None
+
+
+# SQLite's words for a column that is not there (in a read or an update, in an insert);
+# PostgreSQL's SQLSTATE for it (its message is in the server's language).
+_NO_SUCH_COLUMN = re.compile(r"no such column|has no column named")
+_UNDEFINED_COLUMN = "42703"
+
+
+def missing_column(exc: DatabaseError, using: str | None = None) -> tuple[str, str, str] | None:
+    """``(table, column, alias)``: a column of an installed model that ``exc`` reports missing
+    and that the table, in the database it is read from, does not have (a migration that
+    adds it not applied); None when there is none, or the database cannot tell. The column
+    of a table the error names comes first: another model may have a column of that name."""
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, 2
+    text = str(exc)
+    if sqlstate != _UNDEFINED_COLUMN and not _NO_SUCH_COLUMN.search(text):
+        return None
+    named = []  # (the table not named in the error, where the column is, table, column, database)
+    for model in apps.get_models():
+        table = model._meta.db_table
+        elsewhere = re.search(rf"\b{re.escape(table)}\b", text) is None
+        for column in filter(None, (field.column for field in model._meta.concrete_fields)):
+            found = re.search(rf"\b{re.escape(column)}\b", text)
+            if found:
+                named.append((elsewhere, found.start(), table, column, using or router.db_for_read(model)))
+    columns: dict[tuple[str, str], set[str] | None] = {}
+    for _, _, table, column, alias in sorted(named):
+        if (alias, table) not in columns:
+            columns[alias, table] = _column_names(alias, table)
+        present = columns[alias, table]
+        if (
+            present is not None
+            and connections[alias].introspection.identifier_converter(column) not in present
+        ):
+            return table, column, alias
+    return None
+
+
+def _table_names(alias: str) -> set[str] | None:
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            return set(connection.introspection.table_names(cursor, include_views=True))
+    except DatabaseError:  # unreachable, or in a transaction the error aborted: it stands
+        return None
+
+
+def _column_names(alias: str, table: str) -> set[str] | None:
+    """The columns of ``table``; None when it is not there (a missing table is not a missing
+    column) or the database cannot tell."""
+    connection = connections[alias]
+    tables = _table_names(alias)
+    if tables is None or connection.introspection.identifier_converter(table) not in tables:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            return {c.name for c in connection.introspection.get_table_description(cursor, table)}
+    except DatabaseError:
+        return None
+
+
+def _migrate_advice(alias: str) -> str:
+    """Run migrate first, and which migrations that applies when the database has some
+    already: the database of a release that was not migrated after its upgrade."""
+    try:
+        executor = MigrationExecutor(connections[alias])
+        if not executor.loader.applied_migrations:  # a new database: every migration
+            return "run `manage.py migrate` first"
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except Exception:  # the history unreadable or inconsistent: the advice without the list
+        return "run `manage.py migrate` first"
+    unapplied: dict[str, list[str]] = {}
+    for migration, _backwards in plan:
+        unapplied.setdefault(migration.app_label, []).append(migration.name)
+    if not unapplied:  # an app without migrations, or a migration marked applied with --fake
+        return "run `manage.py migrate` first (every migration is recorded as applied, though)"
+    listed = "; ".join(f"{app} {_names(names)}" for app, names in unapplied.items())
+    return f"run `manage.py migrate` first; not applied: {listed}"
+
+
+def _names(names: list[str]) -> str:
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]} to {names[-1]} ({len(names)} migrations)"
 
 
 class PipedCommand(JobstateCommand):
