@@ -169,8 +169,10 @@ waiting_progress: Decision[[Waiting], tuple[int, str]] = Decision("waiting_progr
 # is stored (completed, partial, failed, retrying, cancelled, suspended, lost,
 # interrupted: an inline run stopped by Ctrl-C, the job handed back, or, when
 # its outcome write had committed, that outcome, read from its history row; also
-# lost when the attempt is cut short by django-q2's hard time limit or a shutdown,
-# whose outcome the caller, or else the reaper, stores).
+# lost when the attempt is cut short by django-q2's hard time limit or a shutdown
+# as its outcome is written, whose outcome the caller, or else the reaper, stores).
+# Every attempt ``attempt_started`` was called for gets one ``attempt_ended``, even
+# one that an ``attempt_started`` function's SystemExit ended before its handler.
 # ``ctx`` is the attempt's JobContext. Outside any transaction; functions must not raise.
 attempt_started: Hook[[Any]] = Hook("attempt_started")
 attempt_ended: Hook[[Any, str]] = Hook("attempt_ended")

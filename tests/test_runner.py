@@ -16,14 +16,16 @@ from asgiref.sync import async_to_sync
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
+from django_q.exceptions import TimeoutException
 
-from jobstate import NonRetryable, Partial, services
+from jobstate import NonRetryable, Partial, hooks, services
 from jobstate.exceptions import CancelRequested, LeaseLost
 from jobstate.models import Job
 from jobstate.states import Status
+from jobstate.worker import runner
 from jobstate.worker.runner import drain, run_job
 from jobstate.worker.slot import INTERRUPT_SIGNAL, HandlerCall, Slot
-from jobstate.worker.supervisor import supervisor
+from jobstate.worker.supervisor import Supervisor, supervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -522,3 +524,95 @@ def test_a_cancelled_error_from_the_handler_is_its_error_not_an_exit(temp_handle
     job.refresh_from_db()
     assert job.status == Status.FAILED and job.error_type == "CancelledError" and job.attempts == 2
     assert "asyncio.exceptions.CancelledError: the awaited task was cancelled" in job.traceback
+
+
+@pytest.fixture
+def told():  # type: ignore[no-untyped-def]
+    """What the attempt_ended hook was told, in order."""
+    outcomes: list[str] = []
+
+    def ended(ctx: object, outcome: str) -> None:
+        outcomes.append(outcome)
+
+    hooks.attempt_ended.register(ended)
+    yield outcomes
+    hooks.attempt_ended.unregister(ended)
+
+
+EXITS = [
+    pytest.param(TimeoutException("Task exceeded maximum timeout value"), False, id="hard-limit"),
+    pytest.param(SystemExit(3), False, id="SystemExit"),
+    pytest.param(KeyboardInterrupt(), False, id="KeyboardInterrupt"),
+    pytest.param(KeyboardInterrupt(), True, id="ctrl-c-inline"),
+    pytest.param(GeneratorExit(), False, id="GeneratorExit"),
+]
+
+
+@pytest.mark.parametrize("where", ["attempt_started", "registration"])
+@pytest.mark.parametrize(("error", "inline"), EXITS)
+def test_an_exit_between_the_slot_s_registration_and_the_handler_ends_the_attempt_and_its_slot(
+    temp_handler, monkeypatch, told, error, inline, where
+):
+    # It escaped before the handler's try: the slot stayed registered (the heartbeat
+    # renewed the lease of a job nothing ran, the watchdog timed it out), the job stayed
+    # processing until the reaper, and attempt_ended was never told.
+    ran: list[object] = []
+    temp_handler("t.exits", ran.append, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.exits", {})
+    (claimed,) = services.claim("w1")
+
+    def exits(*args: object) -> None:
+        raise error
+
+    if where == "registration":  # raised once the slot is registered, before the hook
+        real_begin = Supervisor.begin
+
+        def begin_then_exit(self: Supervisor, slot: Slot) -> None:
+            real_begin(self, slot)
+            raise error
+
+        monkeypatch.setattr(Supervisor, "begin", begin_then_exit)
+    else:
+        hooks.attempt_started.register(exits)
+    try:
+        with pytest.raises(type(error)):
+            run_job(claimed, "w1", inline=inline)
+    finally:
+        hooks.attempt_started.unregister(exits)
+    assert supervisor().slot is None and ran == []
+    job.refresh_from_db()
+    if isinstance(error, TimeoutException):
+        # As when django-q2's hard limit fires in the handler.
+        assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 1, "HardTimeout")
+        ended = "retrying"
+    elif inline and isinstance(error, KeyboardInterrupt):
+        # The operator's Ctrl-C, as in begin: handed back, the attempt refunded.
+        assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 0, "")
+        assert job.events.order_by("id").last().metadata.get("handed_back") is True
+        ended = "interrupted"
+    else:
+        # As when the handler's call cannot be set up: requeued with the error, refunded.
+        assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 0, type(error).__name__)
+        assert job.error_message.startswith("the handler could not be started: ")
+        ended = "retrying"
+    # Told only of an attempt it was told had started.
+    assert told == ([ended] if where == "attempt_started" else [])
+    monkeypatch.undo()
+    assert drain() == 1 and len(ran) == 1  # the next run is undisturbed
+
+
+def test_an_exit_in_the_outcome_write_tells_attempt_ended_the_attempt_is_lost(
+    temp_handler, monkeypatch, told
+):
+    # django-q2's hard limit fired as the outcome was written (the task records it):
+    # attempt_ended was never told, and a tracing span stayed open until the next attempt.
+    def hard_limit(*args: object, **kwargs: object) -> str:
+        raise TimeoutException("Task exceeded maximum timeout value")
+
+    temp_handler("t.quick", lambda ctx: None)
+    services.enqueue("t.quick", {})
+    (claimed,) = services.claim("w1")
+    monkeypatch.setattr(runner, "finish", hard_limit)
+    with pytest.raises(TimeoutException):
+        run_job(claimed, "w1")
+    assert told == ["lost"] and supervisor().slot is None

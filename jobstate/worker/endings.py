@@ -80,7 +80,7 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
     ``begin`` had charged the attempt, which is refunded."""
     usable_connection(math.inf)
     attempt = _unstarted_attempt(job)
-    error = f"{why}: {exception_text(exc)}"[:1000]
+    error = f"{why}: {exception_text(exc) or type(exc).__name__}"[:1000]
     try:
         ended = end_attempt(
             job,

@@ -58,6 +58,10 @@ the outcome write itself fails             connection replaced; the attempt reco
                                            failed with that error (retry policy)
 error before the handler starts            requeued (or ``cancelled``), the error
 (begin fails)                              recorded, no attempt charged
+the same after begin: the call's set-up,   the same (the attempt refunded); Ctrl-C in
+or an ``attempt_started`` function's       an inline run handed back; django-q2's hard
+SystemExit, KeyboardInterrupt, ...         limit ``HardTimeout``; raised on, the slot
+                                           ended, ``attempt_ended`` told
 cancel requested before it started         ``cancelled``, no attempt charged
 unknown kind                               ``failed`` UnknownKind, no attempt charged
                                            (``cancelled`` if a cancel was requested)
@@ -184,73 +188,100 @@ def _run(
     interruptible = threading.current_thread() is threading.main_thread()
     sup: Supervisor | None = None
     slot: Slot | None = None
-    try:
-        sup = supervisor()
-        ctx = JobContext(job, spec, worker_id, leased_at)
-        slot = Slot(ctx, timeout_for(spec), interruptible)
-        call = slot.call = HandlerCall(spec.func, slot)
-        if interruptible:
-            install_signal()
-        sup.begin(slot)
-    except Exception as exc:
-        if sup is not None and slot is not None:
-            sup.end(slot)
-        # begin() charged the attempt; the handler never used it.
-        release(job, exc, "the handler could not be started", begun=True)
-        raise
-    started = time.monotonic()
-    _observe(hooks.attempt_started, ctx)
-    outcome: tuple[str, Any]
-    before = transaction_state()
-    left_open = False
+    ctx: JobContext | None = None
+    observed = False  # attempt_started was called: attempt_ended is owed
+    ended = "lost"  # what attempt_ended is told if nothing says otherwise
     try:
         try:
-            outcome = ("ok", call(ctx))
-        finally:
-            sup.end(slot)  # from here on, a late interrupt is ignored
-            left_open = roll_back_left_open(before)
-    except Interrupted as exc:
-        outcome = ("interrupted", exc.why)
-    except (Exception, asyncio.CancelledError) as exc:
-        # CancelledError (a BaseException) is an async handler's own error: a coroutine
-        # it awaited was cancelled; the worker process is not exiting.
-        # A database error raised because the interrupt broke what the handler
-        # was doing (say, a transaction's rollback on a connection left
-        # mid-query) is the interrupt's doing: record the interrupt.
-        broken = slot.delivered and isinstance(exc, DatabaseErrors)
-        outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
-    except BaseException as exc:
-        # The connection may be mid-query. django-q2's hard time limit
-        # (TimeoutException, a SystemExit): recorded as HardTimeout. The handler's
-        # own SystemExit, KeyboardInterrupt or GeneratorExit is recorded here as
-        # its error, then goes on up (the process may exit): else the job would
-        # wait for the reaper, its error lost. Any other: the process is dying.
-        close_quietly()
-        recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
-        if inline and isinstance(exc, KeyboardInterrupt):
-            ended = hand_back_stopped(job, ctx.token, ctx)
-        elif isinstance(exc, TimeoutException):
-            ended = hard_timeout(ctx)  # here, while the pending progress is at hand
-        else:
-            ended = finish(ctx, "error", exc) if recorded else "lost"
-        _observe(hooks.attempt_ended, ctx, ended)
-        raise
-    if left_open and outcome[0] == "ok":
-        outcome = ("error", TransactionLeftOpen("The handler returned inside a transaction it never ended"))
-    if slot.delivered:
-        close_quietly()  # the interrupt may have left it mid-command
-    else:
-        usable_connection(time.monotonic() - started)
-    try:
-        ended = finish(ctx, outcome[0], outcome[1], then=then)
-    except KeyboardInterrupt:
-        if not inline:
+            sup = supervisor()
+            ctx = JobContext(job, spec, worker_id, leased_at)
+            slot = Slot(ctx, timeout_for(spec), interruptible)
+            call = slot.call = HandlerCall(spec.func, slot)
+            if interruptible:
+                install_signal()
+            sup.begin(slot)
+            started = time.monotonic()
+            observed = True
+            _observe(hooks.attempt_started, ctx)
+            before = transaction_state()
+        except BaseException as exc:
+            if sup is not None and slot is not None:
+                sup.end(slot)
+            ended = _unstarted(job, ctx, exc, inline)
             raise
-        # Handed back unless the outcome was committed (the token no longer holds it).
-        _observe(hooks.attempt_ended, ctx, hand_back_stopped(job, ctx.token, ctx))
-        raise
-    _observe(hooks.attempt_ended, ctx, ended)
-    return ended
+        outcome: tuple[str, Any]
+        left_open = False
+        try:
+            try:
+                outcome = ("ok", call(ctx))
+            finally:
+                sup.end(slot)  # from here on, a late interrupt is ignored
+                left_open = roll_back_left_open(before)
+        except Interrupted as exc:
+            outcome = ("interrupted", exc.why)
+        except (Exception, asyncio.CancelledError) as exc:
+            # CancelledError (a BaseException) is an async handler's own error: a coroutine
+            # it awaited was cancelled; the worker process is not exiting.
+            # A database error raised because the interrupt broke what the handler
+            # was doing (say, a transaction's rollback on a connection left
+            # mid-query) is the interrupt's doing: record the interrupt.
+            broken = slot.delivered and isinstance(exc, DatabaseErrors)
+            outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
+        except BaseException as exc:
+            # The connection may be mid-query. django-q2's hard time limit
+            # (TimeoutException, a SystemExit): recorded as HardTimeout. The handler's
+            # own SystemExit, KeyboardInterrupt or GeneratorExit is recorded here as
+            # its error, then goes on up (the process may exit): else the job would
+            # wait for the reaper, its error lost. Any other: the process is dying.
+            close_quietly()
+            recorded = isinstance(exc, HANDLER_EXITS) and not isinstance(exc, TimeoutException)
+            if inline and isinstance(exc, KeyboardInterrupt):
+                ended = hand_back_stopped(job, ctx.token, ctx)
+            elif isinstance(exc, TimeoutException):
+                ended = hard_timeout(ctx)  # here, while the pending progress is at hand
+            elif recorded:
+                ended = finish(ctx, "error", exc)
+            raise
+        if left_open and outcome[0] == "ok":
+            left = TransactionLeftOpen("The handler returned inside a transaction it never ended")
+            outcome = ("error", left)
+        if slot.delivered:
+            close_quietly()  # the interrupt may have left it mid-command
+        else:
+            usable_connection(time.monotonic() - started)
+        try:
+            ended = finish(ctx, outcome[0], outcome[1], then=then)
+        except KeyboardInterrupt:
+            if not inline:
+                raise  # its outcome left to the caller, or else the reaper: "lost"
+            # Handed back unless the outcome was committed (the token no longer holds it).
+            ended = hand_back_stopped(job, ctx.token, ctx)
+            raise
+        return ended
+    finally:
+        # Whatever was raised, wherever (set-up, a hook, the outcome write, even an
+        # ending's own write): the heartbeat and watchdog stop watching this job, and
+        # an attempt_started function that opened something (a span) hears it ended.
+        if sup is not None and slot is not None and not slot.done.is_set():
+            sup.end(slot)
+        if observed:
+            _observe(hooks.attempt_ended, ctx, ended)
+
+
+def _unstarted(job: Job, ctx: JobContext | None, exc: BaseException, inline: bool) -> str:
+    """Something raised once ``begin`` charged the attempt, before the handler was
+    called (its call's set-up, an ``attempt_started`` function, django-q2's hard
+    time limit): the attempt ends as it would have in the handler's frames, except
+    that an error (``SystemExit`` included) refunds it, as a failed ``begin`` would."""
+    if isinstance(exc, Exception):
+        return release(job, exc, "the handler could not be started", begun=True)
+    close_quietly()  # raised through a signal, maybe mid-query
+    if inline and isinstance(exc, KeyboardInterrupt):
+        return hand_back_stopped(job, lease_token(job), ctx)
+    if isinstance(exc, TimeoutException):
+        # Before its context existed, the task records it (tasks._run_begun).
+        return hard_timeout(ctx) if ctx is not None else "lost"
+    return release(job, exc, "the handler could not be started", begun=True)
 
 
 def _observe(hook: hooks.Hook[...], *args: Any) -> None:
