@@ -158,6 +158,33 @@ def test_a_kind_without_a_handler_is_an_error_with_the_stored_error(caplog):
     }
 
 
+def test_a_cancel_requested_before_the_handler_started_is_info(caplog):
+    # Cancelled before it began (no attempt charged, the handler never called): the
+    # other cancels log the worker's INFO line; this one logged nothing.
+    job = services.enqueue("test.echo", {}, max_attempts=2)
+    (claimed,) = services.claim("w1")
+    services.request_cancel(job.pk, "api", "changed my mind")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    assert runner.run_job(claimed, "w1") == "cancelled"
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.CANCELLED, 0)
+    (cancelled,) = records(caplog)
+    assert cancelled.levelno == logging.INFO and cancelled.exc_info is None
+    assert (
+        cancelled.getMessage()
+        == f"Job {job.pk} (test.echo) cancelled on attempt 1 of 2: cancelled before it started"
+    )
+    assert fields(cancelled) == {
+        "job_id": str(job.pk),
+        "kind": "test.echo",
+        "attempt": 1,
+        "max_attempts": 2,
+        "outcome": "cancelled",
+        "error_type": "",
+        "retry_at": None,
+    }
+
+
 @pytest.mark.parametrize("where", ["begin", "setup"])
 def test_an_error_before_the_handler_starts_is_logged_as_the_attempt_s_outcome(monkeypatch, caplog, where):
     # services.begin failed (no attempt charged), or the handler's call could not be set

@@ -147,12 +147,17 @@ def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> s
     return "interrupted"
 
 
+CANCELLED_UNSTARTED = "cancelled before it started"
+
+
 def cancel_unstarted(job: Job) -> str:
     """A cancel was requested before the handler started: it never ran."""
+    attempt = _unstarted_attempt(job)
     try:
-        services.cancel_now(job, lease_token(job), reason="cancelled before it started")
+        services.cancel_now(job, lease_token(job), reason=CANCELLED_UNSTARTED)
     except (LeaseLost, InvalidTransition):
         return "lost"
+    _log_unstarted(job, attempt, "cancelled", ("", CANCELLED_UNSTARTED))
     return "cancelled"
 
 
