@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from jobstate import hooks, registry, services
@@ -38,6 +38,7 @@ from jobstate.tasks.exceptions import (
     WorkerLost,
 )
 from jobstate.tasks.results import exception_path, started_result, status_of
+from jobstate.worker import runner
 from jobstate.worker.runner import run_job
 from tests.tasks_app import jobstate_tasks as jt
 from tests.tasks_app import tasks as t
@@ -670,6 +671,51 @@ def test_a_job_handed_back_unstarted_counts_no_attempt_once_it_ran():
     result.refresh()
     assert Job.objects.get(pk=result.id).attempts == 1
     assert result.worker_ids == ["inline"] and result.attempts == 1 and result.errors == []
+
+
+@pytest.mark.parametrize("where", ["begin", "setup"])
+def test_a_job_whose_handler_could_not_be_started_counts_no_attempt_and_shows_no_error(monkeypatch, where):
+    # The worker could not begin it, or set up its handler's call once begun (the
+    # attempt refunded): requeued with that error, which no task raised. The result
+    # counted that claim as an attempt, with a worker id and the error, once it ran.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    result = jt.reports_attempt.enqueue()
+    with monkeypatch.context() as patched:
+        if where == "begin":
+            patched.setattr(services, "begin", broken)
+        else:
+            patched.setattr(runner, "Slot", broken)
+        (job,) = services.claim("w1", limit=1)
+        with pytest.raises(OperationalError):
+            run_job(job, "w1")
+    result.refresh()
+    assert (result.status, result.attempts, result.errors) == (TaskResultStatus.READY, 0, [])
+    Job.objects.filter(pk=result.id).update(run_after=timezone.now())
+    assert run_all() == 1
+    result.refresh()
+    assert Job.objects.get(pk=result.id).attempts == 1
+    assert result.return_value == 1  # context.attempt while it ran
+    assert (result.attempts, result.worker_ids, result.errors) == (1, ["inline"], [])
+
+
+def test_task_started_after_a_handler_that_could_not_be_started_is_the_attempt_as_it_began():
+    # An operator requeues the attempt before task_started is sent: the history is cut
+    # where that attempt began. The refunded attempt's claim was counted as an attempt,
+    # so it was cut one attempt early (w3's claim counted as the third).
+    result = jt.flaky.enqueue("m")
+    with transaction.atomic():
+        (job,) = services.claim("w1", limit=1)
+    assert run_job(job, "w1") == "retrying"
+    (job,) = services.claim("w2", limit=1, start=True)  # attempt 2; its call's set-up fails
+    services.fail_held(job, job.lease_token, "boom", error_type="OSError", retry_delay=0, unstarted=True)
+    (job,) = services.claim("w3", limit=1, start=True)  # attempt 2 again
+    assert job.attempts == 2
+    begun = default_task_backend.get_result(result.id)
+    assert (begun.worker_ids, [e.exception_class for e in begun.errors]) == (["w1", "w3"], [RuntimeError])
+    services.requeue(job.pk, actor="admin", reason="stuck")
+    assert started_result(job, jt.flaky) == begun
 
 
 def test_a_reserved_job_requeued_by_the_reaper_counts_no_attempt_once_it_ran():

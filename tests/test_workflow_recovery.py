@@ -16,6 +16,7 @@ import jobstate
 from jobstate import registry, services
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
+from jobstate.worker import runner
 from jobstate.worker.runner import drain, run_job, run_next
 from jobstate.workflows import recovery, state
 from tests.models import Effect
@@ -432,6 +433,32 @@ def test_a_recovery_run_reserved_by_a_cluster_that_stopped_is_not_cancelled():
     job = fresh(job)
     assert statuses(job)["book"] == "undone" and labels(job).count("undo:book:B1") == 1
     assert job.status == Status.CANCELLED
+
+
+def test_a_recovery_run_whose_handler_could_not_be_started_is_not_cancelled(monkeypatch):
+    # Its set-up failed (requeued with that error, the attempt refunded): that requeue
+    # was taken for the run's own, so a later cancel request cancelled the run before
+    # the undos left (book stayed completed). A hand-back keeps what the run was.
+    params = {"non_retryable": True, "crash_at": "undo:book", "crash_once": True}
+    job = services.enqueue("wf.saga", params, max_attempts=1)
+    crash(job)
+    assert reap().requeued == [job.pk]
+    later = timezone.now() + timedelta(hours=2)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("no file descriptors left")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(runner, "Slot", broken)
+        (claimed,) = services.claim("w2", now=later)
+        with pytest.raises(OSError):
+            run_job(claimed, "w2")
+    assert fresh(job).status == Status.QUEUED
+    (claimed,) = services.claim("w3", now=later + timedelta(hours=2))
+    services.request_cancel(job, "ops", "give up")  # reserved, not begun
+    assert run_job(claimed, "w3") == "cancelled"  # the undos ran first
+    job = fresh(job)
+    assert statuses(job)["book"] == "undone" and labels(job).count("undo:book:B1") == 1
 
 
 def test_a_run_that_is_not_compensating_stops_at_once_on_a_cancel():

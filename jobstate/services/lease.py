@@ -155,6 +155,7 @@ def recovering(pk: Any) -> bool:
         JobEvent.objects.filter(job_id=pk, transition="requeue")
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
         .exclude(metadata__has_key="reserved")  # as does the reaper's, of a run never begun
+        .exclude(metadata__has_key="unstarted")  # and a failure before the handler started
         .order_by("-id")
         .values_list("metadata", flat=True)
         .first()

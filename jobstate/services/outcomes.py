@@ -196,6 +196,8 @@ def fail(
     (and ``retry``), else end the job ``failed`` with the error. ``progress``:
     progress fields not yet written, stored with the outcome. ``unstarted``: the
     handler never started, though ``begin`` charged the attempt: it is refunded.
+    A processing job's attempt that ends charging nothing (refunded, or never
+    begun) is marked ``unstarted`` in its history row's metadata.
 
     A processing job whose cancel was requested (read under its row lock) ends
     ``cancelled`` instead, whatever ``retry`` and the attempts left say: a retry
@@ -254,6 +256,10 @@ def fail(
         if unstarted and started_at is not None:  # the row is locked: a plain value
             attempts, started_at = attempts - 1, None
             fields.update(attempts=attempts, started_at=None)
+        if status == Status.PROCESSING and started_at is None:
+            # Its claim charged no attempt (refunded, or never begun): the history says
+            # so, as a hand-back's does, for what counts attempts from it (tasks.results).
+            details["unstarted"] = True
         if retry and status == Status.PROCESSING and attempts < max_attempts:
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)

@@ -53,6 +53,10 @@ CANCELLED = "jobstate.exceptions.CancelRequested"
 PARTIAL = "jobstate.exceptions.Partial"
 REQUEUED = "jobstate.tasks.exceptions.OperatorRequeued"
 ENDS_ATTEMPT = frozenset({"complete", "mark_partial", "fail", "requeue", "cancel"})
+# The metadata keys of a history row that ended a claim without spending an attempt:
+# the reaper's requeue of a reservation, a hand-back, a Suspend, a failure before
+# the handler started (services.fail's ``unstarted``).
+REFUNDS = ("reserved", "handed_back", "suspended", "unstarted")
 
 Row = tuple[str, str, str, dict[str, Any], Any]
 
@@ -86,12 +90,19 @@ def _error(path: str, traceback: str, message: str) -> Any:
     return TaskError(exception_class_path=path, traceback=traceback or f"{path}: {message}\n")
 
 
+def refunded(metadata: dict[str, Any] | None) -> bool:
+    """Whether the history row that ended a claim says its attempt was not spent."""
+    return any((metadata or {}).get(key) for key in REFUNDS)
+
+
 def began(rows: list[Row]) -> list[Row]:
     """The history without the claims whose attempt was not spent: a job a cluster
-    only reserved (the reaper requeued it), a worker handed back unstarted, or one
-    that gave its worker back (``Suspend``: the attempt is refunded). Such a claim
-    counts in neither ``job.attempts`` nor ``context.attempt``, so it has no worker
-    id or error here; its requeue (or suspend) goes too (a cancel stays: it ended the job)."""
+    only reserved (the reaper requeued it), a worker handed back unstarted, one
+    whose worker could not begin it or start its handler (requeued with that error,
+    the attempt refunded), or one that gave its worker back (``Suspend``: the
+    attempt is refunded). Such a claim counts in neither ``job.attempts`` nor
+    ``context.attempt``, so it has no worker id or error here (the handler never
+    ran); its requeue (or suspend) goes too (a cancel or a fail stays: it ended the job)."""
     kept: list[Row] = []
     claim: int | None = None
     for row in rows:
@@ -99,11 +110,11 @@ def began(rows: list[Row]) -> list[Row]:
         if transition == "claim":
             claim = len(kept)
         elif claim is not None and (transition in ENDS_ATTEMPT or transition == "suspend"):
-            refunded = metadata.get("reserved") or metadata.get("handed_back") or metadata.get("suspended")
-            if refunded:
+            unspent = refunded(metadata)
+            if unspent:
                 del kept[claim]
             claim = None
-            if refunded and transition in ("requeue", "suspend"):
+            if unspent and transition in ("requeue", "suspend"):
                 continue
         kept.append(row)
     return kept
@@ -122,7 +133,7 @@ def errors_of(job: Job, rows: list[Row]) -> list[Any]:
             errors.append(_error(path, traceback, metadata.get("error") or reason))
         elif transition == "fail":
             errors.append(_error(SYNTHETIC.get(job.error_type, "builtins.Exception"), "", reason))
-        elif transition == "requeue" and not (metadata.get("suspended") or metadata.get("handed_back")):
+        elif transition == "requeue" and not refunded(metadata):
             path = SYNTHETIC["WorkerLost"] if actor == "system:reaper" else REQUEUED
             errors.append(_error(path, "", reason))
         elif transition == "cancel":
@@ -248,7 +259,7 @@ def as_begun(rows: list[Row], attempt: int) -> list[Row]:
             charged, claimed = charged + 1, True
         elif claimed and (transition in ENDS_ATTEMPT or transition == "suspend"):
             claimed = False
-            if metadata.get("reserved") or metadata.get("handed_back") or metadata.get("suspended"):
+            if refunded(metadata):
                 charged -= 1
             elif charged >= attempt:
                 return rows[:index]
