@@ -15,7 +15,7 @@ from django.db import OperationalError
 from django.test import override_settings
 from django_q.exceptions import TimeoutException
 
-from jobstate import NonRetryable, services
+from jobstate import NonRetryable, Partial, services
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import outcome_log, runner, tasks
@@ -131,6 +131,88 @@ def test_an_error_after_a_cancel_request_is_one_info_line(drained, caplog):
     (cancelled,) = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert cancelled.name == "jobstate.worker" and cancelled.levelno == logging.INFO
     assert cancelled.getMessage() == f"Job {job.pk} (t.late) cancelled on attempt 1 of 3: ValueError: bad row"
+
+
+@pytest.mark.parametrize("max_attempts", [2, 1])
+def test_an_outcome_write_that_fails_is_logged_as_the_outcome_stored_instead(
+    drained, caplog, monkeypatch, max_attempts
+):
+    # The attempt was recorded failed with the write's error: the jobstate logger's
+    # "its outcome (ok) could not be stored" was its only line, no outcome line.
+    def database_down(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "complete", database_down)
+    job = drained("t.saving", lambda ctx: {"ok": True}, level=logging.INFO, max_attempts=max_attempts)
+    assert job.error_message == (
+        "The outcome (ok) could not be stored: OperationalError: server closed the connection unexpectedly"
+    )
+    (line,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert line.name == "jobstate.worker" and line.error_type == "OperationalError"  # type: ignore[attr-defined]
+    if max_attempts == 2:
+        assert line.levelno == logging.WARNING and line.outcome == "retrying"  # type: ignore[attr-defined]
+        at = job.run_after.isoformat(timespec="seconds")
+        assert line.getMessage() == (
+            f"Job {job.pk} (t.saving) attempt 1 of 2 failed; runs again at {at}: "
+            f"OperationalError: {job.error_message}"
+        )
+    else:
+        assert line.levelno == logging.ERROR and line.exc_info is not None
+        assert isinstance(line.exc_info[1], OperationalError)  # the write's error, not the logger's frames
+        assert line.getMessage() == (
+            f"Job {job.pk} (t.saving) failed on attempt 1 of 1: OperationalError: {job.error_message}"
+        )
+
+
+def test_a_cancel_recorded_after_a_failed_outcome_write_is_one_info_line(drained, caplog, monkeypatch):
+    # The write of the handler's error raised, then the failure recorded instead ended
+    # the job cancelled: no cancel line, only the write's error.
+    real = services.fail_held
+    calls: list[int] = []
+
+    def first_write_fails(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a hook raised inside the outcome's transaction")
+        return real(*args, **kwargs)
+
+    def late(ctx):
+        services.request_cancel(ctx.job.pk, "api", "changed my mind")
+        raise ValueError("bad row")
+
+    monkeypatch.setattr(services, "fail_held", first_write_fails)
+    job = drained("t.late2", late, level=logging.INFO)
+    assert job.status == Status.CANCELLED
+    (cancelled,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert cancelled.name == "jobstate.worker" and cancelled.levelno == logging.INFO
+    assert cancelled.getMessage() == (
+        f"Job {job.pk} (t.late2) cancelled on attempt 1 of 3: RuntimeError: The outcome (error) could not "
+        "be stored: RuntimeError: a hook raised inside the outcome's transaction"
+    )
+
+
+@pytest.mark.parametrize("how", ["returned", "partial", "cancelled"])
+def test_a_result_that_cannot_be_stored_is_one_line_of_the_outcome_stored(drained, caplog, how):
+    # The jobstate logger's "the handler's result cannot be stored" was logged first,
+    # whatever was stored: no cancel line, and a Partial's failure logged a second
+    # line with the Partial's text.
+    def unstorable(ctx):
+        if how == "cancelled":
+            services.request_cancel(ctx.job.pk, "api", "changed my mind")
+        if how == "partial":
+            raise Partial("2 of 3", result={"when": {1, 2}})  # a set: not JSON
+        return {"when": {1, 2}}
+
+    job = drained("t.unstorable", unstorable, level=logging.INFO)
+    assert job.status == (Status.CANCELLED if how == "cancelled" else Status.FAILED)
+    (line,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert line.name == "jobstate.worker" and line.error_type == "UnstorableResult"  # type: ignore[attr-defined]
+    ended = "cancelled" if how == "cancelled" else "failed"
+    assert line.levelno == (logging.INFO if how == "cancelled" else logging.ERROR)
+    assert line.getMessage().startswith(
+        f"Job {job.pk} (t.unstorable) {ended} on attempt 1 of 3: UnstorableResult: "
+        "The handler's result could not be stored: "
+    )
 
 
 def test_a_kind_without_a_handler_is_an_error_with_the_stored_error(caplog):

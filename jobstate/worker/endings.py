@@ -216,9 +216,10 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
 
 def _log(ctx: JobContext, kind: str, value: Any, ended: str, known: bool = True) -> None:
     """Log the stored outcome of an attempt that did not succeed. A result that
-    could not be stored was logged as it was found (``_unstorable``). ``known``: the
-    write's answer came, so the Job object holds the time a retry was given."""
-    if kind == "ok":
+    could not be stored was logged with its outcome (``_unstorable``): a ``Partial``
+    stored is "partial", which logs nothing. ``known``: the write's answer came, so
+    the Job object holds the time a retry was given."""
+    if kind == "ok" or isinstance(value, Partial):
         return
     error: BaseException | Stored = value if kind != "interrupted" else _interrupt_error(ctx, value)
     retry_at = ctx.job.run_after if known and ended == "retrying" else None
@@ -294,40 +295,49 @@ def _unstorable(ctx: JobContext, exc: ValidationError, progress: dict[str, Any])
     handler, not of the attempt, so the job fails for good (no re-run of its
     side effects) with that error, and with the progress the outcome would have stored."""
     detail = "; ".join(exc.messages) or str(exc)
-    logger.error("Job %s: the handler's result cannot be stored: %s", ctx.job.pk, detail)
-    return end_attempt(
+    error = f"The handler's result could not be stored: {detail}"[:1000]
+    ended = end_attempt(
         ctx.job,
         ctx.token,
-        f"The handler's result could not be stored: {detail}"[:1000],
+        error,
         error_type="UnstorableResult",
         traceback="".join(tb.format_exception(exc)),
         retry=False,
         progress=progress,
     )
+    log_ended(ctx.job, ctx.attempt, ended, ("UnstorableResult", error), exc=exc)
+    return ended
 
 
 def _store_failed(ctx: JobContext, kind: str, exc: Exception) -> str:
     """Writing the outcome raised (a database error, a hook that raised inside
     its transaction...): replace the connection if it broke, then record the
     attempt as failed with that error (retried while attempts remain), with
-    the progress the outcome would have stored."""
-    logger.exception("Job %s: its outcome (%s) could not be stored", ctx.job.pk, kind)
-    usable_connection(math.inf)
+    the progress the outcome would have stored. Logged as the outcome line of what
+    was stored (its error names the write's), else as the write's error."""
+    error_type = type(exc).__name__
     try:
-        return end_attempt(
+        usable_connection(math.inf)
+        error = f"The outcome ({kind}) could not be stored: {error_type}: {exception_text(exc)}"[:1000]
+        ended = end_attempt(
             ctx.job,
             ctx.token,
-            f"The outcome ({kind}) could not be stored: {type(exc).__name__}: {exception_text(exc)}"[:1000],
-            error_type=type(exc).__name__,
+            error,
+            error_type=error_type,
             traceback="".join(tb.format_exception(exc)),
             retry_delay=_delay(ctx),
             progress=ctx.take_progress(),
         )
     except (LeaseLost, InvalidTransition):
+        logger.error("Job %s: its outcome (%s) could not be stored", ctx.job.pk, kind, exc_info=exc)
         return "lost"
     except Exception:
+        logger.error("Job %s: its outcome (%s) could not be stored", ctx.job.pk, kind, exc_info=exc)
         logger.exception("Job %s: not even its failure could be stored; the reaper will take it", ctx.job.pk)
         return "lost"
+    retry_at = ctx.job.run_after if ended == "retrying" else None
+    log_ended(ctx.job, ctx.attempt, ended, (error_type, error), exc=exc, retry_at=retry_at)
+    return ended
 
 
 HARD_TIMEOUT = "Stopped by the worker's hard time limit"
