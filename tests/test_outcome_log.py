@@ -18,7 +18,7 @@ from django_q.exceptions import TimeoutException
 from jobstate import NonRetryable, Partial, services
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.worker import outcome_log, runner, tasks
+from jobstate.worker import endings, outcome_log, runner, tasks
 from jobstate.worker.runner import drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -371,6 +371,23 @@ def test_nothing_is_formatted_when_the_level_is_off(drained, caplog, monkeypatch
 
     monkeypatch.setattr(outcome_log, "_one_line", no_formatting)
     assert drained("t.boom", boom, level=logging.CRITICAL, max_attempts=2, retry_backoff=0).attempts == 2
+    assert records(caplog) == []
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})
+def test_nothing_is_formatted_for_a_timeout_when_the_level_is_off(drained, caplog, monkeypatch):
+    # The timeout's text was formatted for the line before the level was checked.
+    def forever(ctx):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def no_formatting(*args: object) -> tuple[str, str]:
+        raise AssertionError("formatted for a level that is off")
+
+    monkeypatch.setattr(endings, "_interrupt_error", no_formatting)
+    job = drained("t.forever", forever, level=logging.CRITICAL, timeout=0.5, max_attempts=1)
+    assert (job.status, job.error_type) == (Status.FAILED, "Timeout")
     assert records(caplog) == []
 
 

@@ -32,7 +32,7 @@ from jobstate.worker import unheard
 from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.limits import timeout_for
-from jobstate.worker.outcome_log import Stored, log_ended
+from jobstate.worker.outcome_log import Stored, log_ended, logs
 
 logger = logging.getLogger("jobstate")
 
@@ -219,7 +219,7 @@ def _log(ctx: JobContext, kind: str, value: Any, ended: str, known: bool = True)
     could not be stored was logged with its outcome (``_unstorable``): a ``Partial``
     stored is "partial", which logs nothing. ``known``: the write's answer came, so
     the Job object holds the time a retry was given."""
-    if kind == "ok" or isinstance(value, Partial):
+    if kind == "ok" or isinstance(value, Partial) or not logs(ended):  # before anything is formatted
         return
     error: BaseException | Stored = value if kind != "interrupted" else _interrupt_error(ctx, value)
     retry_at = ctx.job.run_after if known and ended == "retrying" else None
