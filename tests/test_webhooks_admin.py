@@ -254,6 +254,7 @@ def test_the_endpoint_page_shows_no_secret_and_offers_a_rotation_to_those_who_ma
     client.force_login(grant(staff_user, "change_webhookendpoint"))
     html = client.get(page).content.decode()
     assert secrets_in(html) == [] and "Set. It is shown once" in html and rotate in html
+    assert "(the endpoint&#x27;s creation, a rotation, a change of owner)" in html
     assert secrets_in(client.get("/admin/jobstate/webhookendpoint/").content.decode()) == []
     assert WebhookEndpoint.objects.get().secret == endpoint.secret
 

@@ -1,8 +1,9 @@
 """An endpoint's signing secret in the admin: shown once, when it is made (the
-endpoint's creation, a rotation), and never again.
+endpoint's creation, a rotation, a change of owner: ``jobstate.webhooks.ownership``),
+and never again.
 
-Making a secret grants this session one look at it: the add form and the rotation
-redirect to the endpoint's secret page, which shows it while the grant holds and
+Making a secret grants this session one look at it: the add form, the rotation and
+a save that changed the owner redirect to the endpoint's secret page, which shows it while the grant holds and
 spends the grant (a reload says it was shown). The session keeps the endpoint's
 id and a digest of the secret, never the secret: a message would carry the
 secret in a cookie. The endpoint's page says only that a secret is set, with a

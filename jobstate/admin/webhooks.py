@@ -214,8 +214,9 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         if obj.pk is None:
             return "Made when the endpoint is saved, and shown once then."
         return (
-            "Set. It is shown once, when it is made (the endpoint's creation, a rotation), and never "
-            "again: whoever lost it rotates it (Rotate secret, above, for those who may change the endpoint)."
+            "Set. It is shown once, when it is made (the endpoint's creation, a rotation, a change of "
+            "owner), and never again: whoever lost it rotates it (Rotate secret, above, for those who "
+            "may change the endpoint)."
         )
 
     def get_urls(self) -> list[Any]:
