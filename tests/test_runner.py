@@ -545,6 +545,7 @@ EXITS = [
     pytest.param(KeyboardInterrupt(), False, id="KeyboardInterrupt"),
     pytest.param(KeyboardInterrupt(), True, id="ctrl-c-inline"),
     pytest.param(GeneratorExit(), False, id="GeneratorExit"),
+    pytest.param(asyncio.CancelledError(), False, id="CancelledError"),
 ]
 
 
@@ -591,14 +592,42 @@ def test_an_exit_between_the_slot_s_registration_and_the_handler_ends_the_attemp
         assert job.events.order_by("id").last().metadata.get("handed_back") is True
         ended = "interrupted"
     else:
-        # As when the handler's call cannot be set up: requeued with the error, refunded.
-        assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 0, type(error).__name__)
+        # As when the handler raises it: retried with the error, the attempt charged.
+        assert (job.status, job.attempts, job.error_type) == (Status.QUEUED, 1, type(error).__name__)
         assert job.error_message.startswith("the handler could not be started: ")
         ended = "retrying"
     # Told only of an attempt it was told had started.
     assert told == ([ended] if where == "attempt_started" else [])
     monkeypatch.undo()
     assert drain() == 1 and len(ran) == 1  # the next run is undisturbed
+
+
+@pytest.mark.parametrize(
+    "error", [SystemExit(1), KeyboardInterrupt(), GeneratorExit(), asyncio.CancelledError()]
+)
+def test_an_attempt_started_function_that_exits_every_time_is_bounded_by_max_attempts(temp_handler, error):
+    # Each exit may end a django-q2 worker process. Refunded, the job was claimed
+    # again and again, ending a worker each time: max_attempts never stopped it.
+    ran: list[object] = []
+    temp_handler("t.poison", ran.append, max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.poison", {})
+
+    def exits(ctx: object) -> None:
+        raise error
+
+    runs = 0
+    hooks.attempt_started.register(exits)
+    try:
+        while claimed := services.claim("w1"):
+            assert runs < 2, job.attempts
+            runs += 1
+            with pytest.raises(type(error)):
+                run_job(claimed[0], "w1")
+    finally:
+        hooks.attempt_started.unregister(exits)
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error_type, ran) == (Status.FAILED, 2, type(error).__name__, [])
+    assert runs == 2
 
 
 def test_an_exit_in_the_outcome_write_tells_attempt_ended_the_attempt_is_lost(

@@ -58,10 +58,12 @@ the outcome write itself fails             connection replaced; the attempt reco
                                            failed with that error (retry policy)
 error before the handler starts            requeued (or ``cancelled``), the error
 (begin fails)                              recorded, no attempt charged
-the same after begin: the call's set-up,   the same (the attempt refunded); Ctrl-C in
-or an ``attempt_started`` function's       an inline run handed back; django-q2's hard
-SystemExit, KeyboardInterrupt, ...         limit ``HardTimeout``; raised on, the slot
-                                           ended, ``attempt_ended`` told
+the same after begin: the call's set-up    the same (the attempt refunded)
+an ``attempt_started`` function's (or the  retry or ``failed``, the attempt charged;
+set-up's) SystemExit, KeyboardInterrupt,   Ctrl-C in an inline run handed back;
+GeneratorExit or CancelledError            django-q2's hard limit ``HardTimeout``;
+                                           raised on, the slot ended,
+                                           ``attempt_ended`` told
 cancel requested before it started         ``cancelled``, no attempt charged
 unknown kind                               ``failed`` UnknownKind, no attempt charged
                                            (``cancelled`` if a cancel was requested)
@@ -272,7 +274,10 @@ def _unstarted(job: Job, ctx: JobContext | None, exc: BaseException, inline: boo
     """Something raised once ``begin`` charged the attempt, before the handler was
     called (its call's set-up, an ``attempt_started`` function, django-q2's hard
     time limit): the attempt ends as it would have in the handler's frames, except
-    that an error (``SystemExit`` included) refunds it, as a failed ``begin`` would."""
+    that an ``Exception`` refunds it, as a failed ``begin`` would. Any other
+    (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ``CancelledError``)
+    is charged, as the handler's own exit is: it may end the worker process each
+    time, and only a charged attempt lets ``max_attempts`` stop that."""
     if isinstance(exc, Exception):
         return release(job, exc, "the handler could not be started", begun=True)
     close_quietly()  # raised through a signal, maybe mid-query
@@ -281,7 +286,7 @@ def _unstarted(job: Job, ctx: JobContext | None, exc: BaseException, inline: boo
     if isinstance(exc, TimeoutException):
         # Before its context existed, the task records it (tasks._run_begun).
         return hard_timeout(ctx) if ctx is not None else "lost"
-    return release(job, exc, "the handler could not be started", begun=True)
+    return release(job, exc, "the handler could not be started")
 
 
 def _observe(hook: hooks.Hook[...], *args: Any) -> None:
