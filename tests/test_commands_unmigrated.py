@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from jobstate.worker import schedules
@@ -117,6 +117,10 @@ def test_a_database_migrated_in_part_names_the_migrations_not_applied() -> None:
             call_command("jobstate", "show", str(job.pk), stdout=io.StringIO())
         with pytest.raises(CommandError) as cancel:
             call_command("jobstate", "cancel", str(job.pk), stdout=io.StringIO())
+        # In a caller's transaction: on PostgreSQL the error aborted it, so the check's own
+        # queries failed and the ProgrammingError came out without the advice.
+        with pytest.raises(CommandError) as inside, transaction.atomic():
+            call_command("jobstate", "show", str(job.pk), stdout=io.StringIO())
         status = Job.objects.get(pk=job.pk).status
     finally:
         migrate(latest)
@@ -127,6 +131,7 @@ def test_a_database_migrated_in_part_names_the_migrations_not_applied() -> None:
     # It was a traceback: OperationalError: no such column: jobstate_asset.attempt.
     assert str(show.value) == f"The database's jobstate_asset table has no attempt column: {advice}"
     assert str(cancel.value) == f"The database has no jobstate_webhookendpoint table: {advice}"
+    assert str(inside.value) == str(show.value)
     assert status == "queued"  # the cancel wrote nothing
 
 

@@ -11,13 +11,15 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, OperationalError, ProgrammingError, connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.migrations import Migration
 from django.db.migrations.executor import MigrationExecutor
 
 from jobstate import services
@@ -30,6 +32,8 @@ BROKEN_PIPE_STATUS = 141
 # Characters per write of a long text: at most 4,096 bytes in UTF-8, Linux's PIPE_BUF, so a
 # write to a pipe is all or nothing.
 _WRITE_CHARS = 1024
+
+_T = TypeVar("_T")
 
 
 class JobstateCommand(BaseCommand):
@@ -122,41 +126,78 @@ def missing_column(exc: DatabaseError, using: str | None = None) -> tuple[str, s
     return None
 
 
-def _table_names(alias: str) -> set[str] | None:
+def _reading(alias: str, read: Callable[[BaseDatabaseWrapper], _T]) -> _T:
+    """``read(connection)`` on the alias's connection. Where that fails inside a transaction
+    (``call_command`` in a caller's ``atomic()``: on PostgreSQL the error being explained
+    aborted it, and every statement after it fails), on a separate connection of the same
+    database, closed afterwards; it stands in for the alias's connection meanwhile (in this
+    thread), for what queries by alias (the migration recorder). Not on SQLite: a failed
+    statement leaves its transaction usable, and a separate connection to an in-memory
+    database would open another, empty one."""
     connection = connections[alias]
     try:
+        return read(connection)
+    except DatabaseError:
+        if not connection.in_atomic_block or connection.vendor == "sqlite":
+            raise
+    separate = connections.create_connection(alias)
+    connections[alias] = separate
+    try:
+        return read(separate)
+    finally:
+        connections[alias] = connection
+        separate.close()
+
+
+def _table_names(alias: str) -> set[str] | None:
+    def read(connection: BaseDatabaseWrapper) -> set[str]:
         with connection.cursor() as cursor:
             return set(connection.introspection.table_names(cursor, include_views=True))
-    except DatabaseError:  # unreachable, or in a transaction the error aborted: it stands
+
+    try:
+        return _reading(alias, read)
+    except DatabaseError:  # unreachable: the error stands
         return None
 
 
 def _column_names(alias: str, table: str) -> set[str] | None:
     """The columns of ``table``; None when it is not there (a missing table is not a missing
     column) or the database cannot tell."""
-    connection = connections[alias]
-    tables = _table_names(alias)
-    if tables is None or connection.introspection.identifier_converter(table) not in tables:
-        return None
-    try:
+
+    def read(connection: BaseDatabaseWrapper) -> set[str] | None:
         with connection.cursor() as cursor:
+            tables = connection.introspection.table_names(cursor, include_views=True)
+            if connection.introspection.identifier_converter(table) not in tables:
+                return None
             return {c.name for c in connection.introspection.get_table_description(cursor, table)}
+
+    try:
+        return _reading(alias, read)
     except DatabaseError:
         return None
+
+
+def _unapplied(connection: BaseDatabaseWrapper) -> list[Migration] | None:
+    """The migrations ``migrate`` would apply; None when none is applied (a new database)."""
+    executor = MigrationExecutor(connection)
+    if not executor.loader.applied_migrations:
+        return None
+    return [
+        migration for migration, _backwards in executor.migration_plan(executor.loader.graph.leaf_nodes())
+    ]
 
 
 def _migrate_advice(alias: str) -> str:
     """Run migrate first, and which migrations that applies when the database has some
     already: the database of a release that was not migrated after its upgrade."""
     try:
-        executor = MigrationExecutor(connections[alias])
-        if not executor.loader.applied_migrations:  # a new database: every migration
-            return "run `manage.py migrate` first"
-        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        plan = _reading(alias, _unapplied)
     except Exception:  # the history unreadable or inconsistent: the advice without the list
         return "run `manage.py migrate` first"
+    if plan is None:  # a new database: every migration
+        return "run `manage.py migrate` first"
     unapplied: dict[str, list[str]] = {}
-    for migration, _backwards in plan:
+    for migration in plan:
         unapplied.setdefault(migration.app_label, []).append(migration.name)
     if not unapplied:  # an app without migrations, or a migration marked applied with --fake
         return "run `manage.py migrate` first (every migration is recorded as applied, though)"
