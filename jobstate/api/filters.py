@@ -7,7 +7,7 @@ from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError
-from django_filters.fields import IsoDateTimeField, IsoDateTimeRangeField, RangeField
+from django_filters.fields import IsoDateTimeField
 
 from jobstate.api.times import as_stored
 from jobstate.models import Job
@@ -29,13 +29,8 @@ class UTCIsoDateTimeField(IsoDateTimeField):
             raise ValidationError("Date-time out of range.", code="invalid") from None
 
 
-class UTCIsoDateTimeRangeField(IsoDateTimeRangeField):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        RangeField.__init__(self, (UTCIsoDateTimeField(), UTCIsoDateTimeField()), *args, **kwargs)
-
-
-class UTCIsoDateTimeFromToRangeFilter(django_filters.IsoDateTimeFromToRangeFilter):
-    field_class = UTCIsoDateTimeRangeField
+class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCIsoDateTimeField
 
 
 class InChoicesFilter(django_filters.MultipleChoiceFilter):
@@ -55,29 +50,25 @@ class JobFilter(django_filters.FilterSet):
     # so ?key=%20daily%20 listed the "daily" job and a blank one (stripped to "") listed all.
     kind = django_filters.CharFilter(max_length=200, strip=False, help_text="Registered handler name.")
     key = django_filters.CharFilter(max_length=255, strip=False, help_text="Idempotency key, as sent.")
-    created = UTCIsoDateTimeFromToRangeFilter(
-        field_name="created_at",
-        help_text="Created at or after `created_after` and at or before `created_before` (ISO 8601).",
+    # Two filters, not a range filter, so that an error names the parameter sent
+    # (a range filter's form field is "created", which no client sends).
+    created_after = UTCIsoDateTimeFilter(
+        field_name="created_at", lookup_expr="gte", help_text="Created at or after this time (ISO 8601)."
+    )
+    created_before = UTCIsoDateTimeFilter(
+        field_name="created_at", lookup_expr="lte", help_text="Created at or before this time (ISO 8601)."
     )
     parent = django_filters.UUIDFilter(field_name="parent_id", help_text="Children of this workflow job.")
     retry_of = django_filters.UUIDFilter(field_name="retry_of_id", help_text="Retries of this job.")
 
     class Meta:
         model = Job
-        fields = ["status", "kind", "key", "created", "parent", "retry_of"]
+        fields = ["status", "kind", "key", "created_after", "created_before", "parent", "retry_of"]
 
-    # Query parameter -> form field. django-filter ignores ``?kind=``; an API
-    # says that an empty value is not a value. It takes the last of ``?kind=a&kind=b``:
-    # an API says that a single-valued parameter is given once (``status`` alone repeats).
-    PARAMETERS = {
-        "status": "status",
-        "kind": "kind",
-        "key": "key",
-        "created_after": "created",
-        "created_before": "created",
-        "parent": "parent",
-        "retry_of": "retry_of",
-    }
+    # django-filter ignores ``?kind=``; an API says that an empty value is not a value.
+    # It takes the last of ``?kind=a&kind=b``: an API says that a single-valued parameter
+    # is given once (``status`` alone repeats). Each parameter is its form field's name.
+    PARAMETERS = ("status", "kind", "key", "created_after", "created_before", "parent", "retry_of")
     REPEATABLE = frozenset({"status"})
 
     def is_valid(self) -> bool:
@@ -85,12 +76,12 @@ class JobFilter(django_filters.FilterSet):
         if self.data is None:  # (FilterSet keeps an empty dict instead)
             return valid
         getlist = getattr(self.data, "getlist", None)
-        for param, field in self.PARAMETERS.items():
+        for param in self.PARAMETERS:
             values = getlist(param) if getlist else [self.data.get(param)]
             if param in self.data and "" in values:
-                self.form.add_error(field, f"'{param}' may not be empty.")
+                self.form.add_error(param, f"'{param}' may not be empty.")
                 valid = False
             elif param not in self.REPEATABLE and len(values) > 1:
-                self.form.add_error(field, f"'{param}' may be given once.")
+                self.form.add_error(param, f"'{param}' may be given once.")
                 valid = False
         return valid
