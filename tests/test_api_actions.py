@@ -13,6 +13,7 @@ from jobstate import services
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
+from jobstate.stuck import REASONS
 from tests.api_support import assert_error, client_for, completed, failed, grant, job_url, make_job, running
 
 pytestmark = pytest.mark.django_db
@@ -233,6 +234,21 @@ def test_stuck_lists_the_callers_jobs_with_reason_and_remedy(user, other_user, s
     assert staff == {str(mine.pk), str(theirs.pk)}
     assert client_for(user).get("/api/jobs/stuck/", {"reason": "recently_failed"}).json() == []
     assert_error(client_for(user).get("/api/jobs/stuck/", {"reason": "bored"}), 400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ([""], "'reason' may not be empty."),
+        (["lease_expired", ""], "'reason' may not be empty."),
+        (["bored"], "'bored' is not one of: {}."),
+    ],
+)
+def test_a_bad_stuck_reason_gets_one_clear_message(user, values, message):
+    # An empty one was '"" is not a valid choice.', a wrong one did not say the choices.
+    error = assert_error(client_for(user).get("/api/jobs/stuck/", {"reason": values}), 400, "invalid")
+    expected = message.format(", ".join(r.code for r in REASONS))
+    assert error["fields"] == {"reason": [expected]}
 
 
 def test_stuck_since_is_in_the_apis_utc_format(user):

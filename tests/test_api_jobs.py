@@ -539,6 +539,25 @@ def test_bad_list_parameters_are_a_400(user, params):
 
 
 @pytest.mark.parametrize(
+    "values, message",
+    [
+        ([""], "'status' may not be empty."),
+        (["queued", ""], "'status' may not be empty."),
+        (
+            ["sleeping"],
+            "'sleeping' is not one of: queued, processing, waiting, completed, partial, failed, cancelled.",
+        ),
+    ],
+)
+def test_a_bad_status_filter_gets_one_clear_message(user, values, message):
+    # An empty one had two: Django's ("Select a valid choice.  is not one of the available
+    # choices.", the value left out) and the API's own.
+    error = assert_error(client_for(user).get(JOBS, {"status": values}), 400, "invalid")
+    assert error["fields"] == {"status": [message]}
+    assert error["message"] == f"status: {message}"
+
+
+@pytest.mark.parametrize(
     "param, value, message",
     [
         ("created_after", "yesterday", "Enter a valid date/time."),

@@ -114,6 +114,26 @@ class StrictChoiceField(serializers.ChoiceField):
         return super().to_internal_value(_check_text(data))
 
 
+class QueryChoicesField(serializers.MultipleChoiceField):
+    """A repeatable query parameter's values, each one of the choices; an empty one is
+    "may not be empty" as for the job list's filters (DRF's said '"" is not a valid
+    choice.'), and a wrong one lists the choices."""
+
+    default_error_messages = {
+        "blank": "'{name}' may not be empty.",
+        "invalid_choice": "'{input}' is not one of: {choices}.",
+    }
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str) and hasattr(data, "__iter__"):
+            for item in data:
+                if item == "":
+                    self.fail("blank", name=self.field_name)
+                if str(item) not in self.choice_strings_to_values:
+                    self.fail("invalid_choice", input=item, choices=", ".join(self.choice_strings_to_values))
+        return super().to_internal_value(data)
+
+
 class StrictBooleanField(serializers.BooleanField):
     """A JSON boolean (DRF's BooleanField would accept "yes", "on", "1", 1 and 0)."""
 

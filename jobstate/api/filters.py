@@ -7,7 +7,7 @@ from typing import Any
 
 import django_filters
 from django.core.exceptions import ValidationError
-from django_filters.fields import IsoDateTimeField
+from django_filters.fields import IsoDateTimeField, MultipleChoiceField
 
 from jobstate.api.times import as_stored
 from jobstate.models import Job
@@ -33,10 +33,21 @@ class UTCIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UTCIsoDateTimeField
 
 
+class ChoicesField(MultipleChoiceField):
+    """Lets ``""`` through: ``JobFilter.is_valid`` refuses it in its own words ("may not
+    be empty"), as for every parameter; Django's refusal came as well, with the value
+    left out ("Select a valid choice.  is not one of the available choices.")."""
+
+    def valid_value(self, value: Any) -> bool:
+        return value == "" or super().valid_value(value)
+
+
 class InChoicesFilter(django_filters.MultipleChoiceFilter):
     """``?status=a&status=b`` as one ``status IN (a, b)``: index-friendly, and
     without the DISTINCT that MultipleChoiceFilter adds by default (a DISTINCT
     over every column sorts the whole match before the LIMIT)."""
+
+    field_class = ChoicesField
 
     def filter(self, qs: Any, value: Any) -> Any:
         if not value:
@@ -44,8 +55,16 @@ class InChoicesFilter(django_filters.MultipleChoiceFilter):
         return qs.filter(**{f"{self.field_name}__in": list(value)})
 
 
+def choices_message(choices: Any) -> str:
+    return "'%(value)s' is not one of: " + ", ".join(str(value) for value, _label in choices) + "."
+
+
 class JobFilter(django_filters.FilterSet):
-    status = InChoicesFilter(choices=Status.choices, help_text="One or more statuses (repeat the parameter).")
+    status = InChoicesFilter(
+        choices=Status.choices,
+        error_messages={"invalid_choice": choices_message(Status.choices)},
+        help_text="One or more statuses (repeat the parameter).",
+    )
     # Matched as sent (strip=False), as an enqueue stores them: the form field stripped them,
     # so ?key=%20daily%20 listed the "daily" job and a blank one (stripped to "") listed all.
     kind = django_filters.CharFilter(max_length=200, strip=False, help_text="Registered handler name.")

@@ -32,7 +32,7 @@ from jobstate.api.access import StreamAccess
 from jobstate.api.assets import AssetSerializer
 from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone
-from jobstate.api.fields import StoredDateTimeField
+from jobstate.api.fields import QueryChoicesField, StoredDateTimeField
 from jobstate.api.filters import JobFilter
 from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredReasonSerializer
 from jobstate.api.longpoll import WAITED, WaitFirst, long_poll_view
@@ -66,7 +66,7 @@ def list_columns() -> tuple[str, ...]:
 
 
 class StuckQuerySerializer(serializers.Serializer[Any]):
-    reason = serializers.MultipleChoiceField(
+    reason = QueryChoicesField(
         choices=[r.code for r in REASONS], required=False, help_text="Only these reasons (repeat)."
     )
 
