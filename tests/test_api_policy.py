@@ -368,3 +368,20 @@ def test_an_unknown_format_is_not_acceptable_not_a_missing_page(user, path):
     error = assert_error(client.get(path, {"format": "null"}), 406, "not_acceptable")
     assert "'null'" in error["message"] and "json" in error["message"]
     assert client.get(path, {"format": "json"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path, params, accept",
+    [
+        ("/api/schema/", {"format": "xml"}, "application/json"),
+        ("/api/schema/", {}, "application/xml"),
+        ("/api/docs/", {"format": "xml"}, "text/html"),
+        ("/api/docs/", {}, "application/json"),
+    ],
+)
+def test_the_schema_and_docs_answer_not_acceptable_in_json(path, params, accept):
+    # Their 406 was rendered by the view's first renderer: YAML for the schema
+    # (application/vnd.oai.openapi), "406 Not Acceptable" in HTML for the docs.
+    client = client_for(None)
+    assert_error(client.get(path, params, HTTP_ACCEPT=accept), 406, "not_acceptable")
+    assert client.get("/api/schema/", {"format": "json"}).status_code == 200

@@ -16,11 +16,13 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import extend_schema as spectacular_extend_schema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.exceptions import APIException
 from rest_framework.metadata import SimpleMetadata
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.views import APIView
 
 import jobstate
-from jobstate.api.errors import ErrorSerializer
+from jobstate.api.errors import ErrorSerializer, exception_handler
 from jobstate.api.inputs import StrictInput
 from jobstate.api.negotiation import FormatNegotiation
 from jobstate.api.throttling import JobstateThrottle
@@ -143,7 +145,7 @@ ENUM_NAMES = {
 
 class _OwnViews(APIView):
     """The schema and docs views (not documented themselves): drf-spectacular's,
-    with jobstate's own throttle, content negotiation and no versioning."""
+    with jobstate's own throttle, content negotiation, error shape and no versioning."""
 
     throttle_classes = [JobstateThrottle]
     throttle_scope = "jobstate"
@@ -151,6 +153,20 @@ class _OwnViews(APIView):
     metadata_class = SimpleMetadata
     versioning_class = None
     schema = JobstateAutoSchema()
+
+    def get_exception_handler(self) -> Any:
+        return exception_handler
+
+    def perform_content_negotiation(self, request: Any, force: bool = False) -> tuple[BaseRenderer, str]:
+        # ``force``: the error of a request no renderer fits (a 406) is rendered by
+        # DRF's fallback, the view's first renderer: YAML for the schema, HTML for the
+        # docs. JSON instead, the error shape every other endpoint answers in.
+        try:
+            return super().perform_content_negotiation(request)
+        except APIException:
+            if not force:
+                raise
+            return JSONRenderer(), JSONRenderer.media_type
 
 
 class JobstateSchemaView(_OwnViews, SpectacularAPIView):
