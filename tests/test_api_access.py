@@ -15,6 +15,7 @@ from django.core.cache import cache
 from django.db import DatabaseError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 from django.test import override_settings
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from jobstate import services
@@ -121,6 +122,33 @@ def test_token_header_errors_are_401(user):
     client.credentials(HTTP_AUTHORIZATION="Token not-a-real-token")
     error = assert_error(client.get(JOBS), 401, "authentication_failed")
     assert "token" in error["message"].lower()
+
+
+def test_a_scheme_the_api_does_not_take_is_a_401_saying_so(user):
+    # "Bearer <valid key>" was a 401 not_authenticated, "Authentication credentials
+    # were not provided.", as if no header had been sent.
+    key = Token.objects.create(user=user).key
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    for path in (JOBS, "/api/kinds/"):
+        response = client.get(path)
+        error = assert_error(response, 401, "authentication_failed")
+        # (A project's own schemes are listed after Token: test_api_host_settings.)
+        assert error["message"].startswith("This API takes 'Authorization: Token <key>'")
+        assert error["message"].endswith(", not Bearer.")
+        assert response["WWW-Authenticate"] == "Token"
+    assert_error(client.post(JOBS, {"kind": "test.echo"}, format="json"), 401, "authentication_failed")
+    assert Job.objects.count() == 0
+    client.credentials(HTTP_AUTHORIZATION=key)  # the key alone: not repeated back
+    error = assert_error(client.get(JOBS), 401, "authentication_failed")
+    assert error["message"].startswith("This API takes 'Authorization: Token <key>'")
+    assert key not in error["message"] and "not" not in error["message"]
+    client.credentials(HTTP_AUTHORIZATION=f"token {key}")  # schemes are case-insensitive
+    assert client.get(JOBS).status_code == 200
+    client.credentials()
+    assert_error(client.get(JOBS), 401, "not_authenticated")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert client.get("/api/").status_code == 200  # open to all: nothing to refuse
 
 
 def test_session_authentication_with_csrf(user):

@@ -102,6 +102,10 @@ def test_the_projects_own_authentication_still_works(user):
     assert client.get(JOBS).status_code == 200
     client.credentials(HTTP_AUTHORIZATION="Basic " + base64.b64encode(b"alice:wrong").decode())
     assert_error(client.get(JOBS), 401, "authentication_failed")
+    client.credentials(HTTP_AUTHORIZATION="Bearer abc")
+    error = assert_error(client.get(JOBS), 401, "authentication_failed")
+    takes = "This API takes 'Authorization: Token <key>' or 'Authorization: Basic ...'"
+    assert error["message"] == f"{takes}, not Bearer."
 
 
 def test_the_schema_and_docs_are_served(user):

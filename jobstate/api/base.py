@@ -4,7 +4,7 @@ parser, schema and the one error shape."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from django.apps import apps
 from django.urls import NoReverseMatch, reverse
@@ -54,6 +54,15 @@ class JobstateAPIView(APIView):
         reject_nul(request)
         super().initial(request, *args, **kwargs)
 
+    def permission_denied(
+        self, request: Request, message: str | None = None, code: str | None = None
+    ) -> NoReturn:
+        if request.authenticators and not request.successful_authenticator:
+            refusal = unknown_scheme(request, request.authenticators)
+            if refusal:
+                raise AuthenticationFailed(refusal)
+        super().permission_denied(request, message, code)
+
     # DRF's own returns None as well when no scheme challenges (its stub says str).
     def get_authenticate_header(self, request: Request) -> str | None:  # type: ignore[override]
         # 401 (not 403) for anonymous requests whenever any configured scheme
@@ -77,6 +86,27 @@ def authentication_classes() -> list[type[BaseAuthentication]]:
         if cls not in classes:
             classes.append(cls)
     return classes
+
+
+def unknown_scheme(request: Request, authenticators: Any) -> str | None:
+    """For a request no authenticator took: what is wrong with its ``Authorization``
+    header if it names a scheme none of them takes (``Bearer <token key>`` was told
+    "Authentication credentials were not provided."), else None."""
+    parts = request.META.get("HTTP_AUTHORIZATION", "").split()
+    takes: dict[str, str] = {}  # scheme (lower case) -> how to send it
+    for authenticator in authenticators:
+        header = authenticator.authenticate_header(request)
+        if header:
+            scheme = header.split()[0]
+            credentials = "<key>" if isinstance(authenticator, TokenAuthentication) else "..."
+            takes.setdefault(scheme.lower(), f"'Authorization: {scheme} {credentials}'")
+    if not parts or not takes or parts[0].lower() in takes:
+        return None
+    message = f"This API takes {' or '.join(takes.values())}"
+    # The scheme is named back only when it looks like one (not a key sent alone).
+    if len(parts) > 1 and len(parts[0]) <= 20 and parts[0].isalnum():
+        return f"{message}, not {parts[0]}."
+    return f"{message}."
 
 
 NUL_MESSAGE = "Null characters are not allowed."
