@@ -294,6 +294,7 @@ def test_the_api_root_links_the_endpoints_schema_and_docs():
         "kinds": "http://testserver/api/kinds/",
         "stuck": "http://testserver/api/jobs/stuck/",
         "assets": "http://testserver/api/assets/",
+        "webhooks": "http://testserver/api/webhooks/",  # it was left out
         "schema": "http://testserver/api/schema/",
         "docs": "http://testserver/api/docs/",
     }

@@ -157,6 +157,7 @@ LINKS = {
     "kinds": ("jobstate-api:kind-list",),
     "stuck": ("jobstate-api:job-stuck",),
     "assets": ("jobstate-api:asset-list",),
+    "webhooks": ("jobstate-api:webhook-list",),
     "schema": ("api-schema", "jobstate-api:schema"),
     "docs": ("api-docs", "jobstate-api:docs"),
 }
