@@ -61,7 +61,14 @@ def chart(ctx: JobContext) -> dict[str, Any]:
     return {"bars": len(values), "max": top, "png_bytes": png.tell()}
 
 
-@jobstate.handler("demo.countdown", timeout=900, api=True)
+class CountdownParameters(serializers.Serializer[Any]):
+    steps = serializers.IntegerField(
+        min_value=1, max_value=3600, default=30, help_text="Steps to count down."
+    )
+    delay = serializers.FloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per step.")
+
+
+@jobstate.handler("demo.countdown", timeout=900, schema=CountdownParameters, api=True)
 def countdown(ctx: JobContext) -> dict[str, Any]:
     """Count down slowly, reporting each step (cancel it from the admin or the API)."""
     steps = int(ctx.parameters.get("steps", 30))
@@ -72,9 +79,18 @@ def countdown(ctx: JobContext) -> dict[str, Any]:
     return {"counted": steps}
 
 
-@jobstate.handler("demo.flaky", max_attempts=3, retry_backoff=3.0, api=True)
+class FlakyParameters(serializers.Serializer[Any]):
+    failures = serializers.IntegerField(
+        min_value=0, max_value=10, default=1, help_text="Attempts that fail before one succeeds."
+    )
+    delay = serializers.FloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per attempt.")
+
+
+@jobstate.handler("demo.flaky", max_attempts=3, retry_backoff=3.0, schema=FlakyParameters, api=True)
 def flaky(ctx: JobContext) -> dict[str, Any]:
-    """Fail the first ``failures`` attempts (as a flaky upstream would), then succeed."""
+    # No code span: GET /api/kinds/ shows this as plain text (they are unwrapped).
+    """Fail the first attempts, as many as the "failures" parameter says (as a flaky
+    upstream would), then succeed."""
     failures = int(ctx.parameters.get("failures", 1))
     ctx.progress(10, f"calling the upstream service (attempt {ctx.attempt})")
     time.sleep(float(ctx.parameters.get("delay", 1.0)))
@@ -83,7 +99,18 @@ def flaky(ctx: JobContext) -> dict[str, Any]:
     return {"succeeded_on_attempt": ctx.attempt}
 
 
-@jobstate.handler("demo.import", max_attempts=1, api=True)
+class ImportParameters(serializers.Serializer[Any]):
+    rows = serializers.ListField(
+        child=serializers.CharField(max_length=200, trim_whitespace=False),
+        min_length=1,
+        max_length=1000,
+        default=["alice,30", "bob,x", "carol,41", "dave"],
+        help_text='Rows "name,age"; a row whose age is not a number is rejected.',
+    )
+    delay = serializers.FloatField(min_value=0, max_value=10, default=0.5, help_text="Seconds per row.")
+
+
+@jobstate.handler("demo.import", max_attempts=1, schema=ImportParameters, api=True)
 def import_rows(ctx: JobContext) -> dict[str, Any]:
     """Import rows; bad rows are skipped, so the job ends ``partial``."""
     rows = ctx.parameters.get("rows", ["alice,30", "bob,x", "carol,41", "dave"])

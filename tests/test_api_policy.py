@@ -310,6 +310,18 @@ def test_every_demo_kind_is_startable_and_workflows_say_so(user):
     kinds = {k["kind"]: k for k in client_for(user).get(KINDS).json()}
     assert kinds["demo.etl"]["workflow"] is True
     assert kinds["demo.etl"]["parameters"]["properties"]["rows"]["maximum"] == 1_000_000
+    # They were open objects, naming no parameter.
+    for name, parameters in {
+        "demo.countdown": {"steps", "delay"},
+        "demo.flaky": {"failures", "delay"},
+        "demo.import": {"rows", "delay"},
+    }.items():
+        assert set(kinds[name]["parameters"]["properties"]) == parameters, name
+    assert kinds["demo.flaky"]["parameters"]["properties"]["failures"]["default"] == 1
+    assert kinds["demo.flaky"]["description"] == (
+        'Fail the first attempts, as many as the "failures" parameter says (as a flaky upstream would), '
+        "then succeed."
+    )
 
 
 # Who sees whom --------------------------------------------------------------------
