@@ -82,6 +82,21 @@ def test_every_request_body_refuses_properties_it_does_not_list(user):
     assert components["Enqueue"]["properties"]["parameters"]["additionalProperties"] is True
 
 
+def test_components_describe_themselves_to_clients(user):
+    # A serializer's docstring is its component's description, inherited from the nearest
+    # base with one: every request body's was StrictInput's, a maintainer's note
+    # ("The base of every request body's serializer (before ``OutputSerializer``...").
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    components = schema["components"]["schemas"]
+    for name, component in components.items():
+        text = component.get("description", "")
+        assert "``" not in text and "serializer" not in text.lower(), (name, text)
+        for field, spec in component.get("properties", {}).items():
+            assert "``" not in spec.get("description", ""), (name, field)
+    assert components["Enqueue"]["description"].startswith("A job to queue")
+    assert components["Reason"]["description"] != components["RequiredReason"]["description"]
+
+
 def test_docs_are_served_from_the_installed_packages_without_a_cdn(user):
     response = client_for(None).get("/api/docs/")
     assert response.status_code == 200

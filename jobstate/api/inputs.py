@@ -19,15 +19,18 @@ from jobstate.api.fields import AwareDateTimeField, ParametersField, StrictCharF
 BIGINT = 2**63
 
 
+# A serializer's docstring is its schema component's description (Swagger UI shows
+# it), and drf-spectacular takes the nearest one in its bases: each body says what it
+# is to a client in its own, and this base has comments only.
+#
+# The base of every request body's serializer (before ``OutputSerializer`` for a
+# model's): a body field it does not take is refused, a 400 ``invalid`` naming each
+# one in ``fields`` ("Unknown field.", or "This field is read-only." for one it shows
+# but does not take, e.g. an ``id`` echoed from a GET), with the body's other field
+# errors; nothing is written. A misspelt field (``"parmeters"``) was ignored: the job
+# ran with the defaults and the client never learnt of the typo. The schema says so
+# too (``additionalProperties: false``, jobstate.api.schema).
 class StrictInput(serializers.Serializer[Any]):
-    """The base of every request body's serializer (before ``OutputSerializer`` for
-    a model's): a body field it does not take is refused, a 400 ``invalid`` naming
-    each one in ``fields`` ("Unknown field.", or "This field is read-only." for one
-    it shows but does not take, e.g. an ``id`` echoed from a GET), with the body's
-    other field errors; nothing is written. A misspelt field (``"parmeters"``) was
-    ignored: the job ran with the defaults and the client never learnt of the typo.
-    The schema says so too (``additionalProperties: false``, jobstate.api.schema)."""
-
     default_error_messages = {
         "unknown_field": "Unknown field.",
         "read_only_field": "This field is read-only.",
@@ -68,6 +71,10 @@ def _printable(name: Any) -> str:
 
 
 class EnqueueSerializer(StrictInput):
+    """A job to queue: the kind of work and its parameters; optionally an idempotency
+    key, a watermark, a priority and a time to start after. A field not listed here
+    is refused (400 `invalid`)."""
+
     kind = StrictCharField(
         max_length=200,
         # Taken as sent, as the registry looks it up: stripped, " a" queued an "a" job
@@ -125,8 +132,12 @@ class EnqueueSerializer(StrictInput):
 
 
 class ReasonSerializer(StrictInput):
+    """An optional reason, recorded in the job's history."""
+
     reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
 class RequiredReasonSerializer(StrictInput):
+    """A reason, required: recorded in the job's history."""
+
     reason = StrictCharField(max_length=1000, help_text="Why: recorded in the history.")

@@ -30,10 +30,10 @@ ANY_OBJECT: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 class KindSerializer(serializers.Serializer[Any]):
     kind = serializers.CharField(help_text="The name to send as `kind` in `POST /jobs/`.")
+    # jobstate.registry.summary: reStructuredText roles, inline literals and Markdown
+    # code spans unwrapped.
     description = serializers.CharField(
-        help_text="The summary of the handler's docstring (its first paragraph, lines joined) as plain "
-        "text: reStructuredText roles, inline literals and Markdown code spans are unwrapped "
-        "(`jobstate.registry.summary`)."
+        help_text="What the kind does: the first paragraph of its handler's docstring, as plain text."
     )
     workflow = serializers.BooleanField(help_text="A multi-step workflow (`jobstate.workflow`).")
     max_attempts = serializers.IntegerField(allow_null=True, help_text="Null: the server's default.")

@@ -28,10 +28,13 @@ class OutputSerializer(serializers.ModelSerializer[Any]):
     }
 
 
+# A step as ``jobstate.workflows.state`` shows it: still busy in a job that ended, it
+# is ``interrupted``, its stored status in ``stored_status``. (Its job is the
+# prefetched or related-manager instance: no query per step.) The docstring is the
+# schema component's description.
 class StepSerializer(OutputSerializer):
-    """A step as ``jobstate.workflows.state`` shows it: still busy in a job that ended,
-    it is ``interrupted``, its stored status in ``stored_status``. (Its job is the
-    prefetched or related-manager instance: no query per step.)"""
+    """A step of a workflow job, in order: its status (`interrupted` when it was in
+    progress as its job ended), attempts, output, error and times."""
 
     status = serializers.SerializerMethodField(
         help_text="`interrupted`: the step was in progress when its job ended (cancelled or failed)."
@@ -211,8 +214,9 @@ class JobSnapshotSerializer(serializers.Serializer[Any]):
     finished_at = UTCDateTimeField(allow_null=True)
 
 
+# A finding of jobstate.stuck.
 class StuckSerializer(serializers.Serializer[Any]):
-    """A job that needs a person (jobstate.stuck): why, since when, what fixes it."""
+    """A job that needs a person: why, since when and what fixes it."""
 
     job = serializers.UUIDField()
     kind = serializers.CharField()

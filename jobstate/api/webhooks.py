@@ -68,6 +68,10 @@ SHOWS_SECRET = frozenset({"create", "rotate_secret"})
 # project's REST_FRAMEWORK["DATETIME_FORMAT"] in its TIME_ZONE. StrictInput: a body
 # field it does not take (``secret``, ``owner``, a typo) is a 400, not ignored.
 class WebhookEndpointSerializer(StrictInput, OutputSerializer):
+    """A webhook endpoint: a URL that gets a signed POST (Standard Webhooks) when a
+    job it hears about changes. Its `secret` is shown once: on creation, on rotation
+    and on a change of owner."""
+
     # Strict JSON types, as the jobs API's inputs: DRF's own fields took "yes" or 1
     # for true and 5 for "5".
     serializer_field_mapping = {
@@ -174,6 +178,9 @@ class DeliverySerializer(OutputSerializer):
 
 
 class RotateSerializer(StrictInput):
+    """A new signing secret for the endpoint; the previous one keeps signing for
+    `overlap_seconds`."""
+
     overlap_seconds = StrictIntegerField(
         min_value=0,
         max_value=30 * 24 * 3600,
