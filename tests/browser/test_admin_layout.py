@@ -1,6 +1,7 @@
-"""The admin at a phone's width (390 px): the stuck page, the dashboard and a job page
-with its history fit the screen; nothing (a Retry button, a history row's details)
-is out of sight to the right."""
+"""The admin's layout in a real browser: at a phone's width (390 px) the stuck page, the
+dashboard and a job page with its history fit the screen, nothing (a Retry button, a
+history row's details) out of sight to the right; the history's JSON details wrap
+between words."""
 
 from __future__ import annotations
 
@@ -31,16 +32,50 @@ def assert_on_screen(page: Any, selector: str) -> None:
         assert box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, (selector, box)
 
 
-def test_phone_pages_fit_the_screen(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
-    retried = processing(user, parameters={"source": "upstream"})
+# The words of each element's text that the browser drew across two lines.
+SPLIT_WORDS = """(selector) => {
+  const split = [];
+  for (const el of document.querySelectorAll(selector)) {
+    const node = el.firstChild;
+    for (const m of node.textContent.matchAll(/[A-Za-z]{4,}/g)) {
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+      if (tops.size > 1) split.push(m[0]);
+    }
+  }
+  return split;
+}"""
+
+
+def retried_once(user: Any) -> Any:
+    """A job whose first attempt failed and was requeued: its history has long details."""
+    job = processing(user, parameters={"source": "upstream"})
     services.fail(
-        retried,
-        retried.lease_token,
+        job,
+        job.lease_token,
         "upstream not ready (attempt 1), the service answered 503 Service Unavailable",
         error_type="ConnectionError",
         traceback="Traceback...\nConnectionError: upstream not ready",
         retry_delay=30,
     )
+    return job
+
+
+def test_history_details_wrap_between_words(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    job = retried_once(user)
+    log_in(page, live_server.url, "admin", "password", f"/admin/jobstate/job/{job.pk}/change/")
+    details = ".js-history td.field-details code.js-meta"
+    for width in (1400, WIDTH):
+        page.set_viewport_size({"width": width, "height": 900})
+        lines = page.locator(details).evaluate_all("els => els.map(e => e.getClientRects().length)")
+        assert max(lines) > 1, "the details fit on one line: nothing to check"
+        assert page.evaluate(SPLIT_WORDS, details) == [], width
+
+
+def test_phone_pages_fit_the_screen(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    retried = retried_once(user)
     for n in range(2):
         failed(user, error=f"step 'validate' failed: NonRetryable: validation failed ({n})")
     busy = processing(user)
