@@ -99,3 +99,16 @@ def test_phone_pages_fit_the_screen(page: Any, live_server: Any, admin_user: Any
     assert_on_screen(page, ".js-history tr.has_original td.field-when")
     assert_on_screen(page, ".js-history tr.has_original td.field-details code.js-meta")
     assert_on_screen(page, ".js-history tr.has_original td.field-reason_display p:not(:empty)")
+
+
+def test_summary_values_line_up(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    job = retried_once(user)
+    log_in(page, live_server.url, "admin", "password", f"/admin/jobstate/job/{job.pk}/change/")
+    lefts = """(selector) => [...new Set([...document.querySelectorAll(selector)]
+        .map((el) => Math.round(el.getBoundingClientRect().left)))]"""
+    # Two label/value pairs a line at this width, one on a phone.
+    for width, pairs in ((1400, 2), (WIDTH, 1)):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.locator(".js-summary .readonly").count() >= 10
+        assert len(page.evaluate(lefts, ".js-summary .form-row label")) == pairs, width
+        assert len(page.evaluate(lefts, ".js-summary .readonly")) == pairs, width
