@@ -112,3 +112,20 @@ def test_summary_values_line_up(page: Any, live_server: Any, admin_user: Any, us
         assert page.locator(".js-summary .readonly").count() >= 10
         assert len(page.evaluate(lefts, ".js-summary .form-row label")) == pairs, width
         assert len(page.evaluate(lefts, ".js-summary .readonly")) == pairs, width
+
+
+def test_job_ids_that_are_links_have_the_link_colour(
+    page: Any, live_server: Any, admin_user: Any, user: Any
+) -> None:
+    failed(user)
+    colours = """(selector) => [...document.querySelectorAll(selector)].map(
+        (code) => [getComputedStyle(code).color, getComputedStyle(code.closest('a')).color])"""
+    log_in(page, live_server.url, "admin", "password", "/admin/jobstate/job/")
+    for url, selector in (
+        ("/admin/jobstate/job/", "#result_list .field-short_id a code"),
+        ("/admin/jobstate/job/stuck/", "tr.js-stuck-row td.js-cell-job a code"),
+    ):
+        page.goto(f"{live_server.url}{url}")
+        found = page.evaluate(colours, selector)
+        assert found, selector
+        assert all(code == link for code, link in found), (selector, found)
