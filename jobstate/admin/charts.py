@@ -144,8 +144,9 @@ def time_chart(
         y = top_pad + plot_h * (1 - frac)
         body.append(
             format_html(
-                '<line x1="{}" x2="{}" y1="{}" y2="{}" stroke="{}" stroke-width="1"/>'
+                '<line class="{}" x1="{}" x2="{}" y1="{}" y2="{}" stroke="{}" stroke-width="1"/>'
                 '<text x="{}" y="{}" text-anchor="end" fill="{}">{}</text>',
+                "js-gridline" if frac else "js-axis",
                 left,
                 width - right,
                 _px(y),

@@ -129,3 +129,16 @@ def test_job_ids_that_are_links_have_the_link_colour(
         found = page.evaluate(colours, selector)
         assert found, selector
         assert all(code == link for code, link in found), (selector, found)
+
+
+def test_chart_gridlines_follow_the_theme(page: Any, live_server: Any, admin_user: Any) -> None:
+    strokes = """() => [...document.querySelectorAll('svg.js-time-chart line.js-gridline')].map(
+        (line) => getComputedStyle(line).stroke.match(/\\d+/g).slice(0, 3).map(Number))"""
+    log_in(page, live_server.url, "admin", "password", "/admin/jobstate/job/dashboard/")
+    # A light hairline on the light page; a dark one on the dark page, not bright lines.
+    for scheme, bright in (("light", True), ("dark", False)):
+        page.emulate_media(color_scheme=scheme)
+        page.reload()
+        found = page.evaluate(strokes)
+        assert len(found) >= 4, scheme
+        assert all((sum(rgb) / 3 > 200) == bright for rgb in found), (scheme, found)
