@@ -79,6 +79,15 @@ def test_asset_page_is_read_only(admin_client: Any) -> None:
     assert admin_client.get(reverse("admin:jobstate_asset_add")).status_code == 403
 
 
+def test_the_list_shows_the_download_beside_the_name(admin_client: Any) -> None:
+    # Last, after the content type, the download was cut off in a 1440 px window.
+    make_assets()
+    html = admin_client.get(LIST).content.decode()
+    columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
+    assert columns[:2] == ["name", "download"], columns
+    assert "content_type" not in columns and "created_column" in columns  # a compact time
+
+
 def test_download_streams_the_file_with_a_safe_name(admin_client: Any) -> None:
     _, report, *_ = make_assets()
     response = admin_client.get(download(report))

@@ -65,16 +65,17 @@ class AssetJobFilter(JobIdFilter):
 
 @admin.register(Asset)
 class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
+    # The download beside the name: last, it was cut off at 1440 px. The content type
+    # (the asset type says much the same) is on the asset's page.
     list_display = (
         "name",
+        "download",
         "asset_type",
         "size_display",
-        "content_type",
         "job_link",
         "owner",
-        "created_at",
+        "created_column",
         "attempt_display",
-        "download",
     )
     list_filter = (
         AssetTypeFilter,
@@ -85,7 +86,7 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     list_select_related = ("job", "owner")
     search_fields = ()
     ordering = ("-created_at",)
-    sortable_by = ("created_at",)
+    sortable_by = ("created_column",)
     list_per_page = 50
     paginator = CappedPaginator
     show_full_result_count = False
@@ -134,6 +135,10 @@ class AssetAdmin(SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="size", ordering="size")
     def size_display(self, obj: Asset) -> str:
         return display.file_size(obj.size) if obj.file else "-"
+
+    @admin.display(description="created", ordering="created_at")
+    def created_column(self, obj: Asset) -> SafeString:
+        return display.compact_time(obj.created_at)
 
     @admin.display(description="job")
     def job_link(self, obj: Asset) -> SafeString:

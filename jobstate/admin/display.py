@@ -87,6 +87,17 @@ def local(moment: datetime) -> datetime:
     return timezone.localtime(moment) if timezone.is_aware(moment) else moment
 
 
+def compact_time(moment: datetime | None) -> SafeString:
+    """A list cell's time: ``14:03:27`` today, else ``2026-11-30 14:03``; the full one
+    on hover. Django's ``Nov. 30, 2026, 2:03 p.m.`` took a fifth of a 1440 px list."""
+    if moment is None:
+        return format_html("{}", "-")
+    moment = local(moment)
+    today = local(timezone.now()).date() == moment.date()
+    text = moment.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
+    return format_html('<span title="{}">{}</span>', moment.isoformat(timespec="seconds"), text)
+
+
 def since(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "-"

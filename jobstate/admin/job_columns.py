@@ -103,10 +103,7 @@ class JobColumns(_JobAdmin):
 
     @admin.display(description="created", ordering="created_at")
     def created_col(self, obj: Job) -> SafeString:
-        local = display.local(obj.created_at)
-        today = display.local(timezone.now()).date() == local.date()
-        text = local.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M")
-        return format_html('<span title="{}">{}</span>', local.isoformat(timespec="seconds"), text)
+        return display.compact_time(obj.created_at)
 
     @admin.display(description="age / duration")
     def age_col(self, obj: Job) -> SafeString:

@@ -15,21 +15,26 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import path
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from jobstate.admin import webhook_secret
+from jobstate.admin import display, webhook_secret
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import MAX_DEPTH, text, too_deep
-from jobstate.webhooks import cache, ownership, validation, visibility
+from jobstate.webhooks import cache, delivery, ownership, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
 # queues none, ``delivery`` ends the ones queued before): the admin says so.
 INACTIVE_MARK = "owner inactive: nothing is delivered"
+
+# A list cell's share of a long text (a reason, an error): the rest is on the row's page.
+LIST_TEXT_CHARS = 60
+WEBHOOK_ID_CHARS = 13  # "msg_" and 8 digits, then an ellipsis
 
 # Set on an endpoint whose save gave it a new secret (a change of owner).
 NEW_SECRET = "_jobstate_new_secret"
@@ -158,10 +163,9 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         "url",
         "owner_column",
         "enabled",
-        "consecutive_failures",
-        "disabled_at",
+        "failures",
+        "disabled_at_column",
         "reason",
-        "created_at",
     )
     list_select_related = ("owner",)
     list_filter = ("enabled",)
@@ -176,10 +180,20 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     )
     inlines = [DeliveryInline]
 
+    @admin.display(description="failures", ordering="consecutive_failures")
+    def failures(self, obj: WebhookEndpoint) -> int:
+        return obj.consecutive_failures  # in a row (the field's name made a wide header)
+
+    @admin.display(description="disabled at", ordering="disabled_at")
+    def disabled_at_column(self, obj: WebhookEndpoint) -> SafeString:
+        return display.compact_time(obj.disabled_at)
+
     @admin.display(description="disabled reason")
     def reason(self, obj: WebhookEndpoint) -> str:
-        # The start: the whole reason (the last error, how to re-enable) is on its page.
-        return Truncator(obj.disabled_reason).chars(120)
+        # The start, without how to re-enable (the field's help on its page says it): the
+        # whole reason squeezed the column to a letter a line at 1440 px.
+        reason = obj.disabled_reason.removesuffix(delivery.REENABLE).strip()
+        return Truncator(reason).chars(LIST_TEXT_CHARS)
 
     @admin.display(description="owner", ordering="owner")
     def owner_column(self, obj: WebhookEndpoint) -> str:
@@ -345,15 +359,17 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
+    # What failed first; the endpoint (the same on most rows: its page links to its
+    # deliveries) and the whole webhook-id pushed OK and the status out of a 1440 px window.
     list_display = (
-        "created_at",
-        "endpoint",
-        "event",
-        "webhook_id",
-        "attempt",
+        "created_column",
         "ok",
-        "status_code",
-        "duration_ms",
+        "status_code_column",
+        "error_column",
+        "event",
+        "attempt",
+        "duration_column",
+        "webhook_id_column",
     )
     list_filter = ("ok", DeliveryEventFilter)
     search_fields = ("webhook_id", "job_id")  # see get_search_results
@@ -361,6 +377,27 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    @admin.display(description="created", ordering="created_at")
+    def created_column(self, obj: WebhookDelivery) -> SafeString:
+        return display.compact_time(obj.created_at)
+
+    @admin.display(description="HTTP", ordering="status_code")
+    def status_code_column(self, obj: WebhookDelivery) -> str:
+        return "-" if obj.status_code is None else str(obj.status_code)
+
+    @admin.display(description="error")
+    def error_column(self, obj: WebhookDelivery) -> str:
+        return Truncator(obj.error).chars(LIST_TEXT_CHARS) or "-"
+
+    @admin.display(description="took", ordering="duration_ms")
+    def duration_column(self, obj: WebhookDelivery) -> str:
+        return f"{obj.duration_ms} ms"
+
+    @admin.display(description="webhook-id", ordering="webhook_id")
+    def webhook_id_column(self, obj: WebhookDelivery) -> str:
+        # Its start tells the attempts of one event apart; the search takes the whole one.
+        return Truncator(obj.webhook_id).chars(WEBHOOK_ID_CHARS)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
         # As the endpoints: without jobstate.view_job (or change_job), those of one's own only.
