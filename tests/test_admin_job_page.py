@@ -184,3 +184,51 @@ def test_job_page_and_stuck_page_queries_do_not_grow_with_rows(admin_client: Any
     few = counts()
     grow(18)
     assert counts() == few
+
+
+def test_a_parents_page_lists_its_children_with_their_status_failed_first(admin_client: Any) -> None:
+    # It linked "5 child jobs" only: which child failed took a click and a search.
+    from jobstate.admin import job_page
+    from jobstate.models import Job
+
+    parent = processing()
+    children = [completed(parent=parent) for _ in range(3)]
+    broken = failed(parent=parent)
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[parent.pk])).content.decode()
+    listed = html[html.index('class="js-children"') :]
+    listed = listed[: listed.index("</ul>")]
+    assert listed.count("<li>") == 4 and listed.count("js-badge-") == 4
+    assert listed.index(f"/{broken.pk}/change/") < min(listed.index(f"/{c.pk}/change/") for c in children)
+    link = f"{reverse('admin:jobstate_job_changelist')}?parent__id__exact={parent.pk}"
+    assert f'>4 child jobs</a>: <a href="{link}&amp;status=failed">1 failed</a>' in html
+    assert "3 completed</a>" in html
+    # Capped: the first CHILDREN_SHOWN, and a link to them all.
+    Job.objects.filter(pk__in=[c.pk for c in children]).delete()
+    for _ in range(job_page.CHILDREN_SHOWN + 1):
+        queued(parent=parent)
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[parent.pk])).content.decode()
+    listed = html[html.index('class="js-children"') :]
+    listed = listed[: listed.index("</ul>")]
+    assert listed.count("js-badge-") == job_page.CHILDREN_SHOWN and "all child jobs</a>" in listed
+    assert "js-badge-failed" in listed  # still among those shown
+    assert "22 child jobs</a>: <a" in html
+
+
+def test_the_time_shows_the_last_run_and_the_whole_time_since_created(admin_client: Any) -> None:
+    # A workflow that waited for its children ran 0.01s in its last run: "run time
+    # 0.01s" hid the minute it took in all.
+    from datetime import timedelta
+
+    from jobstate.models import Job
+
+    job = completed()
+    created = job.finished_at - timedelta(minutes=2, seconds=3)
+    Job.objects.filter(pk=job.pk).update(
+        created_at=created, started_at=job.finished_at - timedelta(seconds=4)
+    )
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert "last run 4s · 2m 03s from created to finished" in html
+    running = processing()
+    Job.objects.filter(pk=running.pk).update(created_at=running.started_at - timedelta(seconds=30))
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[running.pk])).content.decode()
+    assert re.search(r"running (0\.\d\d|1)s · 3\ds since created", html)

@@ -19,6 +19,18 @@ from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
 TOKEN_SHOWN = 8  # characters of a running job's lease token the page shows
+CHILDREN_SHOWN = 20  # child jobs listed on a parent's page (all of them: the filtered list)
+CHILDREN_READ = 1001  # counted up to this (a fan-out has no bound); "1000+" beyond
+# A parent's children, those that need a look first.
+CHILD_ORDER = (
+    Status.FAILED,
+    Status.PARTIAL,
+    Status.CANCELLED,
+    Status.PROCESSING,
+    Status.WAITING,
+    Status.QUEUED,
+    Status.COMPLETED,
+)
 
 if TYPE_CHECKING:  # a mixin of JobAdmin: checked as part of it
     from django.contrib.admin.options import _FieldOpts, _FieldsetSpec
@@ -133,12 +145,17 @@ class JobPageFields(_JobAdmin):
     def attempts_display(self, obj: Job) -> str:
         return f"{obj.attempts} of {obj.max_attempts}"
 
-    @admin.display(description="run time")
+    @admin.display(description="time")
     def duration_display(self, obj: Job) -> str:
+        # started_at is the last claim's: a retried job's or a workflow's that waited for
+        # its children ran for longer than that, and waited besides.
         if obj.started_at is None:
             return "never started"
-        suffix = "" if obj.finished_at else " (running)"
-        return display.short_duration(obj.duration) + suffix
+        end = obj.finished_at or timezone.now()
+        total = display.short_duration(end - obj.created_at)
+        if obj.finished_at is None:
+            return f"running {display.short_duration(obj.duration)} · {total} since created"
+        return f"last run {display.short_duration(obj.duration)} · {total} from created to finished"
 
     @admin.display(description="lease expires")
     def lease_expires_display(self, obj: Job) -> SafeString:
@@ -179,20 +196,56 @@ class JobPageFields(_JobAdmin):
             links.append(("retry of", job_url(obj.retry_of_id), short(obj.retry_of_id)))
         for pk in Job.objects.filter(retry_of=obj.pk).order_by("created_at").values_list("pk", flat=True)[:5]:
             links.append(("retried as", job_url(pk), short(pk)))
-        changelist = reverse("admin:jobstate_job_changelist")
-        children = Job.objects.filter(parent=obj.pk).order_by()[:1001].count()
         parts = format_html_join(" · ", '{} <a href="{}"><code>{}</code></a>', links)
+        children = _children(obj)
         if children:
-            label = "1000+" if children > 1000 else str(children)
-            child_link = format_html(
-                '<a href="{}?parent__id__exact={}">{} child job{}</a>',
-                changelist,
-                obj.pk,
-                label,
-                "" if children == 1 else "s",
-            )
-            parts = format_html("{}{}{}", parts, " · " if links else "", child_link)
+            parts = format_html("{}{}{}", parts, format_html("<br>") if links else "", children)
         return parts or format_html("{}", "—")
+
+
+def _children(parent: Job) -> SafeString:
+    """How many child jobs of each status, and the first of them (failed ones first),
+    each with its status: one read, of at most ``CHILDREN_READ`` rows."""
+    rows = list(
+        Job.objects.filter(parent=parent.pk).order_by().values_list("pk", "kind", "status")[:CHILDREN_READ]
+    )
+    if not rows:
+        return format_html("")
+    every = len(rows) < CHILDREN_READ
+    rank: dict[str, int] = {status: i for i, status in enumerate(CHILD_ORDER)}
+    rows.sort(key=lambda row: (rank.get(row[2], len(rank)), row[0]))
+    changelist = f"{reverse('admin:jobstate_job_changelist')}?parent__id__exact={parent.pk}"
+    label = (
+        f"{len(rows)} child job{'' if len(rows) == 1 else 's'}"
+        if every
+        else f"{CHILDREN_READ - 1}+ child jobs"
+    )
+    head = format_html('<a href="{}">{}</a>', changelist, label)
+    if every:
+        counts: dict[str, int] = {}
+        for _pk, _kind, status in rows:
+            counts[status] = counts.get(status, 0) + 1
+        head = format_html(
+            "{}: {}",
+            head,
+            format_html_join(
+                " · ",
+                '<a href="{}&amp;status={}">{} {}</a>',
+                ((changelist, s, n, Status(s).label.lower()) for s, n in counts.items()),
+            ),
+        )
+    shown = format_html_join(
+        "",
+        '<li>{} <a href="{}"><code>{}</code></a> {}</li>',
+        (
+            (display.status_badge(status), job_url(pk), short(pk), kind)
+            for pk, kind, status in rows[:CHILDREN_SHOWN]
+        ),
+    )
+    more = ""
+    if len(rows) > CHILDREN_SHOWN:
+        more = format_html('<li><a href="{}">all child jobs</a></li>', changelist)
+    return format_html('{}<ul class="js-children">{}{}</ul>', head, shown, more)
 
 
 def _relative(moment: datetime | None, past_word: str) -> SafeString:
