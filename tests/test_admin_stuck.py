@@ -672,3 +672,20 @@ def test_a_queued_job_whose_handler_was_removed_from_the_code_says_so(
     assert remedy(admin_client, task, "cancel").status_code == 302
     task.refresh_from_db()
     assert task.status == Status.CANCELLED
+
+
+def test_the_stuck_page_and_the_dashboard_say_stuck_and_failed_alike_and_list_no_empty_reason(
+    admin_client: Any,
+) -> None:
+    # The dashboard said "0 stuck (3 with recent failures)" and this page "3 jobs need
+    # attention", each with a heading and a remedy for six reasons without a job.
+    failed(error="boom")
+    failed(error="boom")
+    expired()
+    html = " ".join(admin_client.get(STUCK).content.decode().split())
+    assert "<strong>3</strong> jobs need attention: 1 stuck, 2 failed after their last attempt." in html
+    assert 'id="reason-lease_expired"' in html and 'id="reason-recently_failed"' in html
+    assert 'id="reason-no_heartbeat"' not in html and "Remedy: Requeue it: the worker looks hung" not in html
+    assert "Nothing in: Cancel requested but not honoured; Running past" in html
+    tiles = " ".join(admin_client.get(reverse("admin:jobstate_job_dashboard")).content.decode().split())
+    assert "stuck, 2 failed after their last attempt</span>" in tiles

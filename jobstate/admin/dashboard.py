@@ -126,6 +126,8 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         stuck_capped=any(n > BADGE_CAP for n in stuck_counts.values()),
         stuck_active=sum(min(BADGE_CAP, n) for n in stuck_active.values()),
         stuck_active_capped=any(n > BADGE_CAP for n in stuck_active.values()),
+        stuck_failed=sum(min(BADGE_CAP, n) for c, n in stuck_counts.items() if c not in stuck_active),
+        stuck_failed_capped=any(n > BADGE_CAP for c, n in stuck_counts.items() if c not in stuck_active),
         colours=colours,
     )
     return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)

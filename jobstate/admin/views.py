@@ -171,7 +171,12 @@ def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             request,
             "Stuck jobs",
             groups=groups,
+            # The reasons without a job: one line, not a heading and a remedy each.
+            empty=[g["reason"].title for g in groups if not g["count"]],
             total=sum(counts.values()),
+            # The dashboard's words: stuck (active jobs), and failed after their last attempt.
+            stuck=sum(n for code, n in counts.items() if code in stuck.ACTIVE_REASONS),
+            failed=sum(n for code, n in counts.items() if code not in stuck.ACTIVE_REASONS),
             expired=counts[stuck.LEASE_EXPIRED],
             can_reap=may_reap(model_admin, request),
             now=now,
