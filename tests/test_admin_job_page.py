@@ -232,3 +232,30 @@ def test_the_time_shows_the_last_run_and_the_whole_time_since_created(admin_clie
     Job.objects.filter(pk=running.pk).update(created_at=running.started_at - timedelta(seconds=30))
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[running.pk])).content.decode()
     assert re.search(r"running (0\.\d\d|1)s · 3\ds since created", html)
+
+
+def test_a_finished_jobs_step_is_its_last_and_a_cancelled_one_never_ran_as_in_the_list(
+    admin_client: Any,
+) -> None:
+    # A completed job showed "Current step: save" as if it were still in it, and a job
+    # cancelled before it ran said "never started" here but "never ran" in the list.
+    from jobstate.models import Job
+
+    running = processing()
+    services.report_progress(running, running.lease_token, 50, "half", step="save")
+    page = reverse("admin:jobstate_job_change", args=[running.pk])
+    html = admin_client.get(page).content.decode()
+    assert re.search(r'field-step_display">.*?<div class="readonly">save</div>', html, re.S)
+    services.complete(Job.objects.get(pk=running.pk), running.lease_token, {"ok": True})
+    assert "save (the last one)" in admin_client.get(page).content.decode()
+    live = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": str(running.pk)}).json()
+    assert live["jobs"][str(running.pk)]["fields"]["step_display"] == "save (the last one)"
+    job = queued()
+    services.request_cancel(job, None, "not needed")
+    assert Job.objects.get(pk=job.pk).status == "cancelled"
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert "never ran" in html and "never started" not in html
+    assert (
+        "not started yet"
+        in admin_client.get(reverse("admin:jobstate_job_change", args=[queued().pk])).content.decode()
+    )

@@ -49,7 +49,7 @@ class JobPageFields(_JobAdmin):
         ("id_display", "status_display"),
         ("kind_display", "owner"),
         ("progress_display", "duration_display"),
-        ("current_step", "attempts_display", "priority"),
+        ("step_display", "attempts_display", "priority"),
         ("created_at", "started_at", "finished_at"),
     )
 
@@ -99,7 +99,7 @@ class JobPageFields(_JobAdmin):
         "kind_display",
         "owner",
         "progress_display",
-        "current_step",
+        "step_display",
         "attempts_display",
         "priority",
         "key",
@@ -141,6 +141,13 @@ class JobPageFields(_JobAdmin):
         bar = display.progress_bar(obj.progress, obj.progress_message, obj.status)
         return format_html('{}<span class="js-progress-message">{}</span>', bar, obj.progress_message)
 
+    @admin.display(description="step")
+    def step_display(self, obj: Job) -> str:
+        # A finished job keeps the step it was last in: not a current one.
+        if not obj.current_step:
+            return "-"
+        return obj.current_step if obj.status in ACTIVE else f"{obj.current_step} (the last one)"
+
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:
         return f"{obj.attempts} of {obj.max_attempts}"
@@ -149,8 +156,8 @@ class JobPageFields(_JobAdmin):
     def duration_display(self, obj: Job) -> str:
         # started_at is the last claim's: a retried job's or a workflow's that waited for
         # its children ran for longer than that, and waited besides.
-        if obj.started_at is None:
-            return "never started"
+        if obj.started_at is None:  # the job list's words
+            return "never ran" if obj.is_terminal else "not started yet"
         end = obj.finished_at or timezone.now()
         total = display.short_duration(end - obj.created_at)
         if obj.finished_at is None:

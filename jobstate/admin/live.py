@@ -32,6 +32,7 @@ LIST_CELLS = ("status_col", "progress_col", "attempts_col", "age_col")
 PAGE_FIELDS = (
     "status_display",
     "progress_display",
+    "step_display",
     "attempts_display",
     "duration_display",
     "heartbeat_display",
