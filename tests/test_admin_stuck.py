@@ -689,3 +689,17 @@ def test_the_stuck_page_and_the_dashboard_say_stuck_and_failed_alike_and_list_no
     assert "Nothing in: Cancel requested but not honoured; Running past" in html
     tiles = " ".join(admin_client.get(reverse("admin:jobstate_job_dashboard")).content.decode().split())
     assert "stuck, 2 failed after their last attempt</span>" in tiles
+
+
+def test_a_job_that_failed_under_a_minute_ago_says_so_in_seconds(admin_client: Any) -> None:
+    # "Failed 0 minutes ago" stood beside "for 51s".
+    job = failed(error="boom")
+    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(seconds=41))
+    html = admin_client.get(STUCK).content.decode()
+    assert "0 minutes" not in html
+    assert "Failed 41 seconds ago after attempt 1/1" in html or "Failed 42 seconds ago" in html
+    from jobstate.stuck.context import _ago
+
+    now = timezone.now()
+    assert _ago(now, now) == "just now" and _ago(now - timedelta(seconds=1), now) == "1 second ago"
+    assert _ago(now - timedelta(minutes=2), now) == "2\xa0minutes ago"  # timesince's

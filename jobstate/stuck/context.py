@@ -25,7 +25,12 @@ def _seconds(name: str) -> timedelta:
 def _ago(moment: datetime | None, now: datetime) -> str:
     if moment is None:
         return "never"
-    return f"{timesince(moment, now)} ago" if moment <= now else "in the future"
+    if moment > now:
+        return "in the future"
+    seconds = int((now - moment).total_seconds())
+    if seconds < 60:  # timesince said "0 minutes ago" beside the page's "51s"
+        return "just now" if seconds < 1 else f"{seconds} second{'' if seconds == 1 else 's'} ago"
+    return f"{timesince(moment, now)} ago"
 
 
 # Stored kinds looked at for queued_no_worker: one index probe each, so all of any
