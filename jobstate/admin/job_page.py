@@ -206,7 +206,7 @@ class JobPageFields(_JobAdmin):
         parts = format_html_join(" · ", '{} <a href="{}"><code>{}</code></a>', links)
         children = _children(obj)
         if children:
-            parts = format_html("{}{}{}", parts, format_html("<br>") if links else "", children)
+            parts = format_html("{}{}{}", parts, SafeString("<br>") if links else "", children)
         return parts or format_html("{}", "—")
 
 
@@ -217,7 +217,7 @@ def _children(parent: Job) -> SafeString:
         Job.objects.filter(parent=parent.pk).order_by().values_list("pk", "kind", "status")[:CHILDREN_READ]
     )
     if not rows:
-        return format_html("")
+        return SafeString("")
     every = len(rows) < CHILDREN_READ
     rank: dict[str, int] = {status: i for i, status in enumerate(CHILD_ORDER)}
     rows.sort(key=lambda row: (rank.get(row[2], len(rank)), row[0]))
