@@ -259,3 +259,30 @@ def test_a_finished_jobs_step_is_its_last_and_a_cancelled_one_never_ran_as_in_th
         "not started yet"
         in admin_client.get(reverse("admin:jobstate_job_change", args=[queued().pk])).content.decode()
     )
+
+
+def test_the_live_refresh_sends_a_jobs_own_text_escaped(admin_client: Any, monkeypatch: Any) -> None:
+    # live.js sets the fields and cells with innerHTML: a step of
+    # '<img src=x onerror=...>' (a handler's report_progress) ran for staff watching.
+    from jobstate.admin import live
+    from jobstate.models import Job
+
+    evil = '<img src=x onerror="alert(1)">'
+    running = processing()
+    services.report_progress(running, running.lease_token, 50, evil, step=evil)
+    unserved = queued()
+    for job in (running, unserved):
+        Job.objects.filter(pk=job.pk).update(kind=evil, error_type=evil, error_message=evil)
+    # A field whose display method returns the job's text as a plain str is escaped too.
+    monkeypatch.setattr(live, "PAGE_FIELDS", (*live.PAGE_FIELDS, "kind_display"))
+    ids = f"{running.pk},{unserved.pk}"
+    data = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": ids, "dashboard": "1"}).json()
+    assert set(data["jobs"]) == {str(running.pk), str(unserved.pk)}
+    sent = [
+        html for job in data["jobs"].values() for html in (*job["cells"].values(), *job["fields"].values())
+    ]
+    sent += data["dashboard"]["html"].values()
+    assert not [html for html in sent if "<img" in html]
+    mine = data["jobs"][str(running.pk)]
+    assert "&lt;img src=x" in mine["fields"]["step_display"] and "&lt;img" in mine["fields"]["kind_display"]
+    assert (mine["progress_message"], mine["current_step"]) == (evil, evil)  # text, not HTML

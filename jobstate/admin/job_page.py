@@ -142,11 +142,14 @@ class JobPageFields(_JobAdmin):
         return format_html('{}<span class="js-progress-message">{}</span>', bar, obj.progress_message)
 
     @admin.display(description="step")
-    def step_display(self, obj: Job) -> str:
-        # A finished job keeps the step it was last in: not a current one.
+    def step_display(self, obj: Job) -> SafeString:
+        # A finished job keeps the step it was last in: not a current one. Escaped
+        # here: the live refresh sets it as HTML, and a handler's step is its own text.
         if not obj.current_step:
-            return "-"
-        return obj.current_step if obj.status in ACTIVE else f"{obj.current_step} (the last one)"
+            return format_html("{}", "-")
+        if obj.status in ACTIVE:
+            return format_html("{}", obj.current_step)
+        return format_html("{} (the last one)", obj.current_step)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:

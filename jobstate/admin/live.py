@@ -21,6 +21,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
 from django.http import HttpRequest, JsonResponse
+from django.utils.html import conditional_escape
 
 from jobstate import stuck
 from jobstate.admin import workers
@@ -50,7 +51,14 @@ def parse_ids(raw: str) -> list[uuid.UUID]:
     return found
 
 
+def html(value: Any) -> str:
+    """``live.js`` sets the cells and fields as HTML (innerHTML): a SafeString
+    passes, any other value (a display method returning the job's own text) is escaped."""
+    return str(conditional_escape(value))
+
+
 def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
+    # progress_message and current_step are text, not HTML: live.js does not insert them.
     return {
         "status": job.status,
         "active": job.status in ACTIVE,
@@ -58,8 +66,8 @@ def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
         "progress_message": job.progress_message,
         "current_step": job.current_step,
         "attempts": job.attempts,
-        "cells": {name: str(getattr(model_admin, name)(job)) for name in LIST_CELLS},
-        "fields": {name: str(getattr(model_admin, name)(job)) for name in PAGE_FIELDS},
+        "cells": {name: html(getattr(model_admin, name)(job)) for name in LIST_CELLS},
+        "fields": {name: html(getattr(model_admin, name)(job)) for name in PAGE_FIELDS},
     }
 
 
@@ -76,7 +84,7 @@ def dashboard_payload(request: HttpRequest, now: datetime) -> dict[str, Any]:
     return {
         "active": sum(counts.values()),
         "counts": {**counts, "workers": found.alive, "busy": found.busy},
-        "html": {"js-workers": workers.render_panel(request, panel)},
+        "html": {"js-workers": html(workers.render_panel(request, panel))},
     }
 
 

@@ -41,6 +41,8 @@
     return parseInt(root.getAttribute("data-active") || "0", 10) > 0;
   }
 
+  // Only for the endpoint's cells, fields and panels: HTML the server escaped
+  // (live.py's html()). Plain values (counts) are set as text.
   function setHtml(el, html) {
     if (el && html !== undefined && el.innerHTML !== html) { el.innerHTML = html; }
   }
