@@ -314,3 +314,28 @@ def test_a_large_fan_out_lists_its_failed_child_first_and_counts_each_status_up_
     monkeypatch.setattr(job_page, "CHILDREN_COUNTED", 5)  # exactly the cap: no "+"
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[parent.pk])).content.decode()
     assert ">6 child jobs</a>: " in html and ">5 completed</a>" in html
+
+
+def test_a_job_queued_for_a_retry_or_waiting_for_its_children_is_not_said_to_be_running(
+    admin_client: Any,
+) -> None:
+    # Both have started_at and no finished_at: they said "running 0.02s · 40s since created".
+    from datetime import timedelta
+
+    from jobstate.models import Job
+
+    job = processing()
+    services.fail(job, job.lease_token, "flaky", error_type="OSError")
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == "queued" and job.started_at is not None and job.finished_at is None
+    Job.objects.filter(pk=job.pk).update(
+        created_at=job.started_at - timedelta(seconds=40), started_at=job.started_at - timedelta(seconds=30)
+    )
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert re.search(r"last run began 3\ds ago · 4\ds since created", html)
+    assert not re.search(r"running [\d.]+s", html)
+    Job.objects.filter(pk=job.pk).update(status="waiting")
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert "last run began 3" in html and not re.search(r"running [\d.]+s", html)
+    live = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": str(job.pk)}).json()
+    assert live["jobs"][str(job.pk)]["fields"]["duration_display"].startswith("last run began 3")

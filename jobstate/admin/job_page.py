@@ -161,10 +161,14 @@ class JobPageFields(_JobAdmin):
         # its children ran for longer than that, and waited besides.
         if obj.started_at is None:  # the job list's words
             return "never ran" if obj.is_terminal else "not started yet"
-        end = obj.finished_at or timezone.now()
-        total = display.short_duration(end - obj.created_at)
-        if obj.finished_at is None:
+        now = timezone.now()
+        total = display.short_duration((obj.finished_at or now) - obj.created_at)
+        if obj.status == Status.PROCESSING:
             return f"running {display.short_duration(obj.duration)} · {total} since created"
+        if obj.finished_at is None:
+            # Queued for a retry or waiting for its children: the row keeps when the last
+            # run began, not when it ended.
+            return f"last run began {display.since(obj.started_at, now)} ago · {total} since created"
         return f"last run {display.short_duration(obj.duration)} · {total} from created to finished"
 
     @admin.display(description="lease expires")
