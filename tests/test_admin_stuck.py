@@ -691,6 +691,31 @@ def test_the_stuck_page_and_the_dashboard_say_stuck_and_failed_alike_and_list_no
     assert "stuck, 2 failed after their last attempt</span>" in tiles
 
 
+def test_the_stuck_pages_headline_adds_up_the_capped_counts_as_the_dashboards_tile(
+    admin_client: Any, monkeypatch: Any
+) -> None:
+    # Each reason is counted one past the cap: the headline added those up and said
+    # "4 jobs need attention: 3 stuck" beside the group's "2+", where the tile said "2+".
+    from jobstate.admin import dashboard
+
+    monkeypatch.setattr(dashboard, "BADGE_CAP", 2)
+    for _ in range(3):
+        expired()
+    failed(error="boom")
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2}):
+        html = " ".join(admin_client.get(STUCK).content.decode().split())
+    assert "<strong>3+</strong> jobs need attention: 2+ stuck, 1 failed after its last attempt." in html
+    tiles = " ".join(admin_client.get(reverse("admin:jobstate_job_dashboard")).content.decode().split())
+    assert '"js-tile-n">2+</span><span class="js-tile-l">stuck, 1 failed after its last attempt' in tiles
+    failed(error="boom")  # exactly the cap: no "+"
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2}):
+        html = " ".join(admin_client.get(STUCK).content.decode().split())
+    assert "<strong>4+</strong> jobs need attention: 2+ stuck, 2 failed after their last attempt." in html
+    with override_settings(JOBSTATE={"ADMIN_COUNT_CAP": 2_000}):
+        html = " ".join(admin_client.get(STUCK).content.decode().split())
+    assert "<strong>5</strong> jobs need attention: 3 stuck, 2 failed after their last attempt." in html
+
+
 def test_a_job_that_failed_under_a_minute_ago_says_so_in_seconds(admin_client: Any) -> None:
     # "Failed 0 minutes ago" stood beside "for 51s".
     job = failed(error="boom")

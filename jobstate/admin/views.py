@@ -7,6 +7,7 @@ in ``JobAdmin.get_urls`` and checks the operation's own permission.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from django import forms
@@ -173,15 +174,24 @@ def stuck_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             groups=groups,
             # The reasons without a job: one line, not a heading and a remedy each.
             empty=[g["reason"].title for g in groups if not g["count"]],
-            total=sum(counts.values()),
-            # The dashboard's words: stuck (active jobs), and failed after their last attempt.
-            stuck=sum(n for code, n in counts.items() if code in stuck.ACTIVE_REASONS),
-            failed=sum(n for code, n in counts.items() if code not in stuck.ACTIVE_REASONS),
+            # The dashboard tile's words and sums: stuck (active jobs), and failed after
+            # their last attempt, each of its reasons counted up to the cap ("+" past it).
+            **_capped_sum("total", counts, cap, set(counts)),
+            **_capped_sum("stuck", counts, cap, stuck.ACTIVE_REASONS),
+            **_capped_sum("failed", counts, cap, set(counts) - stuck.ACTIVE_REASONS),
             expired=counts[stuck.LEASE_EXPIRED],
             can_reap=may_reap(model_admin, request),
             now=now,
         ),
     )
+
+
+def _capped_sum(name: str, counts: dict[str, int], cap: int, codes: AbstractSet[str]) -> dict[str, Any]:
+    """``name``: the sum of the reasons' counts in ``codes``, each up to ``cap``;
+    ``name_capped``: whether one of them was past it; ``name_label``: "1,000+"."""
+    chosen = [n for code, n in counts.items() if code in codes]
+    total, capped = sum(min(cap, n) for n in chosen), any(n > cap for n in chosen)
+    return {name: total, f"{name}_capped": capped, f"{name}_label": f"{total:,}{'+' * capped}"}
 
 
 def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
