@@ -646,12 +646,62 @@ def test_tasks_pickle_as_on_django():
 
 def test_operator_requeue_and_fail():
     result = t.noop_task.enqueue()
-    (job,) = services.claim("w", limit=1)
+    (job,) = services.claim("w", limit=1, start=True)  # begun: a reserved claim charges nothing
     services.requeue(job.pk, actor="admin", reason="stuck")
     services.force_fail(job.pk, actor="admin", reason="enough")
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert [e.exception_class for e in result.errors] == [OperatorRequeued, OperatorFailed]
+
+
+@pytest.mark.parametrize("how", ["force_fail", "cancel_unstarted", "fail_with_cancel_requested"])
+def test_a_reserved_claim_ended_by_its_job_ending_counts_no_attempt(how):
+    # Only services.fail of a reserved job marked its history row: an operator's fail,
+    # a worker's cancel before it began, and a failed begin whose cancel was requested
+    # (ended cancelled instead) listed the claim's worker id while job.attempts was 0.
+    result = jt.reports_attempt.enqueue()
+    (job,) = services.claim("w1", limit=1)
+    if how == "force_fail":
+        services.force_fail(job.pk, actor="admin", reason="enough")
+    else:
+        services.request_cancel(job.pk, "ops", "no")
+        if how == "cancel_unstarted":
+            assert run_job(job, "w1") == "cancelled"
+        else:
+            services.fail_held(job, job.lease_token, "could not begin", error_type="OperationalError")
+    result.refresh()
+    assert Job.objects.get(pk=result.id).attempts == 0
+    assert (result.status, result.worker_ids, result.attempts) == (TaskResultStatus.FAILED, [], 0)
+    ended = JobEvent.objects.filter(job_id=result.id).latest("id")
+    assert ended.metadata["unstarted"] is True
+    # The job's ending stays its error, as services.fail's of a reserved job does.
+    assert [e.exception_class for e in result.errors] == [
+        OperatorFailed if how == "force_fail" else CancelRequested
+    ]
+
+
+def test_an_operator_requeue_of_a_reserved_job_counts_no_attempt_and_shows_no_error():
+    # A reserved claim charged nothing: its requeue is no attempt's end (no
+    # OperatorRequeued error, no worker id), whoever requeued it.
+    result = jt.reports_attempt.enqueue()
+    services.claim("w1", limit=1)
+    services.requeue(result.id, actor="admin", reason="stuck")
+    result.refresh()
+    assert (result.status, result.worker_ids, result.errors) == (TaskResultStatus.READY, [], [])
+    assert run_all() == 1
+    result.refresh()
+    assert Job.objects.get(pk=result.id).attempts == 1
+    assert result.return_value == 1
+    assert (result.attempts, result.worker_ids, result.errors) == (1, ["inline"], [])
+
+
+def test_a_begun_attempt_ended_by_an_operator_keeps_its_worker_id():
+    result = jt.reports_attempt.enqueue()
+    (job,) = services.claim("w1", limit=1, start=True)
+    services.force_fail(job.pk, actor="admin", reason="enough")
+    result.refresh()
+    assert (result.worker_ids, result.attempts) == (["w1"], 1)
+    assert "unstarted" not in JobEvent.objects.filter(job_id=result.id).latest("id").metadata
 
 
 def test_a_job_handed_back_unstarted_shows_no_error():

@@ -197,7 +197,8 @@ def fail(
     progress fields not yet written, stored with the outcome. ``unstarted``: the
     handler never started, though ``begin`` charged the attempt: it is refunded.
     A processing job's attempt that ends charging nothing (refunded, or never
-    begun) is marked ``unstarted`` in its history row's metadata.
+    begun) is marked ``unstarted`` in its history row's metadata, as ``move``
+    marks every end of a claim never begun (an operator's fail, a cancel).
 
     A processing job whose cancel was requested (read under its row lock) ends
     ``cancelled`` instead, whatever ``retry`` and the attempts left say: a retry
@@ -240,7 +241,7 @@ def fail(
             raise LeaseLost(pk)
         if status == Status.PROCESSING and requested is not None:
             named = f"{error_type}: {error}" if error_type else error
-            return _cancel_instead(job, token, named, requested, actor, progress, now)
+            return _cancel_instead(job, token, named, requested, actor, progress, now, started_at is not None)
         details = {
             "attempt": attempts,
             "error": error,
@@ -256,10 +257,9 @@ def fail(
         if unstarted and started_at is not None:  # the row is locked: a plain value
             attempts, started_at = attempts - 1, None
             fields.update(attempts=attempts, started_at=None)
-        if status == Status.PROCESSING and started_at is None:
-            # Its claim charged no attempt (refunded, or never begun): the history says
-            # so, as a hand-back's does, for what counts attempts from it (tasks.results).
-            details["unstarted"] = True
+        # Whether its claim charged an attempt (not refunded, or never begun): move()
+        # marks the history row of one that did not.
+        begun = started_at is not None if status == Status.PROCESSING else None
         if retry and status == Status.PROCESSING and attempts < max_attempts:
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)
@@ -279,6 +279,7 @@ def fail(
                 fields={**fields, "run_after": run_after, "worker_id": ""},
                 metadata=details,
                 now=now,
+                begun=begun,
             )
         if status not in (Status.QUEUED, Status.PROCESSING):
             raise InvalidTransition(status, Status.FAILED, "fail")
@@ -291,6 +292,7 @@ def fail(
             fields=fields,
             metadata=details,
             now=now,
+            begun=begun,
         )
 
 
@@ -334,6 +336,7 @@ def _cancel_instead(
     actor: Actor | None,
     progress: dict[str, Any] | None,
     now: datetime,
+    begun: bool,
 ) -> Job | None:
     """``fail`` of a processing job whose cancel was requested: end it ``cancelled``
     (inside fail's transaction, the row locked), the error named in the reason."""
@@ -346,6 +349,7 @@ def _cancel_instead(
         fields=progress,
         metadata={"requested_at": requested.isoformat()},
         now=now,
+        begun=begun,
     )
 
 

@@ -123,7 +123,13 @@ def _reap(
     """One expired job's move (see ``requeue_expired``), recorded in ``report``.
     True when it waited REAP_PARENT_WAIT_MS for a held parent row (and left the job)."""
     pk, kind, token, attempts, max_attempts, cancel_at, worker, started, _expiry = row
-    guard = {"token": token, "condition": _still_expired(clock), "actor": reaper, "now": now}
+    guard = {
+        "token": token,
+        "condition": _still_expired(clock),
+        "actor": reaper,
+        "now": now,
+        "begun": started is not None,
+    }
     meta = {"attempt": attempts, "worker": worker}
     lost = f"lease expired (worker {worker or '?'} lost)"
     last, cancelling = attempts >= max_attempts, cancel_at is not None

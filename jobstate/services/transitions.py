@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -31,6 +31,7 @@ from jobstate.services.assets import lose_attempt_assets
 from jobstate.states import ACTIVE, TERMINAL, Status
 
 __all__ = [
+    "REFUNDS",
     "all_transitions",
     "allowed_transitions",
     "announce",
@@ -39,6 +40,7 @@ __all__ = [
     "move",
     "parent_locked",
     "record_event",
+    "refunded",
     "sources_of",
     "target_of",
     "wake_parent_if_done",
@@ -84,6 +86,20 @@ def allowed_transitions(status: str) -> list[str]:
     return [name for source, _target, name in all_transitions() if source == status]
 
 
+# The history metadata keys of a move that ended a claim without spending an attempt:
+# the reaper's requeue of a reservation, a hand-back, a Suspend, and any other end of
+# a claim whose attempt was never begun (``started_at`` NULL: ``move`` adds it).
+REFUNDS = ("reserved", "handed_back", "suspended", "unstarted")
+
+# Moves only a handler that ran makes (its attempt begun): no claim to look at.
+_HANDLER_MOVES = frozenset({"complete", "mark_partial"})
+
+
+def refunded(metadata: dict[str, Any] | None) -> bool:
+    """Whether a history row that ended a claim says its attempt was not spent."""
+    return any((metadata or {}).get(key) for key in REFUNDS)
+
+
 def move(
     job: Job | UUID | str,
     name: str,
@@ -95,6 +111,7 @@ def move(
     metadata: dict[str, Any] | None = None,
     condition: Q | None = None,
     now: datetime | None = None,
+    begun: bool | None = None,
 ) -> Job | None:
     """Apply the declared transition ``name`` to ``job`` and record it; raise if refused.
 
@@ -104,6 +121,14 @@ def move(
     ends its active children first (``cascade``). Returns the in-memory job,
     updated, when one was passed.
 
+    A move that takes a job out of ``processing`` whose attempt was never begun
+    (a reserved claim: ``started_at`` NULL, no attempt charged), whoever makes it,
+    marks its history row ``unstarted`` (``REFUNDS``), so what counts attempts
+    from the history (``jobstate.tasks``) counts that claim in none.
+    ``begun``: whether the attempt was begun (what the move leaves in ``started_at``
+    aside), as a caller holding the row's lock read it; None: read here, under the
+    row's lock, when it may matter.
+
     Internal: ``now`` is taken as given; each public function that reaches it
     checks a caller's ``now`` first (``_writes.checked_now``).
     """
@@ -111,8 +136,18 @@ def move(
     target, sources, values = transition_values(name, fields, now)
     job_id = job.pk if isinstance(job, Job) else job
     plain = condition is None and not any(hasattr(v, "resolve_expression") for v in values.values())
+    ends_claim = (
+        Status.PROCESSING in sources
+        and target != Status.PROCESSING
+        and name not in _HANDLER_MOVES
+        and not refunded(metadata)
+    )
+    if ends_claim and begun is False:
+        metadata = {**(metadata or {}), "unstarted": True}
+    read_claim = ends_claim and begun is None  # started_at is read with the row's lock
     event = Event("", target, name, actor, reason, metadata, now)
-    if plain and len(sources) == 1 and one_statement(job, sources[0], target, actor, event):
+    single = len(sources) == 1 and not read_claim
+    if plain and single and one_statement(job, sources[0], target, actor, event):
         # Nothing else to do in the transaction (no cascade, no lost assets, no
         # parent, no hook that writes): the row and its history in one
         # autocommitted statement (PostgreSQL), the hooks told right after.
@@ -131,13 +166,16 @@ def move(
             qs = qs.filter(lease_token=token)
         if condition is not None:
             qs = qs.filter(condition)
-        if len(sources) == 1:
+        if single:
             from_status = sources[0]
         else:
-            row = qs.select_for_update().values_list("status", flat=True).first()
-            if row is None or row not in sources:
+            row = qs.select_for_update().values_list("status", "started_at").first()
+            if row is None or row[0] not in sources:
                 refuse(job_id, name, target, token)
-            from_status = str(row)
+            from_status = str(row[0])
+            if read_claim and from_status == Status.PROCESSING and row[1] is None:
+                metadata = {**(metadata or {}), "unstarted": True}
+                event = event._replace(metadata=metadata)
         if _loses_assets(from_status, target, actor):
             # The attempt did not end by its own worker (reaped, or taken by an
             # operator): what it stored is not part of the job's results.
@@ -281,7 +319,7 @@ def held(job_id: Any, token: UUID | str | None, name: str) -> UUID | str:
     return token
 
 
-def refuse(job_id: Any, name: str, target: str, token: Any) -> None:
+def refuse(job_id: Any, name: str, target: str, token: Any) -> NoReturn:
     row = Job.objects.filter(pk=job_id).values_list("status", "lease_token").first()
     if row is None:
         raise Job.DoesNotExist(f"Job {job_id} does not exist")

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobstate.models import Job, JobEvent
+from jobstate.services.transitions import refunded
 from jobstate.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 
 STATUSES: dict[str, Any] = {
@@ -53,10 +54,6 @@ CANCELLED = "jobstate.exceptions.CancelRequested"
 PARTIAL = "jobstate.exceptions.Partial"
 REQUEUED = "jobstate.tasks.exceptions.OperatorRequeued"
 ENDS_ATTEMPT = frozenset({"complete", "mark_partial", "fail", "requeue", "cancel"})
-# The metadata keys of a history row that ended a claim without spending an attempt:
-# the reaper's requeue of a reservation, a hand-back, a Suspend, a failure before
-# the handler started (services.fail's ``unstarted``).
-REFUNDS = ("reserved", "handed_back", "suspended", "unstarted")
 
 Row = tuple[str, str, str, dict[str, Any], Any]
 
@@ -90,19 +87,15 @@ def _error(path: str, traceback: str, message: str) -> Any:
     return TaskError(exception_class_path=path, traceback=traceback or f"{path}: {message}\n")
 
 
-def refunded(metadata: dict[str, Any] | None) -> bool:
-    """Whether the history row that ended a claim says its attempt was not spent."""
-    return any((metadata or {}).get(key) for key in REFUNDS)
-
-
 def began(rows: list[Row]) -> list[Row]:
     """The history without the claims whose attempt was not spent: a job a cluster
-    only reserved (the reaper requeued it), a worker handed back unstarted, one
-    whose worker could not begin it or start its handler (requeued with that error,
-    the attempt refunded), or one that gave its worker back (``Suspend``: the
-    attempt is refunded). Such a claim counts in neither ``job.attempts`` nor
-    ``context.attempt``, so it has no worker id or error here (the handler never
-    ran); its requeue (or suspend) goes too (a cancel or a fail stays: it ended the job)."""
+    only reserved (requeued, failed or cancelled before a worker process began it),
+    a worker handed back unstarted, one whose worker could not begin it or start its
+    handler (requeued with that error, the attempt refunded), or one that gave its
+    worker back (``Suspend``: the attempt is refunded). Such a claim counts in
+    neither ``job.attempts`` nor ``context.attempt``, so it has no worker id or error
+    here (the handler never ran); its requeue (or suspend) goes too (a cancel or a
+    fail stays: it ended the job)."""
     kept: list[Row] = []
     claim: int | None = None
     for row in rows:
