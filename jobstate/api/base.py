@@ -90,23 +90,22 @@ def authentication_classes() -> list[type[BaseAuthentication]]:
 
 def unknown_scheme(request: Request, authenticators: Any) -> str | None:
     """For a request no authenticator took: what is wrong with its ``Authorization``
-    header if it names a scheme none of them takes (``Bearer <token key>`` was told
-    "Authentication credentials were not provided."), else None."""
+    header if it names a scheme none of them challenges with (``Bearer <token key>``
+    was told "Authentication credentials were not provided."), else None.
+
+    The message lists the schemes the authenticators challenge with and does not
+    name the one sent: a class without ``authenticate_header`` may take it (with
+    other credentials), and a key sent alone is not repeated back."""
     parts = request.META.get("HTTP_AUTHORIZATION", "").split()
     takes: dict[str, str] = {}  # scheme (lower case) -> how to send it
     for authenticator in authenticators:
-        header = authenticator.authenticate_header(request)
-        if header:
-            scheme = header.split()[0]
+        words = (authenticator.authenticate_header(request) or "").split()
+        if words:
             credentials = "<key>" if isinstance(authenticator, TokenAuthentication) else "..."
-            takes.setdefault(scheme.lower(), f"'Authorization: {scheme} {credentials}'")
+            takes.setdefault(words[0].lower(), f"'Authorization: {words[0]} {credentials}'")
     if not parts or not takes or parts[0].lower() in takes:
         return None
-    message = f"This API takes {' or '.join(takes.values())}"
-    # The scheme is named back only when it looks like one (not a key sent alone).
-    if len(parts) > 1 and len(parts[0]) <= 20 and parts[0].isalnum():
-        return f"{message}, not {parts[0]}."
-    return f"{message}."
+    return f"This API takes {' or '.join(takes.values())}."
 
 
 NUL_MESSAGE = "Null characters are not allowed."
