@@ -32,6 +32,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 import jobstate
+from jobstate.api.fields import StrictBooleanField, StrictFloatField, StrictIntegerField
 from jobstate.models import Asset
 from jobstate.workflows import StepContext
 
@@ -42,10 +43,10 @@ FINAL_ASSETS = ("sales.csv", "report.csv", "summary.json")  # finalize attaches 
 
 class ETLParameters(serializers.Serializer[Any]):
     day = serializers.DateField(required=False, default=date(2026, 1, 1))
-    rows = serializers.IntegerField(min_value=1, max_value=1_000_000, default=20_000)
-    chunk_size = serializers.IntegerField(min_value=100, max_value=50_000, default=2_000)
-    delay = serializers.FloatField(min_value=0, max_value=10, default=0.3, help_text="Seconds per chunk.")
-    fail_validation = serializers.BooleanField(default=False)
+    rows = StrictIntegerField(min_value=1, max_value=1_000_000, default=20_000)
+    chunk_size = StrictIntegerField(min_value=100, max_value=50_000, default=2_000)
+    delay = StrictFloatField(min_value=0, max_value=10, default=0.3, help_text="Seconds per chunk.")
+    fail_validation = StrictBooleanField(default=False)
 
 
 def new_workdir(ctx: StepContext) -> Path:

@@ -18,15 +18,16 @@ from PIL import Image, ImageDraw, ImageFont
 from rest_framework import serializers
 
 import jobstate
+from jobstate.api.fields import StrictCharField, StrictFloatField, StrictIntegerField
 from jobstate.worker.context import JobContext
 
 
 class ChartParameters(serializers.Serializer[Any]):
-    title = serializers.CharField(max_length=60, default="Jobs per day")
+    title = StrictCharField(max_length=60, default="Jobs per day")
     values = serializers.ListField(
-        child=serializers.IntegerField(min_value=0, max_value=1000), min_length=1, max_length=24
+        child=StrictIntegerField(min_value=0, max_value=1000), min_length=1, max_length=24
     )
-    delay = serializers.FloatField(min_value=0, max_value=5, default=0.4)
+    delay = StrictFloatField(min_value=0, max_value=5, default=0.4)
 
 
 @jobstate.handler("demo.chart", max_attempts=2, timeout=120, schema=ChartParameters, api=True)
@@ -62,10 +63,8 @@ def chart(ctx: JobContext) -> dict[str, Any]:
 
 
 class CountdownParameters(serializers.Serializer[Any]):
-    steps = serializers.IntegerField(
-        min_value=1, max_value=3600, default=30, help_text="Steps to count down."
-    )
-    delay = serializers.FloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per step.")
+    steps = StrictIntegerField(min_value=1, max_value=3600, default=30, help_text="Steps to count down.")
+    delay = StrictFloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per step.")
 
 
 @jobstate.handler("demo.countdown", timeout=900, schema=CountdownParameters, api=True)
@@ -80,10 +79,10 @@ def countdown(ctx: JobContext) -> dict[str, Any]:
 
 
 class FlakyParameters(serializers.Serializer[Any]):
-    failures = serializers.IntegerField(
+    failures = StrictIntegerField(
         min_value=0, max_value=10, default=1, help_text="Attempts that fail before one succeeds."
     )
-    delay = serializers.FloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per attempt.")
+    delay = StrictFloatField(min_value=0, max_value=10, default=1.0, help_text="Seconds per attempt.")
 
 
 @jobstate.handler("demo.flaky", max_attempts=3, retry_backoff=3.0, schema=FlakyParameters, api=True)
@@ -101,13 +100,13 @@ def flaky(ctx: JobContext) -> dict[str, Any]:
 
 class ImportParameters(serializers.Serializer[Any]):
     rows = serializers.ListField(
-        child=serializers.CharField(max_length=200, trim_whitespace=False),
+        child=StrictCharField(max_length=200, trim_whitespace=False),
         min_length=1,
         max_length=1000,
         default=["alice,30", "bob,x", "carol,41", "dave"],
         help_text='Rows "name,age"; a row whose age is not a number is rejected.',
     )
-    delay = serializers.FloatField(min_value=0, max_value=10, default=0.5, help_text="Seconds per row.")
+    delay = StrictFloatField(min_value=0, max_value=10, default=0.5, help_text="Seconds per row.")
 
 
 @jobstate.handler("demo.import", max_attempts=1, schema=ImportParameters, api=True)

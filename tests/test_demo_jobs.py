@@ -13,6 +13,7 @@ from jobstate.exceptions import InvalidParameters
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker.runner import drain
+from tests.api_support import JOBS, assert_error, client_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,6 +36,29 @@ def test_chart_parameters_are_validated_before_anything_is_stored():
         services.enqueue("demo.chart", {"values": [1, -2]})
     assert "values" in caught.value.errors
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "parameters"),
+    [
+        ("demo.countdown", {"steps": "30", "delay": True}),
+        ("demo.flaky", {"failures": 1.0, "delay": "0"}),
+        ("demo.import", {"rows": [30], "delay": False}),
+        ("demo.chart", {"title": 5, "values": ["1"], "delay": "0.1"}),
+        ("demo.etl", {"rows": "100", "chunk_size": 100.0, "delay": True, "fail_validation": "yes"}),
+    ],
+)
+def test_demo_parameters_are_json_types_as_sent(user, kind, parameters):
+    # The demo kinds are the example of a schema: DRF's plain fields took "30" for a
+    # number, true for 1.0 and 30 for "30", and stored them converted.
+    client = client_for(user)
+    response = client.post(JOBS, {"kind": kind, "parameters": parameters}, format="json")
+    error = assert_error(response, 400, "invalid_parameters")
+    assert set(error["fields"]["parameters"]) == set(parameters), error
+    assert not Job.objects.exists()
+    sent = {"demo.import": {"rows": ["a,1"], "delay": 0}, "demo.chart": {"values": [1], "delay": 0}}
+    response = client.post(JOBS, {"kind": kind, "parameters": sent.get(kind, {"delay": 0})}, format="json")
+    assert response.status_code == 201, response.content
 
 
 def test_countdown_reports_progress_and_flaky_succeeds_on_retry():

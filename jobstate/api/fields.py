@@ -152,6 +152,15 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictFloatField(serializers.FloatField):
+    """A JSON number, integer or not (not a string or a boolean)."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 @extend_schema_field({"type": "object", "additionalProperties": True})
 class ParametersField(serializers.Field[Any, Any, Any, Any]):
     """A JSON object: only size and plain-text checks here; the handler's schema
