@@ -17,6 +17,7 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from jobstate import hooks, services
+from jobstate.exceptions import Partial
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import counters, outage, tasks
@@ -464,3 +465,44 @@ def test_a_job_begun_then_taken_by_another_worker_before_the_begin_made_again_is
     assert calls == [1, 1] and runs == []
     job.refresh_from_db()
     assert job.status == Status.PROCESSING and job.worker_id == "other:1:2"
+
+
+@pytest.mark.parametrize("how", ["returned", "partial"])
+def test_an_unstorable_result_whose_failure_committed_before_the_connection_dropped_is_logged(
+    temp_handler, monkeypatch, caplog, how
+):
+    """The failure of a result that cannot be stored commits, its answer is lost:
+    written again, it is refused; the outcome stored is logged with its error, as
+    when the answer came. Nothing was logged (the outcome was read as the handler's:
+    a completion, or a Partial stored)."""
+    real = services.fail_held
+    writes: list[int] = []
+
+    def committed_then_dropped(job, *args, **kwargs):  # type: ignore[no-untyped-def]
+        writes.append(1)
+        if len(writes) > 1:
+            return real(job, *args, **kwargs)
+        real(copy.copy(job), *args, **kwargs)  # committed; the worker never hears of it
+        close_at_driver_level()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    def unstorable(ctx):  # type: ignore[no-untyped-def]
+        if how == "partial":
+            raise Partial("2 of 3", result={"when": {1, 2}})  # a set: not JSON
+        return {"when": {1, 2}}
+
+    temp_handler("t.unstorable", unstorable, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.unstorable", {})
+    (claimed,) = services.claim("w1")
+    monkeypatch.setattr(services, "fail_held", committed_then_dropped)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    assert run_job(claimed, "w1:1") == "failed"
+    assert writes == [1, 1]
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.FAILED, "UnstorableResult")
+    (line,) = [r for r in caplog.records if r.name == "jobstate.worker" and hasattr(r, "outcome")]
+    assert line.levelno == logging.ERROR and line.error_type == "UnstorableResult"  # type: ignore[attr-defined]
+    assert (
+        line.getMessage()
+        == f"Job {job.pk} (t.unstorable) failed on attempt 1 of 3: UnstorableResult: {job.error_message}"
+    )

@@ -174,6 +174,7 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
     ``then``: see ``runner.run_job``."""
     writes = 0
     asked: list[services.NextClaim | None] = []
+    unstorable: list[Unstorable] = []  # what _unstorable's write would log
 
     def ask() -> services.NextClaim | None:
         # Once: a write made again claims with the same request (and its time).
@@ -184,7 +185,7 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
     def store() -> str:
         nonlocal writes
         writes += 1
-        return _store(ctx, kind, value, ask if then is not None else None)
+        return _store(ctx, kind, value, ask if then is not None else None, unstorable)
 
     try:
         # The server may have dropped the connection while the handler ran: its
@@ -204,7 +205,11 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
                 request = asked[0] if asked else None
                 if stored == "completed" and request is not None:
                     unheard.handed_over(ctx.job.pk, request)  # its next job, claimed with it
-                _log(ctx, kind, value, stored, known=False)
+                if unstorable:  # the write that committed was _unstorable's
+                    error, invalid = unstorable[-1]
+                    log_ended(ctx.job, ctx.attempt, stored, error, exc=invalid)
+                else:
+                    _log(ctx, kind, value, stored, known=False)
                 return stored
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"
@@ -238,14 +243,20 @@ def _interrupt_error(ctx: JobContext, why: str) -> Stored:
     return ("Timeout", _timed_out(ctx)) if why == "timeout" else ("", CANCEL_GRACE_OVER)
 
 
-def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> str:
+# The failure a result that cannot be stored is recorded with, and why.
+Unstorable = tuple[Stored, ValidationError]
+
+
+def _store(
+    ctx: JobContext, kind: str, value: Any, then: NextRequest | None, unstorable: list[Unstorable]
+) -> str:
     job, token = ctx.job, ctx.token
     if kind == "ok":
         progress = ctx.take_progress()
         try:
             services.complete(job, token, value, progress=progress, then=then() if then is not None else None)
         except ValidationError as invalid:
-            return _unstorable(ctx, invalid, progress)
+            return _unstorable(ctx, invalid, progress, unstorable)
         return "completed"
     if kind == "interrupted":
         if value == "lease":
@@ -276,7 +287,7 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
         try:
             services.mark_partial(job, token, exc.result, exception_text(exc), progress=progress)
         except ValidationError as error:
-            return _unstorable(ctx, error, progress)
+            return _unstorable(ctx, error, progress, unstorable)
         return "partial"
     return end_attempt(
         job,
@@ -290,12 +301,17 @@ def _store(ctx: JobContext, kind: str, value: Any, then: NextRequest | None) -> 
     )
 
 
-def _unstorable(ctx: JobContext, exc: ValidationError, progress: dict[str, Any]) -> str:
+def _unstorable(
+    ctx: JobContext, exc: ValidationError, progress: dict[str, Any], said: list[Unstorable]
+) -> str:
     """The handler's result cannot be stored (not JSON): a property of the
     handler, not of the attempt, so the job fails for good (no re-run of its
-    side effects) with that error, and with the progress the outcome would have stored."""
+    side effects) with that error, and with the progress the outcome would have stored.
+    The error goes in ``said`` first: ``finish`` logs it if the write committed but
+    its answer was lost."""
     detail = "; ".join(exc.messages) or str(exc)
     error = f"The handler's result could not be stored: {detail}"[:1000]
+    said.append((("UnstorableResult", error), exc))
     ended = end_attempt(
         ctx.job,
         ctx.token,
