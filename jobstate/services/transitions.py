@@ -124,7 +124,11 @@ def move(
     A move that takes a job out of ``processing`` whose attempt was never begun
     (a reserved claim: ``started_at`` NULL, no attempt charged), whoever makes it,
     marks its history row ``unstarted`` (``REFUNDS``), so what counts attempts
-    from the history (``jobstate.tasks``) counts that claim in none.
+    from the history (``jobstate.tasks``) counts that claim in none; but for
+    ``complete`` and ``mark_partial``, which only a begun handler makes (a script
+    that claims and completes without ``begin`` leaves its claim counted). The
+    row lock is ``FOR NO KEY UPDATE``: rows that point at the job (history, assets,
+    children) can still be inserted meanwhile, as during the plain UPDATE.
     ``begun``: whether the attempt was begun (what the move leaves in ``started_at``
     aside), as a caller holding the row's lock read it; None: read here, under the
     row's lock, when it may matter.
@@ -169,7 +173,7 @@ def move(
         if single:
             from_status = sources[0]
         else:
-            row = qs.select_for_update().values_list("status", "started_at").first()
+            row = qs.select_for_update(no_key=True).values_list("status", "started_at").first()
             if row is None or row[0] not in sources:
                 refuse(job_id, name, target, token)
             from_status = str(row[0])
