@@ -626,6 +626,15 @@ def test_a_long_poll_parameter_given_twice_is_a_400(user, param, value):
     assert error["fields"] == {param: [f"'{param}' may be given once."]}
 
 
+@pytest.mark.parametrize("param", ["wait", "since"])
+def test_an_empty_long_poll_parameter_is_a_400(user, param):
+    # ?wait= answered at once, as if no wait was asked, while the lists refuse an empty value.
+    client = client_for(user)
+    job = make_job(user)
+    error = assert_error(client.get(f"{job_url(job)}?{param}="), 400, "invalid")
+    assert error["fields"] == {param: [f"'{param}' may not be empty."]}
+
+
 @pytest.mark.parametrize(
     "value",
     ["9999-12-31T23:00:00-20:00", "0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+22:19"],

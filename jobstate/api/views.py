@@ -22,7 +22,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema_view
 from rest_framework import ISO_8601, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -138,9 +138,10 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         return super().get_throttles()
 
     def _wait_params(self) -> dict[str, Any]:
-        """``wait`` and ``since``, each given at most once and valid, or a 400."""
+        """``wait`` and ``since``, each given at most once, not empty and valid, or a 400."""
         for param in ("wait", "since"):
-            once(self.request, param)
+            if once(self.request, param) == "":  # DRF reads "" as not given: no wait
+                raise ValidationError({param: [f"'{param}' may not be empty."]})
         params = WaitSerializer(data=self.request.query_params)
         params.is_valid(raise_exception=True)
         return dict(params.validated_data)
