@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobstate import stuck
-from jobstate.admin import display
+from jobstate.admin import display, own_jobs
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
@@ -50,6 +50,7 @@ class JobColumns(_JobAdmin):
             cl = (response.context_data or {}).get("cl")
             if cl is not None:
                 share_stuck_context(request, cl.result_list)
+                own_jobs.load_skipped(cl.result_list)
         return response
 
     def action_checkbox(self, obj: Job) -> SafeString:
@@ -77,7 +78,7 @@ class JobColumns(_JobAdmin):
     def status_col(self, obj: Job) -> SafeString:
         badge = display.status_badge(obj.status)
         if obj.status not in (Status.QUEUED, Status.PROCESSING):
-            return badge
+            return own_jobs.status_note(obj, badge)
         finding = _active_finding(obj, getattr(obj, "_stuck_ctx", None) or stuck.Context())
         if finding is None:
             if obj.cancel_requested_at:

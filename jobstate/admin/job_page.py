@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from jobstate.admin import display
+from jobstate.admin import display, own_jobs
 from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import Job
@@ -133,7 +133,7 @@ class JobPageFields(_JobAdmin):
 
     @admin.display(description="status")
     def status_display(self, obj: Job) -> SafeString:
-        return display.status_badge(obj.status)
+        return own_jobs.status_note(obj, display.status_badge(obj.status), full=True)
 
     @admin.display(description="progress")
     def progress_display(self, obj: Job) -> SafeString:

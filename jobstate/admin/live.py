@@ -24,7 +24,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils.html import conditional_escape
 
 from jobstate import stuck
-from jobstate.admin import workers
+from jobstate.admin import own_jobs, workers
 from jobstate.models import Job
 from jobstate.states import ACTIVE, Status
 
@@ -99,6 +99,7 @@ def live_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
     ctx = stuck.Context() if jobs or dashboard else None
     for job in jobs:
         job._stuck_ctx = ctx  # type: ignore[attr-defined]
+    own_jobs.load_skipped(jobs)  # a delivery just completed: whether it was skipped
     payload: dict[str, Any] = {"jobs": {str(job.pk): job_payload(model_admin, job) for job in jobs}}
     payload["active"] = sum(1 for j in payload["jobs"].values() if j["active"])
     if dashboard and ctx is not None:
