@@ -1,23 +1,31 @@
-"""jobstate's own jobs (webhook deliveries) in the job admin: a delivery that sent
-nothing says so and why."""
+"""jobstate's own jobs (webhook deliveries) in the job admin: a filter keeps them
+apart from the project's, and a delivery that sent nothing says so and why."""
 
 from __future__ import annotations
 
 import html
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from jobstate import services
+from jobstate.admin.filters import OriginFilter
+from jobstate.admin.jobs import JobAdmin
 from jobstate.ids import short
 from jobstate.models import Job
+from jobstate.states import Status
 from jobstate.webhooks import delivery, outbox
 from jobstate.webhooks.models import WebhookEndpoint
 from jobstate.worker.runner import drain
+from tests.admin_support import failed
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +125,74 @@ def test_a_project_job_whose_result_says_skipped_is_not_marked(admin_client: Any
     services.complete(job, job.lease_token, {"skipped": "its own word"})
     page = admin_client.get(LIST).content.decode()
     assert short(job.pk) in page and "js-flag" not in page
+
+
+# --- the origin filter ---------------------------------------------------------------
+
+
+def listed(client: Any, query: str = "") -> set[str]:
+    response = client.get(f"{LIST}?{query}")
+    assert response.status_code == 200, response
+    page = response.content.decode()
+    return {j.kind for j in Job.objects.all() if f'data-job="{j.pk}"' in page}
+
+
+def test_the_origin_filter_lists_the_projects_jobs_or_jobstates_own(admin_client: Any) -> None:
+    failed()
+    failed(kind=outbox.KIND, parameters={"endpoint": 1})
+    assert listed(admin_client) == {"test.echo", outbox.KIND}  # unchosen: every job, as counted
+    assert listed(admin_client, "origin=project") == {"test.echo"}
+    assert listed(admin_client, "origin=project&status=failed") == {"test.echo"}
+    assert listed(admin_client, "origin=jobstate") == {outbox.KIND}
+    page = admin_client.get(LIST).content.decode()
+    assert "?origin=project" in page and "?origin=jobstate" in page
+    response = admin_client.get(f"{LIST}?origin=mine")
+    assert response.status_code == 302 and response["Location"] == f"{LIST}?e=1"
+
+
+def test_the_origin_filter_adds_no_query_to_the_list(admin_client: Any) -> None:
+    failed()
+    failed(kind=outbox.KIND, parameters={"endpoint": 1})
+
+    def count(query: str) -> int:
+        admin_client.get(f"{LIST}?{query}")
+        with CaptureQueriesContext(connection) as seen:
+            assert admin_client.get(f"{LIST}?{query}").status_code == 200
+        return len(seen.captured_queries)
+
+    assert count("origin=project") == count("origin=jobstate") == count("kind=test.echo")
+
+
+def origin_rows(request: Any, value: str) -> Any:
+    chosen = OriginFilter(request, {"origin": [value]}, Job, JobAdmin(Job, admin.site))
+    return chosen.queryset(request, Job.objects.all())
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
+def test_the_projects_failed_jobs_are_read_newest_first_from_an_index(rf: Any) -> None:
+    # Deliveries may outnumber the project's jobs: the list's page of the project's
+    # failed jobs walks an index newest first (the status one), the kind compared on
+    # its rows, and stops at the page, instead of reading and sorting every failed job.
+    now = timezone.now()
+    rows = [
+        Job(
+            kind=outbox.KIND if i % 4 else "test.echo",
+            status=Status.FAILED if i % 10 < 2 else Status.COMPLETED,
+            error_message="boom",
+            finished_at=now,
+            created_at=now - timedelta(seconds=i),
+        )
+        for i in range(5000)
+    ]
+    Job.objects.bulk_create(rows)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    page = origin_rows(rf.get(LIST), "project").filter(status=Status.FAILED).order_by("-created_at")[:51]
+    plan = page.explain()
+    assert "Index Scan Backward" in plan and "Sort" not in plan and "Seq Scan" not in plan, plan
+    assert len(page) == 51 and {(j.kind, j.status) for j in page} == {("test.echo", Status.FAILED)}
+
+
+def test_an_unknown_origin_is_bad_input(rf: Any) -> None:
+    with pytest.raises(IncorrectLookupParameters):
+        origin_rows(rf.get(LIST), "all")

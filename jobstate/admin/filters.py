@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from jobstate import registry, stuck
+from jobstate.admin import own_jobs
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.states import ACTIVE, TERMINAL, Status
@@ -45,6 +46,29 @@ class StatusFilter(admin.SimpleListFilter):
         if value not in Status.values:
             raise IncorrectLookupParameters(f"Unknown status '{value}'")
         return queryset.filter(status=value)
+
+
+class OriginFilter(admin.SimpleListFilter):
+    """The project's jobs, or jobstate's own (``own_jobs.KINDS``: webhook deliveries).
+    Unchosen, the list shows both: the counts the dashboard and the stuck page link to
+    are of both, and a search for a delivery's id finds it. The kind is compared on the
+    rows an index walk reads newest first (``created_at``'s, a status's), as ``kind`` is."""
+
+    title = "origin"
+    parameter_name = "origin"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [("project", "This project's jobs"), ("jobstate", "jobstate's own (webhook deliveries)")]
+
+    def queryset(self, request: Any, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value == "project":
+            return queryset.exclude(kind__in=own_jobs.KINDS)
+        if value == "jobstate":
+            return queryset.filter(kind__in=own_jobs.KINDS)
+        raise IncorrectLookupParameters(f"Unknown origin '{value}'")
 
 
 class KindFilter(admin.SimpleListFilter):

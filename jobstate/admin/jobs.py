@@ -21,7 +21,7 @@ from django.utils.safestring import SafeString
 from jobstate import conf, stuck
 from jobstate.admin import actions, dashboard, live, site, views
 from jobstate.admin.changelist import JobChangeList, SafeListAdmin
-from jobstate.admin.filters import KindFilter, OwnerFilter, StatusFilter, StuckFilter
+from jobstate.admin.filters import KindFilter, OriginFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
 from jobstate.admin.job_columns import JobColumns
 from jobstate.admin.job_page import JobPageFields
@@ -84,6 +84,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
     list_display_links = ("short_id",)
     list_filter = (
         StatusFilter,
+        OriginFilter,
         KindFilter,
         OwnerFilter,
         StuckFilter,
