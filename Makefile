@@ -8,7 +8,7 @@ PG_URL ?= postgres://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup setup-dev lint format typecheck migrations-check test-sqlite test-postgres \
-	test-lowest test-newproject dist docs docs-serve bench clean
+	test-lowest test-newproject dist docs docs-ref docs-serve bench clean
 
 # The runtime only (requirements.txt): what `make demo` needs.
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -56,6 +56,11 @@ dist: setup-dev
 # The documentation site in site/ (strict: a warning or a broken link fails).
 docs: setup-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# Rewrite the generated parts of the pages (docs/hooks.py): the references from the code,
+# the code blocks from docs/snippets/. tests/test_docs.py fails until they are current.
+docs-ref: setup
+	env -u DATABASE_URL $(BIN)/python docs/hooks.py --write
 
 docs-serve: setup-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve

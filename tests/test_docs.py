@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
+import os
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -278,18 +280,108 @@ def test_settings_reference_describes_each_key_by_its_own_comment(hooks):
         assert f"\n## {section}\n" in reference
 
 
-def test_service_reference_documents_every_public_name_where_it_is_defined(hooks):
-    """reference/services.md gets one mkdocstrings block per name in __all__, each at the
-    path that really holds it (griffe reads jobstate.services.enqueue as the submodule)."""
-    paths = hooks.service_paths()
-    assert [path.rsplit(".", 1)[1] for path in paths] == services.__all__
-    for name, path in zip(services.__all__, paths, strict=True):
-        module, attribute = path.rsplit(".", 1)
-        assert getattr(importlib.import_module(module), attribute) is getattr(services, name), path
-    assert "jobstate.services.enqueue.enqueue" in paths
-    page = (ROOT / "docs" / "reference" / "services.md").read_text()
-    assert "<!-- generated: services -->" in page
-    assert hooks.services_reference().count("\n::: ") + 1 == len(services.__all__)
+def test_service_reference_documents_every_public_name_once_integrators_first(hooks):
+    """reference/services.md is plain Markdown (it reads in the repository): each name in
+    __all__ once, with its signature, what an integrator calls before what workers call."""
+    reference = hooks.services_reference()
+    headings = re.findall(r"^#### `(\w+)`$", reference, flags=re.M)
+    assert sorted(headings) == sorted(services.__all__)
+    workers = reference.index("\n## What workers and operators' tools call\n")
+    assert reference.startswith("## What an integrator calls\n")
+    for name in ("enqueue", "get_or_enqueue", "request_cancel", "retry", "add_asset"):
+        assert reference.index(f"#### `{name}`") < workers, name
+    for name in ("claim", "begin", "hand_back", "lock_parent", "requeue_expired"):
+        assert reference.index(f"#### `{name}`") > workers, name
+    assert "def claim(\n    worker_id: str,\n" in reference
+    assert "@dataclass(frozen=True)\nclass Child:\n    kind: str\n" in reference
+    assert "_checked" not in reference, "no private field"
+
+
+def test_service_reference_refuses_a_name_left_out_of_its_groups(hooks, monkeypatch):
+    monkeypatch.setattr(services, "__all__", [*services.__all__, "DEFAULT_DB_ALIAS"])
+    with pytest.raises(ValueError, match=r"missing \['DEFAULT_DB_ALIAS'\]"):
+        hooks.services_reference()
+
+
+def test_the_committed_generated_parts_are_what_the_code_generates_now():
+    """The references and the copies of docs/snippets/ read in the repository (GitHub, an
+    editor) as they do on the site: a change to the code without `make docs-ref` fails here."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "hooks.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_check_names_the_stale_page_and_the_command_and_write_rewrites_it(
+    hooks, monkeypatch, tmp_path, capsys
+):
+    (tmp_path / "docs" / "snippets").mkdir(parents=True)
+    snippet = "# --8<-- [start:x]\nA = 1\n# --8<-- [end:x]\nB = 2\n"
+    (tmp_path / "docs" / "snippets" / "a.py").write_text(snippet)
+    page = tmp_path / "docs" / "page.md"
+    text = "# Page\n\n<!-- generated: snippet a.py -->\nold\n<!-- end generated -->\n\nafter\n"
+    page.write_text(text)
+    monkeypatch.setattr(hooks, "ROOT", tmp_path)
+    monkeypatch.setattr(hooks, "DOCS", tmp_path / "docs")
+    monkeypatch.setattr(hooks, "SNIPPETS", tmp_path / "docs" / "snippets")
+
+    assert hooks.main(["--check"]) == 1
+    assert capsys.readouterr().out == (
+        "docs/page.md: is stale\nRun `make docs-ref` (python docs/hooks.py --write) and commit the pages.\n"
+    )
+    assert page.read_text() == text
+    assert hooks.main(["--write"]) == 0
+    expected = "<!-- generated: snippet a.py -->\n\n```python\nA = 1\nB = 2\n```\n\n<!-- end generated -->\n"
+    assert page.read_text() == f"# Page\n\n{expected}\nafter\n"
+    capsys.readouterr()
+    assert hooks.main(["--check"]) == 0
+    assert capsys.readouterr().out == ""
+    assert hooks.snippet_reference("a.py:x") == "```python\nA = 1\n```\n"
+
+
+def test_fill_refuses_a_generated_part_without_its_end(hooks):
+    with pytest.raises(ValueError, match="needs its own line"):
+        hooks.fill("<!-- generated: settings -->\ntext\n", "page.md")
+
+
+SNIPPET_PAGES = ["docs/tutorial.md", "docs/howto/add-to-project.md", "docs/explanation/workers.md"]
+
+
+@pytest.mark.parametrize("path", SNIPPET_PAGES)
+def test_the_pages_code_blocks_are_the_files_the_new_project_test_runs(hooks, path):
+    """The code shows in the raw Markdown (no bare `--8<--` include line), and each copy is
+    the text of the file in docs/snippets/ that tests/newproject/run.sh runs."""
+    page = (ROOT / path).read_text()
+    assert not re.search(r"^-+8<-+ ", page, flags=re.M)
+    parts = re.findall(
+        r"^<!-- generated: snippet (\S+) -->\n\n```(\w+)\n(.*?)^```\n\n<!-- end generated -->$",
+        page,
+        flags=re.M | re.S,
+    )
+    assert len(parts) == page.count("<!-- generated: snippet ")
+    for spec, _language, code in parts:
+        file_name, _, section = spec.partition(":")
+        text = SNIPPETS[file_name]
+        if section:
+            text = text.split(f"# --8<-- [start:{section}]\n")[1].split(f"# --8<-- [end:{section}]\n")[0]
+        assert code == re.sub(r"^# --8<-- \[(start|end):\w+\]\n", "", text, flags=re.M), spec
+    if path == "docs/tutorial.md":
+        run_sh = (ROOT / "tests" / "newproject" / "run.sh").read_text()
+        used = set(re.findall(r'\$SNIPPETS/([\w.]+)"', run_sh))
+        assert used == {"install.sh", "settings.py", "urls.py", "jobs.py", "setup.sh"}
+        assert used <= {spec for spec, _, _ in parts}
+
+
+def test_no_page_includes_a_file_the_site_alone_would_show():
+    # pymdownx.snippets is gone from mkdocs.yml: an include line would print as text.
+    for path in (ROOT / "docs").rglob("*.md"):
+        assert not re.search(r'^\s*-+8<-+ "', path.read_text(), flags=re.M), path
 
 
 def test_deploy_page_names_the_enums_that_silence_drf_spectacular_deploy_check(monkeypatch):
