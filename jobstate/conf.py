@@ -28,6 +28,11 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_SECONDS": 10,
     # Runs of a job (the first one counts; 1 to 1000) for handlers that do not set max_attempts.
     "DEFAULT_MAX_ATTEMPTS": 3,
+    # Failures before a handler starts (begin fails, or its call's set-up) in a row that
+    # are refunded (requeued, no attempt charged: a dropped connection says nothing about
+    # the job); past it each one is charged, so that one that recurs every time ends
+    # ``failed`` at max_attempts instead of requeuing the job for ever. 0 charges every one.
+    "SETUP_FAILURES_REFUNDED": 5,
     # Per-attempt timeout for handlers that do not set one (seconds).
     "DEFAULT_TIMEOUT": 600,
     # Retry backoff: base * 2 ** (attempt - 1) seconds, capped at max (not below base),
@@ -276,6 +281,7 @@ MINIMUM: dict[str, float] = {
     "MAX_RESULT_BYTES": 1,  # 0 refused every result
     "ADMIN_COUNT_CAP": 1,  # 0 counted no stuck job (jobstate_stuck exited 0), less than 0 raised
     "RETENTION_DAYS": 0,  # the daily prune raised
+    "SETUP_FAILURES_REFUNDED": 0,  # less than 0 acts as 0 (every failure before the handler charged)
     "DEFAULT_MAX_ATTEMPTS": 1,  # an enqueue of a kind without its own max_attempts failed in the database
     "WEBHOOK_MAX_ATTEMPTS": 1,  # every webhook delivery's enqueue failed in the database
     "WEBHOOK_DISABLE_AFTER": 1,  # read as 1: an endpoint was disabled at its first failure

@@ -371,6 +371,132 @@ def test_an_error_before_the_handler_starts_charges_no_attempt(monkeypatch):
     assert (job.status, job.attempts) == (Status.COMPLETED, 1)
 
 
+def _fails_before_the_handler(monkeypatch, where: str, times: float) -> None:
+    """``services.begin`` (where="begin") or the handler call's set-up after it
+    ("setup") raises its first ``times`` calls, then works."""
+    from jobstate.worker import runner
+
+    real = services.begin if where == "begin" else runner.Slot
+    calls = itertools.count(1)
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        if next(calls) <= times:
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(
+        services if where == "begin" else runner, "begin" if where == "begin" else "Slot", flaky
+    )
+
+
+def _setup_failure_rows(job: Job) -> list[tuple[str, object, bool]]:
+    """(transition, setup_failures, refunded) of each history row that ended a claim."""
+    rows = (
+        job.events.filter(from_status=Status.PROCESSING).order_by("id").values_list("transition", "metadata")
+    )
+    return [(name, meta.get("setup_failures"), bool(meta.get("unstarted"))) for name, meta in rows]
+
+
+@pytest.mark.parametrize("where", ["begin", "setup"])
+def test_a_failure_before_the_handler_that_recurs_every_time_ends_failed(monkeypatch, temp_handler, where):
+    # Refunded every time, the job was requeued for ever: it never reached a final
+    # state, and max_attempts never stopped it (a worker kept busy failing it).
+    ran: list[int] = []
+    temp_handler("t.unstartable", lambda ctx: ran.append(1), max_attempts=2, retry_backoff=0)
+    job = services.enqueue("t.unstartable", {})
+    _fails_before_the_handler(monkeypatch, where, float("inf"))
+    refunded = conf.get("SETUP_FAILURES_REFUNDED")
+    runs = 0
+    while job.status != Status.FAILED and runs < 20:
+        runs += 1
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now())  # past its backoff
+        with pytest.raises(OperationalError):
+            drain()
+        job.refresh_from_db()
+    # The first ones refunded (a dropped connection is no fault of the job), then each
+    # charged: the retry policy and max_attempts apply.
+    assert runs == refunded + 2 and ran == []
+    assert (job.status, job.attempts, job.error_type) == (Status.FAILED, 2, "OperationalError")
+    why = "the worker could not start the job" if where == "begin" else "the handler could not be started"
+    assert job.error_message == f"{why}: server closed the connection unexpectedly"
+    rows = _setup_failure_rows(job)
+    assert rows == [
+        *[("requeue", n, True) for n in range(1, refunded + 1)],
+        ("requeue", refunded + 1, False),
+        ("fail", refunded + 2, False),
+    ]
+    charged = job.events.filter(from_status=Status.PROCESSING).order_by("id")
+    said = f"not started {refunded + 1} times in a row, so the attempt is charged: {why}: server closed"
+    assert charged[refunded].reason.startswith(f"attempt 1 failed: {said}")
+    assert charged[refunded + 1].reason.startswith(f"not started {refunded + 2} times in a row")
+
+
+@override_settings(JOBSTATE={"SETUP_FAILURES_REFUNDED": 0})
+def test_with_no_failure_before_the_handler_refunded_the_first_one_is_charged(monkeypatch, temp_handler):
+    temp_handler("t.unstartable", max_attempts=1)
+    job = services.enqueue("t.unstartable", {})
+    _fails_before_the_handler(monkeypatch, "setup", 1)
+    with pytest.raises(OperationalError):
+        drain()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.FAILED, 1)
+    assert _setup_failure_rows(job) == [("fail", 1, False)]
+
+
+@pytest.mark.parametrize("where", ["begin", "setup"])
+def test_failures_before_the_handler_within_the_bound_are_refunded_and_the_handler_runs(
+    monkeypatch, temp_handler, where
+):
+    ran: list[int] = []
+    temp_handler("t.flaky", lambda ctx: ran.append(ctx.attempt), max_attempts=1, retry_backoff=0)
+    job = services.enqueue("t.flaky", {})
+    refunded = conf.get("SETUP_FAILURES_REFUNDED")
+    _fails_before_the_handler(monkeypatch, where, refunded)
+    for _ in range(refunded):
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+        with pytest.raises(OperationalError):
+            drain()
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain() == 1
+    job.refresh_from_db()
+    # A one-attempt job: each failure refunded, the handler ran as attempt 1.
+    assert (job.status, job.attempts, ran) == (Status.COMPLETED, 1, [1])
+    assert _setup_failure_rows(job) == [
+        *[("requeue", n, True) for n in range(1, refunded + 1)],
+        ("complete", None, False),
+    ]
+
+
+def test_the_count_of_failures_before_the_handler_starts_again_after_a_run(monkeypatch, temp_handler):
+    # Only failures in a row count: a run of the handler in between starts the count again.
+    def fails_once(ctx):
+        if ctx.attempt == 1:
+            raise ValueError("first run fails")
+
+    temp_handler("t.between", fails_once, max_attempts=2, retry_backoff=3600)
+    job = services.enqueue("t.between", {})
+    _fails_before_the_handler(monkeypatch, "setup", 1)
+    with pytest.raises(OperationalError):
+        drain()
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain() == 1  # the handler's first run fails: retried
+    monkeypatch.undo()
+    _fails_before_the_handler(monkeypatch, "setup", 1)
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    with pytest.raises(OperationalError):
+        drain()
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.COMPLETED, 2)
+    assert _setup_failure_rows(job) == [
+        ("requeue", 1, True),
+        ("requeue", None, False),
+        ("requeue", 1, True),
+        ("complete", None, False),
+    ]
+
+
 def test_a_failure_past_attempt_1024_is_retried_with_the_capped_backoff(temp_handler):
     # 2 ** 1024 as an int overflowed the float product before the cap applied: the
     # outcome could not be stored, and the job waited for the reaper, error lost.

@@ -19,7 +19,7 @@ from jobstate import registry
 from jobstate.exceptions import InvalidTransition, LeaseLost
 from jobstate.models import Job
 from jobstate.retry import backoff_seconds, bounded
-from jobstate.services import handover
+from jobstate.services import handover, setup_failures
 from jobstate.services._rows import create_job as _create
 from jobstate.services._writes import Col, checked_now
 from jobstate.services.actors import Actor
@@ -195,7 +195,12 @@ def fail(
     """Fail the current attempt: requeue with backoff while attempts remain
     (and ``retry``), else end the job ``failed`` with the error. ``progress``:
     progress fields not yet written, stored with the outcome. ``unstarted``: the
-    handler never started, though ``begin`` charged the attempt: it is refunded.
+    handler of a processing job never started (``begin`` failed, or the call's
+    set-up after it): no attempt is charged (``begin``'s is refunded), unless the
+    job had ``JOBSTATE["SETUP_FAILURES_REFUNDED"]`` such failures in a row before
+    this one: then the attempt is charged (``begin``'s kept, or one charged now),
+    so one that recurs every time ends ``failed`` at ``max_attempts``
+    (``setup_failures``; the history row says how many in a row).
     A processing job's attempt that ends charging nothing (refunded, or never
     begun) is marked ``unstarted`` in its history row's metadata, as ``move``
     marks every end of a claim never begun (an operator's fail, a cancel).
@@ -254,12 +259,23 @@ def fail(
             "error_type": error_type[:200],
             "traceback": traceback,
         }
-        if unstarted and started_at is not None:  # the row is locked: a plain value
-            attempts, started_at = attempts - 1, None
-            fields.update(attempts=attempts, started_at=None)
         # Whether its claim charged an attempt (not refunded, or never begun): move()
         # marks the history row of one that did not.
-        begun = started_at is not None if status == Status.PROCESSING else None
+        spent, named = started_at is not None, error
+        if unstarted and status == Status.PROCESSING:
+            count = setup_failures.in_a_row(pk) + 1
+            details[setup_failures.KEY] = count
+            spent = setup_failures.charged(count)
+            if spent:
+                named = f"not started {count} times in a row, so the attempt is charged: {error}"
+                if started_at is None:  # begin failed: the attempt it never charged
+                    attempts += 1
+                    details["attempt"] = attempts
+                    fields["attempts"] = attempts
+            elif started_at is not None:  # the row is locked: a plain value
+                attempts -= 1
+                fields.update(attempts=attempts, started_at=None)
+        begun = spent if status == Status.PROCESSING else None
         if retry and status == Status.PROCESSING and attempts < max_attempts:
             if retry_delay is None:
                 spec = registry.all_handlers().get(kind)
@@ -272,8 +288,8 @@ def fail(
                 actor=actor or _worker_actor(job),
                 token=token,
                 reason=(
-                    f"attempt {attempts} failed: {error}"
-                    if started_at is not None
+                    f"attempt {attempts} failed: {named}"
+                    if spent
                     else f"not started (no attempt charged): {error}"
                 )[:1000],
                 fields={**fields, "run_after": run_after, "worker_id": ""},
@@ -288,7 +304,7 @@ def fail(
             "fail",
             actor=actor or _worker_actor(job),
             token=token,
-            reason=error[:1000],
+            reason=named[:1000],
             fields=fields,
             metadata=details,
             now=now,

@@ -73,11 +73,13 @@ def _ended(moved: Job | None) -> str:
     return "retrying" if moved is not None and moved.status == Status.QUEUED else "failed"
 
 
-def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> str:
+def release(job: Job, exc: BaseException, why: str, *, refund: bool = False) -> str:
     """Hand back a job whose handler never started (say, the database failed):
     requeued or failed through the service layer, or cancelled if that was
-    requested. If even that fails, the lease runs out into the reaper. ``begun``:
-    ``begin`` had charged the attempt, which is refunded."""
+    requested. If even that fails, the lease runs out into the reaper. ``refund``:
+    no attempt is charged (``begin``'s refunded), but past
+    ``JOBSTATE["SETUP_FAILURES_REFUNDED"]`` such failures in a row
+    (``services.fail``'s ``unstarted``); else the attempt is charged."""
     usable_connection(math.inf)
     attempt = _unstarted_attempt(job)
     error = f"{why}: {exception_text(exc) or type(exc).__name__}"[:1000]
@@ -88,7 +90,7 @@ def release(job: Job, exc: BaseException, why: str, *, begun: bool = False) -> s
             error,
             error_type=type(exc).__name__,
             traceback="".join(tb.format_exception(exc)),
-            unstarted=begun,
+            unstarted=refund,
         )
     except (LeaseLost, InvalidTransition):
         return "lost"

@@ -57,8 +57,10 @@ connection dropped while the handler ran   the outcome written once more on a ne
 the outcome write itself fails             connection replaced; the attempt recorded
                                            failed with that error (retry policy)
 error before the handler starts            requeued (or ``cancelled``), the error
-(begin fails)                              recorded, no attempt charged
-the same after begin: the call's set-up    the same (the attempt refunded)
+(begin fails)                              recorded, no attempt charged; past
+                                           ``SETUP_FAILURES_REFUNDED`` in a row,
+                                           charged: retry or ``failed``
+the same after begin: the call's set-up    the same (the attempt refunded, or kept)
 an ``attempt_started`` function's (or the  retry or ``failed``, the attempt charged;
 set-up's) SystemExit, KeyboardInterrupt,   Ctrl-C in an inline run handed back;
 GeneratorExit or CancelledError            django-q2's hard limit ``HardTimeout``;
@@ -157,7 +159,7 @@ def run_job(
             return "lost"
         except Exception as exc:
             job.worker_id = worker_id
-            release(job, exc, "the worker could not start the job")
+            release(job, exc, "the worker could not start the job", refund=True)
             raise
         except KeyboardInterrupt:
             if inline:  # begun or not: the hand-back refunds only a charged attempt
@@ -274,12 +276,13 @@ def _unstarted(job: Job, ctx: JobContext | None, exc: BaseException, inline: boo
     """Something raised once ``begin`` charged the attempt, before the handler was
     called (its call's set-up, an ``attempt_started`` function, django-q2's hard
     time limit): the attempt ends as it would have in the handler's frames, except
-    that an ``Exception`` refunds it, as a failed ``begin`` would. Any other
+    that an ``Exception`` refunds it, as a failed ``begin`` would (but past
+    ``JOBSTATE["SETUP_FAILURES_REFUNDED"]`` in a row: ``release``). Any other
     (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ``CancelledError``)
     is charged, as the handler's own exit is: it may end the worker process each
     time, and only a charged attempt lets ``max_attempts`` stop that."""
     if isinstance(exc, Exception):
-        return release(job, exc, "the handler could not be started", begun=True)
+        return release(job, exc, "the handler could not be started", refund=True)
     close_quietly()  # raised through a signal, maybe mid-query
     if inline and isinstance(exc, KeyboardInterrupt):
         return hand_back_stopped(job, lease_token(job), ctx)

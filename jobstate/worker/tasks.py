@@ -172,7 +172,7 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
         keep_connection()
         return "skipped"
     except Exception as exc:
-        release(_held(job_id, token, kind, me), exc, "the worker could not start the job")
+        release(_held(job_id, token, kind, me), exc, "the worker could not start the job", refund=True)
         raise  # django-q2 records the failed package too
     except KeyboardInterrupt:
         if _in_caller():  # the operator's Ctrl-C, as in run_job's begin
