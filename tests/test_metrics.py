@@ -368,6 +368,39 @@ def test_a_suspended_job_is_not_a_retry_and_waits_once(client, temp_handler, unt
     assert value(s, "jobstate_queue_wait_seconds_count", kind="test.poll") == 1
 
 
+@pytest.mark.parametrize("refunded", [1, 0])
+def test_a_failure_before_the_handler_is_a_retry_only_when_charged(
+    client, temp_handler, monkeypatch, refunded
+):
+    # A failure before the handler started requeues the job with its attempt refunded
+    # (the first SETUP_FAILURES_REFUNDED times in a row): no attempt failed, so no
+    # retry; it was counted as one. Past the bound it is charged: a retry.
+    from jobstate.worker import runner
+
+    real, calls = runner.Slot, []
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("can't start new thread")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "Slot", fails_once)
+    temp_handler("test.setup", max_attempts=2, retry_backoff=0)
+    services.enqueue("test.setup", {})
+    with override_settings(JOBSTATE={**OPEN, "SETUP_FAILURES_REFUNDED": refunded}):
+        scrape(client)
+        with pytest.raises(RuntimeError):
+            drain()
+        assert drain() == 1
+        s = scrape(client)
+    assert value(s, "jobstate_jobs", kind="test.setup", status="completed") == 1
+    retried = value(s, "jobstate_outcomes_total", kind="test.setup", outcome="retried")
+    assert retried == (None if refunded else 1)
+    requeued = {"from_status": "processing", "to_status": "queued", "transition": "requeue"}
+    assert value(s, "jobstate_transitions_total", kind="test.setup", **requeued) == 1
+
+
 @override_settings(JOBSTATE=OPEN)
 def test_a_status_that_empties_reads_zero(client, temp_handler):
     services.enqueue("test.echo", {})

@@ -95,8 +95,14 @@ def _count(after: int, upto: int, totals: Totals) -> None:
     events = JobEvent.objects.filter(id__gt=after, id__lte=upto).order_by()
     reaper = Case(When(actor_label="system:reaper", then=Value(True)), default=Value(False))
     # An attempt that failed and will run again (services.fail with a retry left)
-    # records its error; a Suspend, a hand-back or an operator's requeue do not.
-    failed = Case(When(metadata__has_key="error_type", then=Value(True)), default=Value(False))
+    # records its error; a Suspend, a hand-back or an operator's requeue do not. A
+    # failure before the handler started records it too, but spent no attempt when
+    # it was refunded (marked "unstarted"): no retry.
+    failed = Case(
+        When(metadata__has_key="unstarted", then=Value(False)),
+        When(metadata__has_key="error_type", then=Value(True)),
+        default=Value(False),
+    )
     grouped = (
         events.annotate(by_reaper=reaper, failed=failed)
         .values_list("job__kind", "from_status", "to_status", "transition", "by_reaper", "failed")
