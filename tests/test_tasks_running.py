@@ -768,6 +768,26 @@ def test_task_started_after_a_handler_that_could_not_be_started_is_the_attempt_a
     assert started_result(job, jt.flaky) == begun
 
 
+@pytest.mark.parametrize("ends", ["complete", "fail"])
+def test_a_claim_a_script_ends_without_begin_counts_only_if_it_stored_a_result(ends):
+    # complete and mark_partial never mark a claim unstarted: the claim that stored the
+    # result did the work, so the result shows that attempt and who made it. A script's
+    # fail of a claim it never began spent none, as jobstate's own worker would have.
+    result = jt.flaky.enqueue("m")
+    (job,) = services.claim("script", limit=1)
+    if ends == "complete":
+        services.complete(job, job.lease_token, 7)
+    else:
+        services.fail(job, job.lease_token, "gave up", retry=False)
+    result.refresh()
+    assert Job.objects.get(pk=result.id).attempts == 0  # only begin charges it
+    if ends == "complete":
+        assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+        assert (result.attempts, result.worker_ids) == (1, ["script"])
+    else:
+        assert (result.status, result.attempts, result.worker_ids) == (TaskResultStatus.FAILED, 0, [])
+
+
 def test_a_reserved_job_requeued_by_the_reaper_counts_no_attempt_once_it_ran():
     result = jt.reports_attempt.enqueue()
     (job,) = services.claim("gone-cluster", limit=1, lease_seconds=1)

@@ -91,7 +91,8 @@ def allowed_transitions(status: str) -> list[str]:
 # a claim whose attempt was never begun (``started_at`` NULL: ``move`` adds it).
 REFUNDS = ("reserved", "handed_back", "suspended", "unstarted")
 
-# Moves only a handler that ran makes (its attempt begun): no claim to look at.
+# Moves that store a result: the claim that made one did the work, begun or not, so it
+# is never marked unstarted (no claim to look at).
 _HANDLER_MOVES = frozenset({"complete", "mark_partial"})
 
 
@@ -125,8 +126,11 @@ def move(
     (a reserved claim: ``started_at`` NULL, no attempt charged), whoever makes it,
     marks its history row ``unstarted`` (``REFUNDS``), so what counts attempts
     from the history (``jobstate.tasks``) counts that claim in none; but for
-    ``complete`` and ``mark_partial``, which only a begun handler makes (a script
-    that claims and completes without ``begin`` leaves its claim counted). The
+    ``complete`` and ``mark_partial``, which a worker makes only once ``begin``
+    charged the attempt: a script that claims and completes without ``begin``
+    leaves its claim counted in the history (its task result shows the attempt that
+    produced its result, by that script), though ``attempts``, which only ``begin``
+    charges, stays as it was. The
     row lock is ``FOR NO KEY UPDATE``: rows that point at the job (history, assets,
     children) can still be inserted meanwhile, as during the plain UPDATE.
     ``begun``: whether the attempt was begun (what the move leaves in ``started_at``
