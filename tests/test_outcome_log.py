@@ -288,8 +288,8 @@ def test_an_error_before_the_handler_starts_is_logged_as_the_attempt_s_outcome(m
     assert retry.name == "jobstate.worker" and retry.levelno == logging.WARNING
     at = job.run_after.isoformat(timespec="seconds")
     assert retry.getMessage() == (
-        f"Job {job.pk} (test.echo) attempt 1 of 2 failed; runs again at {at}: OperationalError: "
-        f"{job.error_message}"
+        f"Job {job.pk} (test.echo) could not start attempt 1 of 2 (no attempt charged); runs again at {at}: "
+        f"OperationalError: {job.error_message}"
     )
     why = "the worker could not start the job" if where == "begin" else "the handler could not be started"
     assert job.error_message == f"{why}: server closed the connection unexpectedly"
@@ -302,6 +302,32 @@ def test_an_error_before_the_handler_starts_is_logged_as_the_attempt_s_outcome(m
         "error_type": "OperationalError",
         "retry_at": job.run_after.isoformat(),
     }
+
+
+@pytest.mark.parametrize("where", ["begin", "setup"])
+@override_settings(JOBSTATE={"SETUP_FAILURES_REFUNDED": 0})
+def test_an_error_before_the_handler_starts_that_charges_the_attempt_is_logged_as_a_failed_attempt(
+    monkeypatch, caplog, where
+):
+    # Past the refunded bound the attempt is charged: the line says it failed.
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(
+        services if where == "begin" else runner, "begin" if where == "begin" else "Slot", broken
+    )
+    job = services.enqueue("test.echo", {}, max_attempts=2)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.raises(OperationalError):
+        drain()
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (Status.QUEUED, 1)
+    (retry,) = [r for r in caplog.records if r.levelno >= logging.INFO]
+    at = job.run_after.isoformat(timespec="seconds")
+    assert retry.getMessage() == (
+        f"Job {job.pk} (test.echo) attempt 1 of 2 failed; runs again at {at}: OperationalError: "
+        f"{job.error_message}"
+    )
 
 
 @override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 0.2})

@@ -84,7 +84,7 @@ def release(job: Job, exc: BaseException, why: str, *, refund: bool = False) -> 
     attempt = _unstarted_attempt(job)
     error = f"{why}: {exception_text(exc) or type(exc).__name__}"[:1000]
     try:
-        ended = end_attempt(
+        moved = services.fail_held(
             job,
             job.lease_token,
             error,
@@ -97,7 +97,10 @@ def release(job: Job, exc: BaseException, why: str, *, refund: bool = False) -> 
     except Exception:
         logger.exception("Job %s could not be released; the reaper will take it", job.pk)
         return "lost"
-    _log_unstarted(job, attempt, ended, (type(exc).__name__, error), exc)
+    ended = _ended(moved)
+    # A requeue that charged nothing (refunded) is logged as such, not as a failed attempt.
+    charged = moved is None or moved.attempts >= attempt
+    _log_unstarted(job, attempt, ended, (type(exc).__name__, error), exc, charged=charged)
     return ended
 
 
@@ -108,9 +111,16 @@ def _unstarted_attempt(job: Job) -> int:
 
 
 def _log_unstarted(
-    job: Job, attempt: int, ended: str, error: Stored, exc: BaseException | None = None
+    job: Job,
+    attempt: int,
+    ended: str,
+    error: Stored,
+    exc: BaseException | None = None,
+    *,
+    charged: bool = True,
 ) -> None:
-    log_ended(job, attempt, ended, error, exc=exc, retry_at=job.run_after if ended == "retrying" else None)
+    retry_at = job.run_after if ended == "retrying" else None
+    log_ended(job, attempt, ended, error, exc=exc, retry_at=retry_at, charged=charged)
 
 
 def unknown_kind(job: Job) -> str:

@@ -43,6 +43,7 @@ def log_ended(
     *,
     exc: BaseException | None = None,
     retry_at: datetime | None = None,
+    charged: bool = True,
 ) -> None:
     """Log attempt ``attempt`` of ``job``, whose stored outcome is ``ended``
     ("retrying", "failed" or "cancelled"; any other logs nothing, at the cost of
@@ -50,6 +51,9 @@ def log_ended(
     stores it (its type, its text), or the stored ``(error_type, error)``; ``exc``
     (default: ``error`` if an exception): the exception whose traceback a job failed
     for good logs. ``retry_at``: when a retried job runs again (None: not known).
+    ``charged``: False for a requeue that charged no attempt (the handler never
+    started and the attempt was refunded): logged as a start that failed, attempt
+    ``attempt`` still to run.
     Never raises: the outcome is stored, and a logging filter or handler that fails
     must not undo the ending."""
     if not logs(ended):  # before anything is formatted
@@ -58,7 +62,7 @@ def log_ended(
         if isinstance(error, BaseException):
             exc = exc if exc is not None else error
             error = (type(error).__name__, exception_text(error) or type(error).__name__)
-        _log_ended(job, attempt, ended, *error, exc, retry_at)
+        _log_ended(job, attempt, ended, *error, exc, retry_at, charged)
     except Exception:
         with contextlib.suppress(Exception):
             logger.exception("Job %s: its outcome (%s) could not be logged", job.pk, ended)
@@ -72,6 +76,7 @@ def _log_ended(
     error: str,
     exc: BaseException | None,
     retry_at: datetime | None,
+    charged: bool,
 ) -> None:
     what = f"{error_type}: {_one_line(error)}" if error_type and error != error_type else _one_line(error)
     fields = {
@@ -86,7 +91,16 @@ def _log_ended(
     head = (job.pk, job.kind, attempt, job.max_attempts)
     if ended == "retrying":
         again = f"runs again at {retry_at.isoformat(timespec='seconds')}" if retry_at else "runs again later"
-        logger.warning("Job %s (%s) attempt %d of %d failed; %s: %s", *head, again, what, extra=fields)
+        if charged:
+            logger.warning("Job %s (%s) attempt %d of %d failed; %s: %s", *head, again, what, extra=fields)
+        else:
+            logger.warning(
+                "Job %s (%s) could not start attempt %d of %d (no attempt charged); %s: %s",
+                *head,
+                again,
+                what,
+                extra=fields,
+            )
     elif ended == "failed":
         # The handler's own exception: its traceback, not that of the frames logging it.
         # One whose text holds a NUL or a lone surrogate (an undecodable file name) would
