@@ -84,6 +84,7 @@ import asyncio
 import logging
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 from django.db import Error as DatabaseErrors
@@ -301,8 +302,11 @@ def _observe(hook: hooks.Hook[...], *args: Any) -> None:
         logger.exception("jobstate: a function of the %s hook raised; ignored", hook.name)
 
 
-def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
+def run_next(worker_id: str, kinds: list[str] | None = None, *, now: datetime | None = None) -> Job | None:
     """Claim one ready job and run it inline. Returns the job, or None if none was ready.
+    ``now``: claim as if the clock read that time (a job is ready once its
+    ``run_after`` is at most ``now``; the claim is recorded at it), so that a test
+    can run a retry or a ``Suspend(until=...)`` before its time.
     Ctrl-C (``KeyboardInterrupt``) hands the job back to the queue, its attempt
     refunded, and is raised on (``run_job``'s ``inline``). During the claim it is
     held until the claim returns (``ctrl_c_held``; a second one lands at once,
@@ -311,7 +315,7 @@ def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
     claimed: list[Job] = []
     try:
         with ctrl_c_held():
-            claimed = services.claim(worker_id, kinds=kinds, limit=1)
+            claimed = services.claim(worker_id, kinds=kinds, limit=1, now=now)
     except KeyboardInterrupt:
         for job in claimed:
             hand_back_stopped(job, lease_token(job))
@@ -322,11 +326,18 @@ def run_next(worker_id: str, kinds: list[str] | None = None) -> Job | None:
     return claimed[0]
 
 
-def drain(worker_id: str = "inline", kinds: list[str] | None = None, max_jobs: int = 1000) -> int:
+def drain(
+    worker_id: str = "inline",
+    kinds: list[str] | None = None,
+    max_jobs: int = 1000,
+    *,
+    now: datetime | None = None,
+) -> int:
     """Run ready jobs inline until none is ready (tests, scripts). Returns how many ran.
-    ``kinds`` is a list of kind names (None: every kind); a string is a ``TypeError``."""
+    ``kinds`` is a list of kind names (None: every kind); a string is a ``TypeError``.
+    ``now``: as ``run_next`` takes it (jobs due by then are ready)."""
     kinds = kind_names(kinds)
     count = 0
-    while count < max_jobs and run_next(worker_id, kinds) is not None:
+    while count < max_jobs and run_next(worker_id, kinds, now=now) is not None:
         count += 1
     return count

@@ -1,0 +1,66 @@
+"""jobstate.testing: the inline runner as a project's tests use it."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobstate import services, testing
+from jobstate.states import Status
+
+pytestmark = pytest.mark.django_db
+
+
+def test_progress_kept_for_later_is_written_inside_the_tests_transaction(temp_handler, caplog):
+    """Progress calls closer together than PROGRESS_FLUSH_SECONDS were left for the
+    heartbeat thread to write, on a connection of its own that cannot see a job
+    the test's transaction holds: on PostgreSQL it found no job, and the handler
+    was interrupted as if its lease were lost."""
+
+    def slow(ctx: Any) -> dict[str, int]:
+        for i in range(1, 4):
+            ctx.progress(i * 30, f"part {i}")
+        time.sleep(1)  # the kept report comes due while the handler works
+        return {"parts": 3}
+
+    temp_handler("t.testing.slow", slow)
+    job = services.enqueue("t.testing.slow", {})
+    assert connection.in_atomic_block
+    assert testing.drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.result, job.progress, job.progress_message) == (
+        Status.COMPLETED,
+        {"parts": 3},
+        100,  # completed: 100 %
+        "part 3",
+    )
+    assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+def test_drain_now_runs_the_jobs_due_by_then(temp_handler):
+    temp_handler("t.testing.later", lambda ctx: ctx.parameters)
+    soon = services.enqueue("t.testing.later", {"n": 1}, run_after=timezone.now() + timedelta(hours=1))
+    late = services.enqueue("t.testing.later", {"n": 2}, run_after=timezone.now() + timedelta(hours=3))
+    assert testing.drain() == 0
+    assert testing.drain(now=timezone.now() + timedelta(hours=2)) == 1
+    soon.refresh_from_db()
+    late.refresh_from_db()
+    assert (soon.status, late.status) == (Status.COMPLETED, Status.QUEUED)
+    assert testing.transitions(soon.pk) == ["enqueue", "claim", "complete"]
+
+
+def test_drain_takes_kinds_and_a_limit(temp_handler):
+    temp_handler("t.testing.a")
+    temp_handler("t.testing.b")
+    for kind in ("t.testing.a", "t.testing.a", "t.testing.b"):
+        services.enqueue(kind, {})
+    assert testing.drain(kinds=["t.testing.b"]) == 1
+    assert testing.drain(max_jobs=1) == 1
+    assert testing.drain() == 1
+    with pytest.raises(TypeError, match="not a string"):
+        testing.drain(kinds="t.testing.a")  # type: ignore[arg-type]
