@@ -3,7 +3,8 @@ from django.apps import AppConfig
 
 class JobstateConfig(AppConfig):
     name = "jobstate"
-    verbose_name = "Jobs"
+    # Not "Jobs": that is the Job model's plural, and breadcrumbs read "Jobs > Jobs".
+    verbose_name = "Background jobs"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

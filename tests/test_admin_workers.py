@@ -186,7 +186,7 @@ def test_staff_who_may_view_jobs_by_change_job_see_the_process_list_too(
 
 def jobstate_box(html: str) -> str:
     match = re.search(r'<div class="app-jobstate module[^"]*">(.*?)</div>', html, re.S)
-    assert match is not None, "no Jobstate box"
+    assert match is not None, "no Background jobs box"
     return match.group(1)
 
 
@@ -213,6 +213,28 @@ def test_app_page_and_sidebar_list_the_pages(admin_client: Any) -> None:
     html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
     sidebar = html[html.index('id="nav-sidebar"') :]
     assert f'href="{DASHBOARD}"' in sidebar
+
+
+def breadcrumbs(html: str) -> list[str]:
+    match = re.search(r'<div class="breadcrumbs">(.*?)</div>', html, re.S)
+    assert match is not None, "no breadcrumbs"
+    return [" ".join(re.sub(r"<[^>]+>", "", part).split()) for part in match.group(1).split("&rsaquo;")]
+
+
+def test_breadcrumbs_name_the_app_apart_from_its_job_model(admin_client: Any) -> None:
+    """The app's name is not its Job model's plural (it made breadcrumbs read "Jobs > Jobs")."""
+    job = queued()
+    pages = {
+        reverse("admin:jobstate_job_changelist"): ["Home", "Background jobs", "Jobs"],
+        reverse("admin:jobstate_job_change", args=[job.pk]): ["Home", "Background jobs", "Jobs", str(job)],
+        DASHBOARD: ["Home", "Background jobs", "Dashboard"],
+        reverse("admin:jobstate_job_stuck"): ["Home", "Background jobs", "Jobs", "Stuck jobs"],
+        PROCESSES: ["Home", "Background jobs", "Worker processes"],
+    }
+    for url, expected in pages.items():
+        assert breadcrumbs(admin_client.get(url).content.decode()) == expected, url
+    html = admin_client.get(reverse("admin:index")).content.decode()
+    assert re.search(r"<caption>\s*<a [^>]*>Background jobs</a>", html)
 
 
 def test_no_job_permission_no_pages(client: Any, django_user_model: Any) -> None:

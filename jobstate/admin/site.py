@@ -1,6 +1,6 @@
 """The jobstate entries of the admin's app list: the dashboard and the stuck page.
 
-They are added to the "Jobstate" app of ``AdminSite.get_app_list``, so the admin
+They are added to the app's entry ("Background jobs") of ``AdminSite.get_app_list``, so the admin
 index, the app page and the navigation sidebar show them inside the app's own
 box, whatever the order of INSTALLED_APPS and without overriding a template.
 ``JobAdmin`` installs this on the site it is registered with (a custom

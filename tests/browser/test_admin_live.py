@@ -1,5 +1,5 @@
 """The operator admin in a real browser: the workers panel shows an idle cluster,
-pages follow a running job without a reload, the Jobs box sits in its column,
+pages follow a running job without a reload, the Background jobs box sits in its column,
 the job page is short and the chart text is readable."""
 
 from __future__ import annotations
