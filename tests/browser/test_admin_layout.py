@@ -1,7 +1,7 @@
-"""The admin's layout in a real browser: at a phone's width (390 px) the stuck page, the
-dashboard and a job page with its history fit the screen, nothing (a Retry button, a
-history row's details) out of sight to the right; the history's JSON details wrap
-between words."""
+"""The admin's layout in a real browser: at a phone's width (390 px, 360 for a job's
+steps and assets) the stuck page, the dashboard and a job page with its history, steps
+and assets fit the screen, nothing (a Retry button, a history row's details, a
+download link) out of sight to the right; the history's JSON details wrap between words."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from jobstate import services
+from jobstate.models import JobStep
 from jobstate.services import workers
 from tests.admin_support import failed, processing
 from tests.browser.conftest import log_in
@@ -23,13 +24,13 @@ def page_width(page: Any) -> int:
     return int(page.evaluate("document.documentElement.scrollWidth"))
 
 
-def assert_on_screen(page: Any, selector: str) -> None:
+def assert_on_screen(page: Any, selector: str, width: int = WIDTH) -> None:
     items = page.locator(selector)
     assert items.count() > 0, selector
     for i in range(items.count()):
         box = items.nth(i).bounding_box()
         assert box is not None and box["width"] > 0, selector
-        assert box["x"] >= 0 and box["x"] + box["width"] <= WIDTH, (selector, box)
+        assert box["x"] >= 0 and box["x"] + box["width"] <= width, (selector, box)
 
 
 # The words of each element's text that the browser drew across two lines.
@@ -99,6 +100,47 @@ def test_phone_pages_fit_the_screen(page: Any, live_server: Any, admin_user: Any
     assert_on_screen(page, ".js-history tr.has_original td.field-when")
     assert_on_screen(page, ".js-history tr.has_original td.field-details code.js-meta")
     assert_on_screen(page, ".js-history tr.has_original td.field-reason_display p:not(:empty)")
+
+
+def test_job_steps_and_assets_fit_a_small_phone(
+    page: Any, live_server: Any, admin_user: Any, user: Any
+) -> None:
+    """They were tables as wide as their seven columns, which scrolled sideways at 360 px."""
+    job = processing(user)
+    for position, name in enumerate(("extract", "transform-and-validate-every-row")):
+        JobStep.objects.create(
+            job=job,
+            position=position,
+            name=name,
+            status="completed",
+            attempts=2,
+            cursor={"page": 812, "of": 1000, "last_key": "invoice-2026-10-000812"},
+            output={"rows": 81200, "skipped": ["invoice-2026-10-000017", "invoice-2026-10-000512"]},
+            started_at=job.started_at,
+            finished_at=job.started_at,
+        )
+    services.add_asset(
+        job,
+        asset_type="report",
+        name="monthly-invoice-reconciliation-report-2026-10-final.xlsx",
+        content=b"x" * 2048,
+        content_type="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        token=job.lease_token,
+    )
+    width = 360
+    page.set_viewport_size({"width": width, "height": 800})
+    log_in(page, live_server.url, "admin", "password", f"/admin/jobstate/job/{job.pk}/change/")
+    assert page_width(page) <= width
+    for selector in (
+        ".js-steps tr.has_original td.field-name",
+        ".js-steps tr.has_original td.field-output_display code.js-meta",
+        ".js-assets tr.has_original td.field-name",
+        ".js-assets tr.has_original a.js-download",
+    ):
+        assert_on_screen(page, selector, width)
+    for group in (".js-steps", ".js-assets"):
+        scroll = page.locator(f"{group} table").evaluate("t => [t.scrollWidth, t.clientWidth]")
+        assert scroll[0] <= scroll[1], (group, scroll)
 
 
 def test_summary_values_line_up(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
