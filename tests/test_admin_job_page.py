@@ -53,7 +53,7 @@ def test_cancel_requested_shows_the_lease_with_the_request(admin_client: Any) ->
     job = processing()
     services.request_cancel(job, None, "stop")
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
-    assert "field-cancel_requested_at" in html and "Lease" in html
+    assert "field-cancel_requested_at_display" in html and "Lease" in html
 
 
 def test_the_lease_token_is_shown_by_its_first_characters_only(
@@ -141,6 +141,32 @@ def test_history_times_are_in_the_current_time_zone_as_the_rest_of_the_page(
     ):
         html = admin_client.get(url).content.decode()
         assert local in html, url
+
+
+def test_summary_times_read_as_the_history_times(admin_client: Any, settings: Any) -> None:
+    # The summary said "Nov. 30, 2026, 1:01 p.m." (to the minute) beside the history's
+    # "2026-11-30 13:01:02.314": the start it showed could not be matched to its claim.
+    from django.utils import timezone
+
+    from jobstate.models import JobEvent
+
+    settings.TIME_ZONE = "Asia/Kolkata"
+    job = completed()
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+
+    def shown(label: str) -> str:
+        found = re.search(rf'<label[^>]*>{label}:</label>\s*<div class="readonly">([^<]*)</div>', html)
+        assert found is not None, label
+        return found.group(1).strip()
+
+    def exact(moment: Any) -> str:
+        return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    claim = JobEvent.objects.get(job=job, transition="claim")
+    assert shown("Started at") == exact(job.started_at)
+    assert exact(claim.created_at) in html  # the history's row, in the same form
+    assert shown("Created at") == exact(job.created_at)
+    assert shown("Finished at") == exact(job.finished_at)
 
 
 def test_job_page_and_stuck_page_queries_do_not_grow_with_rows(admin_client: Any, admin_user: Any) -> None:

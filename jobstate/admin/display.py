@@ -87,6 +87,14 @@ def local(moment: datetime) -> datetime:
     return timezone.localtime(moment) if timezone.is_aware(moment) else moment
 
 
+def exact_time(moment: datetime | None) -> str:
+    """``2026-11-30 14:03:27.315``: the job page's times, its summary's as its history's,
+    so the start it shows is found in the history to the millisecond."""
+    if moment is None:
+        return "-"
+    return local(moment).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
 def compact_time(moment: datetime | None) -> SafeString:
     """A list cell's time: ``14:03:27`` today, else ``2026-11-30 14:03``; the full one
     on hover. Django's ``Nov. 30, 2026, 2:03 p.m.`` took a fifth of a 1440 px list."""

@@ -117,7 +117,7 @@ class EventColumns:
 
     @admin.display(description="time")
     def when(self, obj: JobEvent) -> str:
-        return display.local(obj.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        return display.exact_time(obj.created_at)
 
     @admin.display(description="from → to")
     def change(self, obj: JobEvent) -> SafeString:

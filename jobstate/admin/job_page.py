@@ -49,7 +49,7 @@ class JobPageFields(_JobAdmin):
         ("kind_display", "owner"),
         ("progress_display", "duration_display"),
         ("step_display", "attempts_display", "priority"),
-        ("created_at", "started_at", "finished_at"),
+        ("created_display", "started_display", "finished_display"),
     )
 
     def get_fieldsets(self, request: Any, obj: Job | None = None) -> _FieldsetSpec:
@@ -65,7 +65,7 @@ class JobPageFields(_JobAdmin):
         if obj.worker_id:
             summary[3] = (*summary[3], "worker_id")
         if obj.status == Status.QUEUED and obj.run_after > obj.created_at + timedelta(seconds=1):
-            summary.append("run_after")
+            summary.append("run_after_display")
         if obj.key or obj.input_watermark is not None or obj.last_success_watermark is not None:
             summary.append(("key", "input_watermark", "last_success_watermark"))
         if (
@@ -83,7 +83,9 @@ class JobPageFields(_JobAdmin):
         if obj.result not in (None, {}, []):
             sections.append(("Result", {"fields": ("result_display",)}))
         sections.append(("Parameters", {"fields": ("parameters_display",)}))
-        requests = tuple(f for f in ("cancel_requested_at", "stop_requested_at") if getattr(obj, f))
+        requests = tuple(
+            f"{f}_display" for f in ("cancel_requested_at", "stop_requested_at") if getattr(obj, f)
+        )
         if (obj.status in ACTIVE and (obj.lease_expires_at or obj.heartbeat_at)) or requests:
             lease = ("lease_expires_display", "heartbeat_display", "lease_token_display")
             fields: list[Any] = [lease if obj.lease_token else lease[:2]]
@@ -105,16 +107,16 @@ class JobPageFields(_JobAdmin):
         "input_watermark",
         "last_success_watermark",
         "relations",
-        "created_at",
-        "run_after",
-        "started_at",
-        "finished_at",
+        "created_display",
+        "run_after_display",
+        "started_display",
+        "finished_display",
         "duration_display",
         "worker_id",
         "lease_expires_display",
         "heartbeat_display",
-        "cancel_requested_at",
-        "stop_requested_at",
+        "cancel_requested_at_display",
+        "stop_requested_at_display",
         "lease_token_display",
         "parameters_display",
         "result_display",
@@ -169,6 +171,32 @@ class JobPageFields(_JobAdmin):
             # run began, not when it ended.
             return f"last run began {display.since(obj.started_at, now)} ago · {total} since created"
         return f"last run {display.short_duration(obj.duration)} · {total} from created to finished"
+
+    # The times as the history shows them (display.exact_time), not Django's to the minute.
+
+    @admin.display(description="created at")
+    def created_display(self, obj: Job) -> str:
+        return display.exact_time(obj.created_at)
+
+    @admin.display(description="started at")
+    def started_display(self, obj: Job) -> str:
+        return display.exact_time(obj.started_at)
+
+    @admin.display(description="finished at")
+    def finished_display(self, obj: Job) -> str:
+        return display.exact_time(obj.finished_at)
+
+    @admin.display(description="run after")
+    def run_after_display(self, obj: Job) -> str:
+        return display.exact_time(obj.run_after)
+
+    @admin.display(description="cancel requested at")
+    def cancel_requested_at_display(self, obj: Job) -> str:
+        return display.exact_time(obj.cancel_requested_at)
+
+    @admin.display(description="stop requested at")
+    def stop_requested_at_display(self, obj: Job) -> str:
+        return display.exact_time(obj.stop_requested_at)
 
     @admin.display(description="lease expires")
     def lease_expires_display(self, obj: Job) -> SafeString:
@@ -270,7 +298,7 @@ def _relative(moment: datetime | None, past_word: str) -> SafeString:
     if moment is None:
         return format_html("{}", "-")
     now = timezone.now()
-    stamp = display.local(moment).strftime("%Y-%m-%d %H:%M:%S")
+    stamp = display.exact_time(moment)
     if moment < now:
         word = f"{past_word} " if past_word else ""
         css = "js-late" if past_word else "js-muted"
