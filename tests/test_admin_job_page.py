@@ -163,10 +163,28 @@ def test_summary_times_read_as_the_history_times(admin_client: Any, settings: An
         return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
     claim = JobEvent.objects.get(job=job, transition="claim")
-    assert shown("Started at") == exact(job.started_at)
+    assert shown("Last run started") == exact(job.started_at)
     assert exact(claim.created_at) in html  # the history's row, in the same form
     assert shown("Created at") == exact(job.created_at)
     assert shown("Finished at") == exact(job.finished_at)
+
+
+def test_the_start_shown_is_named_the_last_runs(admin_client: Any) -> None:
+    # It was "Started at", beside a history whose first claim is earlier: a job run
+    # again keeps only its latest run's start.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.admin_support import ago
+
+    job = processing(started=ago(minutes=5))
+    services.fail(job, job.lease_token, "flaky", retry_delay=0)
+    again = services.start(job, "w-2")
+    assert again.started_at is not None and timezone.now() - again.started_at < timedelta(minutes=1)
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert re.search(r"<label[^>]*>Last run started:</label>", html)
+    assert "Started at:" not in html
 
 
 def test_job_page_and_stuck_page_queries_do_not_grow_with_rows(admin_client: Any, admin_user: Any) -> None:

@@ -97,6 +97,16 @@ def test_components_describe_themselves_to_clients(user):
     assert components["Reason"]["description"] != components["RequiredReason"]["description"]
 
 
+def test_started_at_and_duration_say_they_are_the_last_runs(user):
+    # A job run again (another attempt, a resumed workflow) keeps its latest run's start only;
+    # started_at had no description and duration said "Seconds since it started".
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    components = schema["components"]["schemas"]
+    for name in ("Job", "JobDetail"):
+        assert "last run started" in components[name]["properties"]["started_at"]["description"], name
+    assert "last run started" in components["JobDetail"]["properties"]["duration"]["description"]
+
+
 def test_docs_are_served_from_the_installed_packages_without_a_cdn(user):
     response = client_for(None).get("/api/docs/")
     assert response.status_code == 200

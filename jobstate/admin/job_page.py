@@ -178,7 +178,9 @@ class JobPageFields(_JobAdmin):
     def created_display(self, obj: Job) -> str:
         return display.exact_time(obj.created_at)
 
-    @admin.display(description="started at")
+    # started_at is the last claim's: a job requeued for another attempt (or a workflow
+    # resumed) has its latest run's start, not its first.
+    @admin.display(description="last run started")
     def started_display(self, obj: Job) -> str:
         return display.exact_time(obj.started_at)
 

@@ -104,6 +104,12 @@ class JobSerializer(OutputSerializer):
             "allowed_actions",
         ]
         read_only_fields = fields
+        extra_kwargs = {
+            "started_at": {
+                "help_text": "When its last run started (null until it first runs): a job run again "
+                "(another attempt, a workflow resumed once its children ended) has the latest start."
+            },
+        }
 
     def get_owner(self, job: Job) -> str | None:
         return job.owner.get_username() if job.owner_id is not None and job.owner else None
@@ -120,7 +126,9 @@ class JobDetailSerializer(JobSerializer):
     parameters = serializers.JSONField(read_only=True)
     result = serializers.JSONField(read_only=True, allow_null=True)
     steps = StepSerializer(many=True, read_only=True)
-    duration = serializers.SerializerMethodField(help_text="Seconds since it started (until it ended).")
+    duration = serializers.SerializerMethodField(
+        help_text="Seconds since its last run started (`started_at`), until it ended."
+    )
 
     class Meta(JobSerializer.Meta):
         fields = [
