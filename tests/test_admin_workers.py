@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,9 @@ from django.test import override_settings
 from django.urls import path, reverse
 from django.utils import timezone
 
-from jobstate import services
-from jobstate.admin import JobAdmin, stats
+import jobstate
+from jobstate import services, stuck
+from jobstate.admin import JobAdmin, live, stats
 from jobstate.ids import short
 from jobstate.models import Job, WorkerProcess
 from jobstate.services import workers
@@ -280,6 +282,48 @@ def test_live_queries_do_not_grow_with_jobs(admin_client: Any, django_assert_max
     with django_assert_max_num_queries(len(small.captured_queries)) as large:
         data = admin_client.get(f"{LIVE}?ids={','.join(str(j.pk) for j in many)}").json()
     assert data["active"] == 32 and len(large.captured_queries) == len(small.captured_queries)
+
+
+@pytest.mark.parametrize(
+    ("mode", "computed"),
+    [
+        ("list", live.LIST_CELLS),
+        ("job", live.PAGE_FIELDS),
+        ("dashboard", ()),
+        ("", live.LIST_CELLS + live.PAGE_FIELDS),  # a page loaded before mode was sent
+    ],
+)
+def test_live_computes_only_what_the_asking_page_sets(
+    admin_client: Any, monkeypatch: Any, mode: str, computed: tuple[str, ...]
+) -> None:
+    # Polled every second by every open list and job page: each job got the list's
+    # cells and the page's fields, and a stuck-detection context (PostgreSQL's clock)
+    # that only the list's status cell uses.
+    job = processing()
+    called: list[str] = []
+    for name in (*live.LIST_CELLS, *live.PAGE_FIELDS):
+        method = getattr(JobAdmin, name)
+        monkeypatch.setattr(
+            JobAdmin, name, lambda self, obj, _n=name, _m=method: called.append(_n) or _m(self, obj)
+        )
+    contexts: list[Any] = []
+    real = stuck.Context
+    monkeypatch.setattr(stuck, "Context", lambda *a, **kw: contexts.append(1) or real(*a, **kw))
+    data = admin_client.get(LIVE, {"ids": str(job.pk), "mode": mode}).json()
+    shown = data["jobs"][str(job.pk)]
+    assert sorted(called) == sorted(computed)
+    assert {*shown["cells"], *shown["fields"]} == set(computed)
+    assert len(contexts) == (mode in ("list", ""))
+
+
+def test_live_refuses_a_mode_it_does_not_know(admin_client: Any) -> None:
+    response = admin_client.get(LIVE, {"ids": str(queued().pk), "mode": "page"})
+    assert response.status_code == 400 and "list, job, dashboard" in response.json()["error"]
+
+
+def test_live_script_says_which_page_asks() -> None:
+    script = (Path(jobstate.__file__).parent / "static" / "jobstate" / "live.js").read_text()
+    assert '"mode=" + encodeURIComponent(mode)' in script
 
 
 def test_live_dashboard_counts_and_panel(admin_client: Any) -> None:

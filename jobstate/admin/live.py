@@ -8,7 +8,9 @@ Query parameters:
 
 - ``ids``: comma-separated job ids shown on the page (at most ``MAX_IDS``; others
   and malformed ids are ignored). Each known job comes back with its status,
-  progress and the HTML of the list cells and job-page fields that change.
+  progress and the HTML of what changes on the page that asks:
+- ``mode``: ``list`` (the list's cells), ``job`` (the job page's fields) or
+  ``dashboard`` (neither); without it, both (a page loaded before ``mode`` existed).
 - ``dashboard=1``: also the dashboard's live tiles and its workers panel.
 """
 
@@ -39,6 +41,13 @@ PAGE_FIELDS = (
     "heartbeat_display",
 )
 DEFERRED = ("parameters", "result", "traceback", "error_message")  # heavy, never shown here
+# What each page's live.js sets: (the list's cells, the job page's fields).
+MODES: dict[str, tuple[bool, bool]] = {
+    "list": (True, False),
+    "job": (False, True),
+    "dashboard": (False, False),
+    "": (True, True),
+}
 
 
 def parse_ids(raw: str) -> list[uuid.UUID]:
@@ -57,7 +66,9 @@ def html(value: Any) -> str:
     return str(conditional_escape(value))
 
 
-def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
+def job_payload(
+    model_admin: Any, job: Job, cells: tuple[str, ...] = LIST_CELLS, fields: tuple[str, ...] = PAGE_FIELDS
+) -> dict[str, Any]:
     # progress_message and current_step are text, not HTML: live.js does not insert them.
     return {
         "status": job.status,
@@ -66,8 +77,8 @@ def job_payload(model_admin: Any, job: Job) -> dict[str, Any]:
         "progress_message": job.progress_message,
         "current_step": job.current_step,
         "attempts": job.attempts,
-        "cells": {name: html(getattr(model_admin, name)(job)) for name in LIST_CELLS},
-        "fields": {name: html(getattr(model_admin, name)(job)) for name in PAGE_FIELDS},
+        "cells": {name: html(getattr(model_admin, name)(job)) for name in cells},
+        "fields": {name: html(getattr(model_admin, name)(job)) for name in fields},
     }
 
 
@@ -91,16 +102,25 @@ def dashboard_payload(request: HttpRequest, now: datetime) -> dict[str, Any]:
 def live_view(model_admin: Any, request: HttpRequest) -> JsonResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
+    mode = request.GET.get("mode", "")
+    if mode not in MODES:
+        return JsonResponse(
+            {"error": f"mode must be one of: {', '.join(m for m in MODES if m)}."}, status=400
+        )
+    want_cells, want_fields = MODES[mode]
+    cells, fields = (LIST_CELLS if want_cells else ()), (PAGE_FIELDS if want_fields else ())
     ids = parse_ids(request.GET.get("ids", ""))
     jobs = list(Job.objects.filter(pk__in=ids).defer(*DEFERRED).order_by()) if ids else []
     dashboard = bool(request.GET.get("dashboard"))
-    # One for all rows, as the list does, and its time (PostgreSQL's clock: one
-    # query) for the dashboard too.
-    ctx = stuck.Context() if jobs or dashboard else None
+    # One for all rows (the list's status cell flags stuck jobs), as the list does, and
+    # its time (PostgreSQL's clock: one query) for the dashboard too.
+    ctx = stuck.Context() if (jobs and cells) or dashboard else None
     for job in jobs:
         job._stuck_ctx = ctx  # type: ignore[attr-defined]
     own_jobs.load_skipped(jobs)  # a delivery just completed: whether it was skipped
-    payload: dict[str, Any] = {"jobs": {str(job.pk): job_payload(model_admin, job) for job in jobs}}
+    payload: dict[str, Any] = {
+        "jobs": {str(job.pk): job_payload(model_admin, job, cells, fields) for job in jobs}
+    }
     payload["active"] = sum(1 for j in payload["jobs"].values() if j["active"])
     if dashboard and ctx is not None:
         payload["dashboard"] = dashboard_payload(request, ctx.now)

@@ -107,7 +107,7 @@
   function tick() {
     if (!anythingActive()) { setState("stopped"); return; }
     if (document.visibilityState === "hidden") { window.setTimeout(tick, every); return; }
-    var query = "ids=" + encodeURIComponent(shownIds().join(","));
+    var query = "mode=" + encodeURIComponent(mode) + "&ids=" + encodeURIComponent(shownIds().join(","));
     if (mode === "dashboard") { query += "&dashboard=1"; }
     fetch(url + "?" + query, { credentials: "same-origin", headers: { "Accept": "application/json" } })
       .then(function (r) {
