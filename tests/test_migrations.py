@@ -403,3 +403,40 @@ def test_going_back_before_spawn_rows_puts_the_stored_spawns_back_in_the_steps_d
         migrate(latest)
     # The release after reads such a list as it is.
     assert spawns.restored(job.pk, "split", back, 6) == (made, 0)
+
+
+BEFORE_ANSWERABLE = [("jobstate", "0024_asset_indexes")]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_global_endpoints_no_one_answers_for_are_disabled_saying_how_to_resume(django_user_model):
+    from jobstate.webhooks import answerable
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    alice = django_user_model.objects.create_user("alice-mig")
+    old = migrate(BEFORE_ANSWERABLE)
+    try:
+        Endpoint = old.get_model("jobstate", "WebhookEndpoint")
+        url = "https://hooks.example.com/"
+        global_on = Endpoint.objects.create(owner_id=None, url=url + "on", enabled=True)
+        failing = {"enabled": False, "disabled_reason": "disabled after 20 failed attempts"}
+        global_off = Endpoint.objects.create(owner_id=None, url=url + "off", **failing)
+        owned = Endpoint.objects.create(owner_id=alice.pk, url=url + "alice", enabled=True)
+    finally:
+        new = migrate(latest)
+    Endpoint = new.get_model("jobstate", "WebhookEndpoint")
+    stopped = Endpoint.objects.get(pk=global_on.pk)
+    assert not stopped.enabled and stopped.disabled_at is not None
+    assert stopped.disabled_reason == answerable.reason(None) and stopped.answerable_id is None
+    assert Endpoint.objects.get(pk=global_off.pk).disabled_reason == failing["disabled_reason"]
+    assert Endpoint.objects.get(pk=owned.pk).enabled
+    # Back: enabled again (those it disabled only).
+    back = migrate(BEFORE_ANSWERABLE)
+    try:
+        Endpoint = back.get_model("jobstate", "WebhookEndpoint")
+        assert Endpoint.objects.get(pk=global_on.pk).enabled
+        assert Endpoint.objects.get(pk=global_on.pk).disabled_reason == ""
+        assert not Endpoint.objects.get(pk=global_off.pk).enabled
+    finally:
+        migrate(latest)

@@ -12,14 +12,14 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from jobstate import services
 from jobstate.models import Job
-from jobstate.webhooks import delivery, outbox, transport
+from jobstate.webhooks import answerable, delivery, outbox, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.worker.runner import drain
 from tests.webhook_support import read_in_another_thread
@@ -227,9 +227,9 @@ def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver)
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_only_the_owners_and_global_endpoints_hear_of_a_job(user, other_user, receiver):
+def test_only_the_owners_and_global_endpoints_hear_of_a_job(user, other_user, admin_user, receiver):
     WebhookEndpoint.objects.create(owner=other_user, url=receiver.url + "/bob")
-    WebhookEndpoint.objects.create(owner=None, url=receiver.url + "/global")
+    WebhookEndpoint.objects.create(owner=None, answerable=admin_user, url=receiver.url + "/global")
     WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/alice-etl", kinds=["etl.import"])
     services.enqueue("test.echo", {}, owner=user)
     services.enqueue("test.echo", {})  # a system job
@@ -659,11 +659,11 @@ def test_dns_and_certificate_errors_say_what_went_wrong(monkeypatch):
 
 
 @override_settings(JOBSTATE=ALLOW)
-def test_an_inactive_users_endpoints_hear_nothing_until_active_again(user, receiver):
+def test_an_inactive_users_endpoints_hear_nothing_until_active_again(user, admin_user, receiver):
     """A user made inactive (is_active false) kept receiving events about their
     jobs. Staff's global endpoints still hear of every job."""
     WebhookEndpoint.objects.create(owner=user, url=receiver.url + "/own")
-    WebhookEndpoint.objects.create(owner=None, url=receiver.url + "/global")
+    WebhookEndpoint.objects.create(owner=None, answerable=admin_user, url=receiver.url + "/global")
     type(user).objects.filter(pk=user.pk).update(is_active=False)
     services.enqueue("test.echo", {}, owner=user)
     drain()
@@ -741,21 +741,116 @@ def test_an_attempt_that_fails_after_its_endpoint_changed_owner_does_not_quote_i
         assert not endpoint.enabled and "the last: HTTP 500" in endpoint.disabled_reason
 
 
-@override_settings(JOBSTATE=ALLOW)
-def test_a_global_endpoint_outlives_the_staff_user_who_made_it(user, staff_user, receiver):
-    """A global endpoint is the installation's (an operator's integration, like a log
-    sink), not its maker's: jobstate does not record who made it, and it keeps hearing
-    of every job after that user is made inactive or deleted (docs/howto/webhooks.md)."""
-    from tests.api_support import client_for, grant
+def make_global(maker, url):  # type: ignore[no-untyped-def]
+    from tests.api_support import client_for
 
-    maker = client_for(grant(staff_user, "view_job"))
-    made = maker.post("/api/webhooks/", {"url": receiver.url, "is_global": True}, format="json")
+    made = client_for(maker).post("/api/webhooks/", {"url": url, "is_global": True}, format="json")
     assert made.status_code == 201 and made.data["owner"] is None
-    type(staff_user).objects.filter(pk=staff_user.pk).update(is_active=False)
+    assert made.data["answerable"] == maker.get_username()
+    return WebhookEndpoint.objects.get(pk=made.data["id"])
+
+
+def demote_by_deactivating(staff):  # type: ignore[no-untyped-def]
+    type(staff).objects.filter(pk=staff.pk).update(is_active=False)
+
+
+def demote_by_taking_staff(staff):  # type: ignore[no-untyped-def]
+    type(staff).objects.filter(pk=staff.pk).update(is_staff=False)
+
+
+def demote_by_taking_the_permission(staff):  # type: ignore[no-untyped-def]
+    staff.user_permissions.clear()
+
+
+def demote_by_deleting(staff):  # type: ignore[no-untyped-def]
+    staff.delete()
+
+
+@override_settings(JOBSTATE=ALLOW)
+@pytest.mark.parametrize(
+    "demote",
+    [demote_by_deactivating, demote_by_taking_staff, demote_by_taking_the_permission, demote_by_deleting],
+)
+def test_a_global_endpoint_stops_once_who_answers_for_it_may_not_view_every_job(
+    user, staff_user, receiver, demote
+):
+    """A global endpoint kept sending every job's payload after the staff user who made
+    it was made inactive, no longer staff, lost jobstate.view_job or was deleted."""
+    from tests.api_support import grant
+
+    endpoint = make_global(grant(staff_user, "view_job"), receiver.url)
     services.enqueue("test.echo", {}, owner=user)
     drain()
     assert len(receiver.requests) == 1
-    staff_user.delete()
+    services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])
+    demote(staff_user)
+    drain()
+    assert len(receiver.requests) == 1
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled and endpoint.disabled_at is not None
+    assert endpoint.disabled_reason.startswith("disabled: ")
+    assert endpoint.disabled_reason.endswith(answerable.RESUME)
+    assert ("carol, who answers" in endpoint.disabled_reason) == (demote is not demote_by_deleting)
+    skipped = deliveries()[-1]
+    assert skipped.status == "completed"
+    assert skipped.result == {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
+    # Disabled: the next events queue nothing.
     services.enqueue("test.echo", {}, owner=user)
     drain()
-    assert len(receiver.requests) == 2 and WebhookEndpoint.objects.filter(owner=None).count() == 1
+    assert len(receiver.requests) == 1 and len(deliveries()) == 2
+
+
+@override_settings(JOBSTATE=ALLOW)
+def test_whoever_enables_a_stopped_global_endpoint_again_answers_for_it(
+    user, staff_user, admin_user, receiver
+):
+    from tests.api_support import client_for, grant
+
+    endpoint = make_global(grant(staff_user, "view_job"), receiver.url)
+    demote_by_deactivating(staff_user)
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert receiver.requests == []
+    resumed = client_for(admin_user).patch(f"/api/webhooks/{endpoint.pk}/", {"enabled": True}, format="json")
+    assert resumed.status_code == 200, resumed.data
+    assert resumed.data["answerable"] == admin_user.get_username() and resumed.data["disabled_reason"] == ""
+    services.enqueue("test.echo", {}, owner=user)
+    drain()
+    assert len(receiver.requests) == 1
+
+
+def test_a_stop_does_not_undo_a_new_answer(user, staff_user, admin_user):
+    # Read while carol answered for it; admin took it over (and enabled it) before the
+    # delivery wrote: the endpoint stays enabled.
+    endpoint = WebhookEndpoint.objects.create(
+        owner=None, answerable=staff_user, url="https://hooks.example.com/a"
+    )
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answerable=admin_user)
+    assert answerable.lapsed(endpoint)
+    assert "carol" in answerable.stop(endpoint)
+    endpoint.refresh_from_db()
+    assert endpoint.enabled and endpoint.disabled_reason == ""
+
+
+def test_an_owners_endpoint_answers_to_its_owner_only(user, staff_user):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    assert not answerable.lapsed(endpoint)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        WebhookEndpoint.objects.create(owner=user, answerable=staff_user, url="https://hooks.example.com/b")
+
+
+def test_a_stopped_global_endpoint_given_an_owner_does_not_name_who_answered(staff_user):
+    from jobstate.webhooks import ownership
+
+    endpoint = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/a")
+    endpoint.disabled_reason = answerable.reason(staff_user)
+    assert "carol" in endpoint.disabled_reason
+    assert ownership.handed_over(endpoint)["disabled_reason"] == answerable.HANDED_OVER
+
+
+def test_the_migration_disables_with_the_reason_of_no_one_answering():
+    from importlib import import_module
+
+    migration = import_module("jobstate.migrations.0025_webhook_answerable")
+    assert answerable.reason(None) == migration.NO_ONE

@@ -529,7 +529,7 @@ def test_the_admin_marks_the_endpoints_of_an_inactive_owner_as_delivering_nothin
     assert "Owner inactive: nothing is delivered." in shown
     assert "dropped while they are, not queued for later" in shown
     assert "nothing is delivered" not in page(heard) and "Active: their jobs" in page(heard)
-    assert "It belongs to no user" in page(everyone)
+    assert "while the staff user who answers for it" in page(everyone)
     gone.is_active = True
     gone.save()
     assert "nothing is delivered" not in page(quiet)
@@ -755,3 +755,33 @@ def test_deleting_an_endpoint_lists_no_delivery_of_a_previous_owners_job(
     assert "msg_alice" in admin_client.get(page).content.decode()
     assert client.post(page, {"post": "yes"}).status_code == 302
     assert not WebhookEndpoint.objects.exists() and not WebhookDelivery.objects.exists()
+
+
+def test_a_superuser_makes_and_resumes_global_endpoints_and_answers_for_them(admin_client, admin_user, user):
+    from jobstate.webhooks import answerable
+
+    assert admin_client.post(ADD, GOOD).status_code == 302
+    (made,) = WebhookEndpoint.objects.all()
+    assert made.owner_id is None and made.answerable_id == admin_user.pk
+    stopped = WebhookEndpoint.objects.create(
+        owner=None,
+        answerable=user,
+        url="https://hooks.example.com/b",
+        enabled=False,
+        disabled_at=timezone.now(),
+        disabled_reason=answerable.reason(user),
+    )
+    page = f"/admin/jobstate/webhookendpoint/{stopped.pk}/change/"
+    shown = admin_client.get(page).content.decode()
+    assert "while the staff user who answers for it" in shown and "alice, who answers" in shown
+    body = as_loaded(page, admin_client)
+    assert admin_client.post(page, body).status_code == 302  # nothing changed: nobody new answers
+    stopped.refresh_from_db()
+    assert stopped.answerable_id == user.pk and not stopped.enabled
+    assert admin_client.post(page, {**body, "enabled": "on"}).status_code == 302
+    stopped.refresh_from_db()
+    assert stopped.enabled and stopped.disabled_reason == "" and stopped.answerable_id == admin_user.pk
+    response = admin_client.post(page, {**as_loaded(page, admin_client), "owner": str(user.pk)})
+    assert response.status_code == 302, errors(response)
+    stopped.refresh_from_db()
+    assert stopped.owner_id == user.pk and stopped.answerable_id is None  # its owner answers for it

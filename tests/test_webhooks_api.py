@@ -688,7 +688,7 @@ def test_a_get_echoed_back_in_a_put_is_a_400_naming_its_read_only_fields(user):
     shown = client.get(f"{URL}{endpoint.pk}/").json()
     response = client.put(f"{URL}{endpoint.pk}/", {**shown, "description": "new"}, format="json")
     assert response.status_code == 400
-    read_only = {"id", "owner", *WebhookEndpoint.SERVER_FIELDS}
+    read_only = {"id", "owner", "answerable", *WebhookEndpoint.SERVER_FIELDS}
     assert set(response.json()["error"]["fields"]) == read_only
     assert WebhookEndpoint.objects.get().description == ""
     writable = {k: v for k, v in shown.items() if k not in read_only}
@@ -737,3 +737,24 @@ def test_a_secret_is_shown_once_in_the_answer_that_made_it(user, staff_user):
     assert rotated.status_code == 200
     assert rotated.data["secret"] == WebhookEndpoint.objects.get().secret != endpoint.secret
     assert alice.get(page).data["secret"] is None
+
+
+def test_whoever_makes_or_changes_a_global_endpoint_answers_for_it(user, staff_user, admin_user):
+    viewer = grant(staff_user, "view_job")
+    made = client_for(viewer).post(
+        URL, {"url": "https://hooks.example.com/all", "is_global": True}, format="json"
+    )
+    assert made.status_code == 201 and made.data["answerable"] == "carol"
+    page = f"{URL}{made.data['id']}/"
+    assert client_for(admin_user).get(page).data["answerable"] == "carol"  # reading changes nothing
+    changed = client_for(admin_user).patch(page, {"description": "audit feed"}, format="json")
+    assert changed.status_code == 200 and changed.data["answerable"] == admin_user.get_username()
+    assert WebhookEndpoint.objects.get(pk=made.data["id"]).answerable_id == admin_user.pk
+    refused = client_for(admin_user).patch(page, {"answerable": "alice"}, format="json")
+    assert_error(refused, 400, "invalid")
+    # An owner's endpoint is answered for by its owner.
+    owned = client_for(admin_user).patch(page, {"is_global": False}, format="json")
+    assert owned.status_code == 200 and owned.data["answerable"] is None
+    assert WebhookEndpoint.objects.get(pk=made.data["id"]).answerable_id is None
+    mine = client_for(user).post(URL, {"url": "https://hooks.example.com/a"}, format="json")
+    assert mine.data["answerable"] is None

@@ -25,7 +25,7 @@ from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
 from jobstate.models.job import may_view_all
 from jobstate.storable import MAX_DEPTH, text, too_deep
-from jobstate.webhooks import cache, delivery, ownership, validation, visibility
+from jobstate.webhooks import answerable, cache, delivery, ownership, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 # Deliveries to an inactive user's endpoints are skipped (``jobstate.webhooks.outbox``
@@ -167,7 +167,7 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         "disabled_at_column",
         "reason",
     )
-    list_select_related = ("owner",)
+    list_select_related = ("owner", "answerable")
     list_filter = ("enabled",)
     search_fields = ("url", "description")  # and the owner's name: get_search_fields
     raw_id_fields = ("owner",)
@@ -175,6 +175,7 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
     # The secret itself never: shown once, as it is made (``webhook_secret``).
     readonly_fields = (
         "owner_state",
+        "answerable",
         "signing_secret",
         *(f for f in WebhookEndpoint.SERVER_FIELDS if f != "secret"),
     )
@@ -209,9 +210,10 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
             return "-"
         if obj.owner is None:
             return (
-                "Global: hears about every job, whoever owns it. It belongs to no user, not even "
-                "the one who made it (made inactive or deleted, it still receives), until it is "
-                "disabled or deleted."
+                "Global: hears about every job, whoever owns it, while the staff user who answers "
+                "for it (who made it global or last changed it) may view every job. Once they may "
+                "not (inactive, not staff, without jobstate.view_job, deleted) it is disabled at its "
+                "next delivery; whoever enables it again answers for it then."
             )
         if owner_inactive(obj):
             return format_html(
@@ -310,12 +312,17 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool) -> None:
         if not change:
+            obj.answerable = answerable.for_editor(obj.owner, request.user)
             super().save_model(request, obj, form, change)
             return
         # Only what the editor changed since the page loaded: a full-row save undid a
         # rotation or an automatic disable (``enabled`` still ticked on the page) made
         # since then.
         fields = {name for name in form.changed_data if name in form._meta.fields}
+        if fields:
+            # A global endpoint is answered for by whoever last changed it (``answerable``).
+            obj.answerable = answerable.for_editor(obj.owner, request.user)
+            fields.add("answerable")
         if "owner" in fields:
             # Nothing of the previous owner's: failure count, reason, secret (``ownership``);
             # the new secret is shown once after the save (``response_change``).

@@ -5,8 +5,10 @@ their deliveries.
 Scoped like jobs (``permissions.may_view_all``): another user's endpoint is a
 404. A global endpoint hears about every job, so making one is seeing every
 job: only those who may view all jobs may. Staff without the permission are
-ordinary owners here. Seeing is not changing: another user's endpoint, or a
-global one, is changed, rotated or made global only by staff holding
+ordinary owners here. Whoever makes an endpoint global or changes a global one
+answers for it: it stops (is disabled) once they may not view every job
+(``jobstate.webhooks.answerable``). Seeing is not changing: another user's
+endpoint, or a global one, is changed, rotated or made global only by staff holding
 ``jobstate.change_webhookendpoint`` and deleted only with
 ``delete_webhookendpoint`` (a 403 otherwise). Its secret (which lets one forge
 its messages) is shown once, in the answer that made it (creation, rotation).
@@ -43,7 +45,7 @@ from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
-from jobstate.webhooks import ownership, rotation, validation, visibility
+from jobstate.webhooks import answerable, ownership, rotation, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
 
@@ -82,6 +84,11 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
     }
 
     owner = serializers.SerializerMethodField()
+    answerable = serializers.SerializerMethodField(
+        help_text="A global endpoint's: the staff user who made it global or last changed it. It is "
+        "disabled once they may not view every job; null for an owner's endpoint (its owner answers "
+        "for it)."
+    )
     # No default: an update that leaves it out keeps it (a PUT turned a global
     # endpoint into its editor's own); a new endpoint is the caller's unless asked.
     is_global = StrictBooleanField(
@@ -118,12 +125,17 @@ class WebhookEndpointSerializer(StrictInput, OutputSerializer):
             "enabled",
             "is_global",
             "owner",
+            "answerable",
             *WebhookEndpoint.SERVER_FIELDS,
         ]
-        read_only_fields = ["owner", *WebhookEndpoint.SERVER_FIELDS]
+        read_only_fields = ["owner", "answerable", *WebhookEndpoint.SERVER_FIELDS]
 
     def get_owner(self, endpoint: WebhookEndpoint) -> str | None:
         return endpoint.owner.get_username() if endpoint.owner_id is not None and endpoint.owner else None
+
+    def get_answerable(self, endpoint: WebhookEndpoint) -> str | None:
+        user = endpoint.answerable if endpoint.answerable_id is not None else None
+        return user.get_username() if user else None
 
     def to_representation(self, instance: WebhookEndpoint) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -212,7 +224,7 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
 
     def get_queryset(self) -> QuerySet[WebhookEndpoint]:
         user = self.request.user
-        qs = WebhookEndpoint.objects.select_related("owner")
+        qs = WebhookEndpoint.objects.select_related("owner", "answerable")
         if self.action in LOCKED_ACTIONS:
             # Read under the row lock that the write keeps (see ``update``).
             qs = qs.select_for_update(of=("self",))
@@ -241,7 +253,8 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
 
     def perform_create(self, serializer: serializers.BaseSerializer[WebhookEndpoint]) -> None:
         is_global = serializer.validated_data.pop("is_global", False)
-        serializer.save(owner=None if is_global else self.request.user)
+        owner = None if is_global else self.request.user
+        serializer.save(owner=owner, answerable=answerable.for_editor(owner, self.request.user))
 
     def perform_update(self, serializer: serializers.BaseSerializer[WebhookEndpoint]) -> None:
         data = serializer.validated_data
@@ -263,6 +276,9 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         if data.get("enabled") and not endpoint.enabled:
             # Re-enabled by its owner: start counting failures afresh.
             extra |= {"consecutive_failures": 0, "disabled_at": None, "disabled_reason": ""}
+        # A global endpoint is answered for by whoever last changed it (``answerable``).
+        owner = data.get("owner", endpoint.owner)
+        extra["answerable"] = answerable.for_editor(owner, self.request.user)
         serializer.save(**extra)
 
     @extend_schema(summary="Rotate the signing secret", request=RotateSerializer)

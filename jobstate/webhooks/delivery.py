@@ -27,7 +27,7 @@ from django.utils import timezone
 from jobstate import conf, registry
 from jobstate.exceptions import NonRetryable
 from jobstate.storable import text
-from jobstate.webhooks import cache, errors, signing, transport
+from jobstate.webhooks import answerable, cache, errors, signing, transport
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from jobstate.webhooks.outbox import KIND
 
@@ -61,8 +61,10 @@ OWNER_CHANGED = (
 
 def reason_after_owner_change(reason: str) -> str:
     """The ``disabled_reason`` an endpoint keeps when its owner changes: none if it
-    had none, else one that quotes no delivery."""
-    return OWNER_CHANGED if reason else ""
+    had none, else one that quotes no delivery (nor names who answered for it)."""
+    if not reason:
+        return ""
+    return answerable.after_owner_change(reason) or OWNER_CHANGED
 
 
 # What an attempt needs besides the request WEBHOOK_TIMEOUT bounds: the DNS lookup
@@ -116,13 +118,16 @@ def deliver(ctx: Any) -> dict[str, Any]:
     if ctx.job.owner_id is not None:
         # Only the outbox queues deliveries (as system jobs); refuse one a user queued.
         raise NonRetryable("webhook deliveries are queued by jobstate only")
-    endpoint = WebhookEndpoint.objects.select_related("owner").filter(pk=params["endpoint"]).first()
+    endpoints = WebhookEndpoint.objects.select_related("owner", "answerable")
+    endpoint = endpoints.filter(pk=params["endpoint"]).first()
     if endpoint is None:
         return {"skipped": ENDPOINT_DELETED}
     if not endpoint.enabled:
         return {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
     if endpoint.owner is not None and not getattr(endpoint.owner, "is_active", True):
         return {"skipped": OWNER_INACTIVE}
+    if answerable.lapsed(endpoint):
+        return {"skipped": f"endpoint disabled: {answerable.stop(endpoint)}"}
     job = Job.objects.select_related("owner").prefetch_related("steps").filter(pk=params["job"]).first()
     if job is None:
         return {"skipped": "job deleted"}

@@ -44,7 +44,8 @@ class WebhookEndpoint(models.Model):
     """Where to tell someone that their jobs changed.
 
     An owner's endpoint hears about that owner's jobs; a global one (no owner,
-    staff only) about every job.
+    staff only) about every job, while the staff user ``answerable`` for it may
+    view every job (``jobstate.webhooks.answerable``).
     """
 
     # Written by jobstate, never by the endpoint's owner (read-only in the API and admin).
@@ -66,6 +67,16 @@ class WebhookEndpoint(models.Model):
         related_name="jobstate_webhooks",
         help_text="Empty: a global endpoint that hears about every job (staff only).",
     )
+    answerable = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        editable=False,
+        related_name="jobstate_answerable_webhooks",
+        help_text="Global endpoints only: the staff user who made it or last changed it. It is "
+        "disabled at its next delivery once they may not view every job.",
+    )
     url = models.URLField(max_length=1000)
     description = models.CharField(max_length=200, blank=True, default="")
     events = models.JSONField(default=default_events, help_text="Event types wanted.")
@@ -86,6 +97,13 @@ class WebhookEndpoint(models.Model):
         app_label = "jobstate"
         ordering = ("-created_at", "-id")
         indexes = [models.Index(fields=["enabled", "owner"], name="jobstate_webhook_enabled_idx")]
+        constraints = [
+            # An owner's endpoint is answered for by its owner.
+            models.CheckConstraint(
+                condition=Q(owner__isnull=True) | Q(answerable__isnull=True),
+                name="jobstate_webhook_answerable_global",
+            ),
+        ]
         verbose_name = "webhook endpoint"
 
     def __str__(self) -> str:
