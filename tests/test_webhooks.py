@@ -203,6 +203,18 @@ def test_a_rotated_secret_signs_twice_during_the_overlap(user, receiver):
     assert endpoint.signing_secrets() == [endpoint.secret]
 
 
+@override_settings(JOBSTATE=ALLOW)
+def test_a_delivery_to_an_endpoint_disabled_by_hand_is_skipped_without_a_dangling_colon(user, receiver):
+    endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)
+    services.enqueue("test.echo", {}, owner=user)
+    drain(kinds=["test.echo"])  # its events' deliveries are queued, not yet run
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(enabled=False)  # the admin's checkbox
+    drain()
+    assert receiver.requests == []
+    skipped = {tuple(j.result.items()) for j in Job.objects.filter(kind=outbox.KIND)}
+    assert skipped == {(("skipped", "endpoint disabled"),)}
+
+
 @override_settings(JOBSTATE={**ALLOW, "WEBHOOK_DISABLE_AFTER": 3, "WEBHOOK_MAX_ATTEMPTS": 2})
 def test_an_endpoint_that_keeps_failing_is_disabled_and_says_why(user, receiver):
     endpoint = WebhookEndpoint.objects.create(owner=user, url=receiver.url)

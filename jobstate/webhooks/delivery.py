@@ -123,7 +123,9 @@ def deliver(ctx: Any) -> dict[str, Any]:
     if endpoint is None:
         return {"skipped": ENDPOINT_DELETED}
     if not endpoint.enabled:
-        return {"skipped": f"endpoint disabled: {endpoint.disabled_reason}"}
+        # One disabled by hand (the admin's checkbox) has no reason: no dangling colon.
+        reason = endpoint.disabled_reason.strip()
+        return {"skipped": f"endpoint disabled: {reason}" if reason else "endpoint disabled"}
     if endpoint.owner is not None and not getattr(endpoint.owner, "is_active", True):
         return {"skipped": OWNER_INACTIVE}
     if answerable.lapsed(endpoint):
