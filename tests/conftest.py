@@ -83,6 +83,26 @@ def _cheap_flush(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]
 
 
 @pytest.fixture
+def vacuumed_jobs() -> Iterator[Any]:
+    """For a plan test that commits many jobs (``django_db(transaction=True)``): call it
+    after creating them. On PostgreSQL, VACUUM ANALYZE marks their pages all-visible, as
+    autovacuum does a table's (an index-only scan then visits no row). Afterwards the
+    jobs are deleted and the table vacuumed again, so that autovacuum does not come to
+    analyze it while a later test plans a query on rows it has not committed."""
+
+    def vacuum() -> None:
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM ANALYZE jobstate_job")
+
+    yield vacuum
+    from jobstate.models import Job
+
+    Job.objects.all().delete()
+    vacuum()
+
+
+@pytest.fixture
 def user(django_user_model):  # type: ignore[no-untyped-def]
     return django_user_model.objects.create_user("alice", password="pw-alice-123")
 

@@ -154,3 +154,70 @@ def test_a_parents_page_counts_a_large_fan_out_in_as_many_queries_whatever_its_s
     many = queries(admin_client, page)
     assert len(many) == len(few), many
     assert ">19 child jobs</a>" in admin_client.get(page).content.decode()
+
+
+def _plan(sql: str) -> str:
+    with connection.cursor() as cursor:
+        explain = "EXPLAIN" if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN"
+        cursor.execute(f"{explain} {sql}")
+        return str(cursor.fetchall())
+
+
+# Committed rows, which VACUUM marks all-visible (``vacuumed_jobs``).
+@pytest.mark.django_db(transaction=True)
+def test_a_parents_page_reads_only_the_children_it_shows_through_the_parent_status_index(
+    admin_client: Any, vacuumed_jobs: Any
+) -> None:
+    # The page read its children twice: ranked failed first (every child sorted for
+    # the first 21), then counted by status. It counts them from the (parent, status)
+    # index alone and then reads the rows it shows, each status's by that index.
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from jobstate.admin import job_page
+    from jobstate.states import Status
+
+    parent = processing()
+    now = timezone.now()
+
+    def jobs(n: int, status: str, of: Job | None) -> list[Job]:
+        ended = {"finished_at": now} if status != Status.QUEUED else {}
+        error = {"error_message": "boom"} if status == Status.FAILED else {}
+        return [Job(kind="test.echo", status=status, parent=of, **ended, **error) for _ in range(n)]
+
+    Job.objects.bulk_create(
+        jobs(1000, Status.COMPLETED, None)  # other jobs
+        + jobs(300, Status.QUEUED, None)
+        + jobs(200, Status.FAILED, None)
+        + jobs(1500, Status.COMPLETED, parent)  # the parent's
+        + jobs(30, Status.QUEUED, parent)
+        + jobs(5, Status.FAILED, parent)
+    )
+    vacuumed_jobs()
+    page = reverse("admin:jobstate_job_change", args=[parent.pk])
+    html = admin_client.get(page).content.decode()
+    assert ">1,535 child jobs</a>" in html and "5 failed</a> · " in html
+    listed = html[html.index('class="js-children"') :]
+    listed = listed[: listed.index("</ul>")]
+    assert (
+        listed.count("js-badge-failed") == 5
+        and listed.count("js-badge-queued") == job_page.CHILDREN_SHOWN - 5
+    )
+
+    ours = [sql for sql in queries(admin_client, page) if "parent_id" in sql and "retry_of_id" not in sql]
+    (count,) = [sql for sql in ours if "GROUP BY" in sql]
+    shown = [sql for sql in ours if "GROUP BY" not in sql]
+    if connection.vendor == "postgresql":
+        assert "Index Only Scan using jobstate_job_parent_status_idx" in _plan(count)
+        for sql in shown:
+            plan = _plan(sql)
+            assert "Index Scan using jobstate_job_parent_status_idx" in plan and "Sort" not in plan, plan
+    else:
+        assert "USING COVERING INDEX jobstate_job_parent_status_idx (parent_id=?)" in _plan(count)
+        for sql in shown:
+            plan = _plan(sql)
+            assert "INDEX jobstate_job_parent_status_idx (parent_id=? AND status>? AND status<?)" in plan, (
+                plan
+            )
+            assert "TEMP B-TREE" not in plan, plan
+    assert len(shown) == 2, shown  # the failed ones, then 15 of the queued ones

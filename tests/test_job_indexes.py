@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import UniqueConstraint, Value
 from django.utils import timezone
 
@@ -139,3 +139,41 @@ def test_each_step_of_a_system_job_writes_entries_into_few_indexes():
         "jobstate_job_finished_idx",
         "jobstate_job_kind_idx",
     }
+
+
+# Committed rows, which VACUUM marks all-visible (``vacuumed_jobs``).
+@pytest.mark.django_db(transaction=True)
+def test_the_fan_in_check_after_a_childs_outcome_reads_only_the_active_childrens_entries(vacuumed_jobs):
+    # After each child's outcome, wake_parent_if_done asks whether any child is still
+    # active. The parent index held the parent alone, so that read every child of it
+    # (the rows too, for their status) until it met an active one: as a fan-out
+    # drains, most of its children, once per child. (parent, status) finds them.
+    from django.test.utils import CaptureQueriesContext
+
+    from jobstate.services.transitions import wake_parent_if_done
+
+    parent = services.enqueue("test.echo", {})
+    now = timezone.now()
+    Job.objects.bulk_create(
+        [Job(kind="test.echo", status=Status.COMPLETED, finished_at=now) for _ in range(1000)]
+        + [
+            Job(kind="test.echo", status=Status.COMPLETED, finished_at=now, parent=parent)
+            for _ in range(1500)
+        ]
+        + [Job(kind="test.echo", parent=parent)]
+    )
+    vacuumed_jobs()
+    with CaptureQueriesContext(connection) as seen, transaction.atomic():  # as after an outcome
+        assert wake_parent_if_done(parent.pk) is False  # a child is still queued
+    (sql,) = [q["sql"] for q in seen.captured_queries if "parent_id" in q["sql"] and "LIMIT 1" in q["sql"]]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"EXPLAIN {sql}")
+            plan = str(cursor.fetchall())
+            assert "Index Only Scan using jobstate_job_parent_status_idx" in plan and "Filter" not in plan, (
+                plan
+            )
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            plan = str(cursor.fetchall())
+            assert "COVERING INDEX jobstate_job_parent_status_idx (parent_id=? AND status=?)" in plan, plan

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.db.models import Case, Count, Q, Value, When
+from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -248,23 +248,25 @@ class JobPageFields(_JobAdmin):
 
 def _children(parent: Job) -> SafeString:
     """How many child jobs of each status, and the first ``CHILDREN_SHOWN`` of them,
-    failed ones first, each with its status. One query when they are all shown; past
-    that one more, grouped by status: one pass over the children (the ranked read
-    makes one too), where a capped count per status could make one per status."""
+    failed ones first, each with its status. One pass over the children, the count by
+    status, which reads the ``(parent, status)`` index alone; then only the rows shown,
+    a bounded read of that index for each status among them (a constant number of
+    queries, whatever the number of children)."""
     children = Job.objects.filter(parent=parent.pk).order_by()
-    rank = Case(
-        *(When(status=status, then=Value(i)) for i, status in enumerate(CHILD_ORDER)),
-        default=Value(len(CHILD_ORDER)),
-    )
-    rows = list(children.order_by(rank, "pk").values_list("pk", "kind", "status")[: CHILDREN_SHOWN + 1])
-    if not rows:
+    counts = dict(children.values_list("status").annotate(n=Count("*")).values_list("status", "n"))
+    if not counts:
         return SafeString("")
-    counts: dict[str, int] = {}
-    if len(rows) <= CHILDREN_SHOWN:
-        for _pk, _kind, status in rows:
-            counts[status] = counts.get(status, 0) + 1
-    else:
-        counts = dict(children.values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
+    rows: list[tuple[Any, str, str]] = []
+    left = CHILDREN_SHOWN
+    for status in sorted(counts, key=CHILD_ORDER.index):
+        if not left:
+            break
+        take = min(counts[status], left)
+        rows += _first(children, status, take)
+        left -= take
+    # Counted a moment ago: a child that changed status since may be read twice.
+    unique = {pk: (pk, kind, status) for pk, kind, status in rows}.values()
+    rows = sorted(unique, key=lambda row: (CHILD_ORDER.index(row[2]), row[0]))
     total = sum(counts.values())
     changelist = f"{reverse('admin:jobstate_job_changelist')}?parent__id__exact={parent.pk}"
     head = format_html(
@@ -285,15 +287,22 @@ def _children(parent: Job) -> SafeString:
     shown = format_html_join(
         "",
         '<li>{} <a href="{}"><code>{}</code></a> {}</li>',
-        (
-            (display.status_badge(status), job_url(pk), short(pk), kind)
-            for pk, kind, status in rows[:CHILDREN_SHOWN]
-        ),
+        ((display.status_badge(status), job_url(pk), short(pk), kind) for pk, kind, status in rows),
     )
     more = ""
-    if len(rows) > CHILDREN_SHOWN:
+    if total > len(rows):
         more = format_html('<li><a href="{}">all child jobs</a></li>', changelist)
     return format_html('{}<ul class="js-children">{}{}</ul>', head, shown, more)
+
+
+def _first(children: Any, status: str, n: int) -> list[tuple[Any, str, str]]:
+    """``n`` of the children of ``status``, the first the ``(parent, status)`` index
+    holds. The status is asked as a range of one value, in whose order the rows come:
+    an order that index gives, so the planner reads ``n`` of its entries. Asked with
+    ``=``, PostgreSQL may read the table until it meets ``n`` such rows, all of it
+    when the parent's rows are at its end (its guess for a LIMIT over many rows)."""
+    of_status = children.filter(status__gte=status, status__lte=status).order_by("status")
+    return list(of_status.values_list("pk", "kind", "status")[:n])
 
 
 def _relative(moment: datetime | None, past_word: str) -> SafeString:
