@@ -15,7 +15,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("jobstate", "0024_asset_indexes"),
+        ("jobstate", "0025_webhook_answerable"),
     ]
 
     operations = [
