@@ -169,6 +169,22 @@ def test_summary_times_read_as_the_history_times(admin_client: Any, settings: An
     assert shown("Finished at") == exact(job.finished_at)
 
 
+def test_an_asset_s_time_reads_as_the_page_s_other_times(
+    admin_client: Any, settings: Any, tmp_path: Any
+) -> None:
+    # It read "Nov. 30, 2026, 1:22 p.m." (Django's, to the minute) under the history's
+    # "2026-11-30 13:22:41.156".
+    from django.utils import timezone
+
+    settings.MEDIA_ROOT = tmp_path
+    settings.TIME_ZONE = "Asia/Kolkata"
+    job = processing()
+    asset = services.add_asset(job, asset_type="report", name="a.csv", content=b"a\n", token=job.lease_token)
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert timezone.localtime(asset.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] in html
+    assert "p.m." not in html and "a.m." not in html
+
+
 def test_the_start_shown_is_named_the_last_runs(admin_client: Any) -> None:
     # It was "Started at", beside a history whose first claim is earlier: a job run
     # again keeps only its latest run's start.

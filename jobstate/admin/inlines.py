@@ -221,7 +221,7 @@ class AssetInline(CappedInline):
         "asset_type",
         "size_display",
         "content_type",
-        "created_at",
+        "created_display",
         "attempt_display",
         "download",
     )
@@ -235,6 +235,10 @@ class AssetInline(CappedInline):
     @admin.display(description="size")
     def size_display(self, obj: Asset) -> str:
         return display.file_size(obj.size) if obj.file else "-"
+
+    @admin.display(description="created at")
+    def created_display(self, obj: Asset) -> str:
+        return display.exact_time(obj.created_at)  # as the page's other times
 
     @admin.display(description="attempt")
     def attempt_display(self, obj: Asset) -> SafeString:
