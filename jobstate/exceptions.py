@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator, Mapping
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -119,12 +121,36 @@ class UnknownKind(ValidationError):
 
 
 class InvalidParameters(ValidationError):
-    """Parameters failed the handler's schema; ``errors`` maps field to messages."""
+    """Parameters failed the handler's schema. ``errors`` is the serializer's errors
+    as plain data, the REST API's ``fields.parameters``: field to messages, a nested
+    field to its own dict (a list's item by its index, as text). ``messages`` has one
+    ``"path.to.field: message"`` per error."""
 
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        self.errors = {k: [str(m) for m in v] if isinstance(v, list) else v for k, v in errors.items()}
-        flat = [f"{field}: {msgs}" for field, msgs in self.errors.items()]
-        super().__init__({"parameters": flat}, code="invalid_parameters")
+    def __init__(self, errors: Mapping[str, Any]) -> None:
+        self.errors: dict[str, Any] = _plain(errors)
+        super().__init__({"parameters": list(_lines(self.errors, ""))}, code="invalid_parameters")
+
+
+def _plain(errors: Any) -> Any:
+    """DRF's error tree (``ErrorDetail``, integer keys) as strings, lists and dicts."""
+    if isinstance(errors, Mapping):
+        return {str(k): _plain(v) for k, v in errors.items()}
+    if isinstance(errors, list | tuple):
+        return [_plain(v) for v in errors]
+    return str(errors)
+
+
+def _lines(errors: Any, path: str) -> Iterator[str]:
+    if isinstance(errors, dict):
+        for key, value in errors.items():
+            yield from _lines(value, f"{path}.{key}" if path else key)
+    elif isinstance(errors, list):
+        # Messages, or one dict per item (empty if valid), as a validate() may raise.
+        nested = any(isinstance(v, dict | list) for v in errors)
+        for index, value in enumerate(errors):
+            yield from _lines(value, f"{path}.{index}" if nested else path)
+    else:
+        yield f"{path}: {errors}" if path else errors
 
 
 class Interrupted(BaseException):

@@ -7,8 +7,9 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from rest_framework import serializers
 
-from jobstate import InvalidTransition, LeaseLost, UnknownKind, services
+from jobstate import InvalidParameters, InvalidTransition, LeaseLost, UnknownKind, registry, services
 from jobstate.exceptions import CancelRequested
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.states import Status
@@ -50,6 +51,48 @@ def test_bad_values_write_nothing(options):
     with pytest.raises(ValidationError):
         services.enqueue("test.echo", {}, **options)
     assert Job.objects.count() == 0
+
+
+def test_invalid_parameters_read_as_one_message_per_error():
+    with pytest.raises(InvalidParameters) as refused:
+        services.enqueue("test.schema", {"width": 0, "label": "x" * 60})
+    assert refused.value.messages == [
+        "width: Ensure this value is greater than or equal to 1.",
+        "label: Ensure this field has no more than 50 characters.",
+    ]
+    assert refused.value.errors == {
+        "width": ["Ensure this value is greater than or equal to 1."],
+        "label": ["Ensure this field has no more than 50 characters."],
+    }
+    assert Job.objects.count() == 0
+
+
+class Row(serializers.Serializer):
+    name = serializers.CharField()
+
+
+class Nested(serializers.Serializer):
+    rows = Row(many=True)
+    sizes = serializers.ListField(child=serializers.IntegerField())
+    first = Row()
+
+
+def test_nested_invalid_parameters_name_their_path():
+    spec = registry.HandlerSpec(name="nested", func=lambda ctx: None, schema=Nested)
+    with pytest.raises(InvalidParameters) as refused:
+        spec.validate({"rows": [{"name": "a"}, {}], "sizes": [1, "x"], "first": {}})
+    assert refused.value.messages == [
+        "rows.1.name: This field is required.",
+        "sizes.1: A valid integer is required.",
+        "first.name: This field is required.",
+    ]
+    assert refused.value.errors == {
+        "rows": {"1": {"name": ["This field is required."]}},
+        "sizes": {"1": ["A valid integer is required."]},
+        "first": {"name": ["This field is required."]},
+    }
+    # A validate() may raise one dict per item, empty for a valid one.
+    assert InvalidParameters({"rows": [{}, {"name": ["Taken."]}]}).messages == ["rows.1.name: Taken."]
 
 
 def test_full_lifecycle_with_progress():

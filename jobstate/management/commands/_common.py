@@ -23,7 +23,6 @@ from django.db.migrations import Migration
 from django.db.migrations.executor import MigrationExecutor
 
 from jobstate import services
-from jobstate.exceptions import InvalidParameters
 from jobstate.models import Job
 
 # A shell's status for a process that SIGPIPE ended (128 + 13), as `git log | head` leaves.
@@ -349,8 +348,6 @@ def get_job(raw: str) -> Job:
 
 def one_line(exc: BaseException) -> str:
     """A ValidationError's messages (``field: message; ...``) or the error's text."""
-    if isinstance(exc, InvalidParameters):
-        return "; ".join(f"parameters: {field}: {_flat(errors)}" for field, errors in exc.errors.items())
     if isinstance(exc, ValidationError):
         if hasattr(exc, "error_dict"):
             parts = []
@@ -360,14 +357,6 @@ def one_line(exc: BaseException) -> str:
             return "; ".join(parts)
         return "; ".join(str(m) for m in exc.messages)
     return str(exc).replace("\n", " ")
-
-
-def _flat(errors: object) -> str:
-    if isinstance(errors, dict):
-        return "; ".join(f"{k}: {_flat(v)}" for k, v in errors.items())
-    if isinstance(errors, (list, tuple)):
-        return " ".join(_flat(e) for e in errors)
-    return str(errors)
 
 
 def fail(exc: BaseException, prefix: str = "") -> CommandError:
