@@ -21,7 +21,7 @@ from django.test import override_settings
 
 import jobstate
 from jobstate import conf, services, settings_checks
-from jobstate.worker.checks import BROKER, sqlite_warnings
+from jobstate.worker.checks import BROKER, sqlite_options_errors, sqlite_warnings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -136,6 +136,7 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
     ):
         found += run_checks(tags=["jobstate"])
     found += sqlite_warnings({"ENGINE": "django.db.backends.sqlite3", "OPTIONS": {}})  # W009
+    found += sqlite_options_errors("default", {"OPTIONS": {"timeout": 30}}, "postgresql")  # E013
     found += settings_checks.problems([])  # E001
     found += settings_checks.problems({"LEASE_SECOND": 60, "RETENTION_DAYS": "thirty"})  # E002, E003
     found += settings_checks.problems({"PREFETCH_SECONDS": 0.5})  # W010

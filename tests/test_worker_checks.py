@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.conf import settings
-from django.core.checks import run_checks
+from django.core.checks import ERROR, run_checks
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 
-from jobstate.worker.checks import sqlite_warnings
+from jobstate.worker.checks import check_sqlite_options, sqlite_options_errors, sqlite_warnings
 
 GOOD: dict[str, Any] = dict(settings.Q_CLUSTER)
 SQLITE_OK = {
@@ -97,6 +100,31 @@ def test_w009_sqlite_without_wal_immediate_and_busy_timeout(options):
     assert sqlite_warnings({"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}) == []
     (warning,) = sqlite_warnings({**SQLITE_OK, "OPTIONS": options})
     assert warning.id == "jobstate.W009"
+
+
+def test_e013_sqlite_options_on_another_engine():
+    # A project that moved from SQLite to PostgreSQL kept its OPTIONS: check passed,
+    # then migrate failed with 'invalid connection option "init_command"'.
+    postgres = {"ENGINE": "django.db.backends.postgresql", "OPTIONS": SQLITE_OK["OPTIONS"]}
+    (error,) = sqlite_options_errors("default", postgres, "postgresql")
+    assert error.id == "jobstate.E013" and error.level == ERROR
+    assert "'init_command', 'transaction_mode', 'timeout'" in error.msg
+    assert "DATABASES['default']" in error.msg and "django.db.backends.sqlite3" in error.hint
+    (error,) = sqlite_options_errors("other", {**postgres, "ENGINE": "x.mysql"}, "mysql")
+    assert "'init_command'" not in error.msg  # MySQL's driver takes one
+    assert sqlite_options_errors("default", SQLITE_OK, "sqlite") == []
+    assert (
+        sqlite_options_errors("default", {**postgres, "OPTIONS": {"sslmode": "require"}}, "postgresql") == []
+    )
+    assert sqlite_options_errors("default", {"ENGINE": "django.db.backends.postgresql"}, "postgresql") == []
+
+
+def test_e013_reads_every_database_by_its_backend():
+    assert "jobstate.E013" not in ids()  # the project's settings, SQLite or PostgreSQL
+    databases = {"default": {**settings.DATABASES["default"], "OPTIONS": {"transaction_mode": "IMMEDIATE"}}}
+    with mock.patch("jobstate.worker.checks.settings", SimpleNamespace(DATABASES=databases)):
+        found = [error.id for error in check_sqlite_options()]
+    assert found == ([] if connection.vendor == "sqlite" else ["jobstate.E013"])
 
 
 def test_w014_prune_budget_not_well_below_the_cluster_timeout(settings):

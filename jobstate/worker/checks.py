@@ -9,7 +9,8 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core.checks import Warning, register
+from django.core.checks import Error, Warning, register
+from django.db import connections
 
 from jobstate import conf, registry
 from jobstate.worker.limits import hard_limit_for
@@ -196,6 +197,38 @@ def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 @register("jobstate")
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     return sqlite_warnings(settings.DATABASES.get("default", {}))
+
+
+# The OPTIONS W009 asks of SQLite, which only Django's SQLite backend reads: another
+# backend hands them to its driver, which refuses to connect (psycopg: 'invalid
+# connection option "init_command"'), so migrate is the first to fail.
+SQLITE_OPTIONS = ("init_command", "transaction_mode", "timeout")
+DRIVER_TAKES = {"mysql": {"init_command"}}
+
+
+@register("jobstate")
+def check_sqlite_options(app_configs: Any = None, **kwargs: Any) -> list[Error]:
+    return [
+        error
+        for alias, db in settings.DATABASES.items()
+        for error in sqlite_options_errors(alias, db, connections[alias].vendor)
+    ]
+
+
+def sqlite_options_errors(alias: str, db: Mapping[str, Any], vendor: str) -> list[Error]:
+    options = db.get("OPTIONS") or {}
+    taken = DRIVER_TAKES.get(vendor, set())
+    wrong = [key for key in SQLITE_OPTIONS if key in options and key not in taken]
+    if vendor == "sqlite" or not wrong:
+        return []
+    return [
+        Error(
+            f"DATABASES[{alias!r}]['OPTIONS'] has SQLite's {', '.join(map(repr, wrong))} but its ENGINE "
+            f"is {db.get('ENGINE')!r}: connections will fail ({vendor} does not take them).",
+            hint=f"Set these OPTIONS only when the ENGINE is django.db.backends.sqlite3. {DOCS}",
+            id="jobstate.E013",
+        )
+    ]
 
 
 def sqlite_warnings(db: Mapping[str, Any]) -> list[Warning]:
