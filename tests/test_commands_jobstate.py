@@ -13,8 +13,10 @@ import pytest
 from django.core.management import CommandError, call_command, get_commands, load_command_class
 from django.test import override_settings
 from django.utils import timezone
+from django.utils.html import strip_tags
 
 from jobstate import services
+from jobstate.admin.inlines import EventColumns
 from jobstate.models import Asset, Job, JobEvent, JobStep
 from jobstate.services import control
 from jobstate.states import Status
@@ -295,6 +297,18 @@ def test_show_prints_status_progress_attempts_and_history(user: Any) -> None:
     data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
     assert (data["status"], data["progress"], data["attempts"]) == ("processing", 42, 1)
     assert [h["transition"] for h in data["history"]][-1] == "request_cancel"
+
+
+def test_show_names_the_user_who_acted_as_the_admin_does(user: Any) -> None:
+    # It printed "api" where the admin's history shows "api (alice)".
+    job = services.enqueue("test.echo", owner=user, actor=services.Actor.api(user))
+    services.request_cancel(job, services.Actor("ops"), "")
+    history = run("jobstate", "show", str(job.pk))[0].splitlines()[-2:]
+    assert history[0].endswith(" enqueue          api (alice)") and history[1].endswith(" ops")
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert [(h["actor"], h["actor_user"]) for h in data["history"]] == [("api", "alice"), ("ops", None)]
+    for event in JobEvent.objects.select_related("actor"):
+        assert strip_tags(EventColumns().actor_display(event)) == event.actor_text
 
 
 def test_show_json_has_what_the_text_shows() -> None:

@@ -126,9 +126,10 @@ class EventColumns:
 
     @admin.display(description="actor")
     def actor_display(self, obj: JobEvent) -> SafeString:
-        if obj.actor is None:
-            return format_html("{}", obj.actor_label or "-")
-        return format_html("{} <span class='js-muted'>({})</span>", obj.actor_label, obj.actor.get_username())
+        user = obj.actor_user
+        if user is None:
+            return format_html("{}", obj.actor_text)
+        return format_html("{} <span class='js-muted'>({})</span>", obj.actor_label, user)
 
     @admin.display(description="reason")
     def reason_display(self, obj: JobEvent) -> str:

@@ -63,3 +63,15 @@ class JobEvent(models.Model):
         if self.pk is not None and not self._state.adding:
             raise ValueError("JobEvent rows are append-only")
         super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def actor_user(self) -> str | None:
+        """The username of the user who acted, if one did (and still exists)."""
+        return self.actor.get_username() if self.actor_id is not None and self.actor else None
+
+    @property
+    def actor_text(self) -> str:
+        """Who made the change, as the admin and ``manage.py jobstate show`` print it:
+        its label, with the user's name when a user acted (``api (alice)``)."""
+        user = self.actor_user
+        return f"{self.actor_label} ({user})" if user is not None else self.actor_label or "-"

@@ -98,7 +98,7 @@ def lines(shown: Shown) -> Iterator[str]:
     for e in shown.events:
         change = f"{e.from_status or '-'} -> {e.to_status}"
         reason = f"  {e.reason}" if e.reason else ""
-        yield f"  {_when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_label}{reason}"
+        yield f"  {_when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_text}{reason}"
     if shown.assets:  # none: no heading, as the admin's job page has no empty table
         total = shown.assets_total
         yield f"assets     ({total} asset{'s' if total != 1 else ''})"
@@ -159,6 +159,7 @@ def as_dict(shown: Shown) -> dict[str, Any]:
                 "to": e.to_status,
                 "transition": e.transition,
                 "actor": e.actor_label,
+                "actor_user": e.actor_user,
                 "reason": e.reason,
             }
             for e in shown.events
