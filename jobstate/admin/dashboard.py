@@ -11,13 +11,15 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.apps import apps
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError, transaction
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 
-from jobstate import stuck
+from jobstate import conf, stuck
 from jobstate.admin import charts, display, stats, workers
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.admin.views import page_context
@@ -129,8 +131,33 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         stuck_failed=sum(min(BADGE_CAP, n) for c, n in stuck_counts.items() if c not in stuck_active),
         stuck_failed_capped=any(n > BADGE_CAP for c, n in stuck_counts.items() if c not in stuck_active),
         colours=colours,
+        schedules_missing=_schedules_missing(),
     )
     return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)
+
+
+def _schedules_missing() -> str:
+    """What does not run for want of ``manage.py jobstate_schedule`` ("" when it ran):
+    nothing else tells an operator, and the job table grows for good without the prune."""
+    if not apps.is_installed("django_q"):
+        return ""  # W013 says so: no worker runs anything
+    from jobstate.worker import schedules
+
+    try:
+        with transaction.atomic():  # a savepoint: the page's other queries still run
+            missing = {item.name for item in schedules.missing()}
+    except DatabaseError:  # django-q2 not migrated: its Schedule table is missing
+        missing = {item.name for item in schedules.wanted()}
+    if not missing:
+        return ""
+    lost = []
+    if schedules.PRUNE in missing:
+        lost.append(f"finished jobs are never deleted (RETENTION_DAYS is {conf.get('RETENTION_DAYS')})")
+    lost.append("worker processes gone for a day stay listed and the clusters' reaper has no backstop")
+    return (
+        f"jobstate's schedules are not installed: {'; '.join(lost)}. Run manage.py jobstate_schedule "
+        "once per database, after migrate."
+    )
 
 
 def _total_label(counted: CappedPaginator) -> str:

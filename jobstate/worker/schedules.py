@@ -94,6 +94,15 @@ def install(prune: bool = True, cluster: str | None = None) -> dict[str, str]:
     return outcome
 
 
+def missing() -> list[Wanted]:
+    """The schedules that do not run because ``jobstate_schedule`` never ran (or was
+    given ``--remove``): it always installs the reaper's, so that one's row says it
+    ran; a prune left out by ``--no-prune`` is the operator's choice."""
+    if Schedule.objects.filter(name=REAPER).exists():
+        return []
+    return wanted()
+
+
 def pinned() -> dict[str, str]:
     """jobstate's schedules that name a cluster: ``{name: cluster}``."""
     found = Schedule.objects.filter(name__in=[REAPER, PRUNE], cluster__isnull=False)

@@ -26,6 +26,7 @@ from django.utils import timezone
 from jobstate import services
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.services import workers
+from jobstate.worker import schedules
 from tests.browser.conftest import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -41,6 +42,7 @@ def seed(users: list[Any], temp_handler: Any) -> Job:
     for kind, timeout in KINDS.items():
         temp_handler(kind, timeout=timeout, max_attempts=3)
     temp_handler("legacy.export", timeout=60)
+    schedules.install()  # as a deployed project has them: the dashboard warns without
     now = timezone.now()
     # A day of finished work, denser in the last hour, for the charts.
     for i in range(240):
