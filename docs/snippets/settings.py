@@ -20,8 +20,7 @@ JOBSTATE = {
 
 # SQLite: the web server and every worker process write to one file. WAL, IMMEDIATE
 # transactions and a busy timeout keep them from failing with "database is locked"
-# (the jobstate.W009 check warns without them). Leave this out on PostgreSQL, which
-# refuses these options (jobstate.E013).
+# (jobstate.W009 warns without them). Not on PostgreSQL, which refuses them (E013).
 DATABASES["default"]["OPTIONS"] = {
     "init_command": "PRAGMA journal_mode=WAL;",
     "transaction_mode": "IMMEDIATE",
