@@ -9,8 +9,9 @@ them, and nothing here is a second way of running a job.
 Inside such a transaction the worker's heartbeat thread, on a connection of its
 own, cannot see the job: the progress it would write later (``ctx.progress``
 calls closer together than ``PROGRESS_FLUSH_SECONDS``) is written at once by the
-handler instead, or on PostgreSQL the heartbeat found no job and the handler was
-interrupted as if its lease were lost.
+handler instead, and the lease is not renewed (``IN_TRANSACTION``); on PostgreSQL
+the heartbeat found no job and the handler was interrupted as if its lease were
+lost.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 from jobstate.models import Job
 from jobstate.worker import runner
@@ -28,6 +30,12 @@ from jobstate.worker import runner
 __all__ = ["drain", "transitions"]
 
 WORKER_ID = "test"
+
+# Inside a test's transaction: each progress call written at once, and no lease
+# renewal (the heartbeat's connection cannot see the job, nor does the lease's
+# renewal, which waits for a commit, ever come): a lease longer than any test's
+# handler, which its own timeout still bounds.
+IN_TRANSACTION = {"PROGRESS_FLUSH_SECONDS": 0, "HEARTBEAT_SECONDS": 3600, "LEASE_SECONDS": 7200}
 
 
 def drain(*, kinds: list[str] | None = None, max_jobs: int = 1000, now: datetime | None = None) -> int:
@@ -37,14 +45,17 @@ def drain(*, kinds: list[str] | None = None, max_jobs: int = 1000, now: datetime
 
     ``kinds``: only jobs of these kinds (a list of kind names; None: every kind).
     ``max_jobs``: stop after that many runs. ``now``: run the jobs due by then too,
-    as if the clock read ``now`` (a timezone-aware datetime when ``USE_TZ``): a
-    retry waiting out its backoff, a ``Suspend(until=...)``; the claim is recorded
-    at ``now``, the rest of the history at the real time."""
+    as if the clock read ``now`` (a timezone-aware datetime when ``USE_TZ``; one
+    in the past is taken as the real time): a retry waiting out its backoff, a
+    ``Suspend(until=...)``; the claim is recorded at ``now``, the rest of the
+    history at the real time. The handlers' clock does not move: one that
+    suspends itself until a time after the real one (``timezone.now() + 5 min``)
+    is due again by ``now`` at once, and runs until ``max_jobs``."""
+    if now is not None:
+        now = max(now, timezone.now())  # a past one would leave out the jobs due now
     if not connection.in_atomic_block:
         return runner.drain(WORKER_ID, kinds, max_jobs, now=now)
-    with override_settings(
-        JOBSTATE={**(getattr(settings, "JOBSTATE", None) or {}), "PROGRESS_FLUSH_SECONDS": 0}
-    ):
+    with override_settings(JOBSTATE={**(getattr(settings, "JOBSTATE", None) or {}), **IN_TRANSACTION}):
         return runner.drain(WORKER_ID, kinds, max_jobs, now=now)
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 
 from jobstate import services, testing
+from jobstate.exceptions import Suspend
 from jobstate.states import Status
 
 pytestmark = pytest.mark.django_db
@@ -64,3 +66,35 @@ def test_drain_takes_kinds_and_a_limit(temp_handler):
     assert testing.drain() == 1
     with pytest.raises(TypeError, match="not a string"):
         testing.drain(kinds="t.testing.a")  # type: ignore[arg-type]
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 1, "LEASE_SECONDS": 30})
+def test_a_handler_longer_than_the_heartbeat_completes_inside_the_tests_transaction(temp_handler):
+    # The heartbeat's lease renewal, on a connection of its own, could not see the
+    # job: on PostgreSQL it was refused ("lease lost") and the watchdog interrupted
+    # the handler, closing the test's connection.
+    temp_handler("t.testing.long", lambda ctx: time.sleep(3) or {"ok": 1})
+    job = services.enqueue("t.testing.long", {})
+    assert connection.in_atomic_block
+    assert testing.drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.result) == (Status.COMPLETED, {"ok": 1})
+
+
+def test_drain_now_in_the_past_still_runs_the_jobs_due_now(temp_handler):
+    temp_handler("t.testing.now", lambda ctx: {"ok": 1})
+    job = services.enqueue("t.testing.now", {})
+    assert testing.drain(now=timezone.now() - timedelta(hours=1)) == 1
+    job.refresh_from_db()
+    assert job.status == Status.COMPLETED
+
+
+def test_drain_now_reruns_a_handler_that_suspends_past_the_real_clock_until_max_jobs(temp_handler):
+    # What the docstring warns of: the handler's clock does not move with ``now``.
+    def poll(ctx: Any) -> None:
+        raise Suspend("not yet", until=timezone.now() + timedelta(minutes=5))
+
+    temp_handler("t.testing.poll", poll)
+    services.enqueue("t.testing.poll", {})
+    assert testing.drain() == 1
+    assert testing.drain(now=timezone.now() + timedelta(hours=1), max_jobs=7) == 7
