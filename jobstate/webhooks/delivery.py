@@ -110,6 +110,14 @@ def payload(endpoint: WebhookEndpoint, job: Any, event: str, at: str) -> bytes:
     return json.dumps(body, cls=DjangoJSONEncoder, separators=(",", ":")).encode()
 
 
+def _disabled(reason: str) -> str:
+    """A skipped delivery's result for a disabled endpoint: ``endpoint disabled: why``
+    (the reason's own "disabled: " left out); one disabled by hand (the admin's
+    checkbox) has no reason, and no dangling colon."""
+    why = reason.strip().removeprefix(answerable.PREFIX).strip()
+    return f"endpoint disabled: {why}" if why else "endpoint disabled"
+
+
 def deliver(ctx: Any) -> dict[str, Any]:
     """Deliver a webhook event (internal)."""
     from jobstate.models import Job
@@ -123,13 +131,11 @@ def deliver(ctx: Any) -> dict[str, Any]:
     if endpoint is None:
         return {"skipped": ENDPOINT_DELETED}
     if not endpoint.enabled:
-        # One disabled by hand (the admin's checkbox) has no reason: no dangling colon.
-        reason = endpoint.disabled_reason.strip()
-        return {"skipped": f"endpoint disabled: {reason}" if reason else "endpoint disabled"}
+        return {"skipped": _disabled(endpoint.disabled_reason)}
     if endpoint.owner is not None and not getattr(endpoint.owner, "is_active", True):
         return {"skipped": OWNER_INACTIVE}
     if answerable.lapsed(endpoint):
-        return {"skipped": f"endpoint disabled: {answerable.stop(endpoint)}"}
+        return {"skipped": _disabled(answerable.stop(endpoint))}
     job = Job.objects.select_related("owner").prefetch_related("steps").filter(pk=params["job"]).first()
     if job is None:
         return {"skipped": "job deleted"}
