@@ -132,10 +132,15 @@ class InvalidParameters(ValidationError):
 
 
 def _plain(errors: Any) -> Any:
-    """DRF's error tree (``ErrorDetail``, integer keys) as strings, lists and dicts."""
+    """DRF's error tree (``ErrorDetail``, integer keys) as strings, lists and dicts.
+    A nested serializer's list (``many=True``: one dict per item, empty if valid, in
+    some DRF releases, 3.15.0 among them) becomes a dict by index of its invalid items,
+    as later ones give it."""
     if isinstance(errors, Mapping):
         return {str(k): _plain(v) for k, v in errors.items()}
     if isinstance(errors, list | tuple):
+        if any(isinstance(v, Mapping) for v in errors):
+            return {str(i): _plain(v) for i, v in enumerate(errors) if v}
         return [_plain(v) for v in errors]
     return str(errors)
 
