@@ -612,6 +612,27 @@ def test_bulk_cancel_reports_done_and_refused(admin_client: Any, admin_user: Any
         assert (event.actor, event.actor_label, event.reason) == (admin_user, "admin", "maintenance window")
 
 
+def test_bulk_confirmation_counts_what_will_be_done_and_why_the_rest_is_refused(admin_client: Any) -> None:
+    # 1 cancellable of 6 read "Cancel 6 jobs" with "1 of the 6 ... can be cancelled";
+    # retry read "can be retryd"; "the others will be refused" showed with none.
+    asked = processing()
+    services.request_cancel(asked, "ops", "first")
+    jobs = [queued(), completed(), completed(), completed(), failed(), asked]
+    page = bulk(admin_client, "cancel_selected", jobs, None).content.decode()
+    assert "<title>Cancel 1 job |" in page and 'value="Cancel 1 job"' in page
+    assert (
+        "1 of the 6 selected jobs can be cancelled in their current state; 5 will be refused "
+        "(3 completed, 1 failed, 1 already asked to stop) and listed with the reason."
+    ) in page
+    done, retried = completed(), failed()
+    services.retry(retried, "ops", "fixed")
+    page = bulk(admin_client, "retry_selected", [done], None).content.decode()
+    assert "1 of the 1 selected job can be retried in their current state." in page
+    assert "refused" not in page and 'value="Retry 1 job"' in page
+    page = bulk(admin_client, "retry_selected", [done, retried], None).content.decode()
+    assert "; 1 will be refused (1 already retried)" in page
+
+
 def test_bulk_cancel_without_reason_asks_again(admin_client: Any) -> None:
     job = queued()
     response = bulk(admin_client, "cancel_selected", [job], "")

@@ -57,6 +57,7 @@ def refusal_text(exc: Exception) -> str:
 class Operation:
     name: str
     label: str
+    participle: str  # what the job is once done: "can be cancelled"
     permission: str  # codename in the jobstate app
     summary: str  # what happens, shown on the confirmation page
     allowed: Callable[[Job], bool]
@@ -114,6 +115,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation(
             "cancel",
             "Cancel",
+            "cancelled",
             "cancel_job",
             "A queued job is cancelled at once; a processing job is asked to stop and its worker "
             "ends it cancelled.",
@@ -128,6 +130,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation(
             "force_cancel",
             "Force cancel",
+            "force cancelled",
             "cancel_job",
             "The job is cancelled now on behalf of its worker, which has not honoured the cancel "
             "request; the worker's lease stops working.",
@@ -139,6 +142,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation(
             "retry",
             "Retry",
+            "retried",
             "retry_job",
             "A new job with the same kind and parameters is queued, linked to this one; this job "
             "and its history stay as they are.",
@@ -149,6 +153,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation(
             "requeue",
             "Requeue",
+            "requeued",
             "requeue_job",
             "The job goes back to the queue now; its current worker's lease stops working. If no "
             "attempt is left, one more is granted.",
@@ -159,6 +164,7 @@ OPERATIONS: dict[str, Operation] = {
         Operation(
             "fail",
             "Fail",
+            "failed",
             "requeue_job",
             "The job ends failed, with the reason as its error message. It is not retried.",
             lambda j: j.status in (Status.QUEUED, Status.WAITING, Status.PROCESSING),
@@ -177,6 +183,26 @@ def not_offered(op: Operation, job: Job) -> str:
         if retry is not None:
             return f"{op.label} refused: {AlreadyRetried(job.pk, retry)}"
     return f"{op.label} is not possible now: the job is {Status(job.status).label.lower()}."
+
+
+def refused_as(op: Operation, job: Job) -> str:
+    """Why ``op`` would refuse ``job`` (its ``allowed`` is false), in a word or two for the
+    bulk confirmation's count of them ("3 completed, 1 already retried")."""
+    if op.name == "retry" and job.status in TERMINAL:
+        return "already retried"
+    if op.name == "cancel" and job.status == Status.PROCESSING:
+        return "already asked to stop"
+    return Status(job.status).label.lower()
+
+
+def refused_groups(op: Operation, jobs: Iterable[Job]) -> list[tuple[str, int]]:
+    """The jobs ``op`` would refuse, counted by why, most first."""
+    counts: dict[str, int] = {}
+    for job in jobs:
+        if not op.allowed(job):
+            why = refused_as(op, job)
+            counts[why] = counts.get(why, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])
 
 
 def available(job: Job, user: Any) -> list[Operation]:
@@ -300,15 +326,19 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
         truncated = len(jobs) > BULK_LIMIT
         jobs = jobs[:BULK_LIMIT]
         if not confirmed or not reason or too_long:
+            allowed = sum(1 for j in jobs if op.allowed(j))
+            refused = refused_groups(op, jobs)
             context = {
                 **modeladmin.admin_site.each_context(request),
-                "title": f"{op.label} {len(jobs)} job{'s' if len(jobs) != 1 else ''}",
+                "title": f"{op.label} {allowed} job{'s' if allowed != 1 else ''}",
                 "opts": modeladmin.model._meta,
                 "operation": op,
                 "action_name": action.__name__,
                 "jobs": jobs[:100],
                 "more": len(jobs) - 100 if len(jobs) > 100 else 0,
-                "allowed": sum(1 for j in jobs if op.allowed(j)),
+                "allowed": allowed,
+                "refused": refused,
+                "refused_count": sum(n for _, n in refused),
                 "count": len(jobs),
                 "truncated": truncated,
                 "reason": reason,
