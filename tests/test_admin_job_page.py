@@ -395,3 +395,16 @@ def test_a_job_queued_for_a_retry_or_waiting_for_its_children_is_not_said_to_be_
     assert "last run began 3" in html and not re.search(r"running [\d.]+s", html)
     live = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": str(job.pk)}).json()
     assert live["jobs"][str(job.pk)]["fields"]["duration_display"].startswith("last run began 3")
+
+
+def test_the_pages_history_button_opens_the_jobs_transitions(admin_client: Any) -> None:
+    # It was Django's change history, "This object doesn't have a change history":
+    # the admin changes no job, only the services do, and they write the transitions.
+    job = failed()
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    tools = html[html.index('class="object-tools"') :]
+    tools = tools[: tools.index("</ul>")]
+    history = f"{reverse('admin:jobstate_jobevent_changelist')}?job={job.pk}"
+    assert f'<a href="{history}" class="historylink">Transition history</a>' in tools
+    assert reverse("admin:jobstate_job_history", args=[job.pk]) not in html
+    assert str(job.pk)[-8:] in admin_client.get(history).content.decode()
