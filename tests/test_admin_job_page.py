@@ -408,3 +408,15 @@ def test_the_pages_history_button_opens_the_jobs_transitions(admin_client: Any) 
     assert f'<a href="{history}" class="historylink">Transition history</a>' in tools
     assert reverse("admin:jobstate_job_history", args=[job.pk]) not in html
     assert str(job.pk)[-8:] in admin_client.get(history).content.decode()
+
+
+def test_the_pages_heading_and_breadcrumb_name_the_job_without_its_status(admin_client: Any) -> None:
+    # They read str(job), "<kind> <id> [processing]", which the live refresh left as it
+    # was once the badge said Completed.
+    job = processing()
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    name = f"{job.kind} {job.pk}"
+    assert f"<title>{name} | " in html and f"<h2>{name}</h2>" in html
+    crumbs = html[html.index('class="breadcrumbs"') :]
+    assert crumbs[: crumbs.index("</div>")].rstrip().endswith(f"&rsaquo; {name}")
+    assert "[processing]" not in html

@@ -309,6 +309,9 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             extra["operations"] = actions.available(job, request.user)
             extra["finding"] = stuck.check(job)
             extra["live_active"] = job.status in ACTIVE
+            # Not str(job), which ends with its status: the live refresh updates the
+            # badge, and a heading saying "[processing]" went stale beside it.
+            extra["subtitle"] = f"{job.kind} {job.pk}"
         return super().change_view(request, object_id, form_url, extra)
 
     # --- extra pages ------------------------------------------------------------
