@@ -443,6 +443,34 @@ def test_cancel_asks_for_a_reason_then_goes_through_services(admin_client: Any, 
     assert "Job cancelled." in texts(response)
 
 
+def test_ending_a_parent_says_what_it_does_to_its_unfinished_children(admin_client: Any) -> None:
+    # The cascade cancelled them, yet the confirmation said nothing and the result was
+    # "Job failed.".
+    parent = processing()
+    first, second = queued(parent=parent), queued(parent=parent)
+    running, asked = processing(parent=parent), processing(parent=parent)
+    completed(parent=parent)
+    services.request_cancel(asked, "ops", "first")  # asked already: not counted again
+    grandchild = queued(parent=first)  # goes with its parent, not counted
+    note = "3 unfinished child jobs of this job will be cancelled too"
+    assert note in admin_client.get(act_url(parent, "fail")).content.decode()
+    response = admin_client.post(act_url(parent, "fail"), {"reason": "bad input"})
+    assert "Job failed; 2 child jobs cancelled, 1 asked to stop." in texts(response)
+    assert {Job.objects.get(pk=j.pk).status for j in (first, second, grandchild)} == {Status.CANCELLED}
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    lone = queued()
+    assert "unfinished child" not in admin_client.get(act_url(lone, "fail")).content.decode()
+    assert "Job failed." in texts(admin_client.post(act_url(lone, "fail"), {"reason": "x"}))
+    other = processing()
+    queued(parent=other)
+    assert "1 unfinished child job of this job" in admin_client.get(act_url(other, "cancel")).content.decode()
+    response = admin_client.post(act_url(other, "cancel"), {"reason": "stop"})
+    assert (
+        "Cancel requested: the worker stops the job at its next heartbeat or progress report; "
+        "1 child job cancelled."
+    ) in texts(response)
+
+
 def test_cancel_processing_records_request(admin_client: Any, admin_user: Any) -> None:
     job = processing()
     response = admin_client.post(act_url(job, "cancel"), {"reason": "wrong input"})

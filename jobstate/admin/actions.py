@@ -19,6 +19,7 @@ from django.db.models import QuerySet
 from django.template.response import TemplateResponse
 
 from jobstate import services
+from jobstate.admin import children
 from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError, UnknownKind
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
@@ -64,6 +65,7 @@ class Operation:
     perform: Callable[[Job, Any, str], Job]
     done: Callable[[Job, Job], str]
     danger: bool = False
+    ends_children: bool = False  # its unfinished children are cancelled (services.cascade)
 
     def has_permission(self, user: Any) -> bool:
         return bool(user.has_perm(f"jobstate.{self.permission}"))
@@ -105,8 +107,11 @@ def _fail(job: Job, user: Any, reason: str) -> Job:
 
 def _cancel_done(before: Job, after: Job) -> str:
     if after.status == Status.CANCELLED:
-        return "Job cancelled."
-    return "Cancel requested: the worker stops the job at its next heartbeat or progress report."
+        return f"Job cancelled{children.ended(after)}."
+    return (
+        "Cancel requested: the worker stops the job at its next heartbeat or progress report"
+        f"{children.ended(after)}."
+    )
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -126,6 +131,7 @@ OPERATIONS: dict[str, Operation] = {
             _cancel,
             _cancel_done,
             danger=True,
+            ends_children=True,
         ),
         Operation(
             "force_cancel",
@@ -136,8 +142,9 @@ OPERATIONS: dict[str, Operation] = {
             "request; the worker's lease stops working.",
             lambda j: j.status == Status.PROCESSING and j.cancel_requested_at is not None,
             _force_cancel,
-            lambda b, a: "Job cancelled on behalf of its worker.",
+            lambda b, a: f"Job cancelled on behalf of its worker{children.ended(a)}.",
             danger=True,
+            ends_children=True,
         ),
         Operation(
             "retry",
@@ -169,8 +176,9 @@ OPERATIONS: dict[str, Operation] = {
             "The job ends failed, with the reason as its error message. It is not retried.",
             lambda j: j.status in (Status.QUEUED, Status.WAITING, Status.PROCESSING),
             _fail,
-            lambda b, a: "Job failed.",
+            lambda b, a: f"Job failed{children.ended(a)}.",
             danger=True,
+            ends_children=True,
         ),
     )
 }

@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from jobstate import services, stuck
-from jobstate.admin import display
+from jobstate.admin import children, display
 from jobstate.admin.actions import (
     OPERATIONS,
     REASON_MAX_LENGTH,
@@ -127,6 +127,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
             form=form,
             status_badge=display.status_badge(job.status),
             finding=stuck.check(job),
+            children_to_end=children.to_end(job) if op.ends_children else 0,
         ),
     )
 
