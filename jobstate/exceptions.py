@@ -15,6 +15,21 @@ class JobStateError(Exception):
     """Base class for every jobstate error."""
 
 
+# What the transitions an operator asks for need of the job: the second half of
+# their refusal ("the job is queued; only a finished job can be retried").
+NEEDED = {
+    "cancel": "only a queued, waiting or running job can be cancelled",
+    "force_cancel": "only a running job whose cancel was requested can be force cancelled",
+    "retry": "only a finished job can be retried",
+    "requeue": "only a running or waiting job can be requeued",
+    "wake": "only a running or waiting job can be requeued",  # a waiting job's requeue
+    "fail": "only a queued, waiting or running job can be failed",
+    "stop": "only a queued, waiting or running job can be stopped",
+    "retry_from": "only a finished workflow can be retried",
+    "skip_step": "only a step of a queued or waiting workflow can be skipped",
+}
+
+
 class InvalidTransition(JobStateError):
     """The job's current state does not allow the requested transition."""
 
@@ -24,6 +39,14 @@ class InvalidTransition(JobStateError):
         self.transition = transition
         via = f" ({transition})" if transition else ""
         super().__init__(f"Cannot move job from '{current}' to '{requested}'{via}")
+
+    @property
+    def refusal(self) -> str:
+        """Why, as the admin, the REST API and ``manage.py jobstate`` tell an operator:
+        "the job is queued; only a finished job can be retried" (the message itself for
+        a transition no operator asks for)."""
+        needed = NEEDED.get(self.transition)
+        return f"the job is {self.current}; {needed}" if needed else str(self)
 
 
 class LeaseLost(JobStateError):

@@ -631,8 +631,9 @@ def test_bulk_cancel_reports_done_and_refused(admin_client: Any, admin_user: Any
     messages = texts(response)
     assert "Cancelled or asked to stop 2 jobs." in messages
     refused = [m for m in messages if m.startswith("Refused")]
-    assert any("Refused 1 job: Cannot move job from 'completed' to 'cancelled'" in m for m in refused)
-    assert any("Refused 1 job: Cannot move job from 'failed' to 'cancelled'" in m for m in refused)
+    cancellable = "only a queued, waiting or running job can be cancelled"
+    assert any(f"Refused 1 job: the job is completed; {cancellable}" in m for m in refused)
+    assert any(f"Refused 1 job: the job is failed; {cancellable}" in m for m in refused)
     assert Job.objects.get(pk=a.pk).status == Status.CANCELLED
     assert Job.objects.get(pk=b.pk).cancel_requested_at is not None
     for job in (a, b):
@@ -673,7 +674,9 @@ def test_bulk_retry(admin_client: Any, admin_user: Any) -> None:
     response = bulk(admin_client, "retry_selected", [a, b, c], "rerun after fix")
     messages = texts(response)
     assert "Queued a retry for 2 jobs." in messages
-    assert any("Refused 1 job: Cannot move job from 'queued' to 'queued' (retry)" in m for m in messages)
+    # It said "Cannot move job from 'queued' to 'queued' (retry)", where the CLI said why.
+    refusal = f"Refused 1 job: the job is queued; only a finished job can be retried ({short(c.pk)})"
+    assert refusal in messages
     for old in (a, b):
         new = Job.objects.get(retry_of=old)
         assert last_event(new).actor == admin_user and last_event(new).reason == "rerun after fix"
@@ -800,7 +803,8 @@ def test_bulk_cancel_of_a_parent_before_its_children_counts_them_cancelled(admin
     assert "Cancelled or asked to stop 3 jobs." in messages
     refused = [m for m in messages if m.startswith("Refused")]
     assert refused == [
-        f"Refused 1 job: Cannot move job from 'completed' to 'cancelled' (cancel) ({short(other.pk)})"
+        "Refused 1 job: the job is completed; only a queued, waiting or running job can be cancelled "
+        f"({short(other.pk)})"
     ]
     assert Job.objects.get(pk=parent.pk).cancel_requested_at is not None
     assert {Job.objects.get(pk=j.pk).status for j in (child, grandchild)} == {Status.CANCELLED}

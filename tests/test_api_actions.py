@@ -58,7 +58,10 @@ def test_cancel_a_finished_job_is_a_409_naming_its_state(user, finish):
     before = list(JobEvent.objects.filter(job=job).values_list("pk", flat=True))
     error = assert_error(client_for(user).post(job_url(job, "cancel/")), 409, "invalid_transition")
     assert error["current_status"] == job.status
-    assert f"'{job.status}'" in error["message"]
+    assert (
+        error["message"]
+        == f"The job is {job.status}; only a queued, waiting or running job can be cancelled."
+    )
     assert list(JobEvent.objects.filter(job=job).values_list("pk", flat=True)) == before
 
 
@@ -285,8 +288,10 @@ def test_an_operator_requeues_a_stuck_job(user, staff_user):
     # The lost worker's token no longer works.
     with pytest.raises(LeaseLost):
         services.heartbeat(job, job.lease_token)
-    # Requeueing a queued job is refused, naming its state.
-    assert_error(client.post(job_url(job, "requeue/")), 409, "invalid_transition")
+    # Requeueing a queued job is refused, naming its state (it said "Cannot move job from
+    # 'queued' to 'queued' (requeue)").
+    error = assert_error(client.post(job_url(job, "requeue/")), 409, "invalid_transition")
+    assert error["message"] == "The job is queued; only a running or waiting job can be requeued."
 
 
 def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
@@ -302,9 +307,10 @@ def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
         "bad input file",
         "OperatorFailed",
     )
-    assert_error(
+    error = assert_error(
         client.post(job_url(job, "fail/"), {"reason": "again"}, format="json"), 409, "invalid_transition"
     )
+    assert error["message"] == "The job is failed; only a queued, waiting or running job can be failed."
 
 
 @pytest.mark.parametrize("action", ["cancel", "retry", "requeue", "fail"])

@@ -51,6 +51,8 @@ def reason_too_long(reason: str) -> str | None:
 def refusal_text(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(exc.messages)
+    if isinstance(exc, InvalidTransition):
+        return exc.refusal
     return str(exc)
 
 

@@ -264,10 +264,8 @@ def _roll_back(context: dict[str, Any]) -> None:
 
 
 def _transition_message(exc: InvalidTransition) -> str:
-    action = {"cancel": "cancelled", "retry": "retried", "stop": "stopped"}.get(exc.transition)
-    if action:
-        return f"The job is '{exc.current}'; it cannot be {action}."
-    return str(exc)
+    refusal = exc.refusal  # "the job is queued; only a finished job can be retried"
+    return f"{refusal[:1].upper()}{refusal[1:]}."
 
 
 @csrf_exempt  # a JSON 404 for any method; it changes nothing

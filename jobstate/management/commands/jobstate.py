@@ -39,11 +39,6 @@ from jobstate.management.commands._common import (
 from jobstate.models import Job
 from jobstate.states import Status
 
-REFUSED = {
-    "cancel": "only a queued, waiting or running job can be cancelled",
-    "retry": "only a finished job can be retried",
-}
-
 
 class Command(PipedCommand):
     help = "Enqueue, cancel, retry and show jobs; list the registered kinds."
@@ -91,7 +86,7 @@ class Command(PipedCommand):
         except CommandError:
             raise
         except InvalidTransition as exc:
-            raise CommandError(f"{action} refused: the job is {exc.current}; {REFUSED[action]}") from None
+            raise CommandError(f"{action} refused: {exc.refusal}") from None
         except (ValidationError, JobStateError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc, f"{action}: ") from None
 

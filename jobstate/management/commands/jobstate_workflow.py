@@ -26,12 +26,8 @@ from jobstate.models import Job, JobStep
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows import definition_of, retry_from, skip_step, state
 
-# Why retry_from and skip_step refused the job's status (InvalidTransition).
-REFUSED = {
-    "retry": "only a finished workflow can be retried",
-    "skip": "only a step of a queued or waiting workflow can be skipped (of a finished one: "
-    "retry --from STEP --skip STEP)",
-}
+# What to do instead, after the refusal of retry_from or skip_step (InvalidTransition.refusal).
+INSTEAD = {"skip": " (of a finished one: retry --from STEP --skip STEP)"}
 
 
 class Command(PipedCommand):
@@ -109,8 +105,8 @@ class Command(PipedCommand):
                 else:
                     self.stdout.write(f"stop requested for {job.pk}")
         except InvalidTransition as exc:  # "Cannot move job from 'processing' to 'queued' (retry_from)"
-            if action not in REFUSED:
+            if action not in ("retry", "skip"):
                 raise fail(exc) from None
-            raise CommandError(f"{action} refused: the job is {exc.current}; {REFUSED[action]}") from None
+            raise CommandError(f"{action} refused: {exc.refusal}{INSTEAD.get(action, '')}") from None
         except (ValidationError, JobStateError, ValueError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc) from None
