@@ -307,9 +307,9 @@ def test_a_finished_jobs_step_is_its_last_and_a_cancelled_one_never_ran_as_in_th
     html = admin_client.get(page).content.decode()
     assert re.search(r'field-step_display">.*?<div class="readonly">save</div>', html, re.S)
     services.complete(Job.objects.get(pk=running.pk), running.lease_token, {"ok": True})
-    assert "save (the last one)" in admin_client.get(page).content.decode()
+    assert "save (the last one run)" in admin_client.get(page).content.decode()
     live = admin_client.get(reverse("admin:jobstate_job_live"), {"ids": str(running.pk)}).json()
-    assert live["jobs"][str(running.pk)]["fields"]["step_display"] == "save (the last one)"
+    assert live["jobs"][str(running.pk)]["fields"]["step_display"] == "save (the last one run)"
     job = queued()
     services.request_cancel(job, None, "not needed")
     assert Job.objects.get(pk=job.pk).status == "cancelled"
@@ -420,3 +420,17 @@ def test_the_pages_heading_and_breadcrumb_name_the_job_without_its_status(admin_
     crumbs = html[html.index('class="breadcrumbs"') :]
     assert crumbs[: crumbs.index("</div>")].rstrip().endswith(f"&rsaquo; {name}")
     assert "[processing]" not in html
+
+
+def test_a_job_that_failed_in_a_step_names_it_the_last_one_run(admin_client: Any) -> None:
+    # "validate (the last one)" read as the job's final step, of a workflow failed in
+    # step 3 of 4.
+    from jobstate.models import Job
+
+    job = processing()
+    services.report_progress(job, job.lease_token, 60, "checking", step="validate")
+    services.fail(Job.objects.get(pk=job.pk), job.lease_token, "bad row", retry=False)
+    html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
+    assert re.search(
+        r'field-step_display">.*?<div class="readonly">validate \(the last one run\)</div>', html, re.S
+    )

@@ -144,13 +144,14 @@ class JobPageFields(_JobAdmin):
 
     @admin.display(description="step")
     def step_display(self, obj: Job) -> SafeString:
-        # A finished job keeps the step it was last in: not a current one. Escaped
+        # A finished job keeps the step it was last in: not a current one, nor its last
+        # step (a workflow failed in step 3 of 4 keeps step 3). Escaped
         # here: the live refresh sets it as HTML, and a handler's step is its own text.
         if not obj.current_step:
             return format_html("{}", "-")
         if obj.status in ACTIVE:
             return format_html("{}", obj.current_step)
-        return format_html("{} (the last one)", obj.current_step)
+        return format_html("{} (the last one run)", obj.current_step)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj: Job) -> str:
