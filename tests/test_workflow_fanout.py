@@ -79,9 +79,32 @@ def test_a_failed_child_fails_the_parent():
     parent.refresh_from_db()
     assert parent.status == Status.FAILED and parent.attempts == 1  # not retried: the child is final
     assert parent.error_type == "ChildrenFailed"
-    assert parent.error_message == "1 of 5 child jobs failed or were cancelled"
+    failed = Job.objects.get(parent=parent, status=Status.FAILED)
+    assert parent.error_message == (
+        f"1 of 5 child jobs failed or were cancelled: {failed.pk} failed (NonRetryable: child 3 failed)"
+    )
     assert step(parent, "split").status == "failed"
     assert not Effect.objects.filter(job_id=parent.pk, label="merge").exists()
+
+
+def test_a_failed_fan_in_names_the_first_failed_children_and_keeps_its_summary_on_the_step():
+    parent = services.enqueue("wf.fan", {"n": 8, "fail": [1, 2, 4, 6, 7]})
+    drain()
+    parent.refresh_from_db()
+    children = list(Job.objects.filter(parent=parent).order_by("created_at", "id"))
+    named = ", ".join(f"{children[i].pk} failed (NonRetryable: child {i} failed)" for i in (1, 2, 4))
+    assert parent.error_message == f"5 of 8 child jobs failed or were cancelled: {named}; and 2 more"
+    split = step(parent, "split")
+    assert split.status == "failed" and split.error_message == f"ChildrenFailed: {parent.error_message}"
+    assert split.output["failed"] == 5 and split.output["completed"] == 3
+    assert split.output["jobs"] == [str(c.pk) for c in children]
+    assert [f["job"] for f in split.output["failures"]] == [str(children[i].pk) for i in (1, 2, 4, 6, 7)]
+    assert split.output["failures"][0] == {
+        "job": str(children[1].pk),
+        "status": "failed",
+        "error": "child 1 failed",
+        "error_type": "NonRetryable",
+    }
 
 
 def test_a_failed_child_makes_the_parent_partial_under_that_policy():

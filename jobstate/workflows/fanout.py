@@ -27,10 +27,27 @@ if TYPE_CHECKING:
     from jobstate.workflows.definition import RunState, StepSpec
 
 MAX_FAILURES_LISTED = 20
+NAMED_IN_ERROR = 3  # failed children the error names (the step's output lists up to 20)
 
 
 class ChildrenFailed(NonRetryable):
-    """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled."""
+    """A fan-out step whose policy is ``fail`` had a child that failed or was cancelled.
+    ``output``: the fan-in's summary (``jobs``, counts, ``failures``), stored on the failed step."""
+
+    def __init__(self, message: str, output: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def _named(shown: list[dict[str, Any]], bad: int) -> str:
+    """``<id> failed (ValueError: boom), <id> cancelled; and 4 more``: the first few
+    children that failed or were cancelled, each error cut short."""
+    parts = []
+    for f in shown:
+        error = " ".join(f"{f['error_type']}: {f['error']}".strip(": ").split())
+        parts.append(f"{f['job']} {f['status']}" + (f" ({error[:100]})" if error else ""))
+    more = bad - len(shown)
+    return ", ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def start(run: RunState, spec: StepSpec, sctx: StepContext, value: Any, reuse: Reuse | None = None) -> None:
@@ -103,7 +120,7 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
     that did not complete and that an operator retried counts by its newest retry
     (waited for while it runs)."""
     ids: list[str] = list(row.detail.get("children", []))
-    fields = ("status", "error_message", "result") if spec.collect_results else ("status", "error_message")
+    fields = ("status", "error_type", "error_message") + (("result",) if spec.collect_results else ())
     by_id = {str(r["pk"]): r for r in rows_of(ids, fields)}
     unfinished = [
         pk for pk in ids if (by_id.get(pk) or {}).get("status", Status.CANCELLED) != Status.COMPLETED
@@ -117,12 +134,25 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
         raise Suspend(f"step '{spec.name}': {active} of {len(ids)} child jobs still running")
     counts = {s: 0 for s in (Status.COMPLETED, Status.PARTIAL, Status.FAILED, Status.CANCELLED)}
     failures: list[dict[str, Any]] = []
+    named: list[dict[str, Any]] = []  # failed or cancelled, for ChildrenFailed
     for pk in ids:
         child = by_id.get(pk)
         status = child["status"] if child else Status.CANCELLED  # deleted meanwhile
         counts[status] = counts.get(status, 0) + 1
-        if status != Status.COMPLETED and len(failures) < MAX_FAILURES_LISTED:
-            failures.append({"job": pk, "status": status, "error": (child or {}).get("error_message", "")})
+        if status == Status.COMPLETED or (
+            len(failures) >= MAX_FAILURES_LISTED and len(named) >= NAMED_IN_ERROR
+        ):
+            continue
+        failure = {
+            "job": pk,
+            "status": status,
+            "error": (child or {}).get("error_message", ""),
+            "error_type": (child or {}).get("error_type", ""),
+        }
+        if len(failures) < MAX_FAILURES_LISTED:
+            failures.append(failure)
+        if status != Status.PARTIAL and len(named) < NAMED_IN_ERROR:
+            named.append(failure)
     output: dict[str, Any] = {
         "total": len(ids),
         **{str(k): v for k, v in counts.items()},
@@ -138,7 +168,9 @@ def fan_in(run: RunState, spec: StepSpec, row: Any) -> dict[str, Any]:
     partial = counts[Status.PARTIAL]
     summary = f"{bad + partial} of {len(ids)} child jobs did not complete"
     if spec.on_child_failure == "fail" and bad:
-        raise ChildrenFailed(f"{bad} of {len(ids)} child jobs failed or were cancelled")
+        raise ChildrenFailed(
+            f"{bad} of {len(ids)} child jobs failed or were cancelled: {_named(named, bad)}", output
+        )
     # The fan-in's note has a key of its own: the step body's (``ctx.mark_partial``) stays.
     if spec.on_child_failure != "continue" and (bad or partial):
         steps.note(run.job, run.token, spec.name, **{steps.FAN_IN_PARTIAL: summary})

@@ -164,8 +164,10 @@ class Run:
 
     def _failed(self, spec: StepSpec, exc: BaseException, error: str) -> None:
         final = self.final(exc)
+        # A failed fan-in keeps its summary (which children failed) as the step's output.
+        output = exc.output if isinstance(exc, fanout.ChildrenFailed) else None
         try:
-            marked = self._fail(spec, error, final)
+            marked = self._fail(spec, error, final, output=output)
         except StepStateError:
             # The timeout's interrupt (or a database error) came inside this run's own
             # bookkeeping, next to a commit: begin()'s (the step never started) or
@@ -181,12 +183,16 @@ class Run:
         if report:
             raise WorkflowFailed(report.message(spec.name, error), report) from exc
 
-    def _fail(self, spec: StepSpec, error: str, final: bool, *, started: bool = True) -> bool:
+    def _fail(
+        self, spec: StepSpec, error: str, final: bool, *, started: bool = True, output: Any = None
+    ) -> bool:
         """``steps.fail`` for ``spec``; whether it marked the workflow compensating."""
         row = self.rows[spec.name]
         stamp = row.finished_at  # a failure this call commits writes its own
         try:
-            return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
+            return steps.fail(
+                self.job, self.token, row, error, output=output, compensating=final, started=started
+            )
         except Interrupted as exc:
             if exc.why != "timeout":
                 raise
@@ -198,7 +204,9 @@ class Run:
             written = row.status == S.FAILED and row.finished_at != stamp
             if steps.COMPENSATING in row.detail or written:
                 return steps.COMPENSATING in row.detail
-            return steps.fail(self.job, self.token, row, error, compensating=final, started=started)
+            return steps.fail(
+                self.job, self.token, row, error, output=output, compensating=final, started=started
+            )
 
     def _unstarted(self, spec: StepSpec) -> StepSpec | None:
         """``spec`` if its stored row shows it did not start; the next step not done
