@@ -11,9 +11,10 @@ from django.utils import timezone
 
 from jobstate import services
 from jobstate.exceptions import InvalidTransition, LeaseLost
-from jobstate.models import Job, JobEvent
+from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.stuck import REASONS
+from jobstate.testing import drain
 from tests.api_support import assert_error, client_for, completed, failed, grant, job_url, make_job, running
 
 pytestmark = pytest.mark.django_db
@@ -155,6 +156,52 @@ def test_retry_of_a_job_whose_kind_is_gone_says_so_on_no_request_field(user, sta
     assert error["fields"] == {}
     assert error["message"] == "This job's kind 'test.gone' is no longer registered: it cannot be retried."
     assert list(Job.objects.filter(retry_of=old.pk)) == []
+
+
+def failed_workflow(user: Any) -> Job:
+    """A wf.fixable whose step ``two`` failed: ``one`` completed."""
+    job = make_job(user, kind="wf.fixable", parameters={})
+    drain(kinds=["wf.fixable"])
+    job.refresh_from_db()
+    assert job.status == Status.FAILED
+    return job
+
+
+def test_retry_a_workflow_from_a_step_copies_the_steps_before_it(user, staff_user):
+    old = failed_workflow(user)
+    staff = grant(staff_user, "view_job", "retry_job")
+    response = client_for(staff).post(job_url(old, "retry/"), {"from_step": "two"}, format="json")
+    assert response.status_code == 201, response.content
+    new = Job.objects.get(pk=response.json()["id"])
+    assert new.retry_of_id == old.pk and new.status == Status.QUEUED
+    steps = dict(JobStep.objects.filter(job_id=new.pk).values_list("name", "status"))
+    assert steps == {"one": "completed", "two": "pending", "three": "pending"}
+    event = JobEvent.objects.get(job_id=new.pk, transition="retry_from")
+    assert event.actor_id == staff.pk and event.metadata["from_step"] == "two"
+    assert event.metadata["reused"] == ["one"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "step", "message"),
+    [
+        ("wf.fixable", "nope", "'nope' is not a step of wf.fixable (one, two, three)."),
+        (
+            "wf.fixable",
+            "three",
+            "Cannot retry from 'three': earlier step(s) two did not complete (or were undone); retry "
+            "from the first of them.",
+        ),
+        ("test.echo", "one", "'test.echo' is not a registered workflow."),
+    ],
+)
+def test_retry_from_a_step_it_cannot_start_at_is_a_400_on_from_step(user, staff_user, kind, step, message):
+    old = failed_workflow(user) if kind == "wf.fixable" else failed(user)
+    before = Job.objects.count()
+    staff = grant(staff_user, "view_job", "retry_job")
+    response = client_for(staff).post(job_url(old, "retry/"), {"from_step": step}, format="json")
+    error = assert_error(response, 400, "invalid")
+    assert error["fields"] == {"from_step": [message]}
+    assert Job.objects.count() == before and not JobEvent.objects.filter(transition="retry_from").exists()
 
 
 def test_staff_need_the_permission_to_retry_someone_elses_job(user, staff_user):

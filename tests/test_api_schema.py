@@ -82,6 +82,16 @@ def test_every_request_body_refuses_properties_it_does_not_list(user):
     assert components["Enqueue"]["properties"]["parameters"]["additionalProperties"] is True
 
 
+def test_retry_takes_a_workflows_first_step_to_run_again(user):
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    body = schema["paths"]["/api/jobs/{id}/retry/"]["post"]["requestBody"]["content"]["application/json"]
+    component = schema["components"]["schemas"][body["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert set(component["properties"]) == {"reason", "from_step"}
+    from_step = component["properties"]["from_step"]
+    assert from_step["type"] == "string" and from_step["nullable"] is True
+    assert "jobstate_workflow retry --from STEP" in from_step["description"]
+
+
 def test_components_describe_themselves_to_clients(user):
     # A serializer's docstring is its component's description, inherited from the nearest
     # base with one: every request body's was StrictInput's, a maintainer's note

@@ -137,6 +137,20 @@ class ReasonSerializer(StrictInput):
     reason = StrictCharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
+class RetrySerializer(ReasonSerializer):
+    """A retry's reason and, for a workflow job, the step to run again from."""
+
+    from_step = StrictCharField(
+        max_length=200,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="A workflow job only: the first step to run again; the steps before it are copied "
+        "with their outputs, not run (as `jobstate_workflow retry --from STEP`). Each of them must "
+        "have completed or been skipped. Without it a workflow runs again from its first step.",
+    )
+
+
 class RequiredReasonSerializer(StrictInput):
     """A reason, required: recorded in the job's history."""
 

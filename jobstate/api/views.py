@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django.http import HttpResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -34,7 +35,7 @@ from jobstate.api.base import JobstateAPIView, parse_id
 from jobstate.api.errors import KindGone
 from jobstate.api.fields import QueryChoicesField, StoredDateTimeField
 from jobstate.api.filters import JobFilter
-from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredReasonSerializer
+from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredReasonSerializer, RetrySerializer
 from jobstate.api.longpoll import WAITED, WaitFirst, long_poll_view
 from jobstate.api.outputs import JobDetailSerializer, JobEventSerializer, JobSerializer, StuckSerializer
 from jobstate.api.pagination import EventPagination, JobAssetPagination, JobPagination, once
@@ -49,6 +50,7 @@ from jobstate.models.job import with_retried
 from jobstate.services import Actor
 from jobstate.states import Status
 from jobstate.stuck import REASONS, find_stuck
+from jobstate.workflows.operators import retry_from
 
 logger = logging.getLogger("jobstate.api")
 
@@ -63,6 +65,15 @@ LIST_COLUMNS = (
 def list_columns() -> tuple[str, ...]:
     # The owner's name under whatever field the user model names it.
     return (*LIST_COLUMNS, f"owner__{get_user_model().USERNAME_FIELD}")
+
+
+def _retry_from(job: Job, step: str, actor: Actor, reason: str) -> Job:
+    """``retry_from`` (as ``jobstate_workflow retry --from``); its refusals are the
+    request's ``from_step`` errors: it checks them all before it writes anything."""
+    try:
+        return retry_from(job, step, actor=actor, reason=reason)
+    except DjangoValidationError as exc:
+        raise ValidationError({"from_step": exc.messages}) from None
 
 
 class StuckQuerySerializer(serializers.Serializer[Any]):
@@ -269,17 +280,24 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
     @extend_schema(
         summary="Retry a finished job",
         description="Queues a new job linked to this one (`retry_of`); this one is not changed. A job is "
-        "retried once: a second retry is a 409 `already_retried` naming the first (`retry_id`).",
-        request=ReasonSerializer,
+        "retried once: a second retry is a 409 `already_retried` naming the first (`retry_id`). A "
+        "workflow runs again from its first step, or from `from_step`: a step that is not one of its "
+        "steps, or one after a step that did not complete, is a 400 naming `from_step` (with the "
+        "workflow's steps) and queues nothing.",
+        request=RetrySerializer,
         responses={201: OpenApiResponse(JobDetailSerializer, "The new job.")},
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
-        body = ReasonSerializer(data=request.data)
+        body = RetrySerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        reason, step = body.validated_data["reason"], body.validated_data["from_step"]
         try:
-            new = services.retry(job, Actor.api(request.user), body.validated_data["reason"])
+            if step is None:
+                new = services.retry(job, Actor.api(request.user), reason)
+            else:
+                new = _retry_from(job, step, Actor.api(request.user), reason)
         except UnknownKind as exc:
             raise KindGone(exc) from None
         return self._detail(new.pk, status.HTTP_201_CREATED, Location=self._location(new.pk))
