@@ -19,6 +19,7 @@ from jobstate import services
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
+from jobstate.testing import drain
 from jobstate.worker import retention_holds
 from tests.admin_support import completed, expired, failed, grant, processing, queued
 
@@ -492,6 +493,29 @@ def test_retry_creates_linked_job_and_opens_it(admin_client: Any, admin_user: An
     assert new.status == Status.QUEUED and Job.objects.get(pk=job.pk).status == Status.FAILED
     event = last_event(new)
     assert event.actor == admin_user and event.actor_label == "admin" and event.reason == "disk freed"
+
+
+def test_retry_of_a_workflow_says_it_runs_from_its_first_step_and_offers_the_later_ones(
+    admin_client: Any, admin_user: Any
+) -> None:
+    job = services.enqueue("wf.fixable", {})
+    drain(kinds=["wf.fixable"])  # step two fails: one completed
+    page = admin_client.get(act_url(job, "retry")).content.decode()
+    assert "a retry runs it again from its first step, so the side effects of its completed steps" in page
+    options = re.findall(r'<option value="([^"]*)"', page)
+    assert options == ["", "two"]  # three comes after a step that did not complete
+    plain = admin_client.get(act_url(failed(), "retry")).content.decode()
+    assert "js-workflow-retry" not in plain and "from_step" not in plain
+
+    refused = admin_client.post(act_url(job, "retry"), {"reason": "again", "from_step": "three"})
+    assert refused.status_code == 200 and not Job.objects.filter(retry_of=job).exists()
+    response = admin_client.post(act_url(job, "retry"), {"reason": "two fixed", "from_step": "two"})
+    new = Job.objects.get(retry_of=job)
+    assert response.status_code == 302 and response["Location"] == change_url(new)
+    steps = dict(JobStep.objects.filter(job_id=new.pk).values_list("name", "status"))
+    assert steps == {"one": "completed", "two": "pending", "three": "pending"}
+    event = JobEvent.objects.get(job_id=new.pk, transition="retry_from")
+    assert event.actor == admin_user and event.metadata["from_step"] == "two" and event.reason == "two fixed"
 
 
 def test_requeue_and_fail(admin_client: Any, admin_user: Any) -> None:

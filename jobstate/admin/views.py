@@ -18,7 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from jobstate import services, stuck
-from jobstate.admin import children, display
+from jobstate.admin import children, display, workflow_retry
 from jobstate.admin.actions import (
     OPERATIONS,
     REASON_MAX_LENGTH,
@@ -79,11 +79,17 @@ def page_context(model_admin: Any, request: HttpRequest, title: str, **extra: An
     }
 
 
-def _perform(request: HttpRequest, op: Operation, job: Job, reason: str) -> Job | None:
-    """Run ``op`` through the services; report the outcome as a message."""
+def _perform(
+    request: HttpRequest, op: Operation, job: Job, reason: str, from_step: str | None = None
+) -> Job | None:
+    """Run ``op`` through the services (a workflow's retry ``from_step``: ``retry_from``);
+    report the outcome as a message."""
     before = job
     try:
-        after = op.run(job, request.user, reason)
+        if from_step:
+            after = workflow_retry.retry_from_step(job, request.user, reason, from_step)
+        else:
+            after = op.run(job, request.user, reason)
     except REFUSALS as exc:
         messages.error(request, f"{op.label} refused: {refusal_text(exc)}")
         return None
@@ -105,8 +111,11 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
     if not model_admin.has_view_permission(request, job):
         raise PermissionDenied
     form = ReasonForm(request.POST or None)
+    steps = workflow_retry.retry_steps(job) if op.name == "retry" and op.allowed(job) else None
+    if steps:
+        form.fields["from_step"] = workflow_retry.from_step_field(steps)
     if request.method == "POST" and form.is_valid() and op.allowed(job):
-        after = _perform(request, op, job, form.cleaned_data["reason"])
+        after = _perform(request, op, job, form.cleaned_data["reason"], form.cleaned_data.get("from_step"))
         target = after if after is not None and op.name == "retry" else job
         return HttpResponseRedirect(job_url(target))
     # Not offered in the job's state (a POST crafted, or made from a page read
@@ -128,6 +137,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
             status_badge=display.status_badge(job.status),
             finding=stuck.check(job),
             children_to_end=children.to_end(job) if op.ends_children else 0,
+            workflow_note=workflow_retry.note(steps) if steps else "",
         ),
     )
 
