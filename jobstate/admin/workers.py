@@ -81,7 +81,7 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
         "job_col",
         "seen_col",
         "clock_col",
-        "started_at",
+        "started_col",
         "jobs_done",
     )
     list_filter = ("role", "cluster")
@@ -152,6 +152,11 @@ class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
     @admin.display(description="last heartbeat", ordering="seen_at")
     def seen_col(self, obj: WorkerProcess) -> str:
         return f"{_whole_seconds(obj.seen_at, self._now(obj))} ago"
+
+    @admin.display(description="started", ordering="started_at")
+    def started_col(self, obj: WorkerProcess) -> SafeString:
+        # Django's "Nov. 30, 2026, 1:26 p.m." pushed the last column out of a 1440 px list.
+        return display.compact_time(obj.started_at)
 
     @admin.display(description="clock offset", ordering="clock_offset")
     def clock_col(self, obj: WorkerProcess) -> SafeString:

@@ -12,7 +12,7 @@ import pytest
 from jobstate import services
 from jobstate.models import JobStep
 from jobstate.services import workers
-from tests.admin_support import failed, processing
+from tests.admin_support import ago, failed, processing, queued
 from tests.browser.conftest import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -184,3 +184,47 @@ def test_chart_gridlines_follow_the_theme(page: Any, live_server: Any, admin_use
         found = page.evaluate(strokes)
         assert len(found) >= 4, scheme
         assert all((sum(rgb) / 3 > 200) == bright for rgb in found), (scheme, found)
+
+
+def overflows(page: Any, width: int) -> list[str]:
+    """What does not fit ``width``: the page itself, a cell or button past the window's
+    edge, a box whose content scrolls sideways (a list's last column cut off)."""
+    page.set_viewport_size({"width": width, "height": 900})
+    found: list[str] = page.evaluate(
+        """() => {
+          const edge = document.documentElement.clientWidth + 0.5;
+          const past = [...document.querySelectorAll('th, td, button, #header')]
+            .filter((el) => el.getBoundingClientRect().width > 0 && el.getBoundingClientRect().right > edge)
+            .map((el) => `${el.className || el.tagName}: ${el.textContent.trim().slice(0, 30)}`);
+          const scrolled = [...document.querySelectorAll('.results, .js-scroll, .js-reason')]
+            .filter((el) => el.scrollWidth > el.clientWidth + 1)
+            .map((el) => `${el.className} scrolls ${el.scrollWidth} > ${el.clientWidth}`);
+          return [...past, ...scrolled];
+        }"""
+    )
+    if page_width(page) > width:
+        found.insert(0, f"page {page_width(page)} px")
+    return found
+
+
+def test_desktop_pages_fit_their_width(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    """The stuck page at 1024 and 768 px was 1050 px wide, its Remedy buttons off-screen;
+    at 1440 px the job list's created column (beside a "no worker for kind" flag) and
+    the worker processes' last column were cut off."""
+    orphan = queued(user, kind="test.limited", run_after=ago(minutes=24))
+    for n in range(3):
+        failed(user, error=f"step 'validate' failed: NonRetryable: validation failed ({n})")
+    busy = processing(user)
+    workers.beat("host-1:100:100", cluster="host-1:100", role="pusher")
+    workers.beat("host-1:100:101", cluster="host-1:100", role="worker", job_id=busy.pk, finished=58)
+    base = live_server.url
+    log_in(page, base, "admin", "password", "/admin/jobstate/job/stuck/")
+    assert page.locator(f"tr.js-stuck-row[data-job='{orphan.pk}']").count() == 1
+    for width in (1440, 1024, 768):
+        assert overflows(page, width) == [], width
+        assert_on_screen(page, "tr.js-stuck-row button.js-remedy", width)
+    page.goto(f"{base}/admin/jobstate/job/")
+    assert "no worker for kind" in page.locator("#result_list").inner_text()
+    assert overflows(page, 1440) == []
+    page.goto(f"{base}/admin/jobstate/workerprocess/")
+    assert overflows(page, 1440) == []
