@@ -69,6 +69,35 @@ def test_list_shows_badges_progress_attempts_and_owner(admin_client: Any, user: 
     assert "running " in html and "took " in html
 
 
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0, "0ms"),
+        (0.003, "3ms"),
+        (0.3, "0.3s"),
+        (1, "1.0s"),
+        (7.23, "7.2s"),
+        (9.96, "10s"),
+        (41.7, "41s"),
+        (185, "3m 05s"),
+        (7500, "2h 05m"),
+    ],
+)
+def test_one_duration_format_on_every_admin_page(seconds: float, shown: str) -> None:
+    # The job list read "waiting 7.23s", "took 0.30s", "took 0s" and "took 1s" side by side,
+    # the deliveries "3 ms".
+    from jobstate.admin import display
+
+    assert display.short_duration(timedelta(seconds=seconds)) == shown
+
+
+def test_the_job_list_shows_its_durations_to_a_tenth_of_a_second(admin_client: Any, user: Any) -> None:
+    job = processing(user, started=timezone.now() - timedelta(seconds=0.3))
+    services.complete(job, job.lease_token, {}, now=job.started_at + timedelta(seconds=0.3))
+    cells = re.findall(r'<td class="field-age_col">(.*?)</td>', admin_client.get(LIST).content.decode())
+    assert cells == ["took 0.3s"]
+
+
 def test_list_queries_do_not_grow_with_rows(admin_client: Any, user: Any) -> None:
     for _ in range(3):
         queued(user)

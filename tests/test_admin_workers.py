@@ -123,6 +123,23 @@ def test_worker_process_list_is_read_only_for_job_viewers(client: Any, viewer: A
     assert client.get(reverse("admin:jobstate_workerprocess_delete", args=[row.pk])).status_code == 403
 
 
+def test_the_process_pages_show_times_as_the_job_pages_do(admin_client: Any) -> None:
+    # They showed Django's "Nov. 30, 2026, 1:26 p.m.", the job pages 2026-11-30 13:26:32.757.
+    from jobstate.admin import display
+
+    idle_cluster()
+    row = WorkerProcess.objects.get(name="web-1:400:401")
+    html = admin_client.get(PROCESSES).content.decode()
+    assert "a.m." not in html and "p.m." not in html
+    assert str(display.compact_time(row.started_at)) in html
+    page = admin_client.get(reverse("admin:jobstate_workerprocess_change", args=[row.pk])).content.decode()
+    assert "a.m." not in page and "p.m." not in page
+    for moment in (row.started_at, row.seen_at):
+        assert display.exact_time(moment) in page
+    labels = re.findall(r"<label>([^<]*):</label>", page)
+    assert labels.index("Started at") < labels.index("Seen at") < labels.index("Job id"), labels
+
+
 def test_view_workerprocess_alone_shows_the_processes_but_not_their_jobs(
     client: Any, viewer: Any, django_user_model: Any
 ) -> None:

@@ -19,6 +19,7 @@ from jobstate.webhooks.models import WebhookEndpoint
 pytestmark = pytest.mark.django_db
 
 ADD = "/admin/jobstate/webhookendpoint/add/"
+DELIVERIES = "/admin/jobstate/webhookdelivery/"
 GOOD = {
     "owner": "",
     "url": "https://hooks.example.com/a",
@@ -414,8 +415,49 @@ def test_the_delivery_list_shows_what_failed_first_and_no_long_columns(admin_cli
     cells = dict(re.findall(r'<td class="field-(\w+)">(.*?)</td>', html))
     assert cells["webhook_id_column"] == "msg_01234567…"
     assert cells["error_column"].startswith("HTTP 503: upstream") and len(cells["error_column"]) == 60
-    assert (cells["status_code_column"], cells["duration_column"]) == ("503", "120 ms")
+    assert (cells["status_code_column"], cells["duration_column"]) == ("503", "0.1s")
     assert "a.m." not in html and "p.m." not in html  # a compact time
+
+
+def test_the_delivery_and_endpoint_pages_show_times_and_durations_as_the_job_pages_do(admin_client, user):
+    # "Nov. 30, 2026, 1:26 p.m.", "took 3 ms" and "Duration ms: 4", where the job pages
+    # read 2026-11-30 13:26:32.757 and durations 0.3s.
+    import re
+    import uuid
+
+    from jobstate.admin import display
+    from jobstate.webhooks.models import WebhookDelivery
+
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(disabled_at=timezone.now())
+    endpoint.refresh_from_db()
+    delivery = WebhookDelivery.objects.create(
+        endpoint=endpoint, webhook_id="msg_1", event="job.failed", job_id=uuid.uuid4(), duration_ms=3
+    )
+    cells = dict(
+        re.findall(r'<td class="field-(\w+)">(.*?)</td>', admin_client.get(DELIVERIES).content.decode())
+    )
+    assert cells["duration_column"] == "3ms"
+    page = admin_client.get(f"{DELIVERIES}{delivery.pk}/change/").content.decode()
+    labels = re.findall(r"<label>([^<]*):</label>", page)
+    assert "Duration ms" not in labels and labels.index("Took") < labels.index("Created at"), labels
+    assert "3ms" in page and display.exact_time(delivery.created_at) in page
+    page = admin_client.get(f"/admin/jobstate/webhookendpoint/{endpoint.pk}/change/").content.decode()
+    assert "a.m." not in page and "p.m." not in page
+    for moment in (endpoint.created_at, endpoint.updated_at, endpoint.disabled_at, delivery.created_at):
+        assert display.exact_time(moment) in page
+    assert re.search(r'<td class="field-took">\s*<p>3ms</p>', page), page
+
+
+def test_the_add_endpoint_form_shows_no_value_jobstate_sets_at_the_save(admin_client):
+    # It showed a "Created at" time before anything was saved.
+    import re
+
+    page = admin_client.get(ADD).content.decode()
+    labels = re.findall(r"<label[^>]*>([^<]*):</label>", page)
+    assert "Url" in labels and "Signing secret" in labels, labels
+    for label in ("Created at", "Updated at", "Disabled at", "Consecutive failures", "Answerable"):
+        assert label not in labels, label
 
 
 def test_the_delivery_search_finds_a_job_or_a_message_by_an_index(admin_client, user):

@@ -56,15 +56,18 @@ def progress_bar(percent: int | None, message: str = "", status: str = "") -> Sa
 
 
 def short_duration(delta: timedelta | None) -> str:
-    """``2h 05m``, ``3m 07s``, ``41s``, ``0.35s``."""
+    """Every admin page's durations: ``2d 03h``, ``2h 05m``, ``3m 07s``, ``41s``, ``7.2s``,
+    ``0.3s``, ``12ms`` (a webhook delivery's)."""
     if delta is None:
         return "-"
     seconds = delta.total_seconds()
     if seconds < 0:
         return "-"
-    if seconds < 10:
-        return f"{seconds:.2f}s".replace(".00s", "s")
-    whole = int(seconds)
+    if seconds < 0.1:
+        return f"{round(seconds * 1000)}ms"
+    if round(seconds, 1) < 10:
+        return f"{seconds:.1f}s"
+    whole = max(10, int(seconds))  # 9.96 rounds to 10.0 above
     days, rest = divmod(whole, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)

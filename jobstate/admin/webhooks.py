@@ -3,6 +3,7 @@ package, above ``jobstate.webhooks``, to share the safe change list)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django import forms
@@ -20,6 +21,7 @@ from django.utils.text import Truncator
 
 from jobstate.admin import display, webhook_secret
 from jobstate.admin.changelist import SafeListAdmin
+from jobstate.admin.exact_times import ShownAs
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.ids import prefix_range
@@ -50,7 +52,7 @@ class DeliveryInline(CappedInline):
     hears about), with a link to all of them."""
 
     model = WebhookDelivery
-    fields = ("created_at", "event", "webhook_id", "attempt", "ok", "status_code", "duration_ms", "error")
+    fields = ("created_display", "event", "webhook_id", "attempt", "ok", "status_code", "took", "error")
     show_change_link = True
     newest_first = True
     noun = "deliveries"
@@ -64,6 +66,18 @@ class DeliveryInline(CappedInline):
     def get_queryset(self, request: HttpRequest) -> Any:
         # As the API's list: the endpoint may have been someone else's (``visibility``).
         return visibility.seen_by(super().get_queryset(request), request.user).order_by("-id")
+
+    @admin.display(description="created at")
+    def created_display(self, obj: WebhookDelivery) -> str:
+        return display.exact_time(obj.created_at)
+
+    @admin.display(description="took")
+    def took(self, obj: WebhookDelivery) -> str:
+        return delivery_took(obj)
+
+
+def delivery_took(obj: WebhookDelivery) -> str:
+    return display.short_duration(timedelta(milliseconds=obj.duration_ms))
 
 
 def _https_by_default(field: models.Field[Any, Any], **kwargs: Any) -> forms.Field | None:
@@ -156,7 +170,8 @@ class WebhookEndpointForm(forms.ModelForm):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
+class WebhookEndpointAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
+    exact_times = ("previous_secret_expires_at", "disabled_at", "created_at", "updated_at")
     show_facets = admin.ShowFacets.NEVER
     form = WebhookEndpointForm
     list_display = (
@@ -180,6 +195,11 @@ class WebhookEndpointAdmin(SafeListAdmin, admin.ModelAdmin):
         *(f for f in WebhookEndpoint.SERVER_FIELDS if f != "secret"),
     )
     inlines = [DeliveryInline]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:  # jobstate's own fields have no value before the save (a made-up "created at")
+            return ("signing_secret",)
+        return super().get_readonly_fields(request, obj)
 
     @admin.display(description="failures", ordering="consecutive_failures")
     def failures(self, obj: WebhookEndpoint) -> int:
@@ -361,7 +381,7 @@ class DeliveryEventFilter(admin.SimpleListFilter):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
+class WebhookDeliveryAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     # One row or more per job an endpoint hears about: counted as the job list is.
     paginator = CappedPaginator
     show_full_result_count = False
@@ -384,6 +404,8 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+    exact_times = ("created_at",)
+    shown_as = {"duration_ms": "duration_column"}
 
     @admin.display(description="created", ordering="created_at")
     def created_column(self, obj: WebhookDelivery) -> SafeString:
@@ -399,7 +421,7 @@ class WebhookDeliveryAdmin(SafeListAdmin, admin.ModelAdmin):
 
     @admin.display(description="took", ordering="duration_ms")
     def duration_column(self, obj: WebhookDelivery) -> str:
-        return f"{obj.duration_ms} ms"
+        return delivery_took(obj)
 
     @admin.display(description="webhook-id", ordering="webhook_id")
     def webhook_id_column(self, obj: WebhookDelivery) -> str:

@@ -23,6 +23,7 @@ from django.utils.safestring import SafeString
 from jobstate import conf
 from jobstate.admin import display, stats
 from jobstate.admin.changelist import SafeListAdmin
+from jobstate.admin.exact_times import ShownAs
 from jobstate.admin.views import job_url
 from jobstate.ids import short
 from jobstate.models import WorkerProcess
@@ -71,8 +72,10 @@ def render_panel(request: HttpRequest, panel: dict[str, Any]) -> str:
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(SafeListAdmin, admin.ModelAdmin):
+class WorkerProcessAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     """Every process row, alive or dead: read-only (the processes write them)."""
+
+    exact_times = ("started_at", "seen_at")
 
     list_display = (
         "name",
