@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from jobstate import registry, services, stuck
+from jobstate.ids import short
 from jobstate.models import Job, JobEvent
 from jobstate.states import Status
 from tests.admin_support import ago, completed, expired, failed, grant, processing, queued
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.django_db
 STUCK = reverse("admin:jobstate_job_stuck")
 REMEDY = reverse("admin:jobstate_job_stuck_remedy")
 REAP = reverse("admin:jobstate_job_reap")
+CONFIRMED = {"confirmed": "yes"}
 
 
 def reasons(now: Any = None) -> dict[str, str]:
@@ -409,7 +411,7 @@ def test_csrf_is_enforced(operator: Any) -> None:
 def test_run_the_reaper_now(admin_client: Any) -> None:
     a = expired()
     b = expired(max_attempts=1)
-    response = admin_client.post(REAP)
+    response = admin_client.post(REAP, CONFIRMED)
     assert response.status_code == 302
     messages = [str(m) for m in get_messages(response.wsgi_request)]
     assert "Reaper ran: 1 requeued, 1 failed (no attempt left), 0 cancelled (cancel was pending)." in messages
@@ -422,6 +424,31 @@ def test_run_the_reaper_now(admin_client: Any) -> None:
         assert (event.actor_label, event.actor.username) == ("system:reaper", "admin"), job
 
 
+def test_the_reaper_button_asks_to_confirm_first(admin_client: Any) -> None:
+    # It acted at once on every expired job, from a button beside the page's headline.
+    jobs = [expired(), expired()]
+    assert 'id="js-reap"' in admin_client.get(STUCK).content.decode()
+    response = admin_client.post(REAP)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "<strong>2</strong> jobs' leases have expired" in page
+    assert 'name="confirmed" value="yes"' in page and 'id="js-confirm"' in page
+    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Status.PROCESSING}
+    assert not JobEvent.objects.filter(actor_label="system:reaper").exists()
+    assert admin_client.post(REAP, CONFIRMED).status_code == 302
+    assert {j.status for j in Job.objects.filter(pk__in=[j.pk for j in jobs])} == {Status.QUEUED}
+
+
+def test_a_remedys_message_names_its_job(admin_client: Any) -> None:
+    # The page lists many jobs; "Job requeued." said not which.
+    lost, dead = expired(), failed()
+    said = [str(m) for m in get_messages(remedy(admin_client, lost, "requeue").wsgi_request)]
+    assert said == [f"Job {short(lost.pk)} requeued."]
+    said = [str(m) for m in get_messages(remedy(admin_client, dead, "retry").wsgi_request)]
+    new = Job.objects.get(retry_of=dead)
+    assert said[-1] == f"Job {short(dead.pk)} retried: the new job is {new.pk}."
+
+
 @pytest.mark.parametrize(
     "codenames", [("requeue_job",), ("view_job",), ("view_job", "cancel_job", "retry_job")]
 )
@@ -432,7 +459,7 @@ def test_run_the_reaper_now_needs_view_and_requeue(
     # view checks with the job view permission (requeue_job alone passed).
     job = expired()
     client.force_login(grant(staff_user, *codenames))
-    response = client.post(REAP)
+    response = client.post(REAP, CONFIRMED)
     assert response.status_code == 403
     assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
     assert not JobEvent.objects.filter(job=job, actor_label="system:reaper").exists()
@@ -445,7 +472,7 @@ def test_run_the_reaper_now_says_when_more_remain(admin_client: Any, monkeypatch
     expired(), expired()
     real = services.requeue_expired
     monkeypatch.setattr(services, "requeue_expired", lambda **kw: real(**{**kw, "limit": 1}))
-    messages = [str(m) for m in get_messages(admin_client.post(REAP).wsgi_request)]
+    messages = [str(m) for m in get_messages(admin_client.post(REAP, CONFIRMED).wsgi_request)]
     assert messages == [
         "Reaper ran: 1 requeued, 0 failed (no attempt left), 0 cancelled (cancel was pending). "
         "More expired jobs remain past the sweep's limit: run it again."

@@ -238,10 +238,25 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if too_long is not None:  # refused, as the job page's form refuses one: not cut short
         messages.error(request, f"The note is too long: {too_long}")
         return back
-    after = _perform(request, op, job, reason)
-    if after is not None and op.name == "retry":
-        messages.info(request, f"The new job is {after.pk}.")
+    try:
+        after = op.run(job, request.user, reason)
+    except REFUSALS as exc:
+        messages.error(request, f"{op.label} of job {short(job.pk)} refused: {refusal_text(exc)}")
+        return back
+    messages.success(request, remedy_done(op, job, after))
     return back
+
+
+def remedy_done(op: Operation, before: Job, after: Job) -> str:
+    """The remedy's outcome, naming the job: the page lists many."""
+    job = f"Job {short(before.pk)}"
+    if op.name == "retry":
+        return f"{job} retried: the new job is {after.pk}."
+    if op.name == "requeue":
+        return f"{job} requeued." if before.status != Status.WAITING else f"{job} woken: queued again."
+    if op.name == "force_cancel":
+        return f"{job} cancelled on behalf of its worker."
+    return f"{job} cancelled."
 
 
 def may_reap(model_admin: Any, request: HttpRequest) -> bool:
@@ -252,11 +267,28 @@ def may_reap(model_admin: Any, request: HttpRequest) -> bool:
 
 
 def reap_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
-    """Run the reaper now: every expired lease is requeued, failed or cancelled."""
+    """Run the reaper now: every expired lease is requeued, failed or cancelled, once
+    the operator confirmed it on the page this view shows first (it acts on many jobs)."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     if not may_reap(model_admin, request):
         raise PermissionDenied
+    if request.POST.get("confirmed") != "yes":
+        ctx = stuck.Context()
+        expired = stuck.count_stuck(codes={stuck.LEASE_EXPIRED}, cap=PAGE_COUNT_CAP + 1, ctx=ctx)
+        n = expired.get(stuck.LEASE_EXPIRED, 0)
+        return TemplateResponse(
+            request,
+            "admin/jobstate/job/reap_confirm.html",
+            page_context(
+                model_admin,
+                request,
+                "Run the reaper now?",
+                expired=n,
+                expired_label=f"{PAGE_COUNT_CAP:,}+" if n > PAGE_COUNT_CAP else f"{n:,}",
+                now=ctx.now,
+            ),
+        )
     # The reaper's own label (metrics and task results count its rows by it), with
     # the admin user who ran it.
     report = services.requeue_expired(actor=Actor("system:reaper", request.user))

@@ -64,7 +64,7 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
     assert row.get_attribute("data-reason") == "lease_expired"
     row.locator("button.js-remedy-requeue").click()
     page.wait_for_url(re.compile(r".*/jobstate/job/stuck/$"))
-    assert "Job requeued." in page.locator("ul.messagelist").inner_text()
+    assert f"Job {short(lost.pk)} requeued." in page.locator("ul.messagelist").inner_text()
     assert page.locator(f"tr.js-stuck-row[data-job='{lost.pk}']").count() == 0
     assert Job.objects.get(pk=lost.pk).status == Status.QUEUED
 
@@ -73,7 +73,7 @@ def test_operator_journey(page: Any, live_server: Any, admin_user: Any, user: An
     assert row.get_attribute("data-reason") == "queued_no_worker"
     row.locator("button.js-remedy-cancel").click()
     page.wait_for_url(re.compile(r".*/jobstate/job/stuck/$"))
-    assert "Job cancelled." in page.locator("ul.messagelist").inner_text()
+    assert f"Job {short(orphan.pk)} cancelled." in page.locator("ul.messagelist").inner_text()
     assert page.locator(f"tr.js-stuck-row[data-job='{orphan.pk}']").count() == 0
     assert Job.objects.get(pk=orphan.pk).status == Status.CANCELLED
 
