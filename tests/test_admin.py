@@ -206,17 +206,17 @@ def test_search_by_id_prefix_key_and_owner(admin_client: Any, user: Any) -> None
 def test_bulk_action_on_a_short_id_search_reads_the_ids_once(
     admin_client: Any, admin_user: Any, monkeypatch: Any
 ) -> None:
-    import jobstate.admin.jobs as job_admin
+    from jobstate.admin import job_search
 
     target, other = queued(), queued()
     calls: list[str] = []
-    real = job_admin._short_id_matches
+    real = job_search.short_id_matches
 
     def counted(queryset: Any, term: str) -> Any:
         calls.append(term)
         return real(queryset, term)
 
-    monkeypatch.setattr(job_admin, "_short_id_matches", counted)
+    monkeypatch.setattr(job_search, "short_id_matches", counted)
     data = {"action": "cancel_selected", "_selected_action": [str(target.pk)], "index": 0}
     data.update(confirm="yes", reason="wrong input")
     response = admin_client.post(f"{LIST}?q={short(target.pk)}", data)

@@ -411,9 +411,9 @@ def test_the_delivery_list_shows_what_failed_first_and_no_long_columns(admin_cli
     html = admin_client.get("/admin/jobstate/webhookdelivery/").content.decode()
     columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
     assert columns[:4] == ["created_column", "ok", "status_code_column", "error_column"], columns
-    assert "endpoint" not in columns
+    assert columns[4:7] == ["event", "job_column", "endpoint_column"], columns
     cells = dict(re.findall(r'<td class="field-(\w+)">(.*?)</td>', html))
-    assert cells["webhook_id_column"] == "msg_01234567…"
+    assert "webhook_id_column" not in columns  # the job, event and attempt tell rows apart
     assert cells["error_column"].startswith("HTTP 503: upstream") and len(cells["error_column"]) == 60
     assert (cells["status_code_column"], cells["duration_column"]) == ("503", "0.1s")
     assert "a.m." not in html and "p.m." not in html  # a compact time
@@ -486,6 +486,67 @@ def test_the_delivery_search_finds_a_job_or_a_message_by_an_index(admin_client, 
     assert found("0193aaaa") == {"msg_a"}  # the start of an id
     assert found("msg_b") == {"msg_b"}
     assert found("msg") == set() and found("0193") == {"msg_a"}
+
+
+def test_the_delivery_search_takes_what_the_job_lists_search_takes(admin_client, user, django_user_model):
+    # A job's short id (as the job list and this list show it) found nothing; nor its key.
+    from jobstate import services
+    from jobstate.ids import short
+    from jobstate.webhooks.models import WebhookDelivery
+
+    bob = django_user_model.objects.create_user("bob")
+    endpoint = WebhookEndpoint.objects.create(owner=None, url="https://hooks.example.com/a")
+    mine = services.enqueue("test.echo", {}, owner=user, key="invoice-42")
+    theirs = services.enqueue("test.echo", {}, owner=bob)
+    for job in (mine, theirs):
+        WebhookDelivery.objects.create(
+            endpoint=endpoint, webhook_id=f"msg_{job.pk.hex}", event="e", job_id=job.pk
+        )
+
+    def found(term: str) -> set:
+        response = admin_client.get(DELIVERIES, {"q": term})
+        assert response.status_code == 200
+        return {d.job_id for d in response.context["cl"].result_list}
+
+    assert found(short(mine.pk)) == {mine.pk}
+    assert found(short(theirs.pk).upper()) == {theirs.pk}
+    assert found("invoice-42") == {mine.pk}
+    assert found("BOB") == {theirs.pk}
+    assert found(str(mine.pk)[:13]) == {mine.pk}
+    assert found("nobody") == set()
+
+
+def test_the_delivery_list_links_each_rows_job_and_endpoint_without_a_query_a_row(admin_client, user):
+    import uuid
+
+    from jobstate.ids import short
+    from jobstate.webhooks.models import WebhookDelivery
+
+    def rows(n: int) -> list:
+        made = []
+        for i in range(n):
+            endpoint = WebhookEndpoint.objects.create(owner=user, url=f"https://hooks{i}.example.com/events")
+            made.append(
+                WebhookDelivery.objects.create(
+                    endpoint=endpoint, webhook_id=f"msg_{i}", event="e", job_id=uuid.uuid4()
+                )
+            )
+        return made
+
+    first = rows(1)[0]
+    with CaptureQueriesContext(connection) as one:
+        html = admin_client.get(DELIVERIES).content.decode()
+    job = (
+        f'<a href="/admin/jobstate/job/{first.job_id}/change/">'
+        f'<code title="{first.job_id}">{short(first.job_id)}</code></a>'
+    )
+    assert job in html
+    endpoint = f'<a href="/admin/jobstate/webhookendpoint/{first.endpoint_id}/change/" title="https://hooks0.example.com/events">hooks0.example.com/events</a>'
+    assert endpoint in html
+    rows(5)
+    with CaptureQueriesContext(connection) as six:
+        admin_client.get(DELIVERIES)
+    assert len(six) == len(one)
 
 
 def test_the_endpoint_search_finds_an_owner_by_the_user_models_own_name_field(

@@ -7,11 +7,9 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import connections, router
-from django.db.models import BinaryField, CharField, Func, Q, QuerySet
-from django.db.models.functions import Cast, Right, Substr
+from django.db import router
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -19,14 +17,13 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobstate import conf, stuck
-from jobstate.admin import actions, dashboard, live, site, views
+from jobstate.admin import actions, dashboard, job_search, live, site, views
 from jobstate.admin.changelist import JobChangeList, SafeListAdmin
 from jobstate.admin.filters import KindFilter, OriginFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
 from jobstate.admin.job_columns import JobColumns
 from jobstate.admin.job_page import JobPageFields
 from jobstate.admin.paginator import CappedPaginator
-from jobstate.ids import HEX, prefix_range, short
 from jobstate.models import Job
 from jobstate.models.job import may_view_all
 from jobstate.states import ACTIVE, TERMINAL
@@ -39,34 +36,8 @@ COLLECTED = "_jobstate_delete_collected"
 # Counts shown on buttons and tiles stop here ("100+"): a glance, not a census.
 BADGE_CAP = 100
 
-SHORT = len(short(uuid.UUID(int=0)))
-
 # Heavy columns the list never shows.
 LIST_DEFERRED = ("parameters", "result", "traceback", "error_message")
-
-
-def _looks_short(term: str) -> bool:
-    return len(term) == SHORT and all(c in HEX for c in term.lower())
-
-
-def _short_id_matches(queryset: QuerySet[Job], term: str) -> list[uuid.UUID]:
-    """The jobs whose short id (``jobstate.ids.short``: an id's last 8 hex digits,
-    as the admin shows it) is ``term``. No index serves the end of a key: this
-    reads every id once, on PostgreSQL comparing the id's last 4 bytes in a
-    parallel scan (by hand, 117 ms on 1,000,000 jobs on a 2-core machine; the
-    same comparison on the ids as text took about four times as long)."""
-    if not _looks_short(term):
-        return []
-    hexed = term.lower()
-    tail: Any
-    value: Any
-    if connections[queryset.db].vendor == "postgresql":
-        raw = Func("pk", function="uuid_send", output_field=BinaryField())
-        tail, value = Substr(raw, 17 - SHORT // 2, output_field=BinaryField()), bytes.fromhex(hexed)
-    else:
-        tail, value = Right(Cast("pk", output_field=CharField()), SHORT), hexed
-    # No LIMIT: with one, PostgreSQL reads the primary key in one process instead.
-    return list(queryset.order_by().alias(tail=tail).filter(tail=value).values_list("pk", flat=True))
 
 
 @admin.register(Job)
@@ -225,34 +196,15 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        try:
-            return queryset.filter(pk=uuid.UUID(term)), False
-        except ValueError:
-            pass
-        User = get_user_model()
-        owners = list(
-            User.objects.filter(**{f"{User.USERNAME_FIELD}__iexact": term}).values_list("pk", flat=True)[:20]
-        )
-        q = Q(key=term)
-        if owners:
-            q |= Q(owner_id__in=owners)
-        span = prefix_range(term)
-        if span is not None:
-            q |= Q(pk__gte=span[0], pk__lte=span[1])
-        found = queryset.filter(q)
-        if _looks_short(term) and not found.exists():
-            # A short id only when nothing else matched: it reads every id
-            # (_short_id_matches), and an id prefix, key or owner is the likelier meaning.
-            found = queryset.filter(pk__in=self._short_ids(request, queryset.db, term))
-        return found, False
+        return job_search.search(queryset, term, lambda: self._short_ids(request, queryset.db, term)), False
 
     def _short_ids(self, request: HttpRequest, db: str, term: str) -> list[uuid.UUID]:
-        """``_short_id_matches`` over the whole table, once per request: a bulk
+        """``job_search.short_id_matches`` over the whole table, once per request: a bulk
         action's POST searches twice (Django's changelist builds its queryset, then
         the action's), and the caller's queryset narrows the ids down each time."""
         memo: dict[tuple[str, str], list[uuid.UUID]] = request.__dict__.setdefault("_jobstate_short_ids", {})
         if (db, term) not in memo:
-            memo[db, term] = _short_id_matches(self.model._default_manager.using(db), term)
+            memo[db, term] = job_search.short_id_matches(self.model._default_manager.using(db), term)
         return memo[db, term]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:

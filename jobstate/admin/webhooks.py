@@ -12,19 +12,21 @@ from django.contrib.admin.options import IS_POPUP_VAR
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from jobstate.admin import display, webhook_secret
+from jobstate.admin import display, job_search, webhook_secret
 from jobstate.admin.changelist import SafeListAdmin
 from jobstate.admin.exact_times import ShownAs
 from jobstate.admin.inlines import CappedInline
 from jobstate.admin.paginator import CappedPaginator
-from jobstate.ids import prefix_range
+from jobstate.admin.views import job_url
+from jobstate.ids import short
+from jobstate.models import Job
 from jobstate.models.job import may_view_all
 from jobstate.storable import MAX_DEPTH, text, too_deep
 from jobstate.webhooks import answerable, cache, delivery, ownership, validation, visibility
@@ -36,7 +38,7 @@ INACTIVE_MARK = "owner inactive: nothing is delivered"
 
 # A list cell's share of a long text (a reason, an error): the rest is on the row's page.
 LIST_TEXT_CHARS = 60
-WEBHOOK_ID_CHARS = 13  # "msg_" and 8 digits, then an ellipsis
+ENDPOINT_CHARS = 28
 
 # Set on an endpoint whose save gave it a new secret (a change of owner).
 NEW_SECRET = "_jobstate_new_secret"
@@ -386,21 +388,27 @@ class WebhookDeliveryAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    # What failed first; the endpoint (the same on most rows: its page links to its
-    # deliveries) and the whole webhook-id pushed OK and the status out of a 1440 px window.
+    # What failed first, then about which job and to where (the endpoint's URL cut short). The
+    # webhook-id is on the row's page (and the search takes it): the job, event and attempt tell
+    # a row apart, and with it the list no longer fit a 1440 px window.
     list_display = (
         "created_column",
         "ok",
         "status_code_column",
         "error_column",
         "event",
+        "job_column",
+        "endpoint_column",
         "attempt",
         "duration_column",
-        "webhook_id_column",
     )
     list_filter = ("ok", DeliveryEventFilter)
     search_fields = ("webhook_id", "job_id")  # see get_search_results
-    search_help_text = "A job's id (or its first digits, at least 4) or a webhook-id (msg_...), exactly."
+    search_help_text = (
+        "As the job list's search, the deliveries about the jobs it finds: a job id, its short id (its "
+        "last 8 characters) or its first characters, an idempotency key, an owner's user name; or a "
+        "webhook-id (msg_...), exactly."
+    )
     extra_lookups = ("endpoint__id__exact",)  # the endpoint page's link to all its deliveries
     list_select_related = ("endpoint",)
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
@@ -423,10 +431,23 @@ class WebhookDeliveryAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     def duration_column(self, obj: WebhookDelivery) -> str:
         return delivery_took(obj)
 
-    @admin.display(description="webhook-id", ordering="webhook_id")
-    def webhook_id_column(self, obj: WebhookDelivery) -> str:
-        # Its start tells the attempts of one event apart; the search takes the whole one.
-        return Truncator(obj.webhook_id).chars(WEBHOOK_ID_CHARS)
+    @admin.display(description="job")
+    def job_column(self, obj: WebhookDelivery) -> SafeString:
+        return format_html(
+            '<a href="{}"><code title="{}">{}</code></a>', job_url(obj.job_id), obj.job_id, short(obj.job_id)
+        )
+
+    @admin.display(description="endpoint")
+    def endpoint_column(self, obj: WebhookDelivery) -> SafeString:
+        # Its host (and path, cut short); the whole URL on hover. Read with the row (list_select_related).
+        url = obj.endpoint.url
+        shown = Truncator(url.split("://", 1)[-1]).chars(ENDPOINT_CHARS)
+        return format_html(
+            '<a href="{}" title="{}">{}</a>',
+            reverse("admin:jobstate_webhookendpoint_change", args=[obj.endpoint_id]),
+            url,
+            shown,
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
         # As the endpoints: without jobstate.view_job (or change_job), those of one's own only.
@@ -443,15 +464,18 @@ class WebhookDeliveryAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[WebhookDelivery], search_term: str
     ) -> tuple[QuerySet[WebhookDelivery], bool]:
-        # Exact values and id prefixes, each an index lookup: the default
-        # ``icontains`` read every delivery ever kept.
+        # Exact values and id prefixes, each an index lookup (the default ``icontains``
+        # read every delivery ever kept), as the job list's search finds jobs.
         term = search_term.strip()
         if not term:
             return queryset, False
-        span = prefix_range(term)
-        if span is None:
+        if term.startswith("msg_"):
             return queryset.filter(webhook_id=term), False
-        return queryset.filter(Q(webhook_id=term) | Q(job_id__gte=span[0], job_id__lte=span[1])), False
+        jobs = Job.objects.using(queryset.db)
+        found = job_search.search(
+            queryset, term, lambda: job_search.short_id_matches(jobs, term), field="job_id"
+        )
+        return found, False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

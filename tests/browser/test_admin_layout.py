@@ -12,6 +12,7 @@ import pytest
 from jobstate import services
 from jobstate.models import JobStep
 from jobstate.services import workers
+from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests.admin_support import ago, failed, processing, queued
 from tests.browser.conftest import log_in
 
@@ -227,4 +228,18 @@ def test_desktop_pages_fit_their_width(page: Any, live_server: Any, admin_user: 
     assert "no worker for kind" in page.locator("#result_list").inner_text()
     assert overflows(page, 1440) == []
     page.goto(f"{base}/admin/jobstate/workerprocess/")
+    assert overflows(page, 1440) == []
+    # The deliveries list with its job and endpoint columns too.
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/jobstate/events/v1")
+    WebhookDelivery.objects.create(
+        endpoint=endpoint,
+        webhook_id="msg_0123456789abcdef0123456789abcdef",
+        event="job.failed",
+        job_id=busy.pk,
+        status_code=503,
+        error="HTTP 503: " + "upstream unavailable " * 10,
+        duration_ms=1200,
+    )
+    page.goto(f"{base}/admin/jobstate/webhookdelivery/")
+    assert page.locator("#result_list td.field-endpoint_column a").count() == 1
     assert overflows(page, 1440) == []
