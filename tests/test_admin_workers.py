@@ -245,7 +245,12 @@ def test_breadcrumbs_name_the_app_apart_from_its_job_model(admin_client: Any) ->
     job = queued()
     pages = {
         reverse("admin:jobstate_job_changelist"): ["Home", "Background jobs", "Jobs"],
-        reverse("admin:jobstate_job_change", args=[job.pk]): ["Home", "Background jobs", "Jobs", str(job)],
+        reverse("admin:jobstate_job_change", args=[job.pk]): [
+            "Home",
+            "Background jobs",
+            "Jobs",
+            f"{job.kind} {job.pk}",
+        ],
         DASHBOARD: ["Home", "Background jobs", "Dashboard"],
         reverse("admin:jobstate_job_stuck"): ["Home", "Background jobs", "Jobs", "Stuck jobs"],
         PROCESSES: ["Home", "Background jobs", "Worker processes"],
