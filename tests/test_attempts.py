@@ -651,7 +651,7 @@ def test_a_handler_whose_heartbeats_fail_is_stopped_when_its_lease_runs_out(
         outcome, job = run_one("t.cut_off")
     assert 0.9 < time.monotonic() - started < 5
     assert outcome == "lost" and job.status == Status.PROCESSING  # the reaper's to requeue
-    assert f"Job {job.pk}: its lease runs out while the heartbeat cannot reach the database" in caplog.text
+    assert f"Job {job.pk}: its lease runs out and the heartbeat could not renew it" in caplog.text
 
 
 @override_settings(JOBSTATE=SHORT_LEASE)

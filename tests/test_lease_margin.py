@@ -144,12 +144,16 @@ def test_a_handler_whose_heartbeat_hangs_is_stopped_before_its_lease_runs_out(te
 
 
 @override_settings(JOBSTATE=HALF)
-def test_a_process_resumed_after_a_pause_past_its_lease_stops_its_handler_at_once(clock):
+def test_a_process_resumed_after_a_pause_past_its_lease_stops_its_handler_at_once(clock, caplog):
     # SIGSTOP, a long GC pause, a frozen VM: every thread stopped, the clock did not.
     sup, slot = _watchdog(bounded_waits=True), _slot(clock)
     clock.now += 3600
     sup._watch(slot)
     assert slot.interrupted == "lease"
+    # The database may well have been reachable all along: the log does not say otherwise.
+    (said,) = [r.getMessage() for r in caplog.records if "lease runs out" in r.getMessage()]
+    assert "could not renew it" in said and "or this process paused" in said
+    assert "cannot reach the database" not in said
 
 
 def test_a_reserved_job_reclaimed_after_its_lease_ran_out_is_not_begun_by_its_first_cluster(temp_handler):

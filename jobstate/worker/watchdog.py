@@ -82,7 +82,9 @@ class Watchdog:
         given_up = slot.ctx.lease_until - lease_margin()
         if not slot.ctx.lease_lost.is_set() and self._cut_off(slot, now) and now >= given_up:
             logger.warning(
-                "Job %s: its lease runs out while the heartbeat cannot reach the database", slot.ctx.job.pk
+                "Job %s: its lease runs out and the heartbeat could not renew it (the database "
+                "unreachable, or this process paused)",
+                slot.ctx.job.pk,
             )
             slot.ctx.lease_lost.set()
         if slot.ctx.lease_lost.is_set():
