@@ -42,6 +42,13 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_JITTER": 0.25,
     # Seconds a handler may ignore a cancel request before it is stopped.
     "CANCEL_GRACE_SECONDS": 30,
+    # Seconds a handler has to honour its interrupt (timeout, cancel grace over, lease
+    # lost) before its worker gives it up: its lease no longer renewed, the interrupt's
+    # outcome recorded, and a django-q2 worker process ended (django-q2 replaces it).
+    # Long enough for a handler to unwind (a query in flight delays the interrupt);
+    # keep it below CANCEL_GRACE_SECONDS + HARD_KILL_MARGIN_SECONDS, or django-q2's
+    # hard limit ends the process first and the reaper records WorkerLost.
+    "INTERRUPT_GRACE_SECONDS": 30,
     # ctx.progress() writes at most once per this many seconds (the latest value wins;
     # the last one is stored with the outcome). 0 writes every call.
     "PROGRESS_FLUSH_SECONDS": 0.25,

@@ -1,7 +1,8 @@
 """This thread's database connection around a worker's writes: replaced when it
 broke, a write made once more on a new one when the server had dropped it, closed
-without a word (``close_quietly``), and a clean exit's call on one that may no
-longer answer, waited for a bounded time (``at_exit``)."""
+without a word (``close_quietly``), and a call on one that may no longer answer,
+waited for a bounded time on a thread of its own (``on_own_thread``: a clean
+exit's, ``at_exit``, and a given-up handler's outcome)."""
 
 from __future__ import annotations
 
@@ -92,23 +93,34 @@ def close_quietly() -> None:
         connection.close()
 
 
+def on_own_thread(call: Callable[[], None], *, name: str, seconds: float) -> bool:
+    """``call()`` on a thread of its own (with its own connection, closed after),
+    waited for ``seconds`` at most: a database that no longer answers (a network that
+    drops packets) would hold the caller for the TCP timeout, minutes. False if it
+    has not returned by then: it is left behind (a daemon thread)."""
+
+    def run() -> None:
+        try:
+            call()
+        finally:
+            close_quietly()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive()
+
+
 def at_exit(remove: Callable[[str], None], name: str, *, what: str) -> None:
     """A clean exit's database call (``remove(name)``), waited for a heartbeat
-    interval at most: on a database that no longer answers (a network that drops
-    packets) it would wait for the TCP timeout, minutes, and the graceful stop
-    with it. It runs in a thread of its own (with its own connection, closed
-    after); one still waiting is left behind as the process exits, the row to age."""
+    interval at most (``on_own_thread``), and the graceful stop with it; one still
+    waiting is left behind as the process exits, the row to age."""
 
     def run() -> None:
         try:
             remove(name)
         except Exception:
             exit_logger.warning("jobstate: could not remove %s %s", what, name, exc_info=True)
-        finally:
-            close_quietly()
 
-    call = threading.Thread(target=run, name="jobstate-exit", daemon=True)
-    call.start()
-    call.join(float(conf.get("HEARTBEAT_SECONDS")))
-    if call.is_alive():
+    if not on_own_thread(run, name="jobstate-exit", seconds=float(conf.get("HEARTBEAT_SECONDS"))):
         exit_logger.warning("jobstate: the database did not answer in time; %s %s stays", what, name)

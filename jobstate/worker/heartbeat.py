@@ -67,7 +67,9 @@ class Heartbeat:
         now = time.monotonic()
         slot = self.slot
         wakes: list[float] = []
-        if slot is not None and not slot.done.is_set():
+        if slot is not None and not slot.done.is_set() and not slot.given_up:
+            # A handler given up (jobstate.worker.escalation) is left alone: its lease
+            # runs out unless its outcome was recorded.
             if now >= slot.next_beat:
                 slot.next_beat = now + interval
                 if not slot.ctx.lease_lost.is_set():  # lost is lost: no query, no warning, every beat

@@ -15,7 +15,9 @@ started once (not per job):
   handler when it overruns its timeout, ignores a cancel past the grace
   period, or lost its lease: a ``BaseException`` raised through a signal in
   the handler's frames only (a handler's ``except Exception`` cannot swallow
-  it; one that lands once the handler returned is ignored: its outcome stands).
+  it; one that lands once the handler returned is ignored: its outcome stands),
+  and gives up a handler that has not honoured its interrupt
+  ``INTERRUPT_GRACE_SECONDS`` later (``jobstate.worker.escalation``).
 
 An interrupt can land in the middle of a database call; the connection is then
 closed and replaced before the outcome is written, so the next job on this
@@ -52,6 +54,12 @@ interrupt: timeout                         retry or ``failed`` Timeout (``cancel
                                            if a cancel was requested)
 interrupt: cancel grace over               ``cancelled``
 interrupt / refusal: lease lost            nothing written (another holder owns it)
+an interrupt not honoured within           given up: its lease no longer renewed,
+``INTERRUPT_GRACE_SECONDS`` (swallowed,    the interrupt's outcome (as above)
+or the handler stuck where no signal       recorded from the watchdog, one ERROR
+lands)                                     line; a django-q2 worker process then
+                                           ends (replaced); inline, the handler runs
+                                           on, its own outcome discarded
 connection dropped while the handler ran   the outcome written once more on a new
                                            connection (lease token guarded)
 the outcome write itself fails             connection replaced; the attempt recorded
@@ -71,7 +79,9 @@ unknown kind                               ``failed`` UnknownKind, no attempt ch
                                            (``cancelled`` if a cancel was requested)
 django-q2 hard time limit                  retry or ``failed`` HardTimeout (pending
                                            progress stored)
-worker process killed or frozen            the reaper: retry or ``failed`` WorkerLost
+worker process killed or frozen (or one    the reaper: retry or ``failed`` WorkerLost
+whose given-up outcome could not be
+written in time)
 cluster killed before a process began it   the reaper: ``queued``, no attempt charged
 even recording the failure fails           the lease runs out; the reaper, as above
 an attempt observer hook raises            logged and ignored; the outcome stands
@@ -82,6 +92,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import threading
 import time
 from datetime import datetime
@@ -89,7 +100,7 @@ from typing import Any
 
 from django.db import Error as DatabaseErrors
 
-from jobstate import hooks, registry, services
+from jobstate import conf, hooks, registry, services
 from jobstate.exceptions import (
     Interrupted,
     LeaseLost,
@@ -200,7 +211,9 @@ def _run(
         try:
             sup = supervisor()
             ctx = JobContext(job, spec, worker_id, leased_at)
-            slot = Slot(ctx, timeout_for(spec), interruptible)
+            slot = Slot(
+                ctx, timeout_for(spec), interruptible, ends_process=not inline and _worker_process(sup)
+            )
             call = slot.call = HandlerCall(spec.func, slot)
             if interruptible:
                 install_signal()
@@ -233,6 +246,9 @@ def _run(
             broken = slot.delivered and isinstance(exc, DatabaseErrors)
             outcome = ("interrupted", slot.interrupted) if broken else ("error", exc)
         except BaseException as exc:
+            if slot.given_up:  # its outcome recorded already
+                ended = _given_up(slot)
+                raise
             # The connection may be mid-query. django-q2's hard time limit
             # (TimeoutException, a SystemExit): recorded as HardTimeout. The handler's
             # own SystemExit, KeyboardInterrupt or GeneratorExit is recorded here as
@@ -247,6 +263,9 @@ def _run(
             elif recorded:
                 ended = finish(ctx, "error", exc)
             raise
+        if slot.given_up:
+            ended = _given_up(slot)
+            return ended
         if left_open and outcome[0] == "ok":
             left = TransactionLeftOpen("The handler returned inside a transaction it never ended")
             outcome = ("error", left)
@@ -271,6 +290,22 @@ def _run(
             sup.end(slot)
         if observed:
             _observe(hooks.attempt_ended, ctx, ended)
+
+
+def _worker_process(sup: Supervisor) -> bool:
+    """Whether this is a django-q2 worker process running cluster jobs (a child
+    process serving a cluster), which ends if its handler is given up."""
+    return sup.identity is not None and multiprocessing.parent_process() is not None
+
+
+def _given_up(slot: Slot) -> str:
+    """The handler returned (or raised) after the watchdog gave it up
+    (``jobstate.worker.escalation``), which recorded the outcome its interrupt
+    stands for: that is waited for (it is bounded), then the handler's own is
+    discarded."""
+    slot.escalated.wait(2 * float(conf.get("HEARTBEAT_SECONDS")))
+    close_quietly()  # the interrupt may have left it mid-command
+    return slot.recorded or "lost"
 
 
 def _unstarted(job: Job, ctx: JobContext | None, exc: BaseException, inline: bool) -> str:

@@ -22,20 +22,35 @@ INTERRUPT_SIGNAL = signal.SIGUSR1
 class Slot:
     """The job a worker process runs now, as its heartbeat and watchdog see it."""
 
-    def __init__(self, ctx: JobContext, timeout: float, interruptible: bool) -> None:
+    def __init__(
+        self, ctx: JobContext, timeout: float, interruptible: bool, *, ends_process: bool = False
+    ) -> None:
         now = time.monotonic()
         self.ctx = ctx
         self.deadline = now + timeout
         self.interruptible = interruptible
+        # A django-q2 worker process (not an inline run): one whose handler does not
+        # honour its interrupt ends (jobstate.worker.escalation).
+        self.ends_process = ends_process
         self.main_ident = threading.get_ident()
         self.next_beat = now + float(conf.get("HEARTBEAT_SECONDS"))
         self.done = threading.Event()  # the handler has returned (or raised)
         self.interrupted: str | None = None  # why the watchdog interrupts it
+        self.interrupted_at: float | None = None  # when (monotonic)
         self.delivered = False  # an Interrupted was raised inside the handler
         self.cancel_since: float | None = None
         self.call: HandlerCall | None = None
         # The heartbeat's last renewal waited on a lock instead of failing.
         self.blocked = False
+        # Held while ``done`` is set, and by the escalation while it decides: the
+        # handler either returned first or was given up first, never both.
+        self.ending = threading.Lock()
+        # Given up (the interrupt not honoured in time): the heartbeat renews it no
+        # more; ``escalated`` is set once its outcome was recorded (``recorded``) or
+        # the wait for that ran out (None).
+        self.given_up = False
+        self.escalated = threading.Event()
+        self.recorded: str | None = None
 
 
 class HandlerCall:

@@ -130,7 +130,8 @@ class Supervisor(Heartbeat, Watchdog):
             self.beat_wake.set()
 
     def end(self, slot: Slot) -> None:
-        slot.done.set()
+        with slot.ending:  # not while the escalation decides (jobstate.worker.escalation)
+            slot.done.set()
         if self.slot is slot:
             self.slot = None
             if self.identity is not None:

@@ -1,7 +1,8 @@
 """The watchdog of a worker process: it makes no database call, so nothing can
 block it, and interrupts the handler (``Interrupted``, raised through
 ``INTERRUPT_SIGNAL`` in the handler's own frames only) on timeout, cancel grace
-or lease loss.
+or lease loss. A handler that has not honoured its interrupt
+``INTERRUPT_GRACE_SECONDS`` later is given up (``jobstate.worker.escalation``).
 
 A lease is also given up ``lease_margin()`` before it runs out (on this
 process's clock, from the start of the last write that renewed it) while the
@@ -31,6 +32,7 @@ import threading
 import time
 
 from jobstate import conf
+from jobstate.worker import escalation
 from jobstate.worker.limits import lease_margin
 from jobstate.worker.slot import INTERRUPT_SIGNAL, Slot
 
@@ -94,7 +96,14 @@ class Watchdog:
         elif slot.cancel_since is not None and now - slot.cancel_since >= grace:
             self.interrupt(slot, "cancel")
         if slot.interrupted is not None:
-            return WATCH_SECONDS * 4
+            if slot.interrupted_at is None:
+                return WATCH_SECONDS * 4
+            # Not honoured in time: given up (jobstate.worker.escalation).
+            left = slot.interrupted_at + escalation.grace() - now
+            if left <= 0:
+                escalation.give_up(slot)
+                return WATCH_SECONDS * 4
+            return min(WATCH_SECONDS * 4, left)
         until = slot.deadline - now
         if given_up > now:
             until = min(until, given_up - now)
@@ -117,7 +126,7 @@ class Watchdog:
     def interrupt(self, slot: Slot, why: str) -> None:
         if slot.interrupted is not None or slot.done.is_set():
             return
-        slot.interrupted = why
+        slot.interrupted, slot.interrupted_at = why, time.monotonic()
         logger.warning("Interrupting job %s: %s", slot.ctx.job.pk, why)
         if slot.interruptible:
             signal.pthread_kill(slot.main_ident, INTERRUPT_SIGNAL)

@@ -68,6 +68,17 @@ def stuck(ctx: Any) -> None:
     ctypes.CDLL(None).pause()
 
 
+@jobstate.handler("e2e.deaf", timeout=2, max_attempts=1)
+def deaf(ctx: Any) -> None:
+    """Swallows every interrupt (jobstate's timeout, django-q2's hard limit): only
+    its worker giving it up (jobstate.worker.escalation) ends it."""
+    while True:
+        try:  # noqa: SIM105 - no suppress(): a signal may land in its own frames
+            time.sleep(0.1)
+        except BaseException:  # deaf on purpose
+            pass
+
+
 @jobstate.handler("e2e.once", max_attempts=1)
 def once(ctx: Any) -> dict[str, Any]:
     """A short job with a single attempt: losing it once fails it for good."""

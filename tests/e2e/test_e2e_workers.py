@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -179,6 +180,26 @@ def test_a_handler_deaf_to_every_stop_is_killed_at_its_hard_limit_and_rescued(qc
     assert done.events.get(transition="fail").actor_label == "system:reaper"
     assert stuck_pid not in cluster.pids()
     assert "reincarnated worker" in cluster.log() and "after timeout" in cluster.log()
+
+
+def test_a_handler_deaf_to_its_timeout_is_given_up_and_a_stopping_cluster_exits(qcluster):
+    # The handler swallows its timeout interrupt (at 2 s) and django-q2's hard limit
+    # (at 5 s). The cluster is stopped (SIGTERM) while it runs: django-q2 then waits
+    # for its worker processes without a limit, and its guard, which kills one past
+    # its hard limit, no longer runs; the pusher (and its reaper) stops first. The
+    # worker gives the handler up 1 s after its interrupt: Timeout recorded, the
+    # process ended, and the stop finishes.
+    cluster = qcluster(workers=1, jobstate={"INTERRUPT_GRACE_SECONDS": 1})
+    job = services.enqueue("e2e.deaf", {})
+    wait_for(lambda: fresh(job).worker_id.count(":") == 2, 10, message="job begun by a worker process")
+    stopping = time.monotonic()
+    cluster.stop(timeout=15)
+    assert cluster.proc is not None and cluster.proc.returncode == 0, cluster.log()[-3000:]
+    assert time.monotonic() - stopping < 12
+    done = fresh(job)
+    assert done.status == Status.FAILED and done.error_type == "Timeout", (done.status, done.error_type)
+    assert done.events.get(transition="fail").actor_label.startswith("worker:")  # not the reaper
+    assert "given up" in cluster.log() and "this worker process ends" in cluster.log()
 
 
 def test_concurrency_limit_holds_across_worker_processes(qcluster, tmp_path):
