@@ -99,8 +99,10 @@ class JobLifecycle(RuleBasedStateMachine):
             watermark=watermark,
             max_attempts=max_attempts,
             owner=owner,
-            # Claimable at once; otherwise only after time passes (run_after = real now).
-            run_after=self.now if ready else None,
+            # Claimable at once; otherwise only after time passes. On the state machine's
+            # clock, not the real one (the default run_after): how much real time went by
+            # made a replayed example draw from other jobs (FlakyStrategyDefinition).
+            run_after=self.now if ready else self.now + timedelta(seconds=5),
         )
         assert created == (job.pk not in before)
         assert job.owner_id == (owner.pk if owner else None)
