@@ -232,7 +232,15 @@ SERVICE_GROUPS: list[tuple[str, list[tuple[str, list[str]]]]] = [
             ),
             (
                 "Act on jobs",
-                ["request_cancel", "request_stop", "retry", "requeue", "force_fail", "operator_actions"],
+                [
+                    "request_cancel",
+                    "request_stop",
+                    "retry",
+                    "requeue",
+                    "force_fail",
+                    "force_cancel",
+                    "operator_actions",
+                ],
             ),
             ("Files", ["add_asset", "result_assets", "file_response", "safe_name"]),
         ],

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from datetime import timedelta
 from io import StringIO
 from typing import Any
@@ -540,6 +541,26 @@ def test_a_check_that_cannot_run_exits_3_not_a_finding_s_status(monkeypatch: Any
     assert exit_status("--reason", "recently_failed", "--ignore", "recently_failed") == 3
     monkeypatch.setattr(stuck, "survey", mock.Mock(side_effect=DatabaseError("server closed")))
     assert exit_status("--skip-checks") == 3
+
+
+def test_every_remedy_the_command_prints_runs_as_printed(temp_handler: Any) -> None:
+    # It printed "Requeue it ..." and no command; `manage.py jobstate requeue` did not exist,
+    # nor a force cancel or a fail.
+    jobs = scenario(temp_handler)
+    stuck_ids = {str(j.pk) for name, j in jobs.items() if not name.startswith("ok_")}
+    code, out = run()
+    commands = [line.split("run: ", 1)[1] for line in out.splitlines() if line.startswith("    run: ")]
+    assert code == 2 and len(commands) == len(stuck_ids)
+    json_commands = [f["command"] for f in json.loads(run("--json")[1])["findings"]]
+    assert sorted(json_commands) == sorted(commands)
+    for command in commands:
+        words = shlex.split(command)
+        assert words[:3] == ["python", "manage.py", "jobstate"], command
+        call_command(*words[2:], stdout=StringIO(), stderr=StringIO())  # a refusal raises
+    remedied = JobEvent.objects.filter(reason__startswith="stuck remedy (").select_related("job")
+    assert {e.actor_label[:4] for e in remedied} == {"cli:"}
+    assert {str(e.job.retry_of_id or e.job_id) for e in remedied} == stuck_ids  # a retry: a new job
+    assert run() == (0, "No stuck jobs.\n")
 
 
 def test_command_marks_capped_counts() -> None:

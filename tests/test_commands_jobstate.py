@@ -227,6 +227,51 @@ def test_cancel_of_a_job_waiting_for_its_children_is_at_once() -> None:
     assert Job.objects.get(pk=child.pk).status == Status.CANCELLED
 
 
+def test_requeue_fail_and_cancel_now_from_the_command_line() -> None:
+    # `jobstate requeue` was "invalid choice"; there was no fail nor force cancel.
+    running, doomed, hung = processing(), queued(), processing()
+    out, _ = run("jobstate", "requeue", str(running.pk), "--reason", "worker lost")
+    assert out.strip() == f"requeued {running.pk}"
+    out, _ = run("jobstate", "fail", str(doomed.pk), "--reason", "bad input")
+    assert out.strip() == f"failed {doomed.pk}"
+    assert Job.objects.get(pk=doomed.pk).error_message == "bad input"
+    message = refused("jobstate", "cancel", str(hung.pk), "--now")
+    assert message == (
+        "cancel --now refused: the job is processing; only a running job whose cancel was requested "
+        "(`jobstate cancel <id>`, without --now) can be cancelled now on behalf of its worker"
+    )
+    run("jobstate", "cancel", str(hung.pk))
+    out, _ = run("jobstate", "cancel", str(hung.pk), "--now", "--reason", "worker hung")
+    assert out.strip() == f"cancelled {hung.pk} on behalf of its worker"
+    for job, status, reason in (
+        (running, Status.QUEUED, "worker lost"),
+        (doomed, Status.FAILED, "bad input"),
+        (hung, Status.CANCELLED, "worker hung"),
+    ):
+        event = JobEvent.objects.filter(job=job).latest("id")
+        assert (event.to_status, event.reason) == (status, reason)
+        assert event.actor_label.startswith("cli:")
+    assert refused("jobstate", "requeue", str(doomed.pk)) == (
+        "requeue refused: the job is failed; "
+        "only a running job (or a waiting one: it is woken) can be requeued"
+    )
+    assert refused("jobstate", "fail", str(doomed.pk), "--reason", "again") == (
+        "fail refused: the job is failed; only a queued, waiting or running job can be failed"
+    )
+    assert refused("jobstate", "fail", str(queued().pk), "--reason", " ") == (
+        "--reason is empty: say why the job fails (stored as its error)"
+    )
+
+
+def test_requeue_of_a_waiting_job_wakes_it() -> None:
+    parent = processing()
+    queued(parent=parent)
+    services.suspend(parent, parent.lease_token)
+    out, _ = run("jobstate", "requeue", str(parent.pk))
+    assert out.strip() == f"woke {parent.pk}: it runs again now"
+    assert Job.objects.get(pk=parent.pk).status == Status.QUEUED
+
+
 def test_retry_prints_the_new_job() -> None:
     old = failed()
     out, _ = run("jobstate", "retry", str(old.pk), "--reason", "disk cleaned")

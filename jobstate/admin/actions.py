@@ -81,15 +81,7 @@ def _cancel(job: Job, user: Any, reason: str) -> Job:
 
 
 def _force_cancel(job: Job, user: Any, reason: str) -> Job:
-    # The operator honours the pending cancel on behalf of a lost or hung worker:
-    # the token guard makes this a no-op if the worker ended the job meanwhile.
-    fresh = Job.objects.get(pk=job.pk)
-    # Only a cancel that was requested (and not honoured): without one, this would
-    # end a healthy running job at once, its handler never asked to stop.
-    if fresh.status != Status.PROCESSING or fresh.lease_token is None or fresh.cancel_requested_at is None:
-        raise InvalidTransition(fresh.status, Status.CANCELLED, "force_cancel")
-    services.cancel_now(fresh, fresh.lease_token, reason=reason, actor=Actor.admin(user))
-    return Job.objects.get(pk=job.pk)
+    return services.force_cancel(job, Actor.admin(user), reason)
 
 
 def _retry(job: Job, user: Any, reason: str) -> Job:

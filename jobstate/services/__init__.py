@@ -15,6 +15,7 @@ from jobstate.services.bulk import Child, checked_child, enqueue_children, enque
 from jobstate.services.control import (
     DuplicateActiveKey,
     cancel_now,
+    force_cancel,
     force_fail,
     hand_back,
     operator_actions,
@@ -74,6 +75,7 @@ __all__ = [
     "fail",
     "fail_held",
     "file_response",
+    "force_cancel",
     "force_fail",
     "get_or_enqueue",
     "hand_back",

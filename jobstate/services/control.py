@@ -41,6 +41,7 @@ __all__ = [
     "DuplicateActiveKey",  # re-exported: it lives in jobstate.exceptions
     "JobRef",
     "cancel_now",
+    "force_cancel",
     "force_fail",
     "operator_actions",
     "request_cancel",
@@ -132,6 +133,20 @@ def cancel_now(
         fields=progress,
         metadata={"requested_at": row.isoformat() if row else None},
     )
+
+
+def force_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
+    """An operator honours a pending cancel request now, on behalf of a worker that has
+    not (lost or hung): ``cancel_now`` with the job's current lease token, so that
+    worker's lease stops working; if the worker ended the job meanwhile, the token no
+    longer matches and nothing is written (``LeaseLost``). Only a processing job whose
+    cancel was requested (else ``InvalidTransition``): without a request this would end
+    a healthy running job at once, its handler never asked to stop."""
+    fresh = _get(job)
+    if fresh.status != Status.PROCESSING or fresh.lease_token is None or fresh.cancel_requested_at is None:
+        raise InvalidTransition(fresh.status, Status.CANCELLED, "force_cancel")
+    cancel_now(fresh, fresh.lease_token, reason=reason, actor=Actor.of(actor))
+    return _get(fresh.pk)
 
 
 def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:

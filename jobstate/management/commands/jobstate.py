@@ -1,4 +1,4 @@
-"""``manage.py jobstate``: enqueue, cancel, retry and inspect jobs from a shell.
+"""``manage.py jobstate``: enqueue, cancel, retry, requeue, fail and inspect jobs from a shell.
 
 Every change goes through ``jobstate.services`` and is recorded in the job's
 history with the actor ``cli:<os user>``. Errors are one line (exit status 1); a reader
@@ -8,7 +8,10 @@ that closes the pipe early (``| head``) ends the command quietly (exit status 14
     manage.py jobstate enqueue reports.build --params '{"month": "2026-10"}' --owner alice
     manage.py jobstate show 3f2a9c1e-8d4b-4e0f-9a6b-2c1d0e7f5a43
     manage.py jobstate cancel 3f2a9c1e-... --reason "wrong month"
+    manage.py jobstate cancel 3f2a9c1e-... --now --reason "worker hung"
     manage.py jobstate retry 3f2a9c1e-...
+    manage.py jobstate requeue 3f2a9c1e-... --reason "worker lost"
+    manage.py jobstate fail 3f2a9c1e-... --reason "bad input"
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import InvalidTransition, JobStateError, UnknownKind
+from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost, UnknownKind
 from jobstate.management.commands import _show
 from jobstate.management.commands._common import (
     PipedCommand,
@@ -41,10 +44,12 @@ from jobstate.states import Status
 
 
 class Command(PipedCommand):
-    help = "Enqueue, cancel, retry and show jobs; list the registered kinds."
+    help = "Enqueue, cancel, retry, requeue, fail and show jobs; list the registered kinds."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{enqueue,cancel,retry,kinds,show}")
+        sub = parser.add_subparsers(
+            dest="action", required=True, metavar="{enqueue,cancel,retry,requeue,fail,kinds,show}"
+        )
         enqueue = sub.add_parser("enqueue", help="Queue a job; prints its id.")
         enqueue.add_argument("kind", help="A registered kind (see `jobstate kinds`).")
         enqueue.add_argument("--params", default="{}", help="Parameters as a JSON object (default {}).")
@@ -61,12 +66,28 @@ class Command(PipedCommand):
             "cancel", help="Cancel a queued or waiting job at once; ask a running one to stop."
         )
         cancel.add_argument("job", help="The job's id.")
+        cancel.add_argument(
+            "--now",
+            action="store_true",
+            help="Cancel a running job whose cancel was requested now, on behalf of its worker "
+            "(lost or hung), as the stuck remedy does: its worker's lease stops working.",
+        )
         cancel.add_argument("--reason", default="", help="Recorded in the history.")
         retry = sub.add_parser(
             "retry", help="Queue a finished job again as a new, linked job; prints its id."
         )
         retry.add_argument("job", help="The job's id.")
         retry.add_argument("--reason", default="", help="Recorded in the history.")
+        requeue = sub.add_parser(
+            "requeue",
+            help="Put a running job back in the queue (its worker's lease stops working; one more "
+            "attempt if none is left); wake a waiting one.",
+        )
+        requeue.add_argument("job", help="The job's id.")
+        requeue.add_argument("--reason", default="", help="Recorded in the history.")
+        fail_ = sub.add_parser("fail", help="End a queued, waiting or running job failed; it is not retried.")
+        fail_.add_argument("job", help="The job's id.")
+        fail_.add_argument("--reason", required=True, help="Recorded in the history and as the job's error.")
         sub.add_parser("kinds", help="List the registered kinds and their options.")
         show = sub.add_parser(
             "show",
@@ -81,12 +102,17 @@ class Command(PipedCommand):
         check_text(options)
         check_reason(options)
         action = options["action"]
+        named = "cancel --now" if action == "cancel" and options["now"] else action
         try:
             getattr(self, f"do_{action}")(options)
         except CommandError:
             raise
         except InvalidTransition as exc:
-            raise CommandError(f"{action} refused: {exc.refusal}") from None
+            raise CommandError(f"{named} refused: {exc.refusal}") from None
+        except LeaseLost:  # its worker ended it meanwhile: nothing written
+            raise CommandError(
+                f"{named} refused: the job's worker ended it meanwhile; nothing changed"
+            ) from None
         except (ValidationError, JobStateError, Job.DoesNotExist) as exc:  # deleted meanwhile
             raise fail(exc, f"{action}: ") from None
 
@@ -108,6 +134,10 @@ class Command(PipedCommand):
             self.stderr.write(f"A job with key '{options['key']}' exists ({job.status}); nothing queued.")
 
     def do_cancel(self, options: dict[str, Any]) -> None:
+        if options["now"]:
+            job = services.force_cancel(get_job(options["job"]), cli_actor(), options["reason"])
+            self.stdout.write(f"cancelled {job.pk} on behalf of its worker")
+            return
         job = services.request_cancel(get_job(options["job"]), cli_actor(), options["reason"])
         if job.status == Status.CANCELLED:
             self.stdout.write(f"cancelled {job.pk}")
@@ -120,6 +150,19 @@ class Command(PipedCommand):
         except UnknownKind as exc:  # its handler removed since: no "kind" option to blame
             raise CommandError(f"retry: {exc.retry_refusal}") from None
         self.stdout.write(str(new.pk))
+
+    def do_requeue(self, options: dict[str, Any]) -> None:
+        before = get_job(options["job"])
+        job = services.requeue(before, cli_actor(), options["reason"])
+        if before.status == Status.WAITING:
+            self.stdout.write(f"woke {job.pk}: it runs again now")
+        else:
+            self.stdout.write(f"requeued {job.pk}")
+
+    def do_fail(self, options: dict[str, Any]) -> None:
+        reason = not_blank(options["reason"], "--reason", ": say why the job fails (stored as its error)")
+        job = services.force_fail(get_job(options["job"]), cli_actor(), reason or "")
+        self.stdout.write(f"failed {job.pk}")
 
     def do_kinds(self, options: dict[str, Any]) -> None:
         handlers = registry.all_handlers()

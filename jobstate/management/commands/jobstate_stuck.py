@@ -9,6 +9,7 @@ of the output closed the pipe (``jobstate_stuck | head -1``), as for ``jobstate`
 from __future__ import annotations
 
 import json
+import shlex
 import traceback
 from typing import Any
 
@@ -18,6 +19,22 @@ from jobstate import conf, stuck
 from jobstate.management.commands._common import BROKEN_PIPE_STATUS, PipedCommand
 
 UNKNOWN = 3
+
+# The ``manage.py jobstate`` subcommand that applies each remedy, as the stuck page's click
+# does (a queued job no worker serves: its click cancels it).
+REMEDY_COMMANDS = {
+    stuck.REQUEUE: ("requeue",),
+    stuck.FORCE_CANCEL: ("cancel", "--now"),
+    stuck.RETRY: ("retry",),
+    stuck.START_WORKER: ("cancel",),
+}
+
+
+def remedy_command(finding: stuck.Finding) -> str:
+    """The command line that applies ``finding``'s remedy to its job, runnable as printed,
+    with the reason the stuck page's click records."""
+    words = ("python", "manage.py", "jobstate", *REMEDY_COMMANDS[finding.remedy], str(finding.job.pk))
+    return shlex.join((*words, "--reason", f"stuck remedy ({finding.title.lower()})"))
 
 
 class Verdict(SystemExit):
@@ -88,7 +105,8 @@ class Command(PipedCommand):
         self.over = {c for c, n in counted.items() if n > self.cap}
         counts = {c: min(self.cap, n) for c, n in counted.items()}
         if options["json"]:
-            payload = {"counts": counts, "findings": [f.as_dict() for f in findings]}
+            rows = [{**f.as_dict(), "command": remedy_command(f)} for f in findings]
+            payload = {"counts": counts, "findings": rows}
             self.write_long(json.dumps(payload, indent=2))
         else:
             self._print(counts, findings)
@@ -117,6 +135,7 @@ class Command(PipedCommand):
             self.stdout.write(f"  remedy: {r.remedy_text}")
             for f in by_reason.get(r.code, []):
                 self.stdout.write(f"  {f.job.pk}  {f.job.kind}  {f.text}")
+                self.stdout.write(f"    run: {remedy_command(f)}")
             shown = len(by_reason.get(r.code, []))
             if findings and shown < n:
                 self.stdout.write(f"  ... and {n - shown:,}{plus} more")
