@@ -207,9 +207,22 @@ def test_cancel_queued_and_running_jobs() -> None:
     event = JobEvent.objects.filter(job=waiting).latest("id")
     assert (event.to_status, event.reason) == (Status.CANCELLED, "not needed")
     assert event.actor_label.startswith("cli:")
+    stops = (
+        "its worker stops it at the next check (a heartbeat or progress report), or by force "
+        "CANCEL_GRACE_SECONDS (30s) later"
+    )
     out, _ = run("jobstate", "cancel", str(running.pk))
-    assert "cancel requested" in out
-    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert out.strip() == f"cancel requested for {running.pk}: {stops}"
+    asked = Job.objects.get(pk=running.pk).cancel_requested_at
+    assert asked is not None
+    # A second cancel said "cancel requested" again, as if it had asked now.
+    with override_settings(JOBSTATE={"CANCEL_GRACE_SECONDS": 2.5}):
+        out, _ = run("jobstate", "cancel", str(running.pk))
+    when = timezone.localtime(asked).strftime("%Y-%m-%d %H:%M:%S")
+    assert out.strip() == (
+        f"cancel already requested for {running.pk} at {when}: {stops.replace('(30s)', '(2.5s)')}"
+    )
+    assert Job.objects.get(pk=running.pk).cancel_requested_at == asked
     message = refused("jobstate", "cancel", str(waiting.pk))
     assert message == (
         "cancel refused: the job is cancelled; only a queued, waiting or running job can be cancelled"

@@ -67,15 +67,15 @@ def lines(shown: Shown) -> Iterator[str]:
     yield f"priority   {job.priority}" + (f"   key {job.key}" if job.key else "")
     if marks := _watermarks(job):
         yield f"watermarks {marks}"
-    yield f"created    {_when(job.created_at)}"
+    yield f"created    {when(job.created_at)}"
     if job.run_after and job.run_after > job.created_at and job.status == Status.QUEUED:
-        yield f"run after  {_when(job.run_after)}"
-    yield f"started    {_when(job.started_at)}"
-    yield f"finished   {_when(job.finished_at)}"
+        yield f"run after  {when(job.run_after)}"
+    yield f"started    {when(job.started_at)}"
+    yield f"finished   {when(job.finished_at)}"
     if job.cancel_requested_at:
-        yield f"cancel     requested {_when(job.cancel_requested_at)}"
+        yield f"cancel     requested {when(job.cancel_requested_at)}"
     if job.stop_requested_at:
-        yield f"stop       requested {_when(job.stop_requested_at)}"
+        yield f"stop       requested {when(job.stop_requested_at)}"
     if job.worker_id:
         yield f"worker     {job.worker_id}"
     if job.parent_id:
@@ -98,7 +98,7 @@ def lines(shown: Shown) -> Iterator[str]:
     for e in shown.events:
         change = f"{e.from_status or '-'} -> {e.to_status}"
         reason = f"  {e.reason}" if e.reason else ""
-        yield f"  {_when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_text}{reason}"
+        yield f"  {when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_text}{reason}"
     if shown.assets:  # none: no heading, as the admin's job page has no empty table
         total = shown.assets_total
         yield f"assets     ({total} asset{'s' if total != 1 else ''})"
@@ -106,7 +106,7 @@ def lines(shown: Shown) -> Iterator[str]:
             # As the admin's job page: no size for an external URL, which has no stored file.
             size = str(filesizeformat(a.size)).replace("\xa0", " ") if a.file else "-"
             url = f"  {a.web_url}" if a.web_url and not a.file else ""
-            yield f"  {_when(a.created_at)}  {size:>9}  {a.content_type:<24} {a.asset_type:<16} {a.name}{url}"
+            yield f"  {when(a.created_at)}  {size:>9}  {a.content_type:<24} {a.asset_type:<16} {a.name}{url}"
         if total > len(shown.assets):
             yield f"  ... and {total - len(shown.assets)} more"
     if job.traceback:  # last, whole: the error line above says which error it is
@@ -192,7 +192,7 @@ def _watermarks(job: Job) -> str:
     return "  ".join(f"{label} {value}" for label, value in marks if value is not None)
 
 
-def _when(moment: datetime | None) -> str:
+def when(moment: datetime | None) -> str:
     """In the current time zone; a naive time (``USE_TZ = False``) is so already."""
     if moment is None:
         return "-"

@@ -138,11 +138,21 @@ class Command(PipedCommand):
             job = services.force_cancel(get_job(options["job"]), cli_actor(), options["reason"])
             self.stdout.write(f"cancelled {job.pk} on behalf of its worker")
             return
-        job = services.request_cancel(get_job(options["job"]), cli_actor(), options["reason"])
+        before = get_job(options["job"])
+        job = services.request_cancel(before, cli_actor(), options["reason"])
         if job.status == Status.CANCELLED:
             self.stdout.write(f"cancelled {job.pk}")
+            return
+        grace = float(conf.get("CANCEL_GRACE_SECONDS"))
+        stops = (
+            "its worker stops it at the next check (a heartbeat or progress report), or by force "
+            f"CANCEL_GRACE_SECONDS ({_seconds(grace)}) later"
+        )
+        if before.cancel_requested_at is not None:  # the first request stands
+            when = _show.when(job.cancel_requested_at)
+            self.stdout.write(f"cancel already requested for {job.pk} at {when}: {stops}")
         else:
-            self.stdout.write(f"cancel requested for {job.pk}: its worker stops it at the next check")
+            self.stdout.write(f"cancel requested for {job.pk}: {stops}")
 
     def do_retry(self, options: dict[str, Any]) -> None:
         try:
