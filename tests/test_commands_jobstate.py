@@ -410,7 +410,9 @@ def test_show_has_the_requests_and_related_jobs_the_admin_job_page_has() -> None
     job.refresh_from_db()
     lines = run("jobstate", "show", str(job.pk))[0].splitlines()
     assert "status     Processing (cancel requested) (stop requested)" in lines
-    assert f"cancel     requested {job.cancel_requested_at:%Y-%m-%d %H:%M:%S}" in lines
+    [cancel] = [line for line in lines if line.startswith("cancel ")]
+    assert cancel.startswith(f"cancel     requested {job.cancel_requested_at:%Y-%m-%d %H:%M:%S} (")
+    assert cancel.endswith("s ago), not yet honoured by its worker")
     assert f"stop       requested {job.stop_requested_at:%Y-%m-%d %H:%M:%S}" in lines
     assert f"parent     {parent.pk}" in lines and "children   2 jobs" in lines
     assert not any(line.startswith(("retry of", "retried as")) for line in lines)
@@ -500,6 +502,45 @@ def test_show_lists_the_first_50_assets_and_says_how_many_more() -> None:
     assert [line.split()[-2] for line in assets[1:-1]] == first
     data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
     assert data["assets_total"] == 53 and [a["name"] for a in data["assets"]] == first
+
+
+def test_show_of_a_running_job_has_its_lease_heartbeat_worker_and_pending_cancel() -> None:
+    # It showed the worker only: no lease, no heartbeat, a cancel request as any other time.
+    job = processing(started=timezone.now() - timedelta(minutes=3), lease_seconds=600, worker="w-7")
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(seconds=20))
+    services.request_cancel(job, services.Actor("ops"), "")
+    job.refresh_from_db()
+    lines = run("jobstate", "show", str(job.pk))[0].splitlines()
+    field = {line[:11].strip(): line[11:] for line in lines if not line.startswith(" ")}
+    assert field["worker"] == "w-7"
+    assert field["lease"].startswith(
+        f"expires {timezone.localtime(job.lease_expires_at):%Y-%m-%d %H:%M:%S} (in 6"
+    )
+    assert field["heartbeat"].startswith(f"{timezone.localtime(job.heartbeat_at):%Y-%m-%d %H:%M:%S} (2")
+    assert field["heartbeat"].endswith("s ago)")
+    assert field["cancel"].endswith("s ago), not yet honoured by its worker")
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert (data["worker_id"], data["cancel_pending"]) == ("w-7", True)
+    assert data["lease_expires_at"].startswith(f"{job.lease_expires_at:%Y-%m-%dT%H:%M:%S}")
+    assert data["heartbeat_at"].startswith(f"{job.heartbeat_at:%Y-%m-%dT%H:%M:%S}")
+
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=5, seconds=30))
+    out = run("jobstate", "show", str(job.pk))[0]
+    assert "lease      expired " in out and "(5 minutes ago)" in out
+    services.force_cancel(job, "ops")
+    out = run("jobstate", "show", str(job.pk))[0]
+    assert "lease " not in out and "heartbeat " not in out and "not yet honoured" not in out
+    data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
+    assert (data["lease_expires_at"], data["heartbeat_at"], data["cancel_pending"]) == (None, None, False)
+
+
+@override_settings(USE_TZ=False)
+def test_show_of_a_running_job_with_use_tz_false() -> None:
+    job = services.enqueue("test.echo", {})
+    services.start(job, "w-1", lease_seconds=600)
+    job.refresh_from_db()
+    out, _ = run("jobstate", "show", str(job.pk))
+    assert f"lease      expires {job.lease_expires_at:%Y-%m-%d %H:%M:%S} (in 9 minutes" in out
 
 
 @override_settings(USE_TZ=False)

@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.template.defaultfilters import filesizeformat
 from django.utils import timezone
+from django.utils.timesince import timesince, timeuntil
 
 from jobstate import services
 from jobstate.models import Asset, Job, JobEvent
+from jobstate.models.job import LeaseClock
 from jobstate.states import ACTIVE, Status
 
 HISTORY_ROWS = 50
@@ -31,6 +34,7 @@ class Shown:
     children: int
     assets: list[Asset]  # the first ASSET_ROWS of the job's results (services.result_assets)
     assets_total: int
+    now: datetime  # by the clock leases and heartbeats are written with (LeaseClock)
 
 
 def read(job: Job) -> Shown:
@@ -44,7 +48,16 @@ def read(job: Job) -> Shown:
         children=job.children.order_by().count(),
         assets=assets[:ASSET_ROWS],
         assets_total=services.result_assets(job).count() if len(assets) > ASSET_ROWS else len(assets),
+        now=_clock_now(),
     )
+
+
+def _clock_now() -> datetime:
+    """Now by ``LeaseClock``, naive as the job's times are with ``USE_TZ = False``."""
+    now = LeaseClock.read()
+    if not settings.USE_TZ and timezone.is_aware(now):
+        now = timezone.make_naive(now)
+    return now
 
 
 def as_json(shown: Shown) -> str:
@@ -73,11 +86,19 @@ def lines(shown: Shown) -> Iterator[str]:
     yield f"started    {when(job.started_at)}"
     yield f"finished   {when(job.finished_at)}"
     if job.cancel_requested_at:
-        yield f"cancel     requested {when(job.cancel_requested_at)}"
+        pending = ""
+        if _cancel_pending(job):
+            pending = f" ({_relative(job.cancel_requested_at, shown.now)}), not yet honoured by its worker"
+        yield f"cancel     requested {when(job.cancel_requested_at)}{pending}"
     if job.stop_requested_at:
         yield f"stop       requested {when(job.stop_requested_at)}"
     if job.worker_id:
         yield f"worker     {job.worker_id}"
+    if job.status == Status.PROCESSING and job.lease_expires_at:
+        verb = "expires" if job.lease_expires_at > shown.now else "expired"
+        yield f"lease      {verb} {when(job.lease_expires_at)} ({_relative(job.lease_expires_at, shown.now)})"
+        beat = job.heartbeat_at
+        yield f"heartbeat  {when(beat)} ({_relative(beat, shown.now)})" if beat else "heartbeat  - (none yet)"
     if job.parent_id:
         yield f"parent     {job.parent_id}"
     if job.retry_of_id:
@@ -143,6 +164,11 @@ def as_dict(shown: Shown) -> dict[str, Any]:
         "cancel_requested_at": job.cancel_requested_at,
         "stop_requested_at": job.stop_requested_at,
         "worker_id": job.worker_id,
+        # The lease and heartbeat of a running job (null otherwise), and its cancel request
+        # that its worker has not honoured yet.
+        "lease_expires_at": job.lease_expires_at if job.status == Status.PROCESSING else None,
+        "heartbeat_at": job.heartbeat_at if job.status == Status.PROCESSING else None,
+        "cancel_pending": _cancel_pending(job),
         "parent": job.parent_id,
         "retry_of": job.retry_of_id,
         "retried_as": shown.retries,
@@ -180,6 +206,19 @@ def as_dict(shown: Shown) -> dict[str, Any]:
             for a in shown.assets
         ],
     }
+
+
+def _cancel_pending(job: Job) -> bool:
+    return job.status == Status.PROCESSING and job.cancel_requested_at is not None
+
+
+def _relative(moment: datetime, now: datetime) -> str:
+    """``in 4 minutes``, ``12 seconds ago``: ``moment`` from ``now``."""
+    seconds = int((moment - now).total_seconds())
+    if abs(seconds) < 60:
+        return f"in {seconds}s" if seconds > 0 else f"{-seconds}s ago"
+    text = f"in {timeuntil(moment, now)}" if seconds > 0 else f"{timesince(moment, now)} ago"
+    return text.replace("\xa0", " ")  # Django's no-break spaces, as in sizes above
 
 
 def _watermarks(job: Job) -> str:
