@@ -554,6 +554,29 @@ def test_the_pushers_reaper_sweeps_again_at_once_when_more_remain(broker, monkey
     assert reaped.count() == 2
 
 
+@override_settings(JOBSTATE={"REAP_INTERVAL_SECONDS": 60})
+def test_the_pushers_reaper_logs_the_ids_of_the_jobs_it_moved(broker, caplog):
+    # It logged "requeued 12, failed 0, cancelled 1 ..." and no job id to follow.
+    for n in range(12):
+        services.enqueue("test.echo", {})
+        claim_then_expire(f"gone:{n}")
+    services.enqueue("test.echo", {})
+    (asked,) = services.claim("gone:asked")
+    services.request_cancel(asked, "ops")
+    Job.objects.filter(pk=asked.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    broker._next_reap = 0
+    with caplog.at_level("WARNING", logger="jobstate.worker"):
+        broker.dequeue()
+    (message,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("jobstate reaper:")]
+    requeued = JobEvent.objects.filter(transition="requeue", actor_label="system:reaper")
+    ids = [str(pk) for pk in requeued.order_by("id").values_list("job_id", flat=True)]
+    assert len(ids) == 12
+    assert message == (
+        "jobstate reaper: requeued 12, failed 0, cancelled 1 job(s) whose worker was lost "
+        f"(requeued {', '.join(ids[:10])} and 2 more; cancelled {asked.pk})"
+    )
+
+
 @override_settings(JOBSTATE={"PREFETCH": 10})
 def test_claims_follow_priority_and_never_start_early(broker):
     low = services.enqueue("test.echo", {}, priority=-5)

@@ -71,11 +71,13 @@ class Leases:
             return
         report = services.requeue_expired()
         if report.total:
+            outcomes = {"requeued": report.requeued, "failed": report.failed, "cancelled": report.cancelled}
             logger.warning(
-                "jobstate reaper: requeued %d, failed %d, cancelled %d job(s) whose worker was lost%s",
+                "jobstate reaper: requeued %d, failed %d, cancelled %d job(s) whose worker was lost (%s)%s",
                 len(report.requeued),
                 len(report.failed),
                 len(report.cancelled),
+                "; ".join(f"{label} {listed(ids)}" for label, ids in outcomes.items() if ids),
                 "; more remain past the sweep's limit, swept again next" * report.more,
             )
         if report.more:
@@ -132,6 +134,16 @@ class Leases:
         while self._waiting and now - max(self._waiting[0].at, self._last_pickup) >= limit:
             self._waiting.popleft()
         return list(self._waiting)
+
+
+# Job ids a reaper's log line names per outcome.
+LOGGED_IDS = 10
+
+
+def listed(ids: list[Any]) -> str:
+    """The first ``LOGGED_IDS`` of ``ids``, then ``and N more``: an operator can follow them."""
+    more = len(ids) - LOGGED_IDS
+    return ", ".join(str(pk) for pk in ids[:LOGGED_IDS]) + (f" and {more} more" if more > 0 else "")
 
 
 def max_wait() -> float:
