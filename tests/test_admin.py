@@ -560,6 +560,20 @@ def test_requeue_and_fail(admin_client: Any, admin_user: Any) -> None:
     assert last_event(other).actor_label == "admin"
 
 
+def test_requeue_of_a_running_job_says_the_next_attempt_waits_for_its_lease(admin_client: Any) -> None:
+    job = processing(lease_seconds=600)
+    page = html.unescape(html_of(admin_client, act_url(job, "requeue")))
+    assert "the next attempt waits until the lease would have run out" in page
+    response = admin_client.post(act_url(job, "requeue"), {"reason": "worker hung"})
+    after = Job.objects.get(pk=job.pk)
+    assert after.status == Status.QUEUED and after.run_after == job.lease_expires_at
+    when = timezone.localtime(job.lease_expires_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    assert texts(response) == [
+        f"Job requeued: its next attempt starts after {when}, when its old lease would have run out."
+    ]
+    assert services.claim("w2") == []
+
+
 def test_force_cancel_honours_pending_cancel(admin_client: Any, admin_user: Any) -> None:
     job = processing()
     services.request_cancel(job, "someone", "stop")

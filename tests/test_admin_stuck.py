@@ -548,6 +548,9 @@ def test_every_remedy_the_command_prints_runs_as_printed(temp_handler: Any) -> N
     # nor a force cancel or a fail.
     jobs = scenario(temp_handler)
     stuck_ids = {str(j.pk) for name, j in jobs.items() if not name.startswith("ok_")}
+    live = {
+        name: Job.objects.get(pk=jobs[name].pk).lease_expires_at for name in ("past_timeout", "no_heartbeat")
+    }
     code, out = run()
     commands = [line.split("run: ", 1)[1] for line in out.splitlines() if line.startswith("    run: ")]
     assert code == 2 and len(commands) == len(stuck_ids)
@@ -560,6 +563,10 @@ def test_every_remedy_the_command_prints_runs_as_printed(temp_handler: Any) -> N
     remedied = JobEvent.objects.filter(reason__startswith="stuck remedy (").select_related("job")
     assert {e.actor_label[:4] for e in remedied} == {"cli:"}
     assert {str(e.job.retry_of_id or e.job_id) for e in remedied} == stuck_ids  # a retry: a new job
+    # A requeue of a job whose lease still runs holds it until then, as its remedy says.
+    for name, lease in live.items():
+        assert "once its lease would have run out" in stuck.BY_CODE[name].remedy_text
+        assert Job.objects.filter(pk=jobs[name].pk, status=Status.QUEUED, run_after=lease).exists()
     assert run() == (0, "No stuck jobs.\n")
 
 

@@ -341,6 +341,19 @@ def test_an_operator_requeues_a_stuck_job(user, staff_user):
     assert error["message"] == "The job is queued; only a running or waiting job can be requeued."
 
 
+def test_an_operator_requeue_of_a_live_lease_waits_for_it_to_run_out(user, staff_user):
+    job = running(user)
+    grant(staff_user, "requeue_job", "view_job")
+    client = client_for(type(staff_user).objects.get(pk=staff_user.pk))
+    response = client.post(job_url(job, "requeue/"), {"reason": "worker hung"}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "queued"
+    assert Job.objects.get(pk=job.pk).run_after == job.lease_expires_at > timezone.now()
+    assert body["run_after"] == job.lease_expires_at.isoformat().replace("+00:00", "Z")
+    assert services.claim("w2") == []
+
+
 def test_an_operator_fails_a_job_with_a_reason(user, staff_user):
     job = make_job(user)
     grant(staff_user, "requeue_job", "view_job")

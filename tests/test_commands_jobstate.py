@@ -244,7 +244,13 @@ def test_requeue_fail_and_cancel_now_from_the_command_line() -> None:
     # `jobstate requeue` was "invalid choice"; there was no fail nor force cancel.
     running, doomed, hung = processing(), queued(), processing()
     out, _ = run("jobstate", "requeue", str(running.pk), "--reason", "worker lost")
-    assert out.strip() == f"requeued {running.pk}"
+    when = timezone.localtime(running.lease_expires_at).strftime("%Y-%m-%d %H:%M:%S")
+    assert out.strip() == (
+        f"requeued {running.pk}: its next attempt starts after {when}, when its old lease would have "
+        "run out (its worker's watchdog stops it by then)"
+    )
+    lost = processing(started=timezone.now() - timedelta(minutes=30), lease_seconds=60)
+    assert run("jobstate", "requeue", str(lost.pk))[0].strip() == f"requeued {lost.pk}"
     out, _ = run("jobstate", "fail", str(doomed.pk), "--reason", "bad input")
     assert out.strip() == f"failed {doomed.pk}"
     assert Job.objects.get(pk=doomed.pk).error_message == "bad input"

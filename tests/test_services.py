@@ -592,3 +592,27 @@ def test_extend_leases_renews_the_jobs_of_a_worker_id_stored_cut_to_200_characte
     (job,) = services.claim(long_id, lease_seconds=1)
     later = timezone.now() + timedelta(minutes=5)
     assert services.extend_leases(long_id, [(job.pk, job.lease_token)], lease_seconds=60, now=later) == 1
+
+
+def test_an_operator_requeue_holds_the_job_until_the_old_lease_would_have_run_out():
+    # The next attempt could start at once while the old handler still ran: two attempts.
+    services.enqueue("test.echo", {})
+    (held,) = services.claim("w1", lease_seconds=600)
+    services.begin(held, held.lease_token, "w1:1")
+    lease = Job.objects.get(pk=held.pk).lease_expires_at
+    job = services.requeue(held, "ops", "worker looks hung")
+    assert (job.status, job.run_after, job.lease_token) == (Status.QUEUED, lease, None)
+    assert services.claim("w2") == []
+    assert services.claim("w2", now=lease - timedelta(seconds=1)) == []
+    (again,) = services.claim("w2", now=lease)
+    assert again.pk == held.pk
+
+
+def test_an_operator_requeue_of_a_job_whose_lease_expired_is_immediate():
+    started = timezone.now() - timedelta(minutes=30)
+    services.enqueue("test.echo", {}, run_after=started - timedelta(seconds=1))
+    (held,) = services.claim("w1", lease_seconds=60, now=started)
+    before = timezone.now()
+    job = services.requeue(held, "ops", "worker lost")
+    assert job.status == Status.QUEUED and before <= job.run_after <= timezone.now()
+    assert [j.pk for j in services.claim("w2")] == [held.pk]

@@ -17,9 +17,10 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator
 from django.db.models import QuerySet
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from jobstate import services
-from jobstate.admin import children
+from jobstate.admin import children, display
 from jobstate.exceptions import AlreadyRetried, InvalidTransition, JobStateError, UnknownKind
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent
@@ -108,6 +109,15 @@ def _cancel_done(before: Job, after: Job) -> str:
     )
 
 
+def _requeue_done(before: Job, after: Job) -> str:
+    if after.status == Status.QUEUED and after.run_after > timezone.now():
+        return (
+            f"Job requeued: its next attempt starts after {display.exact_time(after.run_after)}, "
+            "when its old lease would have run out."
+        )
+    return "Job requeued."
+
+
 OPERATIONS: dict[str, Operation] = {
     op.name: op
     for op in (
@@ -156,11 +166,13 @@ OPERATIONS: dict[str, Operation] = {
             "Requeue",
             "requeued",
             "requeue_job",
-            "The job goes back to the queue now; its current worker's lease stops working. If no "
-            "attempt is left, one more is granted.",
+            "The job goes back to the queue; its current worker's lease stops working. While that "
+            "lease would still run, its handler may too: the next attempt waits until the lease "
+            "would have run out, when the worker's watchdog has stopped it (a lease that expired "
+            "already: at once). If no attempt is left, one more is granted. A waiting job is woken now.",
             lambda j: j.status in (Status.PROCESSING, Status.WAITING),  # a waiting job is woken
             _requeue,
-            lambda b, a: "Job requeued.",
+            _requeue_done,
         ),
         Operation(
             "fail",

@@ -304,9 +304,11 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
 
     @extend_schema(
         summary="Requeue a processing job (operators)",
-        description="Puts a processing job (e.g. a stuck one) back in the queue now; its worker's "
-        "lease stops working. A waiting job is woken: it runs again now. Needs staff status and the "
-        "`jobstate.requeue_job` permission.",
+        description="Puts a processing job (e.g. a stuck one) back in the queue; its worker's "
+        "lease stops working. While that lease would still run its handler may too, so the job is "
+        "not claimed before then (`run_after`: the old lease's expiry, when the worker's watchdog has "
+        "stopped it); a job whose lease expired runs again at once. A waiting job is woken: it runs "
+        "again now. Needs staff status and the `jobstate.requeue_job` permission.",
         request=ReasonSerializer,
         responses={200: JobDetailSerializer},
     )

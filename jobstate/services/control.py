@@ -9,7 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, When
+from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -270,9 +270,14 @@ def operator_actions(status: str) -> frozenset[str]:
 
 
 def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:
-    """An operator puts a processing job back in the queue now (e.g. a stuck one).
+    """An operator puts a processing job back in the queue (e.g. a stuck one).
 
-    The old worker's token stops working. If no attempt is left, one more is granted.
+    The old worker's token stops working, but its handler may still run: the job is
+    not claimed again before its old lease would have run out (``run_after`` = the
+    old ``lease_expires_at``, when later than now), by when that worker's watchdog
+    has stopped it (its heartbeat is refused, or cannot renew the lease), so that two
+    attempts never run at once. A job whose lease expired runs again at once.
+    If no attempt is left, one more is granted.
     A ``waiting`` job is woken (``wake``): it runs again now, whatever its children do.
     """
     current = _get(job)
@@ -287,8 +292,9 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
         return _get(current.pk)
     # One more attempt if none is left, judged on the row as the UPDATE finds it: a
     # reserved job may begin (and spend an attempt) after our read.
+    # The old lease as the UPDATE finds it (a heartbeat may renew it after our read).
     fields: dict[str, Any] = {
-        "run_after": timezone.now(),
+        "run_after": Greatest(F("lease_expires_at"), Value(timezone.now(), output_field=DateTimeField())),
         "worker_id": "",
         "max_attempts": Greatest(F("max_attempts"), F("attempts") + 1),
     }

@@ -98,7 +98,8 @@ REASONS: tuple[Reason, ...] = (
         PAST_TIMEOUT,
         "Running past its handler's timeout",
         REQUEUE,
-        "Requeue it: its worker should have stopped it; another attempt starts afresh.",
+        "Requeue it: its worker should have stopped it; another attempt starts afresh once its "
+        "lease would have run out (the worker's watchdog stops it by then).",
         _q_past_timeout,
         _is_past_timeout,
         _describe_timeout,
@@ -111,7 +112,8 @@ REASONS: tuple[Reason, ...] = (
         NO_HEARTBEAT,
         "No heartbeat for too long",
         REQUEUE,
-        "Requeue it: the worker looks hung while its lease is still valid.",
+        "Requeue it: the worker looks hung while its lease is still valid; another attempt starts "
+        "once its lease would have run out (the worker's watchdog stops it by then).",
         _q_no_heartbeat,
         _is_no_heartbeat,
         _describe_heartbeat,

@@ -166,6 +166,11 @@ class Command(PipedCommand):
         job = services.requeue(before, cli_actor(), options["reason"])
         if before.status == Status.WAITING:
             self.stdout.write(f"woke {job.pk}: it runs again now")
+        elif job.status == Status.QUEUED and job.run_after > timezone.now():
+            self.stdout.write(
+                f"requeued {job.pk}: its next attempt starts after {_show.when(job.run_after)}, "
+                "when its old lease would have run out (its worker's watchdog stops it by then)"
+            )
         else:
             self.stdout.write(f"requeued {job.pk}")
 
