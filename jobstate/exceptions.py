@@ -19,7 +19,9 @@ class JobStateError(Exception):
 # their refusal ("the job is queued; only a finished job can be retried").
 NEEDED = {
     "cancel": "only a queued, waiting or running job can be cancelled",
-    "force_cancel": "only a running job whose cancel was requested can be force cancelled",
+    "force_cancel": (
+        "only a running job whose cancel was requested can be cancelled now on behalf of its worker"
+    ),
     "retry": "only a finished job can be retried",
     "requeue": "only a running or waiting job can be requeued",
     "wake": "only a running or waiting job can be requeued",  # a waiting job's requeue

@@ -257,7 +257,7 @@ def test_requeue_fail_and_cancel_now_from_the_command_line() -> None:
     message = refused("jobstate", "cancel", str(hung.pk), "--now")
     assert message == (
         "cancel --now refused: the job is processing; only a running job whose cancel was requested "
-        "(`jobstate cancel <id>`, without --now) can be cancelled now on behalf of its worker"
+        "can be cancelled now on behalf of its worker"
     )
     run("jobstate", "cancel", str(hung.pk))
     out, _ = run("jobstate", "cancel", str(hung.pk), "--now", "--reason", "worker hung")
@@ -271,8 +271,7 @@ def test_requeue_fail_and_cancel_now_from_the_command_line() -> None:
         assert (event.to_status, event.reason) == (status, reason)
         assert event.actor_label.startswith("cli:")
     assert refused("jobstate", "requeue", str(doomed.pk)) == (
-        "requeue refused: the job is failed; "
-        "only a running job (or a waiting one: it is woken) can be requeued"
+        "requeue refused: the job is failed; only a running or waiting job can be requeued"
     )
     assert refused("jobstate", "fail", str(doomed.pk), "--reason", "again") == (
         "fail refused: the job is failed; only a queued, waiting or running job can be failed"
