@@ -154,6 +154,8 @@ def every_check_message(temp_handler: Any) -> list[CheckMessage]:
         found += task_backends["default"].check()  # E901
     with override_settings(JOBSTATE={"METRICS_ACCESS": "token"}):
         found += run_checks(tags=["jobstate"])  # E007
+    with override_settings(JOBSTATE={"INTERRUPT_GRACE_SECONDS": 55}):
+        found += run_checks(tags=["jobstate"])  # W017: 55 + 10 >= 30 + 30
     with override_settings(JOBSTATE={"TRACING": True}), mock.patch.dict(sys.modules, {"opentelemetry": None}):
         found += run_checks(tags=["jobstate"])  # W012
     from jobstate.tasks.checks import options_problems
@@ -189,6 +191,17 @@ def test_w008_hint_agrees_with_the_check_and_the_docs():
         "| jobstate.W008 | `HEARTBEAT_SECONDS` > half of `LEASE_SECONDS` |"
         in (ROOT / CHECKS_PAGE).read_text()
     )
+
+
+def test_w017_warns_once_giving_up_a_deaf_handler_comes_after_django_q_s_hard_limit():
+    def w017(**jobstate: float) -> list[Any]:
+        with override_settings(JOBSTATE=jobstate):
+            return [m for m in run_checks(tags=["jobstate"]) if m.id == "jobstate.W017"]
+
+    assert not w017()  # the defaults: 30 + 10 < 30 + 30
+    assert not w017(INTERRUPT_GRACE_SECONDS=49.5)
+    assert w017(INTERRUPT_GRACE_SECONDS=50)
+    assert w017(CANCEL_GRACE_SECONDS=5, HARD_KILL_MARGIN_SECONDS=5, INTERRUPT_GRACE_SECONDS=5)
 
 
 def test_check_hints_point_to_a_docs_page_that_exists():

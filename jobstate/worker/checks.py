@@ -195,6 +195,34 @@ def check_leases(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
 
 
 @register("jobstate")
+def check_interrupt_grace(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    names = (
+        "INTERRUPT_GRACE_SECONDS",
+        "HEARTBEAT_SECONDS",
+        "CANCEL_GRACE_SECONDS",
+        "HARD_KILL_MARGIN_SECONDS",
+    )
+    if not conf.well_typed(*names):
+        return []  # E003 says what is wrong
+    grace, beat, cancel, margin = (float(conf.get(name)) for name in names)
+    # Giving a handler up takes its grace, then up to a heartbeat interval to record
+    # the outcome; django-q2's hard limit comes CANCEL_GRACE + HARD_KILL_MARGIN past
+    # the timeout, and its kill leaves the job to the reaper (WorkerLost).
+    if grace + beat >= cancel + margin:
+        return [
+            Warning(
+                f"JOBSTATE INTERRUPT_GRACE_SECONDS ({grace:g}) + HEARTBEAT_SECONDS ({beat:g}) is not below "
+                f"CANCEL_GRACE_SECONDS + HARD_KILL_MARGIN_SECONDS ({cancel + margin:g}): django-q2's hard "
+                "time limit kills a handler deaf to its timeout before jobstate gives it up, and the "
+                "reaper records WorkerLost instead of the Timeout.",
+                hint=f"Lower INTERRUPT_GRACE_SECONDS, or raise HARD_KILL_MARGIN_SECONDS. {DOCS}",
+                id="jobstate.W017",
+            )
+        ]
+    return []
+
+
+@register("jobstate")
 def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
     return sqlite_warnings(settings.DATABASES.get("default", {}))
 
