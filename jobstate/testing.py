@@ -25,7 +25,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from jobstate.models import Job
-from jobstate.worker import runner
+from jobstate.worker import connections, runner
 
 __all__ = ["drain", "transitions"]
 
@@ -34,8 +34,16 @@ WORKER_ID = "test"
 # Inside a test's transaction: each progress call written at once, and no lease
 # renewal (the heartbeat's connection cannot see the job, nor does the lease's
 # renewal, which waits for a commit, ever come): a lease longer than any test's
-# handler, which its own timeout still bounds.
-IN_TRANSACTION = {"PROGRESS_FLUSH_SECONDS": 0, "HEARTBEAT_SECONDS": 3600, "LEASE_SECONDS": 7200}
+# handler, which its own timeout still bounds. Nor is a handler deaf to its
+# interrupt given up (INTERRUPT_GRACE_SECONDS): its outcome would be written on a
+# connection of its own, which cannot see the job either (on SQLite it waited out
+# the busy timeout, twice); the handler's own outcome stands when it returns.
+IN_TRANSACTION = {
+    "PROGRESS_FLUSH_SECONDS": 0,
+    "HEARTBEAT_SECONDS": 3600,
+    "LEASE_SECONDS": 7200,
+    "INTERRUPT_GRACE_SECONDS": 3600,
+}
 
 
 def drain(*, kinds: list[str] | None = None, max_jobs: int = 1000, now: datetime | None = None) -> int:
@@ -55,8 +63,12 @@ def drain(*, kinds: list[str] | None = None, max_jobs: int = 1000, now: datetime
         now = max(now, timezone.now())  # a past one would leave out the jobs due now
     if not connection.in_atomic_block:
         return runner.drain(WORKER_ID, kinds, max_jobs, now=now)
-    with override_settings(JOBSTATE={**(getattr(settings, "JOBSTATE", None) or {}), **IN_TRANSACTION}):
-        return runner.drain(WORKER_ID, kinds, max_jobs, now=now)
+    kept = connections.keep_in_transaction.set(True)  # the test's connection: never closed
+    try:
+        with override_settings(JOBSTATE={**(getattr(settings, "JOBSTATE", None) or {}), **IN_TRANSACTION}):
+            return runner.drain(WORKER_ID, kinds, max_jobs, now=now)
+    finally:
+        connections.keep_in_transaction.reset(kept)
 
 
 def transitions(job: Job | Any) -> list[str]:

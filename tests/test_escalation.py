@@ -104,6 +104,45 @@ def test_a_timeout_not_honoured_is_recorded_and_ends_a_worker_process(
 
 
 @override_settings(JOBSTATE=FAST)
+def test_a_process_that_ends_tells_attempt_ended_once_and_flushes_its_logs_first(
+    temp_handler, clock, monkeypatch
+):
+    # os._exit skips run_job's ending: attempt_ended was never told (a span left open)
+    # and buffered log handlers (a log shipper) never flushed.
+    from jobstate import hooks
+
+    seen: list[tuple[str, Any]] = []
+    monkeypatch.setattr(escalation, "os", SimpleNamespace(_exit=lambda code: seen.append(("exit", code))))
+
+    class Buffered(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            pass
+
+        def flush(self) -> None:
+            seen.append(("flush", None))
+
+    handler = Buffered()
+    logging.getLogger("jobstate").addHandler(handler)
+
+    def told(ctx: Any, ended: str) -> None:
+        seen.append(("ended", ended))
+
+    hooks.attempt_ended.register(told)
+    try:
+        sup, slot = _watchdog(), _running(temp_handler, ends_process=True)
+        clock.now += 1
+        sup._watch(slot)
+        clock.now += 0.5
+        sup._watch(slot)
+    finally:
+        logging.getLogger("jobstate").removeHandler(handler)
+        hooks.attempt_ended.unregister(told)
+    assert [what for what, _ in seen if what == "ended"] == ["ended"]
+    assert ("ended", "failed") in seen and ("flush", None) in seen
+    assert seen[-1] == ("exit", escalation.GIVEN_UP_EXIT)
+
+
+@override_settings(JOBSTATE=FAST)
 def test_a_cancel_not_honoured_ends_cancelled(temp_handler, clock, exits):
     sup, slot = _watchdog(), _running(temp_handler, ends_process=True, cancel=True)
     slot.ctx.cancel_seen.set()

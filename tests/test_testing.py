@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from datetime import timedelta
 from typing import Any
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from jobstate import services, testing
 from jobstate.exceptions import Suspend
-from jobstate.states import Status
+from jobstate.states import TERMINAL, Status
 
 pytestmark = pytest.mark.django_db
 
@@ -98,3 +99,35 @@ def test_drain_now_reruns_a_handler_that_suspends_past_the_real_clock_until_max_
     services.enqueue("t.testing.poll", {})
     assert testing.drain() == 1
     assert testing.drain(now=timezone.now() + timedelta(hours=1), max_jobs=7) == 7
+
+
+@override_settings(JOBSTATE={"INTERRUPT_GRACE_SECONDS": 0.2, "HEARTBEAT_SECONDS": 1, "LEASE_SECONDS": 30})
+def test_a_handler_deaf_to_its_timeout_is_not_given_up_inside_the_tests_transaction(temp_handler):
+    # Giving it up wrote its outcome on a connection of its own, which cannot see the
+    # test's job: on SQLite that waited out the busy timeout twice (a minute).
+    def deaf(ctx: Any) -> dict[str, int]:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BaseException):  # swallows its interrupt, on purpose
+                time.sleep(0.05)
+        return {"ok": 1}
+
+    temp_handler("t.testing.deaf", deaf, timeout=0.3, max_attempts=1)
+    job = services.enqueue("t.testing.deaf", {})
+    started = time.monotonic()
+    assert testing.drain() == 1
+    assert time.monotonic() - started < 10
+    job.refresh_from_db()
+    assert job.status in TERMINAL
+    assert connection.in_atomic_block  # the test's own connection, still open after the interrupt
+
+
+@override_settings(JOBSTATE={"HEARTBEAT_SECONDS": 1, "LEASE_SECONDS": 30})
+def test_a_handler_that_honours_its_timeout_leaves_the_tests_connection_open(temp_handler):
+    # The interrupt's connection clean-up closed the test's own connection: every
+    # later query of the test failed ("Cannot operate on a closed database").
+    temp_handler("t.testing.slow2", lambda ctx: time.sleep(5), timeout=0.3, max_attempts=1)
+    job = services.enqueue("t.testing.slow2", {})
+    assert testing.drain() == 1
+    job.refresh_from_db()
+    assert (job.status, job.error_type) == (Status.FAILED, "Timeout")

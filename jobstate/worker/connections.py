@@ -7,6 +7,7 @@ exit's, ``at_exit``, and a given-up handler's outcome)."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import threading
@@ -88,7 +89,17 @@ class Calls(Generic[T]):
         return self.call()
 
 
+# Set by jobstate.testing's drain inside a test's transaction: this thread's
+# connection is the test's own, and closing it (after an interrupt) would end the
+# test's transaction, every later query failing; it is left open.
+keep_in_transaction: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jobstate_keep_in_transaction", default=False
+)
+
+
 def close_quietly() -> None:
+    if keep_in_transaction.get() and connection.in_atomic_block:
+        return
     with contextlib.suppress(Exception):
         connection.close()
 

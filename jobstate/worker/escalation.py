@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 
-from jobstate import conf
+from jobstate import conf, hooks
 from jobstate.worker.connections import on_own_thread
 from jobstate.worker.endings import finish
 from jobstate.worker.slot import Slot
@@ -63,12 +63,28 @@ def give_up(slot: Slot) -> None:
         if slot.ends_process:
             with slot.ending:
                 if not slot.done.is_set():  # else it returned meanwhile: its process goes on
-                    for stream in (sys.stdout, sys.stderr):
-                        with contextlib.suppress(Exception):
-                            stream.flush()
+                    _before_exit(slot)
                     os._exit(GIVEN_UP_EXIT)
     finally:
         slot.escalated.set()
+
+
+def _before_exit(slot: Slot) -> None:
+    """What ``run_job``'s ending would have done, which ``os._exit`` skips: the
+    ``attempt_ended`` hook told (once: the handler's thread never gets there), and
+    every logging handler flushed (the ERROR line above to a log shipper)."""
+    try:
+        hooks.attempt_ended(slot.ctx, slot.recorded or "lost")
+    except Exception:
+        logger.exception("jobstate: a function of the attempt_ended hook raised; ignored")
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for each in loggers:
+        for handler in getattr(each, "handlers", ()):
+            with contextlib.suppress(Exception):
+                handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _record(slot: Slot) -> str | None:
