@@ -17,33 +17,22 @@ from jobstate import registry, services
 from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.worker import escalation
-from jobstate.worker import slot as slot_module
-from jobstate.worker import watchdog as watchdog_module
 from jobstate.worker.context import JobContext
 from jobstate.worker.outage import Outage
 from jobstate.worker.runner import drain
 from jobstate.worker.slot import Slot
 from jobstate.worker.supervisor import Supervisor
+from tests.watchdog_support import FakeClock, fake_clock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-FAST = {"HEARTBEAT_SECONDS": 0.2, "INTERRUPT_GRACE_SECONDS": 0.5, "CANCEL_GRACE_SECONDS": 0.3}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
 
 @pytest.fixture
-def clock(monkeypatch):  # type: ignore[no-untyped-def]
-    fake = FakeClock()
-    monkeypatch.setattr(slot_module, "time", fake)
-    monkeypatch.setattr(watchdog_module, "time", fake)
-    return fake
+def clock(monkeypatch: Any) -> FakeClock:
+    return fake_clock(monkeypatch)
+
+
+FAST = {"HEARTBEAT_SECONDS": 0.2, "INTERRUPT_GRACE_SECONDS": 0.5, "CANCEL_GRACE_SECONDS": 0.3}
 
 
 @pytest.fixture

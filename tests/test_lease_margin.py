@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -18,33 +19,22 @@ from jobstate import conf, services
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec
 from jobstate.states import Status
-from jobstate.worker import slot as slot_module
-from jobstate.worker import watchdog as watchdog_module
 from jobstate.worker.context import JobContext
 from jobstate.worker.runner import run_job
 from jobstate.worker.slot import Slot
 from jobstate.worker.supervisor import Supervisor
+from tests.watchdog_support import FakeClock, fake_clock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# The most the checks allow: a heartbeat at half the lease.
-HALF = {"HEARTBEAT_SECONDS": 2, "LEASE_SECONDS": 4}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
 
 @pytest.fixture
-def clock(monkeypatch):  # type: ignore[no-untyped-def]
-    fake = FakeClock()
-    monkeypatch.setattr(slot_module, "time", fake)
-    monkeypatch.setattr(watchdog_module, "time", fake)
-    return fake
+def clock(monkeypatch: Any) -> FakeClock:
+    return fake_clock(monkeypatch)
+
+
+# The most the checks allow: a heartbeat at half the lease.
+HALF = {"HEARTBEAT_SECONDS": 2, "LEASE_SECONDS": 4}
 
 
 def _watchdog(bounded_waits: bool) -> Supervisor:
