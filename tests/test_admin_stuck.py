@@ -450,6 +450,19 @@ def test_a_remedys_message_names_its_job(admin_client: Any) -> None:
     assert said[-1] == f"Job {short(dead.pk)} retried: the new job is {new.pk}."
 
 
+def test_a_requeue_remedy_of_a_live_lease_says_when_the_next_attempt_starts(admin_client: Any) -> None:
+    # The job page's Requeue said so; the stuck page's click only "requeued".
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    job = processing(lease_seconds=600)
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    (said,) = [str(m) for m in get_messages(remedy(admin_client, job, "requeue").wsgi_request)]
+    assert Job.objects.get(pk=job.pk).run_after > timezone.now()
+    assert said.startswith(f"Job {short(job.pk)} requeued: its next attempt starts after ")
+
+
 @pytest.mark.parametrize(
     "codenames", [("requeue_job",), ("view_job",), ("view_job", "cancel_job", "retry_job")]
 )

@@ -204,6 +204,26 @@ def test_retry_from_a_step_it_cannot_start_at_is_a_400_on_from_step(user, staff_
     assert Job.objects.count() == before and not JobEvent.objects.filter(transition="retry_from").exists()
 
 
+def test_retry_from_a_step_answers_a_parameters_error_as_a_plain_retry_does(user, staff_user, monkeypatch):
+    # It was blamed on from_step (400 invalid, fields.from_step), a field that was right.
+    from jobstate.exceptions import InvalidParameters
+    from jobstate.registry import get_handler
+
+    old = failed_workflow(user)
+    staff = grant(staff_user, "view_job", "retry_job")
+
+    def refuse(self: Any, parameters: Any) -> Any:
+        raise InvalidParameters({"n": ["This field is required."]})
+
+    monkeypatch.setattr(type(get_handler("wf.fixable")), "validate", refuse)
+    plain = assert_error(client_for(staff).post(job_url(old, "retry/"), {}, format="json"), 400)
+    stepped = assert_error(
+        client_for(staff).post(job_url(old, "retry/"), {"from_step": "two"}, format="json"), 400
+    )
+    assert plain["code"] == "invalid_parameters"
+    assert (stepped["code"], stepped["fields"]) == (plain["code"], plain["fields"])
+
+
 def test_staff_need_the_permission_to_retry_someone_elses_job(user, staff_user):
     job = failed(user)
     staff_user = grant(staff_user, "view_job")

@@ -608,6 +608,17 @@ def test_an_operator_requeue_holds_the_job_until_the_old_lease_would_have_run_ou
     assert again.pk == held.pk
 
 
+def test_an_operator_requeue_of_a_job_reserved_and_never_begun_is_immediate():
+    # No handler ran (its old cluster cannot begin it once the token is gone): it was
+    # held a whole lease for nothing.
+    services.enqueue("test.echo", {})
+    (reserved,) = services.claim("w1", lease_seconds=600)
+    before = timezone.now()
+    job = services.requeue(reserved, "ops", "cluster gone")
+    assert job.status == Status.QUEUED and before <= job.run_after <= timezone.now()
+    assert [j.pk for j in services.claim("w2")] == [reserved.pk]
+
+
 def test_an_operator_requeue_of_a_job_whose_lease_expired_is_immediate():
     started = timezone.now() - timedelta(minutes=30)
     services.enqueue("test.echo", {}, run_after=started - timedelta(seconds=1))

@@ -253,7 +253,9 @@ def remedy_done(op: Operation, before: Job, after: Job) -> str:
     if op.name == "retry":
         return f"{job} retried: the new job is {after.pk}."
     if op.name == "requeue":
-        return f"{job} requeued." if before.status != Status.WAITING else f"{job} woken: queued again."
+        if before.status == Status.WAITING:
+            return f"{job} woken: queued again."
+        return op.done(before, after).replace("Job", job, 1)  # when its next attempt starts
     if op.name == "force_cancel":
         return f"{job} cancelled on behalf of its worker."
     return f"{job} cancelled."

@@ -44,7 +44,7 @@ from jobstate.api.renderers import EventStreamRenderer
 from jobstate.api.schema import SSE_EVENT_SCHEMA, extend_schema
 from jobstate.api.stream import finished_and_seen, streaming_response
 from jobstate.api.throttling import count_stream, long_poll_seconds, open_stream
-from jobstate.exceptions import UnknownKind
+from jobstate.exceptions import InvalidParameters, UnknownKind
 from jobstate.models import Asset, Job, JobEvent
 from jobstate.models.job import with_retried
 from jobstate.services import Actor
@@ -72,6 +72,8 @@ def _retry_from(job: Job, step: str, actor: Actor, reason: str) -> Job:
     request's ``from_step`` errors: it checks them all before it writes anything."""
     try:
         return retry_from(job, step, actor=actor, reason=reason)
+    except InvalidParameters:
+        raise  # the job's parameters, not the step: answered as a plain retry's
     except DjangoValidationError as exc:
         raise ValidationError({"from_step": exc.messages}) from None
 

@@ -275,8 +275,10 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     The old worker's token stops working, but its handler may still run: the job is
     not claimed again before its old lease would have run out (``run_after`` = the
     old ``lease_expires_at``, when later than now), by when that worker's watchdog
-    has stopped it (its heartbeat is refused, or cannot renew the lease), so that two
-    attempts never run at once. A job whose lease expired runs again at once.
+    has interrupted it (its heartbeat is refused, or cannot renew the lease; one deaf
+    to it runs up to ``INTERRUPT_GRACE_SECONDS`` more), as the workers' clocks agree
+    with the database's. A job whose lease expired, or reserved and never begun, runs
+    again at once.
     If no attempt is left, one more is granted.
     A ``waiting`` job is woken (``wake``): it runs again now, whatever its children do.
     """
@@ -293,8 +295,13 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     # One more attempt if none is left, judged on the row as the UPDATE finds it: a
     # reserved job may begin (and spend an attempt) after our read.
     # The old lease as the UPDATE finds it (a heartbeat may renew it after our read).
+    now = timezone.now()
     fields: dict[str, Any] = {
-        "run_after": Greatest(F("lease_expires_at"), Value(timezone.now(), output_field=DateTimeField())),
+        # A reserved job never begun has no handler running: at once.
+        "run_after": Case(
+            When(started_at__isnull=True, then=Value(now, output_field=DateTimeField())),
+            default=Greatest(F("lease_expires_at"), Value(now, output_field=DateTimeField())),
+        ),
         "worker_id": "",
         "max_attempts": Greatest(F("max_attempts"), F("attempts") + 1),
     }
