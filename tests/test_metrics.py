@@ -441,7 +441,7 @@ def test_the_admins_reap_button_is_counted_as_the_reapers(admin_client: Any) -> 
 
     job = expired()
     scrape(admin_client)  # counting starts at the first scrape
-    assert admin_client.post(reverse("admin:jobstate_job_reap")).status_code == 302
+    assert admin_client.post(reverse("admin:jobstate_job_reap"), {"confirmed": "yes"}).status_code == 302
     gauges.reset()
     s = scrape(admin_client)
     assert value(s, "jobstate_reaper_actions_total", kind=job.kind, action="requeue") == 1

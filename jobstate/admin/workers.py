@@ -40,7 +40,10 @@ def state_badge(state: str) -> SafeString:
 
 
 def _whole_seconds(moment: datetime, now: datetime) -> str:
-    return display.short_duration(timedelta(seconds=max(0, round((now - moment).total_seconds()))))
+    """``0s``, ``7s``, ``3m 07s``: a heartbeat's age in whole seconds (short_duration's
+    ``0ms`` and ``1.0s`` read a precision the beat interval does not have)."""
+    seconds = max(0, round((now - moment).total_seconds()))
+    return f"{seconds}s" if seconds < 10 else display.short_duration(timedelta(seconds=seconds))
 
 
 def panel_context(now: datetime | None = None) -> dict[str, Any]:
