@@ -729,6 +729,21 @@ def test_bulk_confirmation_counts_what_will_be_done_and_why_the_rest_is_refused(
     assert "; 1 will be refused (1 already retried)" in page
 
 
+def test_bulk_retry_says_which_selected_jobs_are_workflows_run_again_from_their_first_step(
+    admin_client: Any,
+) -> None:
+    # The job page's Retry said so; the bulk one reran workflows from step one silently.
+    workflow = services.enqueue("wf.fixable", {})
+    drain(kinds=["wf.fixable"])  # step two fails
+    page = bulk(admin_client, "retry_selected", [workflow, failed()], None).content.decode()
+    assert (
+        '<p id="js-bulk-workflows"><strong>1 of them is a workflow: each runs again from its first step'
+        in page
+    )
+    plain = bulk(admin_client, "retry_selected", [failed()], None).content.decode()
+    assert "js-bulk-workflows" not in plain
+
+
 def test_bulk_cancel_without_reason_asks_again(admin_client: Any) -> None:
     job = queued()
     response = bulk(admin_client, "cancel_selected", [job], "")

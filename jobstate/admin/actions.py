@@ -27,6 +27,7 @@ from jobstate.models import Job, JobEvent
 from jobstate.models.job import latest_retry, was_retried, with_retried
 from jobstate.services import Actor
 from jobstate.states import TERMINAL, Status
+from jobstate.workflows.definition import definition_of
 
 # Errors a refused operation raises; their message is shown to the operator.
 REFUSALS: tuple[type[Exception], ...] = (JobStateError, ValidationError, Job.DoesNotExist)
@@ -327,6 +328,14 @@ def _not_found(selected: list[str], jobs: list[Job]) -> list[Any]:
     return missing
 
 
+def _workflows(op: Operation, jobs: list[Job]) -> int:
+    """How many of the jobs a bulk retry retries are workflows (each runs again from
+    its first step): the registry's, no query."""
+    if op.name != "retry":
+        return 0
+    return sum(1 for job in jobs if op.allowed(job) and definition_of(job.kind) is not None)
+
+
 def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     op = OPERATIONS[name]
 
@@ -353,6 +362,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "allowed": allowed,
                 "refused": refused,
                 "refused_count": sum(n for _, n in refused),
+                "workflows": _workflows(op, jobs),
                 "count": len(jobs),
                 "truncated": truncated,
                 "reason": reason,
