@@ -3,23 +3,17 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Q
+from django.db.models import Count
 
 from jobstate.models import Job, JobEvent
-from jobstate.states import TERMINAL, Status
+from jobstate.services import cascade
+from jobstate.states import TERMINAL
 
 
 def to_end(job: Job) -> int:
-    """The children the cascade would end now: queued or waiting (cancelled), or running
-    and not yet asked to stop (asked). Their own children go with them, uncounted."""
-    return (
-        Job.objects.filter(parent_id=job.pk)
-        .filter(
-            Q(status__in=(Status.QUEUED, Status.WAITING))
-            | Q(status=Status.PROCESSING, cancel_requested_at__isnull=True)
-        )
-        .count()
-    )
+    """How many children the cascade would end now (``cascade.to_end``); their own
+    children go with them, uncounted."""
+    return cascade.to_end(job.pk).count()
 
 
 def ended(after: Job) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from jobstate.models import Job
 from jobstate.services._rows import record_events
@@ -27,6 +27,15 @@ from jobstate.states import ACTIVE, Status
 
 # Children updated per statement.
 CHUNK = 2000
+
+
+def to_end(parent_id: Any) -> QuerySet[Job]:
+    """The children ``end_children`` ends now: queued or waiting (cancelled), or
+    running and not yet asked to stop (asked); not locked (for a count)."""
+    return Job.objects.filter(parent_id=parent_id).filter(
+        Q(status__in=(Status.QUEUED, Status.WAITING))
+        | Q(status=Status.PROCESSING, cancel_requested_at__isnull=True)
+    )
 
 
 def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> int:
