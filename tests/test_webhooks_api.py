@@ -52,6 +52,16 @@ def test_an_owner_creates_lists_and_sees_only_their_endpoints(user, other_user):
     assert client_for(None).get(URL).status_code == 401
 
 
+def test_create_answers_the_new_endpoints_own_url_as_location(user):
+    # DRF's default Location is the body's "url": the address deliveries go to.
+    client = client_for(user)
+    response = client.post(URL, {"url": "https://hooks.example.com/a"}, format="json")
+    assert response.status_code == 201
+    location = response["Location"]
+    assert location == f"http://testserver{URL}{response.data['id']}/"
+    assert client.get(location).json()["url"] == "https://hooks.example.com/a"
+
+
 def test_events_are_checked(user):
     response = client_for(user).post(
         URL, {"url": "https://hooks.example.com/a", "events": ["job.exploded"]}, format="json"

@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import models, transaction
 from django.db.models import QuerySet
+from django.urls import reverse
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -250,6 +251,12 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         # read undid what a delivery wrote meanwhile (failure count, auto-disable).
         with transaction.atomic():
             return super().update(request, *args, **kwargs)
+
+    def get_success_headers(self, data: Any) -> dict[str, str]:
+        # The new endpoint's own URL. DRF's default took the body's ``url`` field,
+        # which here is the address deliveries go to, not this API's resource.
+        path = reverse("jobstate-api:webhook-detail", kwargs={"pk": data["id"]})
+        return {"Location": self.request.build_absolute_uri(path)}
 
     def perform_create(self, serializer: serializers.BaseSerializer[WebhookEndpoint]) -> None:
         is_global = serializer.validated_data.pop("is_global", False)
