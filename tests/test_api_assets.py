@@ -110,6 +110,15 @@ def test_a_long_name_is_cut_to_what_a_file_system_stores(user):
     assert long.name == "\u00e9" * 100
 
 
+def test_a_long_ascii_name_keeps_its_extension(user):
+    # It was cut to 200 characters before its extension was set aside: the
+    # download's file name ended "aaa", not ".csv".
+    asset = add_file(running(user), "a" * 300 + ".csv", b"x")
+    assert asset.name == "a" * 196 + ".csv"
+    response = client_for(user).get(f"/api/assets/{asset.pk}/download/")
+    assert response["Content-Disposition"] == f'attachment; filename="{"a" * 196}.csv"'
+
+
 def test_download_of_someone_elses_asset_is_a_404(user, other_user):
     asset = add_file(running(other_user))
     assert_error(client_for(user).get(f"/api/assets/{asset.pk}/download/"), 404, "not_found")

@@ -44,7 +44,7 @@ def safe_name(name: str) -> str:
         # Not a hidden file (".htaccess" in a served directory; "😀.txt" became
         # ".txt") nor one a command reads as an option ("-rf").
         cleaned = "file" + cleaned
-    return _fit(cleaned[:200]) or "file"
+    return _fit(cleaned) or "file"
 
 
 NAME_MAX_BYTES = 200  # of a file system's 255 per name: room for the asset id's 37 and a storage's "_abc1234"
