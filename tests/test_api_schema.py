@@ -92,6 +92,27 @@ def test_retry_takes_a_workflows_first_step_to_run_again(user):
     assert "jobstate_workflow retry --from STEP" in from_step["description"]
 
 
+def test_the_schema_names_what_errors_and_creates_carry(user):
+    # A second retry's 409 names the retry (retry_id), each 201 its new object
+    # (Location), each 429 and 503 when to try again (Retry-After): none was in it.
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    detail = schema["components"]["schemas"]["ErrorDetail"]["properties"]
+    assert detail["retry_id"]["format"] == "uuid" and "already_retried" in detail["retry_id"]["description"]
+    conflict = schema["paths"]["/api/jobs/{id}/retry/"]["post"]["responses"]["409"]["description"]
+    assert "`already_retried`, with `error.retry_id`" in conflict
+    creates = {
+        f"{method.upper()} {path}"
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if op["responses"].get("201", {}).get("headers", {}).get("Location", {}).get("required")
+    }
+    assert creates == {"POST /api/jobs/", "POST /api/jobs/{id}/retry/", "POST /api/webhooks/"}
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            for code in ("429", "503"):
+                assert "Retry-After" in op["responses"][code]["headers"], (method, path, code)
+
+
 def test_components_describe_themselves_to_clients(user):
     # A serializer's docstring is its component's description, inherited from the nearest
     # base with one: every request body's was StrictInput's, a maintainer's note
@@ -315,6 +336,8 @@ def test_success_responses_conform_to_the_schema(user, token, seeded):
         token, "/api/jobs/{id}/retry/", "POST", 201, path_parameters={"id": dead}, body=reason
     ).json()
     assert retried["retry_of"] == dead
+    again = call(token, "/api/jobs/{id}/retry/", "POST", 409, path_parameters={"id": dead}, body=reason)
+    assert again.json()["error"]["retry_id"] == retried["id"]
     assets = call(token, "/api/jobs/{id}/assets/", "GET", 200, path_parameters={"id": done}).json()
     assert {a["id"] for a in assets["results"]} == {stored, external}
     call(token, "/api/assets/", "GET", 200)

@@ -3,7 +3,7 @@
     {"error": {"code": "invalid_transition", "message": "...", "fields": {...}}}
 
 ``fields`` maps an input field to its messages (empty when the error is not
-about a field); a refused transition also carries ``current_status``.
+about a field); a refused transition also carries ``current_status``, a second retry ``retry_id``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ class ErrorDetailSerializer(serializers.Serializer[Any]):
     )
     current_status = serializers.ChoiceField(
         choices=Status.choices, required=False, help_text="The job's status, for a refused transition."
+    )
+    retry_id = serializers.UUIDField(
+        required=False, help_text="The job's retry, for `already_retried`: retry that one instead."
     )
 
 

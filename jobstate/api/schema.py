@@ -51,12 +51,32 @@ DESCRIPTIONS = {
     "404": "Not found (or not yours).",
     "405": "Method not allowed.",
     "406": "Cannot produce the requested media type.",
-    "409": "Refused in the job's current state (see `error.current_status`).",
+    "409": "Conflict (see `error.code`): a job's current state (`invalid_transition`, with "
+    "`error.current_status`), a job retried already (`already_retried`, with `error.retry_id`), an "
+    "idempotency key's active job (`duplicate_active_key`), …",
     "413": "Request body too large.",
     "415": "Unsupported media type (send JSON).",
     "429": "Throttled; retry after `Retry-After` seconds.",
     "503": "The database is busy with other writes (`database_busy`) or its connection failed "
     "(`database_unavailable`); retry after `Retry-After` seconds.",
+}
+
+# The headers every response of these codes carries (``errors.exception_handler``
+# sets Retry-After; each create answers the new object's URL).
+HEADERS: dict[str, dict[str, Any]] = {
+    "201": {
+        "Location": {
+            "schema": {"type": "string", "format": "uri"},
+            "required": True,
+            "description": "The URL of what was created.",
+        }
+    },
+    "429": {
+        "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before trying again."}
+    },
+    "503": {
+        "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before trying again."}
+    },
 }
 
 
@@ -92,6 +112,13 @@ class JobstateAutoSchema(AutoSchema):
             # response's too (no COMPONENT_SPLIT_REQUEST), which shows nothing else either.
             schema["additionalProperties"] = False
         return schema
+
+    def _get_response_headers_for_code(self, status_code: Any, direction: Any = "response") -> dict[str, Any]:
+        headers: dict[str, Any] = super()._get_response_headers_for_code(status_code, direction)
+        code = str(status_code)
+        if code in HEADERS and direction == "response":
+            headers = {**HEADERS[code], **headers}
+        return headers
 
     def _get_response_bodies(self, direction: Any = "response") -> dict[str, Any]:
         responses = super()._get_response_bodies(direction)
