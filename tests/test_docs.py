@@ -427,3 +427,17 @@ def test_deploy_page_names_the_enums_that_silence_drf_spectacular_deploy_check(m
     assert warnings(), "the page explains a warning the check gives"
     monkeypatch.setattr(spectacular_settings, "ENUM_NAME_OVERRIDES", documented["ENUM_NAME_OVERRIDES"])
     assert not warnings()
+
+
+def test_the_rest_api_table_describes_each_endpoint_once():
+    # The retry and requeue rows were there twice, the older of each saying less
+    # (no from_step) or what is no longer so (requeued "now").
+    page = (ROOT / "docs" / "reference" / "rest-api.md").read_text()
+    table = page.split("| Method and path | What it does |", 1)[1].split("\n\n", 1)[0]
+    named = [
+        operation
+        for row in table.splitlines()[2:]
+        for operation in re.findall(r"`((?:GET|POST|PUT|PATCH|DELETE) /api/[^`]*)`", row.split(" | ", 1)[0])
+    ]
+    assert "POST /api/jobs/{id}/retry/" in named
+    assert len(named) == len(set(named)), sorted(n for n in named if named.count(n) > 1)
