@@ -48,8 +48,15 @@ class HandlerSpec:
             return parameters
         if _is_serializer_class(self.schema):
             serializer = self.schema(data=parameters)
-            if not serializer.is_valid():
-                raise InvalidParameters(dict(serializer.errors))
+            valid = serializer.is_valid()
+            # A key the serializer has no field for is refused, not dropped: a typo
+            # would run the job with a default instead.
+            from jobstate import parameter_keys
+
+            refused = parameter_keys.refused(serializer, parameters)
+            if refused or not valid:
+                errors = InvalidParameters(serializer.errors).errors if not valid else {}
+                raise InvalidParameters(parameter_keys.merged(refused, errors))
             cleaned = serializer.validated_data
         else:
             cleaned = self.schema(parameters)

@@ -218,6 +218,7 @@ def test_kinds_lists_what_the_caller_may_start_with_parameter_schemas(user, temp
     assert params["type"] == "object" and params["required"] == ["width"]
     assert params["properties"]["width"] == {"type": "integer", "maximum": 1000, "minimum": 1}
     assert params["properties"]["label"]["maxLength"] == 50
+    assert params["additionalProperties"] is False  # enqueue refuses any other key
     assert kinds["test.echo"]["parameters"] == {"type": "object", "additionalProperties": True}
     assert kinds["test.echo"]["max_attempts"] == 3
     # With the permission, the permission-guarded kind is listed too.
@@ -288,6 +289,8 @@ def test_kinds_inline_nested_serializers_under_defs(user, temp_handler):
     params = kind["parameters"]
     assert params["properties"]["lines"]["items"] == {"$ref": "#/$defs/Line"}
     assert params["$defs"]["Line"]["properties"]["sku"]["type"] == "string"
+    assert params["additionalProperties"] is False
+    assert params["$defs"]["Line"]["additionalProperties"] is False
     assert params["properties"]["mode"]["enum"] == ["fast", "slow"]
     assert not any(key.startswith("x-spec") for key in params["properties"]["mode"])
 

@@ -88,7 +88,7 @@ def test_enqueue_errors_are_one_line(user: Any) -> None:
     assert "ISO 8601" in refused("jobstate", "enqueue", "test.echo", "--run-after", "tomorrow")
     assert "ISO 8601" in refused("jobstate", "enqueue", "test.echo", "--run-after", "2026-13-45T00:00")
     message = refused("jobstate", "enqueue", "test.schema", "--params", '{"rows": "many"}')
-    assert message == "enqueue: parameters: width: This field is required."
+    assert message == "enqueue: parameters: rows: Unknown field.; parameters: width: This field is required."
     assert not Job.objects.exists()
 
 

@@ -95,6 +95,50 @@ def test_nested_invalid_parameters_name_their_path():
     assert InvalidParameters({"rows": [{}, {"name": ["Taken."]}]}).messages == ["rows.1.name: Taken."]
 
 
+class WithReadOnly(serializers.Serializer):
+    name = serializers.CharField()
+    made = serializers.CharField(read_only=True)
+    tags = serializers.DictField(child=Row())
+    pairs = serializers.ListField(child=Row())
+
+
+def test_unknown_parameters_are_refused_at_every_depth_and_nothing_is_written():
+    # A misspelt key was dropped by the serializer: the job ran with the default.
+    with pytest.raises(InvalidParameters) as refused:
+        services.enqueue("test.schema", {"width": 3, "lable": "typo"})
+    assert refused.value.messages == ["lable: Unknown field."]
+    assert Job.objects.count() == 0
+    spec = registry.HandlerSpec(name="nested", func=lambda ctx: None, schema=Nested)
+    with pytest.raises(InvalidParameters) as refused:
+        rows = [{"name": "a"}, {"name": "b", "nmae": "c"}]
+        spec.validate({"rows": rows, "sizes": [1], "first": {"name": "x", "n": 1}})
+    assert refused.value.errors == {
+        "rows": {"1": {"nmae": ["Unknown field."]}},
+        "first": {"n": ["Unknown field."]},
+    }
+    other = registry.HandlerSpec(name="other", func=lambda ctx: None, schema=WithReadOnly)
+    with pytest.raises(InvalidParameters) as refused:
+        other.validate({"name": "a", "made": "x", "tags": {"k": {"name": "b", "z": 1}}, "pairs": [{"zz": 1}]})
+    assert refused.value.messages == [
+        "made: This field is read-only.",
+        "tags.k.z: Unknown field.",
+        "pairs.0.zz: Unknown field.",
+        "pairs.0.name: This field is required.",
+    ]
+    # Unknown and invalid keys are reported together; valid parameters still pass.
+    with pytest.raises(InvalidParameters) as refused:
+        services.enqueue("test.schema", {"width": 0, "x": 1})
+    assert refused.value.messages == [
+        "x: Unknown field.",
+        "width: Ensure this value is greater than or equal to 1.",
+    ]
+    assert spec.validate({"rows": [], "sizes": [], "first": {"name": "x"}}) == {
+        "rows": [],
+        "sizes": [],
+        "first": {"name": "x"},
+    }
+
+
 def test_full_lifecycle_with_progress():
     job = services.enqueue("test.echo", {"x": 1})
     (claimed,) = services.claim("w1")

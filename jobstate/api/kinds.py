@@ -66,6 +66,10 @@ def _serializer_schema(serializer_class: type[serializers.BaseSerializer[Any]]) 
     generator.method, generator.path, generator.view = "POST", "/jobs/", view
     schema = generator._map_serializer(serializer_class(), "request")
     defs = {name: component.schema for (name, _), component in generator.registry._components.items()}
+    # enqueue refuses a key no field takes (jobstate.parameter_keys), at every depth.
+    for closed in (schema, *defs.values()):
+        if closed.get("type") == "object" and "properties" in closed:
+            closed.setdefault("additionalProperties", False)
     if defs:
         schema = {**schema, "$defs": defs}
     tidy: dict[str, Any] = _tidy(schema)
