@@ -6,9 +6,11 @@ time travel; nothing here depends on real workers.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
+import django
 import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
@@ -86,3 +88,23 @@ def viewer(django_user_model: Any) -> Any:
     """Staff who may only look at jobs."""
     user = django_user_model.objects.create_user("victor", password="pw-victor-123", is_staff=True)
     return grant(user, "view_job")
+
+
+def breadcrumbs(html: str) -> list[str]:
+    """The page's breadcrumbs as text, a part each, once their markup is checked to be
+    the running Django's admin's: from 6.0 a list (an item a part, the last one the
+    current page), before it a div with &rsaquo; between the parts."""
+    nav = r'<nav aria-label="Breadcrumbs">\s*<(div|ol) class="breadcrumbs">(.*?)</\1>\s*</nav>'
+    match = re.search(nav, html, re.S)
+    assert match is not None, "no breadcrumbs"
+    tag, block = match.groups()
+    if django.VERSION >= (6, 0):
+        assert tag == "ol" and "&rsaquo;" not in block, block
+        assert not re.sub(r"<li[^>]*>.*?</li>", "", block, flags=re.S).strip(), block  # items only
+        items = re.findall(r"<li( aria-current=\"page\")?>(.*?)</li>", block, re.S)
+        assert [bool(current) for current, _ in items] == [False] * (len(items) - 1) + [True], block
+        parts = [text for _, text in items]
+    else:
+        assert tag == "div" and "<li" not in block, block
+        parts = block.split("&rsaquo;")
+    return [" ".join(re.sub(r"<[^>]+>", "", part).split()) for part in parts]

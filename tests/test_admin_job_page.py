@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from jobstate import services
-from tests.admin_support import completed, failed, processing, queued
+from tests.admin_support import breadcrumbs, completed, failed, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -417,8 +417,7 @@ def test_the_pages_heading_and_breadcrumb_name_the_job_without_its_status(admin_
     html = admin_client.get(reverse("admin:jobstate_job_change", args=[job.pk])).content.decode()
     name = f"{job.kind} {job.pk}"
     assert f"<title>{name} | " in html and f"<h2>{name}</h2>" in html
-    crumbs = html[html.index('class="breadcrumbs"') :]
-    assert crumbs[: crumbs.index("</div>")].rstrip().endswith(f"&rsaquo; {name}")
+    assert breadcrumbs(html)[-1] == name
     assert "[processing]" not in html
 
 

@@ -21,7 +21,7 @@ from jobstate.ids import short
 from jobstate.models import Job, WorkerProcess
 from jobstate.services import workers
 from jobstate.states import Status
-from tests.admin_support import grant, processing, queued
+from tests.admin_support import breadcrumbs, grant, processing, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -232,18 +232,6 @@ def test_app_page_and_sidebar_list_the_pages(admin_client: Any) -> None:
     html = admin_client.get(reverse("admin:jobstate_job_changelist")).content.decode()
     sidebar = html[html.index('id="nav-sidebar"') :]
     assert f'href="{DASHBOARD}"' in sidebar
-
-
-def breadcrumbs(html: str) -> list[str]:
-    # Django 5.2 (and jobstate's own pages): a div, parts parted by &rsaquo;; Django 6's
-    # own pages: a list, a part an item.
-    match = re.search(r'<(div|ol) class="breadcrumbs">(.*?)</\1>', html, re.S)
-    assert match is not None, "no breadcrumbs"
-    block = match.group(2)
-    parts = (
-        re.findall(r"<li[^>]*>(.*?)</li>", block, re.S) if match.group(1) == "ol" else block.split("&rsaquo;")
-    )
-    return [" ".join(re.sub(r"<[^>]+>", "", part).split()) for part in parts]
 
 
 def test_breadcrumbs_name_the_app_apart_from_its_job_model(admin_client: Any) -> None:

@@ -131,6 +131,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
             request,
             f"{op.label} job {short(job.pk)}",
             job=job,
+            job_name=f"{job.kind} {short(job.pk)}",
             original=job,
             operation=op,
             form=form,
