@@ -729,6 +729,58 @@ def test_bulk_confirmation_counts_what_will_be_done_and_why_the_rest_is_refused(
     assert "; 1 will be refused (1 already retried)" in page
 
 
+def rows() -> tuple[list[tuple[Any, ...]], int]:
+    """Every job as its columns an operation changes, and the number of history rows."""
+    jobs = Job.objects.order_by("pk").values_list("pk", "status", "cancel_requested_at", "updated_at")
+    return list(jobs), JobEvent.objects.count()
+
+
+def test_a_bulk_action_nothing_selected_can_take_offers_no_confirmation(admin_client: Any) -> None:
+    # It offered "Cancel 0 jobs", a button that did nothing.
+    asked = processing()
+    services.request_cancel(asked, "ops", "first")
+    jobs = [completed(), completed(), asked]  # counts apart: groups of one size keep no set order
+    page = bulk(admin_client, "cancel_selected", jobs, None).content.decode()
+    assert "<title>Nothing to cancel |" in page
+    assert (
+        "<strong>None of the 3 selected jobs can be cancelled in their current state</strong> "
+        "(2 completed, 1 already asked to stop): there is nothing to confirm."
+    ) in page
+    assert 'type="submit"' not in page.split('id="content-main"')[1] and 'name="confirm"' not in page
+    assert f'<a href="{LIST}" class="closelink">Back</a>' in page
+    retried = completed()
+    services.retry(retried, "ops", "fixed")
+    page = bulk(admin_client, "retry_selected", [retried], None).content.decode()
+    assert "<title>Nothing to retry |" in page and 'name="confirm"' not in page
+    assert "The selected job cannot be retried in its current state</strong> (1 already retried)" in page
+    page = bulk(admin_client, "retry_selected", [queued(), queued(), retried], None).content.decode()
+    assert "(2 queued, 1 already retried)" in page and 'name="confirm"' not in page
+
+
+def test_a_bulk_confirmation_posted_when_nothing_selected_can_take_it_writes_nothing(
+    admin_client: Any,
+) -> None:
+    # A page read before the jobs changed, or a crafted POST: it called the services job by job.
+    asked = processing()
+    services.request_cancel(asked, "ops", "first")
+    done, retried, running = [completed(), completed()], completed(), processing()
+    services.retry(retried, "ops", "fixed")
+    before = rows()
+    for reason in ("wrong input", ""):  # not "Give a reason." either: there is nothing to do
+        response = bulk(admin_client, "cancel_selected", [*done, asked], reason)
+        assert response.status_code == 302
+        assert texts(response) == [
+            "Nothing cancelled: none of the selected jobs can be cancelled now "
+            "(2 completed, 1 already asked to stop)."
+        ]
+        admin_client.get(LIST)  # shows the message, so the next response holds its own only
+    response = bulk(admin_client, "retry_selected", [retried, asked, running], "again")
+    assert texts(response) == [
+        "Nothing retried: none of the selected jobs can be retried now (2 processing, 1 already retried)."
+    ]
+    assert rows() == before
+
+
 def test_bulk_retry_says_which_selected_jobs_are_workflows_run_again_from_their_first_step(
     admin_client: Any,
 ) -> None:
@@ -814,8 +866,10 @@ def test_bulk_action_reports_the_selected_jobs_gone_since_the_confirmation(admin
 def test_bulk_cancel_refuses_already_requested(admin_client: Any) -> None:
     job = processing()
     services.request_cancel(job, "someone", "first")
-    response = bulk(admin_client, "cancel_selected", [job], "second")
-    assert any("a cancel was already requested" in m for m in texts(response))
+    response = bulk(admin_client, "cancel_selected", [job, queued()], "second")
+    messages = texts(response)
+    assert "Cancelled or asked to stop 1 job." in messages
+    assert any("a cancel was already requested" in m for m in messages)
     assert not JobEvent.objects.filter(job=job, reason="second").exists()
 
 

@@ -298,8 +298,15 @@ def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) 
         messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
     if report.truncated:
         messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")
-    if not n and not report.refused:
-        messages.info(request, "No jobs selected.")
+
+
+def nothing_done(op: Operation, refused: list[tuple[str, int]]) -> str:
+    """The message of a confirmation posted when no selected job can take ``op``
+    (``refused``: ``refused_groups`` of them), which calls no service."""
+    if not refused:
+        return f"Nothing {op.participle}: none of the selected jobs is in the list any more."
+    groups = ", ".join(f"{n} {why}" for why, n in refused)
+    return f"Nothing {op.participle}: none of the selected jobs can be {op.participle} now ({groups})."
 
 
 def posted_action_refused(modeladmin: Any, request: Any) -> bool:
@@ -342,18 +349,22 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     def action(modeladmin: Any, request: Any, queryset: QuerySet[Job]) -> Any:
         reason = posted_text(request, "reason")
         confirmed = request.POST.get("confirm") == "yes"
-        too_long = reason_too_long(reason) if confirmed else None
-        if too_long:
-            messages.error(request, f"Reason: {too_long}")
         jobs = list(with_retried(queryset).order_by("-created_at", "pk")[: BULK_LIMIT + 1])
         truncated = len(jobs) > BULK_LIMIT
         jobs = jobs[:BULK_LIMIT]
-        if not confirmed or not reason or too_long:
-            allowed = sum(1 for j in jobs if op.allowed(j))
-            refused = refused_groups(op, jobs)
+        allowed = sum(1 for j in jobs if op.allowed(j))
+        refused = refused_groups(op, jobs)
+        # A confirmation posted when no selected job can take the operation any more (its
+        # page read before they changed, or a crafted POST): no service is called.
+        nothing = confirmed and not allowed
+        too_long = reason_too_long(reason) if confirmed and not nothing else None
+        if too_long:
+            messages.error(request, f"Reason: {too_long}")
+        if not nothing and (not confirmed or not reason or too_long):
+            title = f"{op.label} {allowed} job{'s' * (allowed != 1)}" if allowed else f"Nothing to {name}"
             context = {
                 **modeladmin.admin_site.each_context(request),
-                "title": f"{op.label} {allowed} job{'s' if allowed != 1 else ''}",
+                "title": title,
                 "opts": modeladmin.model._meta,
                 "operation": op,
                 "action_name": action.__name__,
@@ -373,7 +384,11 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "media": modeladmin.media,
             }
             return TemplateResponse(request, "admin/jobstate/job/bulk_confirm.html", context)
-        report = run_bulk(op, jobs, request.user, reason)
+        if nothing:
+            report = BulkReport()
+            messages.warning(request, nothing_done(op, refused))
+        else:
+            report = run_bulk(op, jobs, request.user, reason)
         report.truncated = truncated
         if not truncated and request.POST.get("select_across", "0") == "0":
             for pk in _not_found(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME), jobs):
