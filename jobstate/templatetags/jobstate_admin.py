@@ -18,8 +18,8 @@ register = template.Library()
 
 @register.simple_tag
 def admin_lists() -> bool:
-    """Whether the running Django's admin writes breadcrumbs and pages as lists (6.0 on):
-    ``{% admin_lists as lists %}``."""
+    """Whether the running Django's admin writes its breadcrumbs and paginator as lists
+    (6.0 on): ``{% admin_lists as lists %}``."""
     return django.VERSION >= (6, 0)
 
 
