@@ -440,3 +440,86 @@ def test_global_endpoints_no_one_answers_for_are_disabled_saying_how_to_resume(d
         assert not Endpoint.objects.get(pk=global_off.pk).enabled
     finally:
         migrate(latest)
+
+
+# Each migration since 0021 and the table it takes a lock on that a long transaction
+# (a pg_dump, a report; a writer for 0022's foreign key and the index builds) holds up.
+LOCKING = [
+    ("0021_worker_clock_offset", "jobstate_workerprocess", "ACCESS SHARE"),
+    ("0022_step_spawns", "jobstate_job", "ROW EXCLUSIVE"),
+    ("0023_status_index_without_processing", "jobstate_job", "ACCESS SHARE"),
+    ("0024_asset_indexes", "jobstate_asset", "ACCESS SHARE"),
+    ("0025_webhook_answerable", "jobstate_webhookendpoint", "ACCESS SHARE"),
+    ("0026_job_parent_status_index", "jobstate_job", "ACCESS SHARE"),
+]
+
+
+def migrate_apart(targets: list[tuple[str, str]]) -> None:
+    """Migrate through a connection of its own, closed after: a statement that Django's
+    schema editor defers to its end (a foreign key) and that fails leaves its transaction open."""
+    settings = {**connection.settings_dict}
+    apart = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, "apart")
+    connections["apart"] = apart
+    try:
+        MigrationExecutor(apart).migrate(targets)
+    finally:
+        apart.close()
+        del connections["apart"]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("name", "table", "mode"), LOCKING)
+def test_migrations_give_up_a_lock_held_by_a_long_transaction(monkeypatch, name, table, mode):
+    # Queued behind a long transaction that holds the table, each of these held up every
+    # later query of it (workers, enqueues, the admin: a read by primary key waited as long)
+    # until that transaction ended. They give up after a lock timeout now, both ways.
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's lock queue")
+    import threading
+
+    import psycopg
+    from django.db import OperationalError
+
+    from jobstate.models import migration
+
+    monkeypatch.setattr(migration, "LOCK_TIMEOUT", "200ms")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    (before,) = executor.loader.get_migration("jobstate", name).dependencies[:1]
+    migrate([before])
+    holder = psycopg.connect(
+        host=connection.settings_dict["HOST"] or None,
+        port=connection.settings_dict["PORT"] or None,
+        user=connection.settings_dict["USER"],
+        dbname=connection.settings_dict["NAME"],
+        autocommit=False,
+    )
+    try:
+        for target, back in (([("jobstate", name)], [before]), ([before], [("jobstate", name)])):
+            holder.execute(f"LOCK TABLE {table} IN {mode} MODE")
+            ender = threading.Timer(10, holder.rollback)  # without the timeout: it waits this long
+            ender.start()
+            try:
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    migrate_apart(target)
+            finally:
+                ender.cancel()
+                holder.rollback()
+            migrate(target)
+            migrate(back)
+            migrate(target)
+    finally:
+        holder.close()
+        migrate(latest)
+
+
+def test_every_migration_since_0021_limits_its_lock_waits():
+    # A new migration made by makemigrations subclasses migrations.Migration: switch it.
+    from django.db.migrations.loader import MigrationLoader
+
+    from jobstate.models.migration import LockLimitedMigration
+
+    found = MigrationLoader(None).disk_migrations
+    since = {name: m for (app, name), m in found.items() if app == "jobstate" and name >= "0021"}
+    assert since and [n for n, m in since.items() if not isinstance(m, LockLimitedMigration)] == []

@@ -6,8 +6,10 @@ only (no table rewrite), on a small table written every few seconds.
 
 from django.db import migrations, models
 
+from jobstate.models.migration import LockLimitedMigration
 
-class Migration(migrations.Migration):
+
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0020_history_step_delivery_checks"),
     ]

@@ -13,6 +13,8 @@ from typing import Any
 import django.db.models.deletion
 from django.db import migrations, models
 
+from jobstate.models.migration import LockLimitedMigration
+
 SPAWNED = "spawned"
 
 
@@ -33,7 +35,7 @@ def back_to_lists(apps: Any, schema_editor: Any) -> None:
         step.save(update_fields=["detail"])
 
 
-class Migration(migrations.Migration):
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0021_worker_clock_offset"),
     ]

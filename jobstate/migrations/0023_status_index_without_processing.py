@@ -7,8 +7,10 @@ one index entry fewer: about 100 bytes of WAL per job on PostgreSQL (issue 9).
 
 from django.db import migrations, models
 
+from jobstate.models.migration import LockLimitedMigration
 
-class Migration(migrations.Migration):
+
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0022_step_spawns"),
     ]

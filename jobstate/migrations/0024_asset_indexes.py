@@ -16,6 +16,8 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+from jobstate.models.migration import LockLimitedMigration
+
 
 def _drop_fk_index(name, field, column, index):
     return migrations.SeparateDatabaseAndState(
@@ -29,7 +31,7 @@ def _drop_fk_index(name, field, column, index):
     )
 
 
-class Migration(migrations.Migration):
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0023_status_index_without_processing"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

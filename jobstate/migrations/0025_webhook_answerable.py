@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import migrations, models
 from django.utils import timezone
 
+from jobstate.models.migration import LockLimitedMigration
+
 # jobstate.webhooks.answerable.reason(None) when written (a migration keeps its own copy).
 NO_ONE = (
     "disabled: no one answers for this global endpoint, which hears about every job (it was made "
@@ -35,7 +37,7 @@ def enable_again(apps, schema_editor):
     ).update(enabled=True, disabled_at=None, disabled_reason="")
 
 
-class Migration(migrations.Migration):
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0024_asset_indexes"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),

@@ -12,8 +12,10 @@ the migration commits.
 
 from django.db import migrations, models
 
+from jobstate.models.migration import LockLimitedMigration
 
-class Migration(migrations.Migration):
+
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
     dependencies = [
         ("jobstate", "0025_webhook_answerable"),
     ]
