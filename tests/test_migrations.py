@@ -481,7 +481,7 @@ def test_migrations_give_up_a_lock_held_by_a_long_transaction(monkeypatch, name,
     import psycopg
     from django.db import OperationalError
 
-    from jobstate.models import migration
+    from jobstate.migrations import _lock_limited as migration
 
     monkeypatch.setattr(migration, "LOCK_TIMEOUT", "200ms")
     executor = MigrationExecutor(connection)
@@ -518,7 +518,7 @@ def test_every_migration_since_0021_limits_its_lock_waits():
     # A new migration made by makemigrations subclasses migrations.Migration: switch it.
     from django.db.migrations.loader import MigrationLoader
 
-    from jobstate.models.migration import LockLimitedMigration
+    from jobstate.migrations._lock_limited import LockLimitedMigration
 
     found = MigrationLoader(None).disk_migrations
     since = {name: m for (app, name), m in found.items() if app == "jobstate" and name >= "0021"}

@@ -6,7 +6,7 @@ only (no table rewrite), on a small table written every few seconds.
 
 from django.db import migrations, models
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 
 class Migration(LockLimitedMigration):  # waits 5 s at most for a lock

@@ -13,7 +13,7 @@ from typing import Any
 import django.db.models.deletion
 from django.db import migrations, models
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 SPAWNED = "spawned"
 

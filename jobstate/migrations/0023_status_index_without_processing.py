@@ -7,7 +7,7 @@ one index entry fewer: about 100 bytes of WAL per job on PostgreSQL (issue 9).
 
 from django.db import migrations, models
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 
 class Migration(LockLimitedMigration):  # waits 5 s at most for a lock

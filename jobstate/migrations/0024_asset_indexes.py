@@ -16,7 +16,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 
 def _drop_fk_index(name, field, column, index):

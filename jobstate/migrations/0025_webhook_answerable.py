@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import migrations, models
 from django.utils import timezone
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 # jobstate.webhooks.answerable.reason(None) when written (a migration keeps its own copy).
 NO_ONE = (

@@ -12,7 +12,7 @@ the migration commits.
 
 from django.db import migrations, models
 
-from jobstate.models.migration import LockLimitedMigration
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
 
 class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
