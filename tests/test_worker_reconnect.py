@@ -20,7 +20,7 @@ from jobstate import hooks, services
 from jobstate.exceptions import Partial
 from jobstate.models import Job
 from jobstate.states import Status
-from jobstate.worker import counters, outage, tasks
+from jobstate.worker import connections, counters, outage, tasks
 from jobstate.worker.runner import run_job
 from tests.test_worker_broker import run, unpack
 
@@ -226,6 +226,60 @@ def test_a_handler_that_raised_on_a_dropped_connection_is_retried_with_its_own_e
     assert (job.status, job.error_type) == (Status.QUEUED, "ValueError")
     assert job.error_message == "upstream said no"
     assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "requeue"]
+
+
+def restarting_server(monkeypatch: pytest.MonkeyPatch, refusals: int) -> list[str]:
+    """From now on this thread's new connections are refused ``refusals`` times (a
+    server restarting), then made; returns the refusals so far."""
+    real = connection.get_new_connection
+    refused: list[str] = []
+
+    def connect(params: Any) -> Any:
+        if len(refused) < refusals:
+            refused.append("refused")
+            raise connection.Database.OperationalError("the database system\n\tis starting up")
+        return real(params)
+
+    monkeypatch.setattr(connection, "get_new_connection", connect)
+    monkeypatch.setattr(connections, "UNANSWERED_RETRY_SECONDS", 0.01)
+    return refused
+
+
+@pytest.mark.parametrize("cut", [close_at_driver_level, kill_from_outside])
+def test_an_outcome_the_restarting_database_refused_is_stored_once_it_answers(
+    temp_handler, monkeypatch, caplog, cut
+):
+    """The server restarts as the handler ends: its connection is gone and new ones
+    are refused for a moment. The outcome is tried again while the lease holds, and
+    the job completes once. It was given up at the first refusal (two tracebacks),
+    and the work that had ended ran again once the reaper requeued it (chaos trial)."""
+    runs: list[int] = []
+    refused: list[list[str]] = []
+
+    def finished(ctx):  # type: ignore[no-untyped-def]
+        runs.append(ctx.attempt)
+        cut()
+        refused.append(restarting_server(monkeypatch, 3))
+        return {"rows": 3}
+
+    temp_handler("t.restarted", finished, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.restarted", {})
+    (claimed,) = services.claim("w1")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    assert run_job(claimed, "w1:1") == "completed"
+    monkeypatch.undo()
+    job.refresh_from_db()
+    assert (job.status, job.result, job.attempts, job.error_type) == (Status.COMPLETED, {"rows": 3}, 1, "")
+    assert list(job.events.values_list("transition", flat=True)) == ["enqueue", "claim", "complete"]
+    assert runs == [1] and refused == [["refused"] * 3]
+    logged = [(r.levelno, r.getMessage()) for r in jobstate_records(caplog)]
+    assert (logging.INFO, f"Job {job.pk}: its outcome stored once the database answered again") in logged
+    waits = [m for _, m in logged if "does not answer" in m]
+    assert waits == [
+        f"Job {job.pk}: the database does not answer (OperationalError: the database system is "
+        "starting up); its outcome (ok) is tried again until its lease runs out"
+    ]
+    assert not [m for level, m in logged if level >= logging.ERROR]
 
 
 @pytest.mark.parametrize(
@@ -506,3 +560,35 @@ def test_an_unstorable_result_whose_failure_committed_before_the_connection_drop
         line.getMessage()
         == f"Job {job.pk} (t.unstorable) failed on attempt 1 of 3: UnstorableResult: {job.error_message}"
     )
+
+
+@override_settings(JOBSTATE={"LEASE_SECONDS": 1, "HEARTBEAT_SECONDS": 0.2})
+def test_an_outcome_the_database_never_took_is_left_to_the_reaper_with_one_traceback(
+    temp_handler, monkeypatch, caplog
+):
+    """The database stays down past the lease: the worker stops trying before the
+    lease runs out (the reaper may give the job to another worker from then on) and
+    says so in one ERROR line with the traceback (it logged two, the outcome's and
+    the failure's, for one cause)."""
+
+    def finished(ctx):  # type: ignore[no-untyped-def]
+        close_at_driver_level()
+        restarting_server(monkeypatch, 10**6)
+        return {"rows": 3}
+
+    temp_handler("t.never", finished, max_attempts=3, retry_backoff=0)
+    job = services.enqueue("t.never", {})
+    (claimed,) = services.claim("w1")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    started = time.monotonic()
+    assert run_job(claimed, "w1:1") == "lost"
+    assert time.monotonic() - started < 1.0  # given up before the lease ran out
+    monkeypatch.undo()
+    job.refresh_from_db()
+    assert job.status == Status.PROCESSING and job.attempts == 1
+    errors = [r for r in jobstate_records(caplog) if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        f"Job {job.pk}: its outcome (ok) could not be stored: the database did not answer "
+        "before its lease ran out; the reaper will take it"
+    ]
+    assert errors[0].exc_info

@@ -11,6 +11,7 @@ import contextvars
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -75,6 +76,37 @@ def reconnecting(call: Callable[[], T], why: str) -> T:
             raise
     logger.info("jobstate worker: %s; reconnected", why)
     return call()
+
+
+# How often a write is tried again while the database does not answer.
+UNANSWERED_RETRY_SECONDS = 0.5
+
+
+def answers() -> bool:
+    """Whether this thread's connection is open and answers (a failed connect leaves none)."""
+    try:
+        return connection.connection is not None and connection.is_usable()
+    except Exception:
+        return False
+
+
+def until_answered(call: Callable[[], T], until: float, waiting: Callable[[BaseException], None]) -> T:
+    """``call``, made again every ``UNANSWERED_RETRY_SECONDS`` while it fails because
+    the database does not answer (a restart, a crash, a full ``max_connections``),
+    until ``until`` (``time.monotonic()``); ``waiting(error)`` is told before each
+    wait. An error from a database that answers (a constraint, a lock timeout) goes
+    to the caller at once, as does the last one. ``call`` must be safe to repeat."""
+    while True:
+        try:
+            return call()
+        except DatabaseErrors as exc:
+            if connection.in_atomic_block or answers():
+                raise
+            if time.monotonic() + UNANSWERED_RETRY_SECONDS > until:
+                raise
+            waiting(exc)
+            close_quietly()
+            time.sleep(UNANSWERED_RETRY_SECONDS)
 
 
 class Calls(Generic[T]):

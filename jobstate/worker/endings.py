@@ -15,6 +15,7 @@ from typing import Any
 from uuid import UUID
 
 from django.core.exceptions import ValidationError
+from django.db import Error as DatabaseErrors
 
 from jobstate import services
 from jobstate.exceptions import (
@@ -29,9 +30,15 @@ from jobstate.models import Job
 from jobstate.states import Status
 from jobstate.storable import exception_text
 from jobstate.worker import unheard
-from jobstate.worker.connections import close_quietly, reconnecting, usable_connection
+from jobstate.worker.connections import (
+    answers,
+    close_quietly,
+    reconnecting,
+    until_answered,
+    usable_connection,
+)
 from jobstate.worker.context import JobContext, lease_token
-from jobstate.worker.limits import timeout_for
+from jobstate.worker.limits import lease_margin, timeout_for
 from jobstate.worker.outcome_log import Stored, log_ended, logs
 
 logger = logging.getLogger("jobstate")
@@ -199,11 +206,31 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
         writes += 1
         return _store(ctx, kind, value, ask if then is not None else None, unstorable)
 
-    try:
+    waited: list[BaseException] = []
+
+    def waiting(exc: BaseException) -> None:
+        if not waited:
+            logger.warning(
+                "Job %s: the database does not answer (%s: %s); its outcome (%s) is tried again "
+                "until its lease runs out",
+                ctx.job.pk,
+                type(exc).__name__,
+                " ".join(exception_text(exc).split())[:200],  # one line: psycopg's span several
+                kind,
+            )
+        waited.append(exc)
+
+    def written() -> str:
         # The server may have dropped the connection while the handler ran: its
         # outcome is written once more on a new one (guarded by the lease token)
         # rather than recorded as a failure, for a run that ended, to run again.
-        ended = reconnecting(store, OUTCOME_RECONNECTED)
+        return reconnecting(store, OUTCOME_RECONNECTED)
+
+    try:
+        # A database that does not answer (restarting, down, out of connections):
+        # tried again while the lease holds, so a restart does not run work that
+        # ended again. Once the heartbeat stopped, nothing renews the lease.
+        ended = until_answered(written, ctx.lease_until - lease_margin(), waiting)
     except (LeaseLost, InvalidTransition):
         if writes > 1:
             # Refused when written again: the first write may have committed before
@@ -226,7 +253,19 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
         logger.warning("Job %s: lease lost before its outcome was stored", ctx.job.pk)
         return "lost"
     except Exception as exc:
+        if isinstance(exc, DatabaseErrors) and not answers():
+            # Not even its failure could be written: one line, not two tracebacks.
+            logger.error(
+                "Job %s: its outcome (%s) could not be stored: the database did not answer "
+                "before its lease ran out; the reaper will take it",
+                ctx.job.pk,
+                kind,
+                exc_info=exc,
+            )
+            return "lost"
         return _store_failed(ctx, kind, exc)
+    if waited:
+        logger.info("Job %s: its outcome stored once the database answered again", ctx.job.pk)
     _log(ctx, kind, value, ended)
     return ended
 

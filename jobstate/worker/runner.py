@@ -62,6 +62,8 @@ lands)                                     line; a django-q2 worker process then
                                            on, its own outcome discarded
 connection dropped while the handler ran   the outcome written once more on a new
                                            connection (lease token guarded)
+the database does not answer at the        tried again while the lease holds; then
+outcome write (restart, server down)       the reaper (below)
 the outcome write itself fails             connection replaced; the attempt recorded
                                            failed with that error (retry policy)
 error before the handler starts            requeued (or ``cancelled``), the error
