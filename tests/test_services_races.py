@@ -309,3 +309,39 @@ def test_two_retries_of_one_job_at_once_make_one_new_job(monkeypatch):
     thread.join(timeout=10)
     assert isinstance(other.get("error"), AlreadyRetried), other
     assert list(Job.objects.filter(retry_of=old.pk)) == [first]
+
+
+def test_two_reapers_sweeping_one_expired_job_at_once_log_nothing(monkeypatch, caplog):
+    """Every cluster's pusher runs the reaper: after an outage several sweep the same
+    expired jobs. The one that read a job just before another requeued it leaves it
+    without a word; each such job was logged as a WARNING, "Refused requeue on job
+    ...: lease token does not match", by every other cluster (chaos trial)."""
+    import logging
+
+    from jobstate.services import reaper
+
+    job = services.enqueue("test.echo", {})
+    services.start(job, "w-lost")
+    later = timezone.now() + timedelta(minutes=5)
+    real_reap = reaper._reap
+    other: list[services.ReapReport] = []
+    raced: list[bool] = []
+
+    def another_reaper_first(row, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if not raced:  # the other sweep takes the job after this one read it
+            raced.append(True)
+            monkeypatch.setattr(reaper, "_reap", real_reap)
+            other.append(services.requeue_expired(later))
+        return real_reap(row, *args, **kwargs)
+
+    monkeypatch.setattr(reaper, "_reap", another_reaper_first)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    report = services.requeue_expired(later)
+    assert other[0].requeued == [job.pk]
+    assert not (report.requeued or report.failed or report.cancelled or report.skipped or report.errors)
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert list(Job.objects.get(pk=job.pk).events.values_list("transition", flat=True)) == [
+        "enqueue",
+        "claim",
+        "requeue",
+    ]

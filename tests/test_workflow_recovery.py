@@ -216,7 +216,9 @@ def test_jobs_whose_own_row_is_held_do_not_hide_the_others_from_a_limited_sweep(
         Job.objects.filter(pk=job.pk).update(lease_expires_at=base + timedelta(seconds=offset))
     held = {jobs[0].pk, jobs[1].pk}
     real = services.reaper._lock_unless_held
-    monkeypatch.setattr(services.reaper, "_lock_unless_held", lambda pk: pk not in held and real(pk))
+    monkeypatch.setattr(
+        services.reaper, "_lock_unless_held", lambda pk, token: real(pk, token) if pk not in held else False
+    )
     report = services.requeue_expired(now=base + timedelta(hours=1), limit=2)
     assert set(report.skipped) == held and report.failed == [jobs[2].pk]
 

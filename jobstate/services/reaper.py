@@ -20,6 +20,7 @@ from jobstate.services._writes import checked_limit, checked_now
 from jobstate.services.actors import Actor
 from jobstate.services.lease import recovering
 from jobstate.services.transitions import lock_parent, move
+from jobstate.states import Status
 
 logger = logging.getLogger("jobstate")
 
@@ -143,7 +144,10 @@ def _reap(
             if not _lock_parent_briefly(pk):
                 report.skipped.append(pk)
                 return True
-            if not _lock_unless_held(pk):
+            locked = _lock_unless_held(pk, token)
+            if locked is None:
+                return False  # another reaper (every pusher runs one) or its worker moved it first
+            if not locked:
                 report.skipped.append(pk)
                 return False
             if started is None:
@@ -240,13 +244,22 @@ def _lock_parent_briefly(pk: Any) -> bool:
     return True
 
 
-def _lock_unless_held(pk: Any) -> bool:
-    """Lock the job's row, unless another transaction holds it (PostgreSQL; on SQLite
-    the reaper's transaction waits for the database's write lock instead)."""
-    if not connection.features.has_select_for_update_skip_locked:
-        return True
-    free = Job.objects.filter(pk=pk).select_for_update(skip_locked=True, no_key=True)
-    return bool(list(free.values_list("pk", flat=True)))
+def _lock_unless_held(pk: Any, token: Any) -> bool | None:
+    """Lock the job's row, unless another transaction holds it (False; PostgreSQL: on
+    SQLite the reaper's transaction waits for the database's write lock instead).
+    None when the row no longer holds the lease ``token`` the sweep read: another
+    sweep requeued it meanwhile (after an outage every cluster's reaper finds the
+    same expired jobs), or its worker's outcome came first. Its move would be
+    refused, logged as a stale worker's."""
+    rows = Job.objects.filter(pk=pk)
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    if skip_locked:
+        rows = rows.select_for_update(skip_locked=True, no_key=True)
+    found = list(rows.values_list("status", "lease_token"))
+    if not found:
+        return False if skip_locked else None
+    status, lease = found[0]
+    return True if status == Status.PROCESSING and str(lease) == str(token) else None
 
 
 def _still_expired(now: datetime | None) -> Any:
