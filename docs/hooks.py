@@ -278,6 +278,7 @@ SERVICE_GROUPS: list[tuple[str, list[tuple[str, list[str]]]]] = [
                     "allowed_transitions",
                 ],
             ),
+            ("Pause a kind", ["pause_kind", "resume_kind", "paused_kinds"]),
             (
                 "Maintenance",
                 ["requeue_expired", "ReapReport", "remove_orphan_files", "sweep_orphan_files", "OrphanSweep"],

@@ -113,6 +113,26 @@ class ConcurrencyLimitReached(JobStateError):
         super().__init__(f"{limit} job(s) of kind '{kind}' are running, its concurrency limit")
 
 
+class KindPaused(JobStateError):
+    """A job of this kind cannot start now: an operator paused the kind
+    (``services.pause_kind``); it stays queued until the kind is resumed."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(f"Kind '{kind}' is paused: its jobs stay queued until it is resumed")
+
+
+class PauseRefused(JobStateError):
+    """A pause of a kind already paused, or a resume of a kind that is not paused;
+    nothing was written. ``refusal`` says why, as the admin and ``manage.py
+    jobstate`` tell an operator."""
+
+    def __init__(self, kind: str, refusal: str) -> None:
+        self.kind = kind
+        self.refusal = refusal
+        super().__init__(refusal)
+
+
 class StepStateError(JobStateError):
     """The workflow step is not in a state that allows the requested change; nothing was written."""
 

@@ -4,6 +4,7 @@ dashboard and assets. Importing this package registers the ModelAdmins."""
 from jobstate.admin.assets import AssetAdmin
 from jobstate.admin.events import JobEventAdmin
 from jobstate.admin.jobs import JobAdmin
+from jobstate.admin.pauses import KindPauseAdmin
 from jobstate.admin.webhooks import WebhookDeliveryAdmin, WebhookEndpointAdmin
 from jobstate.admin.workers import WorkerProcessAdmin
 
@@ -11,6 +12,7 @@ __all__ = [
     "AssetAdmin",
     "JobAdmin",
     "JobEventAdmin",
+    "KindPauseAdmin",
     "WebhookDeliveryAdmin",
     "WebhookEndpointAdmin",
     "WorkerProcessAdmin",

@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobstate import conf, stuck
-from jobstate.admin import charts, display, stats, workers
+from jobstate.admin import charts, display, pauses, stats, workers
 from jobstate.admin.paginator import CappedPaginator
 from jobstate.admin.views import page_context
 from jobstate.states import Status
@@ -132,6 +132,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         stuck_failed_capped=any(n > BADGE_CAP for c, n in stuck_counts.items() if c not in stuck_active),
         colours=colours,
         schedules_missing=_schedules_missing(),
+        **pauses.dashboard_context(model_admin, request),
     )
     return TemplateResponse(request, "admin/jobstate/job/dashboard.html", context)
 

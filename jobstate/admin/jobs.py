@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobstate import conf, stuck
-from jobstate.admin import actions, dashboard, job_search, live, site, views
+from jobstate.admin import actions, dashboard, job_search, live, pauses, site, views
 from jobstate.admin.changelist import JobChangeList, SafeListAdmin
 from jobstate.admin.filters import KindFilter, OriginFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
@@ -284,6 +284,8 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
             path("live/", bind(live.live_view), name="jobstate_job_live"),
             path("stuck/remedy/", bind(views.stuck_remedy_view), name="jobstate_job_stuck_remedy"),
             path("stuck/reap/", bind(views.reap_view), name="jobstate_job_reap"),
+            path("kinds/pause/", bind(pauses.pause_view), name="jobstate_job_pause_kind"),
+            path("kinds/resume/", bind(pauses.resume_view), name="jobstate_job_resume_kind"),
             path(
                 "<uuid:object_id>/act/<slug:name>/",
                 bind(views.transition_view),

@@ -232,6 +232,8 @@ class StuckSerializer(serializers.Serializer[Any]):
     reason = serializers.CharField(help_text="Reason code, e.g. `lease_expired`.")
     title = serializers.CharField()
     text = serializers.CharField()
-    remedy = serializers.CharField(help_text="`requeue`, `force_cancel`, `retry` or `start_worker`.")
+    remedy = serializers.CharField(
+        help_text="`requeue`, `force_cancel`, `retry`, `start_worker` or `resume_kind`."
+    )
     remedy_text = serializers.CharField()
     since = UTCDateTimeField(allow_null=True)

@@ -45,6 +45,7 @@ from jobstate.services.lease import (
 )
 from jobstate.services.orphans import OrphanSweep, remove_orphan_files, sweep_orphan_files
 from jobstate.services.outcomes import complete, fail, fail_held, mark_partial
+from jobstate.services.pauses import pause_kind, paused_kinds, resume_kind
 from jobstate.services.reaper import ReapReport, requeue_expired
 from jobstate.services.steps import all_step_transitions, move_step
 from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent, parent_locked
@@ -86,6 +87,8 @@ __all__ = [
     "move_step",
     "operator_actions",
     "parent_locked",
+    "pause_kind",
+    "paused_kinds",
     "progress_fields",
     "remove_orphan_files",
     "report_progress",
@@ -94,6 +97,7 @@ __all__ = [
     "requeue",
     "requeue_expired",
     "result_assets",
+    "resume_kind",
     "retry",
     "safe_name",
     "start",

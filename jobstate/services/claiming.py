@@ -16,7 +16,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from jobstate import hooks, registry
-from jobstate.models import Job, JobEvent
+from jobstate.models import Job, JobEvent, KindPause
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._writes import checked_limit, job_columns, jobs_from_rows, lease_times, worker_label
@@ -146,11 +146,18 @@ def ready_sql(
     The status and the limit are written into the statement, not passed as
     parameters: a prepared claim's generic plan can then use the partial
     index of queued jobs and knows how few rows it needs.
+
+    Jobs of a paused kind (``KindPause``) are left out in the same statement: the
+    paused kinds are read once (an InitPlan on PostgreSQL, not a join, so the claim
+    order still comes from the index and only job rows are locked), on every
+    worker and machine alike.
     """
     params: list[Any] = [_prep("run_after", now)]
     where = f"status = '{Status.QUEUED.value}' AND run_after <= %s"
     if cancel_free:
         where += " AND cancel_requested_at IS NULL"
+    paused = f"SELECT kind FROM {KindPause._meta.db_table} WHERE resumed_at IS NULL"
+    where += f" AND kind <> ALL(ARRAY({paused}))" if postgres else f" AND kind NOT IN ({paused})"
     for values, negated in ((kinds, False), (skip_kinds, True)):
         if values is None or (negated and not values):
             continue

@@ -37,6 +37,7 @@ from jobstate.services._writes import job_columns, jobs_from_rows, lease_times, 
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.claiming import room_for
+from jobstate.services.pauses import check_not_paused
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
 from jobstate.storable import text
@@ -213,10 +214,10 @@ def start(
     """Claim one specific queued job and begin it at once (run it inline, or the
     id-only path): ``claim`` and ``begin`` together, under the job's row lock.
 
-    Refuses any other state (``InvalidTransition``) and a kind at its
-    concurrency limit (``ConcurrencyLimitReached``), as a claim would skip it. A
-    queued job whose cancel was requested is cancelled (it never ran), then
-    refused, unless this is a recovery run of a workflow's undos (``recovering``).
+    Refuses any other state (``InvalidTransition``), a paused kind (``KindPaused``)
+    and a kind at its concurrency limit (``ConcurrencyLimitReached``), as a claim
+    would skip it. A queued job whose cancel was requested is cancelled (it never
+    ran), then refused, unless this is a recovery run of a workflow's undos (``recovering``).
     ``lease_seconds`` (None: ``LEASE_SECONDS``) is more than 0 and at most a year, else ``ValueError``.
     ``worker_id`` is a string, else ``TypeError``."""
     worker_id = worker_label(worker_id)
@@ -239,6 +240,7 @@ def start(
             raise InvalidTransition(status, Status.PROCESSING, "claim")
         cancelled = requested is not None and not recovering(target.pk)
         if not cancelled:
+            check_not_paused(kind)
             room = room_for(kind)
             if room is not None and room <= 0:
                 raise ConcurrencyLimitReached(kind, registry.concurrency_limits()[kind])

@@ -13,7 +13,7 @@ from django.db.models import Model, Q
 from django.utils.timesince import timesince
 
 from jobstate import conf, registry
-from jobstate.models import Job
+from jobstate.models import Job, KindPause
 from jobstate.models.job import LeaseClock
 from jobstate.states import TERMINAL, Status
 
@@ -52,6 +52,7 @@ class Context:
         self._idle: frozenset[str] | None = None
         self._served: frozenset[str] | None = None
         self._unserved: list[str] | None = None
+        self._paused: dict[str, KindPause] | None = None
         # Kinds running with a fresh heartbeat, when a pass over the processing
         # jobs already found them (``findings.count_stuck``).
         self.running: frozenset[str] | None = None
@@ -86,6 +87,15 @@ class Context:
         return self._idle
 
     @property
+    def paused(self) -> dict[str, KindPause]:
+        """The active pauses by kind (usually none): their queued jobs are
+        ``queued_kind_paused``, never ``queued_no_worker``."""
+        if self._paused is None:
+            active = KindPause.objects.filter(resumed_at__isnull=True).select_related("paused_by")
+            self._paused = {pause.kind: pause for pause in active}
+        return self._paused
+
+    @property
     def unserved_kinds(self) -> list[str]:
         """Stored kinds that no worker is visibly serving (usually none): what both the
         filter and the check of ``queued_no_worker`` go by."""
@@ -97,7 +107,7 @@ class Context:
                 rest -= self._served
             elif rest:
                 rest -= self.running if self.running is not None else running_kinds(self.now, rest)
-            self._unserved = sorted(rest)
+            self._unserved = sorted(rest - set(self.paused))
         return self._unserved
 
 

@@ -23,6 +23,28 @@ def _q_queued_no_worker(ctx: Context) -> Q:
     return Q(status=Status.QUEUED, run_after__lt=due, kind__in=ctx.unserved_kinds)
 
 
+def _q_queued_kind_paused(ctx: Context) -> Q:
+    due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
+    return Q(status=Status.QUEUED, run_after__lt=due, kind__in=sorted(ctx.paused))
+
+
+def _is_queued_kind_paused(job: Job, ctx: Context) -> bool:
+    due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
+    return job.status == Status.QUEUED and job.run_after < due and job.kind in ctx.paused
+
+
+def _describe_paused(job: Job, ctx: Context) -> str:
+    pause = ctx.paused.get(job.kind)
+    if pause is None:  # resumed meanwhile
+        return f"Due {_ago(job.run_after, ctx.now)} and still queued: its kind '{job.kind}' was paused."
+    why = f": {pause.reason}" if pause.reason else ""
+    return (
+        f"Due {_ago(job.run_after, ctx.now)} and still queued: kind '{job.kind}' paused by "
+        f"{pause.paused_by_text} {_ago(pause.paused_at, ctx.now)}{why}. No worker claims it until "
+        "the kind is resumed."
+    )
+
+
 def _is_queued_no_worker(job: Job, ctx: Context) -> bool:
     due = ctx.now - _seconds("STUCK_QUEUED_PAST_DUE_SECONDS")
     return job.status == Status.QUEUED and job.run_after < due and job.kind in ctx.unserved_kinds

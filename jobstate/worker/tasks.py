@@ -23,7 +23,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, LeaseLost
+from jobstate.exceptions import ConcurrencyLimitReached, InvalidTransition, KindPaused, LeaseLost
 from jobstate.models import Job
 from jobstate.services import workers as worker_processes
 from jobstate.states import Status
@@ -317,8 +317,8 @@ def run_by_id(job_id: Any) -> str:
         if held is None:
             return "skipped"  # cancelled, or run by someone else
         job = held
-    except (Job.DoesNotExist, ConcurrencyLimitReached):
-        return "skipped"  # gone, or its kind is full (the broker takes it later)
+    except (Job.DoesNotExist, ConcurrencyLimitReached, KindPaused):
+        return "skipped"  # gone, or its kind is full or paused (the broker takes it later)
     return _run_begun(job, me, leased_at=leased_at)
 
 

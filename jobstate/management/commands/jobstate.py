@@ -12,6 +12,9 @@ that closes the pipe early (``| head``) ends the command quietly (exit status 14
     manage.py jobstate retry 3f2a9c1e-...
     manage.py jobstate requeue 3f2a9c1e-... --reason "worker lost"
     manage.py jobstate fail 3f2a9c1e-... --reason "bad input"
+    manage.py jobstate pause emails.send --reason "mail API down"
+    manage.py jobstate paused
+    manage.py jobstate resume emails.send --reason "mail API back"
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobstate import conf, registry, services
-from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost, UnknownKind
+from jobstate.exceptions import InvalidTransition, JobStateError, LeaseLost, PauseRefused, UnknownKind
 from jobstate.management.commands import _show
 from jobstate.management.commands._common import (
     PipedCommand,
@@ -40,15 +43,22 @@ from jobstate.management.commands._common import (
     options_after_subcommands,
 )
 from jobstate.models import Job
+from jobstate.services.pauses import describe as describe_pause
+from jobstate.services.pauses import queued_counts
 from jobstate.states import Status
 
 
 class Command(PipedCommand):
-    help = "Enqueue, cancel, retry, requeue, fail and show jobs; list the registered kinds."
+    help = (
+        "Enqueue, cancel, retry, requeue, fail and show jobs; list the registered kinds; pause and "
+        "resume a kind."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(
-            dest="action", required=True, metavar="{enqueue,cancel,retry,requeue,fail,kinds,show}"
+            dest="action",
+            required=True,
+            metavar="{enqueue,cancel,retry,requeue,fail,kinds,show,pause,resume,paused}",
         )
         enqueue = sub.add_parser("enqueue", help="Queue a job; prints its id.")
         enqueue.add_argument("kind", help="A registered kind (see `jobstate kinds`).")
@@ -96,6 +106,17 @@ class Command(PipedCommand):
         )
         show.add_argument("job", help="The job's id.")
         show.add_argument("--json", action="store_true", help="Print JSON.")
+        pause = sub.add_parser(
+            "pause",
+            help="Pause a kind: no worker claims its queued jobs until it is resumed (they stay queued; "
+            "enqueue goes on; running jobs finish).",
+        )
+        pause.add_argument("kind", help="A registered kind, or one with jobs stored.")
+        pause.add_argument("--reason", required=True, help="Why: shown with the pause, kept in its record.")
+        resume = sub.add_parser("resume", help="Resume a paused kind: its queued jobs are claimed again.")
+        resume.add_argument("kind", help="The paused kind (see `jobstate paused`).")
+        resume.add_argument("--reason", default="", help="Kept in the pause's record.")
+        sub.add_parser("paused", help="List the paused kinds: by whom, since when, why, how many queued.")
         options_after_subcommands(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -107,7 +128,7 @@ class Command(PipedCommand):
             getattr(self, f"do_{action}")(options)
         except CommandError:
             raise
-        except InvalidTransition as exc:
+        except (InvalidTransition, PauseRefused) as exc:
             raise CommandError(f"{named} refused: {exc.refusal}") from None
         except LeaseLost:  # its worker ended it meanwhile: nothing written
             raise CommandError(
@@ -214,6 +235,29 @@ class Command(PipedCommand):
             return
         for line in _show.lines(shown):
             self.stdout.write(line)
+
+    def do_pause(self, options: dict[str, Any]) -> None:
+        reason = not_blank(options["reason"], "--reason", ": say why the kind is paused")
+        pause = services.pause_kind(options["kind"], cli_actor(), reason or "")
+        queued = queued_counts([pause.kind])[pause.kind]
+        self.stdout.write(
+            f"paused {pause.kind}: {queued} queued job(s) stay queued until "
+            f"`manage.py jobstate resume {pause.kind}`"
+        )
+
+    def do_resume(self, options: dict[str, Any]) -> None:
+        pause = services.resume_kind(options["kind"], cli_actor(), options["reason"])
+        self.stdout.write(f"resumed {pause.kind} (paused {describe_pause(pause)})")
+
+    def do_paused(self, options: dict[str, Any]) -> None:
+        pauses = services.paused_kinds()
+        if not pauses:
+            self.stdout.write("No kind is paused.")
+            return
+        counts = queued_counts([p.kind for p in pauses])
+        for pause in pauses:
+            shown = f"{counts[pause.kind]} queued, paused {describe_pause(pause)}"
+            self.stdout.write(f"{self.style.WARNING(pause.kind)}  {shown}")
 
     # --- helpers ---------------------------------------------------------------------
 

@@ -33,7 +33,11 @@ REMEDY_COMMANDS = {
 def remedy_command(finding: stuck.Finding) -> str:
     """The command line that applies ``finding``'s remedy to its job, runnable as printed,
     with the reason the stuck page's click records."""
-    words = ("python", "manage.py", "jobstate", *REMEDY_COMMANDS[finding.remedy], str(finding.job.pk))
+    words: tuple[str, ...]
+    if finding.remedy == stuck.RESUME_KIND:  # the kind, not the job: every job of it is claimed again
+        words = ("python", "manage.py", "jobstate", "resume", finding.job.kind)
+    else:
+        words = ("python", "manage.py", "jobstate", *REMEDY_COMMANDS[finding.remedy], str(finding.job.pk))
     return shlex.join((*words, "--reason", f"stuck remedy ({finding.title.lower()})"))
 
 

@@ -1,0 +1,86 @@
+"""Pausing and resuming a kind from the admin dashboard; the list of pauses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+
+from jobstate import services
+from jobstate.models import KindPause
+from tests.admin_support import grant
+
+pytestmark = pytest.mark.django_db
+
+DASHBOARD = reverse("admin:jobstate_job_dashboard")
+PAUSE = reverse("admin:jobstate_job_pause_kind")
+RESUME = reverse("admin:jobstate_job_resume_kind")
+
+
+def said(response: Any) -> str:
+    """The last message the response left (the earlier ones wait for a page to show them)."""
+    return [str(m) for m in get_messages(response.wsgi_request)][-1]
+
+
+def test_pause_from_the_dashboard_then_resume_with_a_confirmation_each(admin_client: Any, admin_user: Any):
+    services.enqueue("test.echo", {})
+    page = admin_client.get(DASHBOARD).content.decode()
+    assert f'href="{PAUSE}?kind=test.echo"' in page and "js-panel-paused" not in page
+    confirm = admin_client.get(PAUSE, {"kind": "test.echo"})
+    assert confirm.status_code == 200 and "Pause <strong>test.echo</strong>?" in confirm.content.decode()
+    assert not KindPause.objects.exists()  # a GET changes nothing
+    # The reason is asked for a pause.
+    blank = admin_client.post(PAUSE, {"kind": "test.echo", "reason": " "})
+    assert blank.status_code == 200 and "Give a reason." in blank.content.decode()
+    assert not KindPause.objects.exists()
+    done = admin_client.post(PAUSE, {"kind": "test.echo", "reason": "mail API down"})
+    assert (
+        done.status_code == 302
+        and said(done) == "Paused test.echo: no worker claims its jobs until it is resumed."
+    )
+    pause = KindPause.objects.get()
+    assert (pause.paused_by, pause.paused_by_label, pause.reason) == (admin_user, "admin", "mail API down")
+    page = admin_client.get(DASHBOARD).content.decode()
+    panel = page.split('id="js-panel-paused"', 1)[1].split("</section>", 1)[0]
+    assert "test.echo" in panel and "admin (admin)" in panel and "mail API down" in panel
+    assert '<td style="text-align: right;">1</td>' in panel  # one queued
+    assert 'class="js-resume-kind"' in panel
+    again = admin_client.post(PAUSE, {"kind": "test.echo", "reason": "me too"})
+    assert said(again).startswith("Pause refused: 'test.echo' is already paused (by admin (admin) since")
+    confirm = admin_client.get(RESUME, {"kind": "test.echo"}).content.decode()
+    assert "Resume <strong>test.echo</strong>, paused by admin (admin) since" in confirm
+    done = admin_client.post(RESUME, {"kind": "test.echo", "reason": ""})  # optional for a resume
+    assert said(done) == "Resumed test.echo: its queued jobs are claimed again."
+    assert KindPause.objects.get().resumed_by_label == "admin"
+    again = admin_client.post(RESUME, {"kind": "test.echo"})
+    assert said(again) == "Resume refused: 'test.echo' is not paused"
+    typo = admin_client.post(PAUSE, {"kind": "test.ecoh", "reason": "x"})
+    assert said(typo) == "Pause refused: no kind 'test.ecoh' is registered or has jobs."
+    listed = admin_client.get(reverse("admin:jobstate_kindpause_changelist")).content.decode()
+    assert "test.echo" in listed and "resumed" in listed
+
+
+def test_only_staff_who_may_change_jobs_pause_or_resume(client: Any, django_user_model: Any):
+    viewer = grant(django_user_model.objects.create_user("v", password="pw", is_staff=True), "view_job")
+    client.force_login(viewer)
+    assert 'class="js-pause-kind"' not in client.get(DASHBOARD).content.decode()
+    assert client.get(PAUSE, {"kind": "test.echo"}).status_code == 403
+    assert client.post(PAUSE, {"kind": "test.echo", "reason": "x"}).status_code == 403
+    services.pause_kind("test.echo", "ops", "incident")
+    assert client.post(RESUME, {"kind": "test.echo"}).status_code == 403
+    page = client.get(DASHBOARD).content.decode()
+    assert "js-panel-paused" in page and "js-resume-kind" not in page  # seen, no button
+    assert KindPause.objects.get().active
+    grant(viewer, "change_job")
+    assert client.post(RESUME, {"kind": "test.echo", "reason": "over"}).status_code == 302
+    assert not KindPause.objects.get().active
+
+
+def test_a_pause_posted_without_the_csrf_token_is_refused(admin_user: Any):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    assert client.post(PAUSE, {"kind": "test.echo", "reason": "x"}).status_code == 403
+    assert not KindPause.objects.exists()

@@ -1,0 +1,246 @@
+"""Pausing a kind (``services.pause_kind``): no claim takes its queued jobs until it
+is resumed; enqueue goes on; refusals write nothing."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from jobstate import services, testing
+from jobstate.exceptions import KindPaused, PauseRefused, UnknownKind
+from jobstate.models import Job, KindPause
+from jobstate.states import Status
+from jobstate.worker import tasks
+
+pytestmark = pytest.mark.django_db
+
+ME = "host:1:2"
+
+
+def _claimed_kinds(jobs: list[Job]) -> list[str]:
+    return sorted(job.kind for job in jobs)
+
+
+@pytest.fixture
+def other_kind(temp_handler):  # type: ignore[no-untyped-def]
+    temp_handler("test.other")
+    return "test.other"
+
+
+@pytest.mark.parametrize("start", [False, True])
+def test_a_claim_skips_a_paused_kind_and_takes_it_again_once_resumed(start, other_kind):
+    paused = [services.enqueue("test.echo", {"n": n}, priority=5) for n in range(3)]
+    other = services.enqueue(other_kind, {})
+    services.pause_kind("test.echo", "ops", "mail API down")
+    # Ahead in claim order, yet left queued: the batch takes the other kind only.
+    assert [j.pk for j in services.claim(ME, limit=10, start=start)] == [other.pk]
+    assert services.claim(ME, kinds=["test.echo"], limit=10, start=start) == []
+    assert set(Job.objects.filter(pk__in=[j.pk for j in paused]).values_list("status", flat=True)) == {
+        Status.QUEUED
+    }
+    services.resume_kind("test.echo", "ops")
+    assert _claimed_kinds(services.claim(ME, limit=10, start=start)) == ["test.echo"] * 3
+
+
+def test_a_claim_with_a_concurrency_limit_skips_a_paused_kind(other_kind):
+    # Limits are counted in a claim of their own (_within_limits): it leaves paused kinds out too.
+    limited = [services.enqueue("test.limited", {}, priority=5) for _ in range(2)]
+    other = services.enqueue(other_kind, {})
+    services.pause_kind("test.limited", "ops")
+    assert [j.pk for j in services.claim(ME, limit=10)] == [other.pk]
+    assert services.claim(ME, kinds=["test.limited"], limit=10, start=True) == []
+    services.resume_kind("test.limited", "ops")
+    assert sorted(j.pk for j in services.claim(ME, limit=10)) == sorted(j.pk for j in limited)
+
+
+def test_enqueue_goes_on_while_paused_and_running_jobs_finish():
+    running = services.enqueue("test.echo", {})
+    (held,) = services.claim(ME, start=True)
+    services.pause_kind("test.echo", "ops")
+    queued = services.enqueue("test.echo", {"later": True})
+    assert queued.status == Status.QUEUED
+    done = services.complete(held, held.lease_token, {"ok": 1})
+    assert done.pk == running.pk and done.status == Status.COMPLETED
+    assert services.claim(ME) == []
+
+
+def test_drain_leaves_a_paused_kind_queued():
+    job = services.enqueue("test.echo", {})
+    services.pause_kind("test.echo", "ops")
+    assert testing.drain() == 0
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
+    services.resume_kind("test.echo", "ops")
+    assert testing.drain() == 1
+
+
+def test_start_of_a_job_of_a_paused_kind_is_refused_and_the_id_only_path_skips_it(broker):
+    job = services.enqueue("test.echo", {})
+    services.pause_kind("test.echo", "ops")
+    with pytest.raises(KindPaused, match=r"'test\.echo' is paused"):
+        services.start(job, ME)
+    assert tasks.run_by_id(job.pk) == "skipped"
+    row = Job.objects.get(pk=job.pk)
+    assert row.status == Status.QUEUED and row.attempts == 0 and testing.transitions(row) == ["enqueue"]
+
+
+def test_pause_and_resume_keep_who_when_and_why(user):
+    pause = services.pause_kind("test.echo", services.Actor.admin(user), "mail API down")
+    assert pause.active and pause.paused_by == user and pause.paused_by_label == "admin"
+    assert pause.paused_by_text == "admin (alice)" and pause.reason == "mail API down"
+    assert [p.kind for p in services.paused_kinds()] == ["test.echo"]
+    ended = services.resume_kind("test.echo", "cli:bob", "back up")
+    assert ended.pk == pause.pk and not ended.active and ended.resumed_at is not None
+    assert (ended.resumed_by, ended.resumed_by_label, ended.resume_reason) == (None, "cli:bob", "back up")
+    assert services.paused_kinds() == []
+    # Paused again: a new row; the old one stays as the record.
+    services.pause_kind("test.echo", "ops", "again")
+    assert KindPause.objects.filter(kind="test.echo").count() == 2
+
+
+def test_a_double_pause_and_a_resume_of_a_kind_not_paused_are_refused_writing_nothing():
+    with pytest.raises(PauseRefused, match=r"'test\.echo' is not paused"):
+        services.resume_kind("test.echo", "ops")
+    assert not KindPause.objects.exists()
+    first = services.pause_kind("test.echo", "ops", "incident")
+    with pytest.raises(PauseRefused, match=r"'test.echo' is already paused \(by ops since .*: incident\)"):
+        services.pause_kind("test.echo", "someone else", "me too")
+    assert list(KindPause.objects.values_list("pk", "reason")) == [(first.pk, "incident")]
+    services.resume_kind("test.echo", "ops")
+    with pytest.raises(PauseRefused, match="not paused"):
+        services.resume_kind("test.echo", "ops")
+    assert KindPause.objects.get().resumed_by_label == "ops"
+
+
+def test_an_unknown_kind_is_refused_unless_jobs_of_it_are_stored():
+    with pytest.raises(UnknownKind):
+        services.pause_kind("test.ecoh", "ops")  # a typo pauses nothing
+    assert not KindPause.objects.exists()
+    # A kind only another deploy's workers register: its jobs are in the table.
+    Job.objects.create(kind="elsewhere.only", parameters={})
+    services.pause_kind("elsewhere.only", "ops")
+    assert services.claim(ME, limit=10) == []
+    services.resume_kind("elsewhere.only", "ops")
+
+
+def test_the_database_holds_one_active_pause_per_kind():
+    KindPause.objects.create(kind="test.echo", paused_by_label="ops")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        KindPause.objects.create(kind="test.echo", paused_by_label="bypass")
+    # Ended pauses are not counted.
+    KindPause.objects.filter(kind="test.echo").update(resumed_at=timezone.now())
+    KindPause.objects.create(kind="test.echo", paused_by_label="again")
+    KindPause.objects.create(kind="test.limited", paused_by_label="other kind")
+
+
+def test_a_pause_that_loses_the_race_is_refused_as_already_paused(monkeypatch):
+    # Another pause commits between the check and the insert: the constraint refuses
+    # it and the caller gets the same refusal, not an IntegrityError.
+    from jobstate.services import pauses
+
+    real = pauses.active_pause
+    calls = []
+
+    def racing(kind: str) -> KindPause | None:
+        calls.append(kind)
+        if len(calls) == 1:
+            KindPause.objects.create(kind=kind, paused_by_label="other operator", reason="first")
+            return None
+        return real(kind)
+
+    monkeypatch.setattr(pauses, "active_pause", racing)
+    with pytest.raises(PauseRefused, match=r"already paused \(by other operator since .*: first\)"):
+        services.pause_kind("test.echo", "ops")
+    assert not KindPause.objects.exists()  # (the stand-in for the other pause was in the same transaction)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="two connections at once")
+@pytest.mark.django_db(transaction=True)
+def test_two_pauses_at_once_one_is_refused_readably():
+    import threading
+
+    from django.db import connections
+
+    inserted, go_on = threading.Event(), threading.Event()
+
+    def other_operator() -> None:
+        try:
+            with transaction.atomic():
+                KindPause.objects.create(kind="test.echo", paused_by_label="other operator")
+                inserted.set()
+                go_on.wait(10)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_operator)
+    thread.start()
+    assert inserted.wait(10)
+    timer = threading.Timer(0.3, go_on.set)  # commits while our insert waits on its entry
+    timer.start()
+    try:
+        with pytest.raises(PauseRefused, match=r"already paused \(by other operator since"):
+            services.pause_kind("test.echo", "ops")
+    finally:
+        go_on.set()
+        thread.join()
+    assert list(KindPause.objects.values_list("paused_by_label", flat=True)) == ["other operator"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's plan")
+def test_the_claim_still_reads_the_queued_index_and_locks_job_rows_only():
+    from jobstate.services.claiming import ready_sql
+
+    services.pause_kind("test.echo", "ops")
+    sql, params = ready_sql(None, 10, timezone.now(), True)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny test table: as a big one would
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "jobstate_job_claim_idx" in plan, plan
+    # The paused kinds are read once (an InitPlan), not joined: no sort, and
+    # FOR UPDATE locks the rows of the job table only.
+    assert "InitPlan" in plan and "Join" not in plan and "Sort" not in plan, plan
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        cursor.execute(
+            "SELECT relation::regclass::text FROM pg_locks WHERE pid = pg_backend_pid() "
+            "AND mode = 'RowShareLock' AND relation IN (%s::regclass, %s::regclass)",
+            [KindPause._meta.db_table, Job._meta.db_table],
+        )
+        assert [row[0] for row in cursor.fetchall()] == [Job._meta.db_table]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the hand-over is one statement on PostgreSQL")
+def test_a_workers_hand_over_to_its_next_job_skips_a_paused_kind():
+    services.enqueue("test.echo", {"n": 0})
+    (done,) = services.claim(ME, kinds=["test.echo"], start=True)
+    following = services.enqueue("test.echo", {"n": 1})
+    services.pause_kind("test.echo", "ops")
+    then = services.NextClaim(ME, ["test.echo"])
+    services.complete(done, done.lease_token, None, then=then)
+    assert then.tried and then.claimed == []
+    assert Job.objects.get(pk=following.pk).status == Status.QUEUED
+
+
+def test_a_paused_kinds_queued_jobs_are_their_own_stuck_finding_with_resume_as_remedy():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from jobstate import stuck
+    from tests.admin_support import ago, queued
+
+    job = queued(run_after=ago(hours=1))  # no worker ran a test.echo job lately
+    assert {f.job.pk: f.reason for f in stuck.find_stuck()} == {job.pk: stuck.QUEUED_NO_WORKER}
+    services.pause_kind("test.echo", "ops", "mail API down")
+    ctx = stuck.Context()
+    (finding,) = stuck.find_stuck(ctx=ctx)
+    assert (finding.job.pk, finding.reason, finding.remedy) == (job.pk, "queued_kind_paused", "resume_kind")
+    assert "kind 'test.echo' paused by ops just now: mail API down" in finding.text
+    assert stuck.check(job, ctx=ctx) == finding
+    assert list(Job.objects.filter(stuck.stuck_q(stuck.QUEUED_NO_WORKER, ctx))) == []
+    assert stuck.count_stuck(ctx=ctx)[stuck.QUEUED_KIND_PAUSED] == 1
+    out = StringIO()
+    with pytest.raises(SystemExit):
+        call_command("jobstate_stuck", stdout=out)
+    assert "python manage.py jobstate resume test.echo --reason" in out.getvalue()
