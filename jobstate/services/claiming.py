@@ -147,17 +147,19 @@ def ready_sql(
     parameters: a prepared claim's generic plan can then use the partial
     index of queued jobs and knows how few rows it needs.
 
-    Jobs of a paused kind (``KindPause``) are left out in the same statement: the
-    paused kinds are read once (an InitPlan on PostgreSQL, not a join, so the claim
-    order still comes from the index and only job rows are locked), on every
-    worker and machine alike.
+    Jobs of a paused kind (``KindPause``) are left out in the same statement, on
+    every worker and machine alike: a ``NOT EXISTS``, which PostgreSQL plans as an
+    anti-join probing the (few) active pauses beside the index scan, so the claim
+    order still comes from the index and only job rows are locked. (A ``kind <>
+    ALL(ARRAY(...))`` of the paused kinds was estimated to leave almost no row,
+    and planned as a scan and sort of the whole queue.)
     """
     params: list[Any] = [_prep("run_after", now)]
     where = f"status = '{Status.QUEUED.value}' AND run_after <= %s"
     if cancel_free:
         where += " AND cancel_requested_at IS NULL"
-    paused = f"SELECT kind FROM {KindPause._meta.db_table} WHERE resumed_at IS NULL"
-    where += f" AND kind <> ALL(ARRAY({paused}))" if postgres else f" AND kind NOT IN ({paused})"
+    paused = f"SELECT 1 FROM {KindPause._meta.db_table} p WHERE p.resumed_at IS NULL"
+    where += f" AND NOT EXISTS ({paused} AND p.kind = {Job._meta.db_table}.kind)"
     for values, negated in ((kinds, False), (skip_kinds, True)):
         if values is None or (negated and not values):
             continue
