@@ -10,8 +10,10 @@ import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
 
+from jobstate.migrations._lock_limited import LockLimitedMigration
 
-class Migration(migrations.Migration):
+
+class Migration(LockLimitedMigration):  # waits 5 s at most for a lock
 
     dependencies = [
         ('jobstate', '0026_job_parent_status_index'),
