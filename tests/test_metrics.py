@@ -203,6 +203,16 @@ def test_reaper_actions_stuck_jobs_and_oldest_ready_age(client):
 
 
 @override_settings(JOBSTATE=OPEN)
+def test_a_paused_kind_has_a_series_until_it_is_resumed(client):
+    pause = services.pause_kind("test.echo", "ops", "mail API down")
+    s = scrape(client)
+    assert value(s, "jobstate_kind_paused_timestamp_seconds", kind="test.echo") == pause.paused_at.timestamp()
+    services.resume_kind("test.echo", "ops")
+    s = scrape(client)
+    assert value(s, "jobstate_kind_paused_timestamp_seconds", kind="test.echo") is None
+
+
+@override_settings(JOBSTATE=OPEN)
 def test_live_workers_and_clusters(client):
     workers.beat("h:1:2", cluster="h:1", role="pusher")
     workers.beat("h:1:3", cluster="h:1", role="worker")

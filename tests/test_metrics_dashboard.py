@@ -54,6 +54,7 @@ def alert_queries() -> list[str]:
         "JobstateOldestReadyJobTooOld",
         "JobstateHighFailureRate",
         "JobstateNoLiveWorkers",
+        "JobstateKindPausedLong",
     }
     return [rule["expr"] for rule in found]
 

@@ -20,6 +20,7 @@ METRICS = (
     "jobstate_stuck_jobs",
     "jobstate_workers_alive",
     "jobstate_cluster_last_heartbeat_timestamp_seconds",
+    "jobstate_kind_paused_timestamp_seconds",
     "jobstate_lease_renewals_total",
     "jobstate_metrics_snapshot_age_seconds",
     "jobstate_transitions_total",
@@ -65,6 +66,12 @@ class JobstateCollector(Collector):
             "Unix time of each live cluster's latest process heartbeat.",
             ["cluster"],
             snap.clusters,
+        )
+        yield _gauge(
+            "jobstate_kind_paused_timestamp_seconds",
+            "Unix time each paused kind was paused (services.pause_kind); no series: not paused.",
+            ["kind"],
+            snap.paused,
         )
         renewals = CounterMetricFamily(
             "jobstate_lease_renewals",

@@ -26,7 +26,7 @@ from django.utils import timezone
 from jobstate import conf, registry
 from jobstate.metrics import totals
 from jobstate.models import Job
-from jobstate.services import workers
+from jobstate.services import pauses, workers
 from jobstate.states import Status
 
 logger = logging.getLogger("jobstate.metrics")
@@ -40,6 +40,7 @@ class Snapshot:
     stuck: dict[str, int] = field(default_factory=dict)
     workers: dict[tuple[str, str], int] = field(default_factory=dict)
     clusters: dict[str, float] = field(default_factory=dict)
+    paused: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -82,6 +83,7 @@ def take(now: datetime | None = None) -> Snapshot:
         snap.workers[(cluster, role)] = n
     for cluster, seen in alive.values_list("cluster").annotate(seen=Max("seen_at")):
         snap.clusters[cluster] = seen.timestamp()
+    snap.paused = {pause.kind: pause.paused_at.timestamp() for pause in pauses.paused_kinds()}
     totals.fold(now)
     snap.seconds = time.monotonic() - started
     return snap
