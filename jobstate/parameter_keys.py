@@ -30,7 +30,8 @@ def refused(serializer: serializers.Serializer[Any], data: Any) -> dict[str, Any
     errors: dict[str, Any] = {}
     for name, value in data.items():
         field = fields.get(name) if isinstance(name, str) else None
-        if field is None or field.read_only:
+        # A HiddenField takes its value from its default, never from the input.
+        if field is None or field.read_only or isinstance(field, serializers.HiddenField):
             errors[_printable(name)] = [UNKNOWN if field is None else READ_ONLY]
             continue
         nested = _within(field, value)

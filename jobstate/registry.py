@@ -38,8 +38,13 @@ class HandlerSpec:
     api: ApiPolicy = False
     options: dict[str, Any] = field(default_factory=dict)
 
-    def validate(self, parameters: Any) -> dict[str, Any]:
-        """Return cleaned parameters or raise ``ValidationError`` keyed by field."""
+    def validate(self, parameters: Any, *, strict: bool = True) -> dict[str, Any]:
+        """Return cleaned parameters or raise ``ValidationError`` keyed by field.
+
+        ``strict``: a serializer schema refuses a key it takes no input for
+        (``jobstate.parameter_keys``). A retry passes False: the stored parameters are
+        a serializer's output, which may hold keys it adds itself (in ``validate``, or
+        under a field's ``source``)."""
         if parameters is None:
             parameters = {}
         if not isinstance(parameters, dict):
@@ -53,7 +58,7 @@ class HandlerSpec:
             # would run the job with a default instead.
             from jobstate import parameter_keys
 
-            refused = parameter_keys.refused(serializer, parameters)
+            refused = parameter_keys.refused(serializer, parameters) if strict else {}
             if refused or not valid:
                 errors = InvalidParameters(serializer.errors).errors if not valid else {}
                 raise InvalidParameters(parameter_keys.merged(refused, errors))

@@ -139,6 +139,31 @@ def test_unknown_parameters_are_refused_at_every_depth_and_nothing_is_written():
     }
 
 
+class Slugged(serializers.Serializer):
+    title = serializers.CharField()
+    owner = serializers.HiddenField(default="system")
+
+    def validate(self, attrs):  # type: ignore[no-untyped-def]
+        return {**attrs, "slug": attrs["title"].lower()}
+
+
+def test_a_retry_takes_the_stored_parameters_a_schema_added_keys_to(temp_handler):
+    temp_handler("test.slugged", schema=Slugged)
+    # A HiddenField takes no input: a key naming one is refused, not replaced by its default.
+    with pytest.raises(InvalidParameters) as refused:
+        services.enqueue("test.slugged", {"title": "A", "owner": "mallory"})
+    assert refused.value.messages == ["owner: This field is read-only."]
+    job = services.enqueue("test.slugged", {"title": "A"})
+    assert job.parameters == {"title": "A", "owner": "system", "slug": "a"}
+    (claimed,) = services.claim("w1")
+    services.begin(claimed, claimed.lease_token, "w1:1")
+    services.fail(claimed, claimed.lease_token, "boom", retry=False)
+    # The stored parameters hold the keys the schema itself added ("slug", the hidden
+    # "owner"): a retry re-validates them without refusing those.
+    retried = services.retry(Job.objects.get(pk=job.pk), "ops")
+    assert retried.parameters == {"title": "A", "owner": "system", "slug": "a"}
+
+
 def test_full_lifecycle_with_progress():
     job = services.enqueue("test.echo", {"x": 1})
     (claimed,) = services.claim("w1")

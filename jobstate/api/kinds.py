@@ -68,7 +68,7 @@ def _serializer_schema(serializer_class: type[serializers.BaseSerializer[Any]]) 
     defs = {name: component.schema for (name, _), component in generator.registry._components.items()}
     # enqueue refuses a key no field takes (jobstate.parameter_keys), at every depth.
     for closed in (schema, *defs.values()):
-        if closed.get("type") == "object" and "properties" in closed:
+        if closed.get("type") == "object":  # a DictField's schema names its own
             closed.setdefault("additionalProperties", False)
     if defs:
         schema = {**schema, "$defs": defs}

@@ -39,17 +39,19 @@ def cleaned_input(
     priority: int,
     run_after: datetime | None,
     max_attempts: int | None,
+    stored: bool = False,
 ) -> tuple[HandlerSpec, dict[str, Any]]:
     """The handler of ``kind`` and the cleaned parameters, or ``ValidationError``
     (``UnknownKind``): every check ``enqueue`` makes of its arguments. The cleaned
     parameters are the JSON that was checked, read back: never the caller's object,
     which later changes would reach, nor values the JSON column cannot take (a
     schema-less kind's datetime, Decimal or tuple read as a schema's are,
-    ``HandlerSpec.validate``)."""
+    ``HandlerSpec.validate``). ``stored``: parameters a job was enqueued with
+    (a retry's), already a schema's output, so a key it added is not refused."""
     if not isinstance(kind, str) or not kind:
         raise ValidationError({"kind": ["A job kind is required."]})
     spec = get_handler(kind)
-    cleaned = spec.validate(parameters)
+    cleaned = spec.validate(parameters, strict=not stored)
     encoded = json_text(cleaned, "parameters")
     if cleaned is parameters:
         cleaned = json.loads(encoded)
@@ -180,6 +182,7 @@ def get_or_enqueue(
         priority=priority,
         run_after=run_after,
         max_attempts=max_attempts,
+        stored=retry_of is not None,
     )
     owner = user_of(owner)
     who = Actor.of(actor if actor is not None else owner)
