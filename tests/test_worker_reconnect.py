@@ -592,3 +592,57 @@ def test_an_outcome_the_database_never_took_is_left_to_the_reaper_with_one_trace
         "before its lease ran out; the reaper will take it"
     ]
     assert errors[0].exc_info
+
+
+def test_an_outcome_that_waited_for_the_database_claims_no_next_job_with_it(temp_handler, monkeypatch):
+    """A next job claimed with an outcome begins under a lease (and a django-q2 hard
+    limit) counted from when the outcome was first asked: after a wait for the
+    database most of it was spent, and the watchdog interrupted the next job at
+    once (review). After a wait the outcome is written alone; the worker claims
+    its next job itself."""
+    postgresql_only()
+
+    def finished(ctx):  # type: ignore[no-untyped-def]
+        close_at_driver_level()
+        restarting_server(monkeypatch, 3)
+        return {"rows": 3}
+
+    temp_handler("t.waited", finished, max_attempts=3, retry_backoff=0)
+    temp_handler("t.next", lambda ctx: None)
+    job = services.enqueue("t.waited", {})
+    (claimed,) = services.claim("w1", kinds=["t.waited"])
+    following = services.enqueue("t.next", {})
+    asked: list[services.NextClaim] = []
+
+    def then() -> services.NextClaim:
+        asked.append(services.NextClaim("w1:1", ["t.next"]))
+        return asked[-1]
+
+    assert run_job(claimed, "w1:1", then) == "completed"
+    monkeypatch.undo()
+    assert Job.objects.get(pk=job.pk).status == Status.COMPLETED
+    assert [(request.tried, request.claimed) for request in asked] == [(False, [])]
+    assert Job.objects.get(pk=following.pk).status == Status.QUEUED
+
+
+@override_settings(
+    JOBSTATE={"HEARTBEAT_SECONDS": 1, "CANCEL_GRACE_SECONDS": 0.5, "HARD_KILL_MARGIN_SECONDS": 0.5}
+)
+def test_an_outcome_is_not_tried_again_past_django_q2s_hard_limit(temp_handler, monkeypatch):
+    """django-q2 kills a worker process at the job's hard limit (its timeout, the
+    cancel grace and a margin): a write still waiting for the database then died
+    mid-call, however long the lease had left (review). It stops before it."""
+
+    def finished(ctx):  # type: ignore[no-untyped-def]
+        close_at_driver_level()
+        restarting_server(monkeypatch, 10**6)
+        return {"rows": 3}
+
+    temp_handler("t.hard", finished, timeout=1)  # hard limit 2 s; the lease runs 60
+    job = services.enqueue("t.hard", {})
+    (claimed,) = services.claim("w1")
+    started = time.monotonic()
+    assert run_job(claimed, "w1:1") == "lost"
+    assert time.monotonic() - started < 2.0
+    monkeypatch.undo()
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING  # left to the reaper

@@ -67,6 +67,9 @@ class JobContext:
         # on the database's clock (PostgreSQL), this machine's may be off.
         since = time.monotonic() if leased_at is None else leased_at
         self.lease_until = since + float(conf.get("LEASE_SECONDS"))
+        # When the job began (monotonic): django-q2's hard limit for it runs from
+        # about then (``limits.hard_limit_for``; a worker's chain re-arms it per job).
+        self.began = since
 
     def renewed(self, since: float) -> None:
         """A write that started at ``since`` (monotonic) renewed the lease."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import traceback as tb
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from jobstate.worker.connections import (
     usable_connection,
 )
 from jobstate.worker.context import JobContext, lease_token
-from jobstate.worker.limits import lease_margin, timeout_for
+from jobstate.worker.limits import hard_limit_for, lease_margin, timeout_for
 from jobstate.worker.outcome_log import Stored, log_ended, logs
 
 logger = logging.getLogger("jobstate")
@@ -187,10 +188,14 @@ NextRequest = Callable[[], "services.NextClaim | None"]
 OUTCOME_RECONNECTED = "the database connection was closed while the handler ran; its outcome is written again"
 
 
-def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = None) -> str:
+def finish(
+    ctx: JobContext, kind: str, value: Any, then: NextRequest | None = None, *, within: float | None = None
+) -> str:
     """Store the attempt's outcome. Whatever goes wrong here, the attempt ends
     in a recorded state (or, if nothing can be written, with the reaper).
-    ``then``: see ``runner.run_job``."""
+    ``then``: see ``runner.run_job``. While the database does not answer, the
+    write is tried again until the lease, or django-q2's hard limit, is about to
+    run out, or for ``within`` seconds at most."""
     writes = 0
     asked: list[services.NextClaim | None] = []
     unstorable: list[Unstorable] = []  # what _unstorable's write would log
@@ -201,12 +206,16 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
             asked.append(then())
         return asked[0] if asked else None
 
+    waited: list[BaseException] = []
+
     def store() -> str:
         nonlocal writes
         writes += 1
-        return _store(ctx, kind, value, ask if then is not None else None, unstorable)
-
-    waited: list[BaseException] = []
+        # No next job claimed with a write that waited for the database: it would begin
+        # under a lease and a hard limit counted from the first try, mostly spent. The
+        # worker claims its next job itself instead.
+        request = ask if then is not None and not waited else None
+        return _store(ctx, kind, value, request, unstorable)
 
     def waiting(exc: BaseException) -> None:
         if not waited:
@@ -230,7 +239,7 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
         # A database that does not answer (restarting, down, out of connections):
         # tried again while the lease holds, so a restart does not run work that
         # ended again. Once the heartbeat stopped, nothing renews the lease.
-        ended = until_answered(written, ctx.lease_until - lease_margin(), waiting)
+        ended = until_answered(written, _retry_until(ctx, within), waiting)
     except (LeaseLost, InvalidTransition):
         if writes > 1:
             # Refused when written again: the first write may have committed before
@@ -268,6 +277,15 @@ def finish(ctx: JobContext, kind: str, value: Any, then: NextRequest | None = No
         logger.info("Job %s: its outcome stored once the database answered again", ctx.job.pk)
     _log(ctx, kind, value, ended)
     return ended
+
+
+def _retry_until(ctx: JobContext, within: float | None) -> float:
+    """Until when (``time.monotonic()``) an outcome write is tried again: before the
+    lease runs out (the reaper may give the job to another worker then), before
+    django-q2's hard limit kills the process mid-write, and within ``within``."""
+    margin = lease_margin()
+    until = min(ctx.lease_until, ctx.began + hard_limit_for(ctx.spec)) - margin
+    return until if within is None else min(until, time.monotonic() + within)
 
 
 def _log(ctx: JobContext, kind: str, value: Any, ended: str, known: bool = True) -> None:

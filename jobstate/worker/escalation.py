@@ -95,15 +95,18 @@ def _record(slot: Slot) -> str | None:
         return "lost"  # someone else holds the job: nothing to write
     done: list[str] = []
 
+    wait = float(conf.get("HEARTBEAT_SECONDS"))
+
     def record() -> None:
         try:
-            done.append(finish(slot.ctx, "interrupted", why))
+            # Tried again no longer than it is waited for: a late write would
+            # contradict the log line that says it was not recorded in time.
+            done.append(finish(slot.ctx, "interrupted", why, within=wait / 2))
         except Exception:
             logger.exception(
                 "Job %s: the outcome of its given-up handler could not be stored", slot.ctx.job.pk
             )
 
-    wait = float(conf.get("HEARTBEAT_SECONDS"))
     if not on_own_thread(record, name="jobstate-escalation", seconds=wait):
         return None
     return done[0] if done else "lost"
