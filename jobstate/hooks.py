@@ -149,6 +149,23 @@ reaping: Decision[[Expired], Reaping] = Decision("reaping")
 
 
 @dataclass(frozen=True)
+class Cancelling:
+    """A queued or waiting job a cancel was asked of (``services.request_cancel``)."""
+
+    job_id: Any
+    kind: str
+    status: str
+
+
+# Asked by ``services.request_cancel``, inside its transaction (the job's row locked),
+# of a queued or waiting job: a reason (for its history) to give the job one more run
+# in a worker before it ends ``cancelled``, its cancel request stored; None: cancel it
+# at once. jobstate.workflows answers for a workflow with ``undo_on_cancel`` whose
+# completed steps have undos to run.
+cancelling: Decision[[Cancelling], str] = Decision("cancelling")
+
+
+@dataclass(frozen=True)
 class Waiting:
     """A job waiting for its children, one of which just ended; ``active``
     children are still queued or running, their progress summing ``progress``."""

@@ -110,8 +110,9 @@ def _is_serializer_class(obj: Any) -> bool:
 _registry: dict[str, HandlerSpec] = {}
 
 # Options set by jobstate itself, kept in the spec's ``options`` (``jobstate.workflow``
-# passes its class): only through ``internal_handler``. ``handler`` refuses them, as a typo.
-_INTERNAL_OPTIONS = frozenset({"workflow"})
+# passes its class, and ``undo_on_cancel``): only through ``internal_handler``. ``handler``
+# refuses them, as a typo.
+_INTERNAL_OPTIONS = frozenset({"workflow", "undo_on_cancel"})
 _OPTIONS = "max_attempts, timeout, concurrency, retry_backoff, schema and api"
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -247,3 +247,54 @@ class Fixable(jobstate.Workflow):
     def three(self, ctx: Any, one: dict[str, int], two: dict[str, int] | None) -> dict[str, Any]:
         effect(ctx, "three")
         return {"one": one["value"], "two": two["value"] if two else None}
+
+
+class _Provision(jobstate.Workflow):
+    """Provision a cluster, reserve a slot, work on them (in place or fanned out),
+    report. ``cancel_in``: the step that asks for its own job's cancel (as a user
+    would meanwhile)."""
+
+    @jobstate.step(undo="deprovision")
+    def provision(self, ctx: Any) -> dict[str, str]:
+        effect(ctx, "provision")
+        return {"cluster": "K1"}
+
+    @jobstate.step(undo="release")
+    def reserve(self, ctx: Any) -> dict[str, str]:
+        effect(ctx, "reserve")
+        return {"slot": "S1"}
+
+    @jobstate.step()
+    def work(self, ctx: Any) -> None:
+        effect(ctx, "work")
+        for i in range(int(ctx.parameters.get("fan_out", 0))):
+            ctx.spawn("wf.child", {"i": i})
+        if ctx.parameters.get("cancel_in") == "work":
+            from jobstate import services
+
+            services.request_cancel(ctx.job.pk, "ops", "not needed")
+            if not ctx.parameters.get("fan_out"):
+                ctx.check_cancelled()
+
+    @jobstate.step()
+    def report(self, ctx: Any) -> None:
+        effect(ctx, "report")
+
+    def deprovision(self, ctx: Any, output: dict[str, str]) -> None:
+        effect(ctx, f"undo:provision:{output['cluster']}")
+
+    def release(self, ctx: Any, output: dict[str, str]) -> None:
+        crash_point(ctx, "undo:reserve")
+        effect(ctx, f"undo:reserve:{output['slot']}")
+        if ctx.parameters.get("release_fails"):
+            raise RuntimeError("slot service down")
+
+
+@jobstate.workflow("wf.provision", max_attempts=2, retry_backoff=0)
+class Provision(_Provision):
+    """A cancel runs no undo (the default)."""
+
+
+@jobstate.workflow("wf.provision_undo", max_attempts=2, retry_backoff=0, undo_on_cancel=True)
+class ProvisionUndo(_Provision):
+    """A cancel runs the undos of the completed steps."""

@@ -13,13 +13,14 @@ from django.db.models import Case, DateTimeField, F, Q, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from jobstate import hooks
 from jobstate.exceptions import (
     DuplicateActiveKey,
     InvalidTransition,
 )
 from jobstate.models import Job, JobEvent
 from jobstate.registry import get_handler
-from jobstate.services import cascade, retryable
+from jobstate.services import cancel_runs, cascade, retryable
 from jobstate.services._rows import JobRef, create_job, record_event
 from jobstate.services._rows import get_job as _get
 from jobstate.services._writes import checked_time
@@ -71,7 +72,10 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
 
     The request on a processing job is stored (it survives restarts) and
     recorded in the history; its worker ends it ``cancelled``. Active children
-    are cancelled too. Terminal jobs raise ``InvalidTransition``.
+    are cancelled too. Terminal jobs raise ``InvalidTransition``. A queued or
+    waiting workflow with ``undo_on_cancel`` and undos to run keeps the request
+    and is queued for a run that runs them, then ends ``cancelled``
+    (``cancel_runs``); a second request leaves that run be.
     """
     who = Actor.of(actor)
     now = timezone.now()
@@ -86,12 +90,14 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
         try:
             with transaction.atomic():
                 if current.status in IDLE:
+                    if hooks.cancelling and cancel_runs.run_first(current, who, reason, now):
+                        return _get(current.pk)  # its cancel waits for one more run
                     # Never from processing here: that job's worker must be asked.
                     move(current, "cancel", actor=who, reason=reason, now=now, condition=Q(status__in=IDLE))
                     return _get(current.pk)
                 _ask_to_cancel(current.pk, who, reason, now)
                 return _get(current.pk)
-        except (InvalidTransition, _StatusMoved):
+        except (InvalidTransition, _StatusMoved, cancel_runs.StatusMoved):
             current = _get(current.pk)
     raise InvalidTransition(current.status, Status.CANCELLED, "cancel")
 

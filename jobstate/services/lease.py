@@ -124,6 +124,10 @@ def begin(
     raise LeaseLost(pk)
 
 
+# The moves of ``request_cancel`` that give a queued or waiting job a run for its undos.
+CANCEL_RUNS = ("request_cancel", "wake")
+
+
 # What a lease write stores: (lease_expires_at, heartbeat_at), ``_writes.lease_times``.
 Lease = tuple[datetime | LeaseClock, datetime | LeaseClock]
 
@@ -149,11 +153,15 @@ def _begin_update(
 def recovering(pk: Any) -> bool:
     """Whether the job's last requeue was the reaper's recovery run (``hooks.reaping``:
     a workflow whose worker died while it compensated, its undos left to finish, or
-    before it stored its outcome; not one that waits for its children).
+    before it stored its outcome; not one that waits for its children), or a cancel
+    request that gave a queued or waiting job a run for its undos (``hooks.cancelling``:
+    a ``request_cancel`` or ``wake`` row with ``recovery``).
     A cancel request does not stop that run: the undos finish first, then the
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
     last = (
-        JobEvent.objects.filter(job_id=pk, transition="requeue")
+        JobEvent.objects.filter(
+            Q(transition="requeue") | Q(transition__in=CANCEL_RUNS, metadata__has_key="recovery"), job_id=pk
+        )
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
         .exclude(metadata__has_key="reserved")  # as does the reaper's, of a run never begun
         .exclude(metadata__has_key="unstarted")  # and a failure before the handler started

@@ -29,11 +29,13 @@ __all__ = ["StepSpec", "Workflow", "definition_of", "install", "step", "workflow
 
 def install() -> None:
     """Register the workflows' answers to the core's hooks (``JobstateConfig.ready``):
-    the reaper's plan for a workflow job, and a waiting workflow's progress."""
+    the reaper's plan for a workflow job, a cancelled workflow's run for its undos,
+    and a waiting workflow's progress."""
     from jobstate import hooks
     from jobstate.workflows import fanout, recovery
 
     hooks.reaping.register(recovery.reaping)
+    hooks.cancelling.register(recovery.cancelling)
     hooks.waiting_progress.register(fanout.waiting_progress)
 
 

@@ -7,6 +7,10 @@ the reaper when the worker was lost on the last attempt). Every later run of the
 job sees the mark, runs the undos that are left (an ``undone`` step, or one whose
 undo already failed, is not undone again) and fails with the original error.
 An undo interrupted by a crash runs again: undos must be idempotent.
+
+A workflow registered with ``undo_on_cancel`` also compensates when cancelled
+(``compensate_cancel``): its cancel request is the mark, so a run that finds it
+pending runs the undos that are left, then the job ends ``cancelled``.
 """
 
 from __future__ import annotations
@@ -96,7 +100,23 @@ def compensate(run: RunState, failed_step: str, error: str) -> Report:
     cancel: the failure is already decided) is recorded and the others still run.
     Then the job's current step and progress message name the failed step again
     (each undo showed its own: "undid book")."""
-    because = f"step '{failed_step}' failed: {error}"[:1000]
+    report = _undo(run, f"step '{failed_step}' failed: {error}"[:1000])
+    if report:
+        step_undos.compensated(run.job, run.token, failed_step, report.summary(failed_step))
+    return report
+
+
+def compensate_cancel(run: RunState) -> Report:
+    """``compensate`` for a cancel (``undo_on_cancel``): the same undos, recorded the
+    same way, because "cancel requested". The job's progress is left as it was (a
+    pending cancel refuses progress reports); it then ends ``cancelled``."""
+    return _undo(run, CANCEL_REQUESTED)
+
+
+CANCEL_REQUESTED = "cancel requested"
+
+
+def _undo(run: RunState, because: str) -> Report:
     for spec in reversed(run.specs):
         row = run.rows.get(spec.name)
         if row is None or spec.undo is None or not to_undo(spec, row):
@@ -116,10 +136,7 @@ def compensate(run: RunState, failed_step: str, error: str) -> Report:
         else:
             step_undos.undone(run.job, run.token, spec.name, because=because)
             row.status = S.UNDONE
-    report = report_of(run.specs, run.rows)
-    if report:
-        step_undos.compensated(run.job, run.token, failed_step, report.summary(failed_step))
-    return report
+    return report_of(run.specs, run.rows)
 
 
 def _undo_failed(run: RunState, name: str, row: Any, message: str, because: str) -> None:

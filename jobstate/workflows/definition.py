@@ -215,3 +215,10 @@ def definition_of(kind: str) -> type[Workflow] | None:
     """The workflow class registered under ``kind``, or None for a plain handler."""
     spec = registry.all_handlers().get(kind)
     return spec.options.get("workflow") if spec is not None else None
+
+
+def undoes_on_cancel(kind: str) -> bool:
+    """Whether the workflow registered under ``kind`` compensates when cancelled
+    (``@jobstate.workflow(..., undo_on_cancel=True)``)."""
+    spec = registry.all_handlers().get(kind)
+    return spec is not None and bool(spec.options.get("undo_on_cancel"))

@@ -21,7 +21,9 @@ requeue takes one back, the claim spends it again: ``attempts`` never exceeds
 Each such requeue is a ``requeue`` event with ``recovery`` in its metadata; after
 ``RECOVERY_RUNS`` of them the reaper fails the job, so an undo that keeps killing
 its worker cannot loop forever. A cancel requested before compensation began
-still wins (the job ends ``cancelled``, as for any job).
+still wins (the job ends ``cancelled``, as for any job), unless the workflow has
+``undo_on_cancel`` and undos to run: then ``compensate`` too (that run ends it
+``cancelled``). ``cancelling`` gives a queued or waiting one such a run.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from jobstate.models import JobEvent, JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.services.actors import Actor
 from jobstate.workflows import compensation, steps
-from jobstate.workflows.definition import definition_of
+from jobstate.workflows.definition import Workflow, definition_of, undoes_on_cancel
 
 RECOVERY_RUNS = 3
 LOST = "worker lost"
+UNDO_ON_CANCEL = "cancel requested: its undos run first"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
     if failing is not None:
         action, reason = "compensate", "compensating"
         summary = compensation.report_of(cls.steps, rows).message(*failing)
+    elif cancelling and _undoes_on_cancel(kind, cls, rows):
+        action, reason, summary = "compensate", UNDO_ON_CANCEL, f"cancel requested; {LOST}"
     elif cancelling or not rows:
         return None
     else:
@@ -91,6 +96,22 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
             return None  # attempts left: spend one, as for any lost worker
         return Plan("", error=f"{LOST} again after {runs} recovery runs; {summary}")
     return Plan(action, reason, lost_step=lost_step, steps=tuple(s.name for s in cls.steps))
+
+
+def _undoes_on_cancel(kind: str, cls: type[Workflow], rows: dict[str, Any]) -> bool:
+    """Whether a cancel of the job runs undos first: its workflow has ``undo_on_cancel``
+    and a completed step whose undo has not run."""
+    return undoes_on_cancel(kind) and any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps)
+
+
+def cancelling(asked: hooks.Cancelling) -> str | None:
+    """The ``hooks.cancelling`` answer (registered by ``install``): a queued or
+    waiting workflow with ``undo_on_cancel`` and undos to run gets a run for them."""
+    cls = definition_of(asked.kind)
+    if cls is None or not undoes_on_cancel(asked.kind):
+        return None
+    rows = {r.name: r for r in JobStep.objects.filter(job_id=asked.job_id)}
+    return UNDO_ON_CANCEL if _undoes_on_cancel(asked.kind, cls, rows) else None
 
 
 def apply(plan: Plan, job_id: Any, actor: Actor, now: datetime) -> None:

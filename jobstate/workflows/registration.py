@@ -31,11 +31,18 @@ def workflow(
     concurrency: int | None = None,
     retry_backoff: Any = None,
     schema: Any = None,
+    undo_on_cancel: bool = False,
     **options: Any,
 ) -> WorkflowDecorator:
     """Register a :class:`Workflow` subclass as the handler ``name`` (same options as
     ``jobstate.handler``; ``timeout`` applies to each run of the workflow, not to the
-    whole: a workflow waiting for its children holds no worker)."""
+    whole: a workflow waiting for its children holds no worker).
+
+    ``undo_on_cancel``: a cancel compensates, as a failure for good does: the undos
+    of the completed steps run, last step first, before the job ends ``cancelled``
+    (a waiting or queued job goes back to a worker for them)."""
+    if not isinstance(undo_on_cancel, bool):
+        raise TypeError(f"Workflow '{name}': undo_on_cancel must be True or False, not {undo_on_cancel!r}")
 
     def register(cls: W) -> W:
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
@@ -54,7 +61,7 @@ def workflow(
         handle.__doc__ = cls.__doc__
         registry.internal_handler(
             name,
-            {"workflow": cls},
+            {"workflow": cls, "undo_on_cancel": undo_on_cancel},
             max_attempts=max_attempts,
             timeout=timeout,
             concurrency=concurrency,

@@ -6,7 +6,8 @@ again and their outputs are handed to later steps. The job's own outcome still
 goes through the worker runner: a return value completes it, ``Partial`` ends it
 partial, ``Suspend`` gives the worker back, and an exception fails the attempt.
 A workflow that failed for good (see ``compensation``) runs no step again: each
-later run finishes its undos and fails with the original error.
+later run finishes its undos and fails with the original error. One registered
+with ``undo_on_cancel`` runs its undos when a cancel stops it, then ends cancelled.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.storable import exception_text, result_value
 from jobstate.workflows import compensation, fanout, reuse, step_waits, steps
 from jobstate.workflows.context import StepContext
-from jobstate.workflows.definition import StepSpec, Workflow
+from jobstate.workflows.definition import StepSpec, Workflow, undoes_on_cancel
 
 if TYPE_CHECKING:  # types only: the worker is an independent layer
     from jobstate.worker.context import JobContext
@@ -74,6 +75,21 @@ class Run:
         return low + (high - low) * steps.resumed_percent(row) / 100
 
     def execute(self) -> Any:
+        if not undoes_on_cancel(self.job.kind):
+            return self._execute()
+        try:
+            return self._execute()
+        except (LeaseLost, WorkflowFailed, Partial):
+            raise  # the failure's compensation ran (a cancel then ends it cancelled)
+        except (Exception, Interrupted) as exc:
+            if isinstance(exc, Interrupted) and exc.why == "lease":
+                raise
+            if not isinstance(exc, CancelRequested) and not self.ctx.cancel_requested:
+                raise
+            self._compensate_cancel()
+            raise CancelRequested(self.job.pk) from exc
+
+    def _execute(self) -> Any:
         names = [s.name for s in self.specs]
         try:
             self.rows = steps.ensure(self.job, self.token, names)
@@ -236,6 +252,18 @@ class Run:
                 self.outputs[spec.name] = None
         report = self._compensate(step, error)
         raise WorkflowFailed(report.message(step, error), report)
+
+    def _compensate_cancel(self) -> None:
+        """``undo_on_cancel``: the run stopped on a cancel (a step was interrupted,
+        or the run began for its undos): run the undos left, last step first."""
+        self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs], cancel_ok=True)
+        try:
+            compensation.compensate_cancel(self)
+        except Interrupted as exc:
+            if exc.why == "lease":
+                raise
+            self._reload()  # as in _compensate
+            compensation.compensate_cancel(self)
 
     def _compensate(self, step: str, error: str) -> compensation.Report:
         try:

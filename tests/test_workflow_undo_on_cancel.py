@@ -1,0 +1,236 @@
+"""``@jobstate.workflow(..., undo_on_cancel=True)``: a cancelled workflow runs the
+undos of its completed steps, last first, then ends ``cancelled`` (tests/workflow_jobs.py:
+``wf.provision_undo``; ``wf.provision`` is the same workflow without the option)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+import jobstate
+from jobstate import registry, services
+from jobstate.models import Job, JobEvent, JobStep
+from jobstate.states import Status
+from jobstate.worker.runner import drain, run_job, run_next
+from tests.models import Effect
+from tests.workflow_jobs import SimulatedCrash
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DONE = ["provision", "reserve", "work"]
+UNDONE = ["undo:reserve:S1", "undo:provision:K1"]
+
+
+def labels(job: Job) -> list[str]:
+    return list(Effect.objects.filter(job_id=job.pk).order_by("id").values_list("label", flat=True))
+
+
+def statuses(job: Job) -> dict[str, str]:
+    return dict(JobStep.objects.filter(job_id=job.pk).values_list("name", "status"))
+
+
+def history(job: Job, since: str = "") -> list[tuple[str, str, str, str]]:
+    """(transition, from, to, step) of the job's history rows, from the last ``since`` row on."""
+    rows = [
+        (e.transition, e.from_status, e.to_status, (e.metadata or {}).get("step", ""))
+        for e in JobEvent.objects.filter(job_id=job.pk).order_by("id")
+    ]
+    if since:
+        start = max(i for i, row in enumerate(rows) if row[0] == since)
+        rows = rows[start:]
+    return rows
+
+
+def fresh(job: Job) -> Job:
+    return Job.objects.get(pk=job.pk)
+
+
+UNDO_ROWS = [
+    ("step_undone", "processing", "processing", "reserve"),
+    ("step_undone", "processing", "processing", "provision"),
+    ("cancel", "processing", "cancelled", ""),
+]
+
+
+# While a step runs ---------------------------------------------------------------
+
+
+def test_a_cancel_while_a_step_runs_undoes_the_completed_steps_in_reverse_order():
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work"})
+    assert run_next("w1").status == Status.CANCELLED
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and job.error_message == ""
+    assert labels(job) == [*DONE, *UNDONE]
+    steps = {"provision": "undone", "reserve": "undone", "work": "running", "report": "pending"}
+    assert statuses(job) == steps
+    assert history(job, since="request_cancel") == [
+        ("request_cancel", "processing", "processing", ""),
+        *UNDO_ROWS,
+    ]
+    undone = JobEvent.objects.filter(job_id=job.pk, transition="step_undone").first()
+    assert undone is not None and undone.reason == "compensating: cancel requested"
+
+
+def test_without_the_option_a_cancel_runs_no_undo():
+    job = services.enqueue("wf.provision", {"cancel_in": "work"})
+    assert run_next("w1").status == Status.CANCELLED
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == DONE
+    assert statuses(job) == {
+        "provision": "completed",
+        "reserve": "completed",
+        "work": "running",
+        "report": "pending",
+    }
+    assert history(job, since="request_cancel") == [
+        ("request_cancel", "processing", "processing", ""),
+        ("cancel", "processing", "cancelled", ""),
+    ]
+
+
+def test_an_undo_that_fails_on_a_cancel_is_recorded_and_the_others_still_run():
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work", "release_fails": True})
+    assert run_next("w1").status == Status.CANCELLED
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == [*DONE, *UNDONE]
+    assert statuses(job)["reserve"] == "completed" and statuses(job)["provision"] == "undone"
+    reserve = JobStep.objects.get(job_id=job.pk, name="reserve")
+    assert reserve.detail["undo_error"] == "RuntimeError: slot service down"
+    assert history(job, since="request_cancel")[1:] == [
+        ("step_undo_failed", "processing", "processing", "reserve"),
+        *UNDO_ROWS[1:],
+    ]
+
+
+def test_a_cancel_as_a_step_fans_out_starts_no_child_and_undoes():
+    # The step spawned, then the cancel came: its fan-out finds it pending.
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work", "fan_out": 2})
+    assert run_next("w1").status == Status.CANCELLED
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == [*DONE, *UNDONE]
+    assert not Job.objects.filter(parent=job).exists()
+    assert history(job, since="request_cancel")[1:] == UNDO_ROWS
+
+
+def test_a_worker_lost_in_the_undos_of_a_cancel_is_replaced_by_a_run_that_finishes_them():
+    crash = {"crash_at": "undo:reserve", "crash_once": True}
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work", **crash})
+    with pytest.raises(SimulatedCrash):
+        run_next("w1")
+    report = services.requeue_expired(now=timezone.now() + timedelta(hours=1))
+    assert report.requeued == [job.pk]  # not cancelled: its undos are not done
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.cancel_requested_at is not None
+    requeue = JobEvent.objects.get(job_id=job.pk, transition="requeue")
+    assert requeue.metadata["recovery"] == "compensate"
+    assert requeue.reason.endswith("cancel requested: its undos run first")
+    assert run_job(services.start(job.pk, "w2"), "w2") == "cancelled"
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == [*DONE, "crash:undo:reserve", *UNDONE]
+    assert history(job, since="requeue")[2:] == UNDO_ROWS  # after the claim and its step row
+
+
+# While it waits for its children ----------------------------------------------------
+
+
+def _waiting(kind: str) -> tuple[Job, Job]:
+    job = services.enqueue(kind, {"fan_out": 3})
+    assert run_next("w1").status == Status.WAITING
+    (running,) = services.claim("w2", kinds=["wf.child"])
+    assert fresh(job).status == Status.WAITING
+    return fresh(job), running
+
+
+def test_a_cancel_of_a_waiting_workflow_queues_it_for_its_undos_then_cancels_it():
+    job, running = _waiting("wf.provision_undo")
+    before = JobEvent.objects.filter(job_id=job.pk).count()
+    services.request_cancel(job, "ops", "not needed")
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.cancel_requested_at is not None
+    children = dict(Job.objects.filter(parent=job).values_list("pk", "status"))
+    assert children.pop(running.pk) == Status.PROCESSING  # asked to cancel, as without the option
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert set(children.values()) == {Status.CANCELLED}
+    wake = JobEvent.objects.filter(job_id=job.pk).order_by("id")[before]
+    assert (wake.transition, wake.from_status, wake.to_status) == ("wake", "waiting", "queued")
+    assert wake.actor_label == "ops" and wake.metadata == {"recovery": "cancel"}
+    assert wake.reason == "not needed; cancel requested: its undos run first"
+
+    # A second request leaves the pending run be (no second compensation).
+    services.request_cancel(job, "ops", "really")
+    assert fresh(job).status == Status.QUEUED
+    assert JobEvent.objects.filter(job_id=job.pk).count() == before + 1
+
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == [*DONE, *UNDONE]
+    steps = {"provision": "undone", "reserve": "undone", "work": "waiting", "report": "pending"}
+    assert statuses(job) == steps
+    assert history(job, since="wake") == [
+        ("wake", "waiting", "queued", ""),
+        ("claim", "queued", "processing", ""),
+        *UNDO_ROWS,
+    ]
+    assert job.attempts == 1  # the undo run spent the attempt its fan-out gave back
+
+
+def test_without_the_option_a_cancel_of_a_waiting_workflow_cancels_it_at_once():
+    job, _running = _waiting("wf.provision")
+    services.request_cancel(job, "ops", "not needed")
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert labels(job) == DONE
+    assert history(job)[-1] == ("cancel", "waiting", "cancelled", "")
+
+
+def test_a_woken_workflow_queued_for_its_fan_in_runs_its_undos_on_a_cancel():
+    job = services.enqueue("wf.provision_undo", {"fan_out": 1})
+    assert run_next("w1").status == Status.WAITING
+    assert drain(kinds=["wf.child"]) == 1
+    assert fresh(job).status == Status.QUEUED  # woken, not yet run
+    services.request_cancel(job, "ops", "")
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.cancel_requested_at is not None
+    assert history(job)[-1] == ("request_cancel", "queued", "queued", "")
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+    assert history(job, since="claim")[-3:] == UNDO_ROWS
+
+
+# Queued before it ever ran -------------------------------------------------------
+
+
+def test_a_workflow_cancelled_before_it_ever_ran_is_cancelled_at_once():
+    job = services.enqueue("wf.provision_undo", {})
+    services.request_cancel(job, "ops", "")
+    job = fresh(job)
+    assert job.status == Status.CANCELLED
+    assert history(job) == [("enqueue", "", "queued", ""), ("cancel", "queued", "cancelled", "")]
+    assert drain() == 0 and labels(job) == []
+
+
+# The option ------------------------------------------------------------------------
+
+
+def test_undo_on_cancel_is_true_or_false():
+    with pytest.raises(TypeError, match="undo_on_cancel must be True or False"):
+
+        @jobstate.workflow("t.bad_undo_on_cancel", undo_on_cancel="yes")  # type: ignore[arg-type]
+        class Bad(jobstate.Workflow):
+            @jobstate.step()
+            def one(self, ctx: Any) -> None: ...
+
+    assert "t.bad_undo_on_cancel" not in registry.all_handlers()
+
+
+def test_a_plain_handler_cannot_take_the_option():
+    with pytest.raises(TypeError, match="unknown option"):
+        registry.handler("t.plain_undo_on_cancel", undo_on_cancel=True)
