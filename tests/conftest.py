@@ -12,8 +12,9 @@ from django.db import connection
 from django_q.conf import Conf
 
 from jobstate import conf, registry, services
-from jobstate.worker import cluster, counters
+from jobstate.worker import cluster, counters, tasks
 from jobstate.worker.broker import JobBroker
+from jobstate.worker.outage import Outage
 
 # Fixtures shared by several test modules, registered once here (no module imports
 # a fixture by name).
@@ -146,6 +147,7 @@ def broker(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(Conf, "WORKERS", 2)
     monkeypatch.setattr(Conf, "QUEUE_LIMIT", 100)  # tests of the queue limit set their own
     monkeypatch.setattr(counters, "plain", None)
+    monkeypatch.setattr(tasks, "claims_outage", Outage(tasks.logger, "jobstate worker"))  # no run of failures
     broker = JobBroker(list_key="jobstate-test")
     yield broker
     broker.close()

@@ -135,6 +135,37 @@ def test_a_pusher_cut_off_from_the_database_logs_one_traceback_then_recovers(bro
     ]
 
 
+def test_a_worker_cut_off_from_the_database_at_its_next_claim_logs_a_traceback_then_recovers(broker, caplog):
+    """A worker process that ended a job claims its next one (``tasks.chain``): while
+    the database was down it logged a traceback at each of its chained claims. Now
+    as the pusher: the first failure with its traceback, then a line a minute, and
+    once that it reached the database again."""
+
+    def chain() -> int:
+        now = time.monotonic()
+        return tasks.chain("host:1:7", hard_deadline=now + 3600, started=now)
+
+    caplog.set_level(logging.INFO, logger="jobstate")
+    with pytest.MonkeyPatch.context() as down:  # not undoing the broker fixture's
+        refuse_connections(down)
+        assert [chain() for _ in range(5)] == [0] * 5
+        (first,) = jobstate_records(caplog)
+        assert first.levelno == logging.ERROR and first.exc_info
+        assert first.getMessage() == "jobstate worker: could not claim a next job; back to django-q2"
+        caplog.clear()
+        down.setattr(outage, "REMIND_SECONDS", 0.0)
+        assert chain() == 0
+        (reminder,) = jobstate_records(caplog)
+        assert reminder.levelno == logging.WARNING and not reminder.exc_info
+        assert "jobstate worker: the database still fails (6 attempts in" in reminder.getMessage()
+    caplog.clear()
+    services.enqueue("test.echo", {})
+    assert chain() == 1
+    assert [r.getMessage() for r in jobstate_records(caplog) if "database" in r.getMessage()] == [
+        "jobstate worker: the database answers again after 6 failed attempts"
+    ]
+
+
 def test_a_pusher_whose_connection_was_killed_logs_it_once_and_reconnects(broker, caplog):
     """Killed as the pusher records its heartbeat: one traceback (not the
     heartbeat's warning and then the claim's error), and the next call claims."""

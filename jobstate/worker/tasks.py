@@ -38,6 +38,7 @@ from jobstate.worker.endings import (
     unknown_kind,
 )
 from jobstate.worker.limits import hard_limit_for
+from jobstate.worker.outage import Outage
 from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.runner import run_job
@@ -47,6 +48,10 @@ logger = logging.getLogger("jobstate.worker")
 
 # ``reconnecting``: a task's first database call found the connection kept between jobs dead.
 KEPT_CLOSED = "the database connection kept between jobs was closed"
+
+# This process's chained claims (``chain``): a database outage is a traceback, a line a
+# minute and a recovery line, as for the pusher and the heartbeats.
+claims_outage = Outage(logger, "jobstate worker")
 
 
 def worker_id(claimed_by: str) -> str:
@@ -275,6 +280,8 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
     ran = 0
     job, tried = links.handed_over()
     leased_at = links.asked
+    if tried:  # claimed with the outcome: the database answers
+        claims_outage.ended()
     while not tried or job is not None:
         if job is None:
             kinds = links.next_kinds()
@@ -283,12 +290,11 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
             leased_at = time.monotonic()
             try:
                 claimed = services.claim(links.me, kinds=kinds, limit=1, start=True)
-            except DatabaseErrors:  # InterfaceError too: the outcome is stored, the task must not fail
-                logger.warning(
-                    "jobstate worker: could not claim a next job; back to django-q2", exc_info=True
-                )
+            except DatabaseErrors as exc:  # InterfaceError too: the outcome is stored, the task must not fail
+                claims_outage.failed("could not claim a next job; back to django-q2", exc)
                 close_old_connections()
                 break
+            claims_outage.ended()
             if not claimed:
                 break
             job = claimed[0]
@@ -299,6 +305,8 @@ def chain(me: str, hard_deadline: float, started: float, links: Chain | None = N
         ran += 1
         job, tried = links.handed_over()
         leased_at = links.asked
+        if tried:
+            claims_outage.ended()
     return ran
 
 
