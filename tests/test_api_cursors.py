@@ -91,6 +91,17 @@ def test_a_cursor_value_of_the_wrong_json_type_is_a_400(
             assert error["fields"] == {"cursor": ["Invalid cursor."]}, (name, wrong)
 
 
+@pytest.mark.parametrize("url", [url for url, _, _ in LISTS])
+def test_an_empty_cursor_is_the_400_of_a_malformed_one(user: Any, url: str) -> None:
+    # It gave the first page, where an empty ordering or page_size is a 400.
+    hook = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    url = url.format(job=make_job(user).pk, hook=hook.pk)
+    client = client_for(user)
+    malformed = assert_error(client.get(url, {"cursor": "garbage"}), 400, "invalid")
+    assert assert_error(client.get(url, {"cursor": ""}), 400, "invalid") == malformed
+    assert malformed["fields"] == {"cursor": ["Invalid cursor."]}
+
+
 # Values no row holds, for each kind of field; the integers come from INT_RANGES.
 OUT_OF_RANGE: dict[str, list[Any]] = {
     "DateTimeField": [

@@ -101,7 +101,7 @@ class KeysetPagination(BasePagination):
 
     def _decode_cursor(self, request: Request, model: type[Model]) -> tuple[list[Any] | None, bool]:
         raw = once(request, self.cursor_query_param)
-        if not raw:
+        if raw is None:  # an empty one is invalid, as an empty ordering or page size
             return None, False
         try:
             if len(raw) > CURSOR_MAX_LENGTH:  # ours are a few dozen characters
