@@ -178,6 +178,18 @@ def test_a_second_rotation_within_the_overlap_is_refused_unless_it_ends_the_over
     assert endpoint.signing_secrets() == [now.data["secret"]]
 
 
+@override_settings(TIME_ZONE="Asia/Kolkata")
+def test_a_refused_rotation_writes_its_time_as_the_api_writes_times(user):
+    # The 409's message wrote it with isoformat's "+00:00", every other time of the API "…Z".
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/a")
+    rotate = f"{URL}{endpoint.pk}/rotate-secret/"
+    api = client_for(user)
+    until = api.post(rotate, {"overlap_seconds": 86400}, format="json").json()["previous_secret_expires_at"]
+    again = api.post(rotate, {"overlap_seconds": 86400}, format="json")
+    message = assert_error(again, 409, "conflict")["message"]
+    assert until.endswith("Z") and f"The previous secret signs until {until} (the last" in message
+
+
 def in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
     """Run ``call`` in a thread with its own database connection; its result lands in the list."""
     out: list[Any] = []

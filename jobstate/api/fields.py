@@ -9,7 +9,7 @@ jobstate.services.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +19,7 @@ from rest_framework import ISO_8601, serializers
 from rest_framework.settings import api_settings
 
 from jobstate import conf
-from jobstate.api.times import as_stored
+from jobstate.api.times import as_stored, as_written
 from jobstate.storable import MAX_DEPTH, too_deep
 
 
@@ -49,11 +49,8 @@ class UTCDateTimeField(serializers.DateTimeField):
             return None
         output_format = getattr(self, "format", api_settings.DATETIME_FORMAT)
         iso = isinstance(output_format, str) and output_format.lower() == ISO_8601
-        if isinstance(value, datetime) and value.tzinfo is None and not settings.USE_TZ:
-            value = timezone.make_aware(value, timezone.get_default_timezone())  # as Django stores it then
-        if iso and isinstance(value, datetime) and value.tzinfo is not None:
-            text = value.astimezone(UTC).isoformat()
-            return text[:-6] + "Z" if text.endswith("+00:00") else text
+        if iso and isinstance(value, datetime) and (value.tzinfo is not None or not settings.USE_TZ):
+            return as_written(value)
         return super().to_representation(value)
 
 

@@ -1,4 +1,5 @@
-"""Times from the API's input, put in the terms the database compares them in."""
+"""Times from the API's input, put in the terms the database compares them in, and
+the one way the API writes a time (``as_written``)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,13 @@ def as_stored(value: datetime) -> datetime:
     if timezone.is_naive(value):
         return value
     return timezone.make_naive(value, timezone.get_default_timezone())
+
+
+def as_written(value: datetime) -> str:
+    """``value`` as the API writes every time: ISO 8601 in UTC ("…Z"), whatever the
+    active time zone. A naive ``value`` is in ``TIME_ZONE`` (``USE_TZ = False``: as
+    Django stores it then)."""
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, timezone.get_default_timezone())
+    text = value.astimezone(UTC).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text

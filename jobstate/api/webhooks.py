@@ -46,6 +46,7 @@ from jobstate.api.outputs import OutputSerializer
 from jobstate.api.pagination import KeysetPagination
 from jobstate.api.permissions import may_view_all
 from jobstate.api.schema import extend_schema
+from jobstate.api.times import as_written
 from jobstate.webhooks import answerable, ownership, rotation, validation, visibility
 from jobstate.webhooks.models import EVENTS, WebhookDelivery, WebhookEndpoint
 
@@ -302,7 +303,7 @@ class WebhookEndpointViewSet(JobstateAPIView, viewsets.ModelViewSet[Any]):  # pa
         try:
             endpoint = rotation.rotate(endpoint.pk, overlap)
         except rotation.RotationRefused as exc:
-            raise Conflict(str(exc)) from None
+            raise Conflict(exc.message(as_written(exc.signing_until))) from None
         return Response(self.get_serializer(endpoint).data, status=status.HTTP_200_OK)
 
     @extend_schema(summary="Delivery attempts, newest first", responses=DeliverySerializer(many=True))

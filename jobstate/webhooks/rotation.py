@@ -6,7 +6,7 @@ creation or a rotation), and never again: whoever lost it rotates it.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.utils import timezone
@@ -16,6 +16,18 @@ from jobstate.webhooks.models import WebhookEndpoint, new_secret
 
 class RotationRefused(Exception):
     """The previous secret's overlap still runs (rotate with overlap 0 to end it)."""
+
+    def __init__(self, signing_until: datetime) -> None:
+        self.signing_until = signing_until
+        super().__init__(self.message(signing_until.isoformat()))
+
+    @staticmethod
+    def message(signing_until: str) -> str:
+        """The refusal, with ``signing_until`` written as the caller writes a time."""
+        return (
+            f"The previous secret signs until {signing_until} (the last rotation's overlap): rotate "
+            "again after that, or with overlap_seconds 0 to stop every older secret signing now."
+        )
 
 
 def rotate(endpoint_pk: int, overlap_seconds: int) -> WebhookEndpoint:
@@ -35,11 +47,7 @@ def rotate(endpoint_pk: int, overlap_seconds: int) -> WebhookEndpoint:
         ):
             # One previous secret is kept: rotating again would stop the one whose
             # overlap receivers were promised at once.
-            raise RotationRefused(
-                f"The previous secret signs until {signing_until.isoformat()} (the last rotation's "
-                "overlap): rotate again after that, or with overlap_seconds 0 to stop every older "
-                "secret signing now."
-            )
+            raise RotationRefused(signing_until)
         endpoint.previous_secret = endpoint.secret
         endpoint.previous_secret_expires_at = timezone.now() + timedelta(seconds=overlap_seconds)
         endpoint.secret = new_secret()
