@@ -113,6 +113,17 @@ def test_the_schema_names_what_errors_and_creates_carry(user):
                 assert "Retry-After" in op["responses"][code]["headers"], (method, path, code)
 
 
+def test_the_progress_stream_names_the_last_event_id_header(user):
+    # The stream resumes from Last-Event-ID (and answers 204 to a finished job's final id);
+    # the schema listed no such header, so a generated client could not send it.
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    operation = schema["paths"]["/api/jobs/{id}/events/stream/"]["get"]
+    headers = {p["name"]: p for p in operation["parameters"] if p["in"] == "header"}
+    assert set(headers) == {"Last-Event-ID"}
+    assert headers["Last-Event-ID"]["schema"] == {"type": "string"}
+    assert not headers["Last-Event-ID"].get("required")
+
+
 def test_components_describe_themselves_to_clients(user):
     # A serializer's docstring is its component's description, inherited from the nearest
     # base with one: every request body's was StrictInput's, a maintainer's note

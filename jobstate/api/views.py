@@ -387,6 +387,16 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         "gone, an `error` event (the 401 or 404 error body) closes the stream; a poll the database is "
         "too busy for sends the 503 `database_busy` body as an `error` event, with `retry: 1000`; "
         "one whose database connection failed, the 503 `database_unavailable` body, with `retry: 5000`.",
+        parameters=[
+            OpenApiParameter(
+                "Last-Event-ID",
+                OpenApiTypes.STR,
+                location=OpenApiParameter.HEADER,
+                description="On a reconnect, the `id` of the last event received (an EventSource "
+                "sends it): the stream sends only what changed since, and a finished job's final "
+                "event's id gets 204.",
+            ),
+        ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(SSE_EVENT_SCHEMA, "An event stream."),
             204: OpenApiResponse(description="The job has finished and the client has its final event."),
