@@ -8,6 +8,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
+import django
 import pytest
 from django.contrib.messages import get_messages
 from django.db import connection
@@ -747,7 +748,8 @@ def test_a_bulk_action_nothing_selected_can_take_offers_no_confirmation(admin_cl
         "(2 completed, 1 already asked to stop): there is nothing to confirm."
     ) in page
     assert 'type="submit"' not in page.split('id="content-main"')[1] and 'name="confirm"' not in page
-    assert f'<a href="{LIST}" class="closelink">Back</a>' in page
+    role = ' role="button"' if django.VERSION >= (6, 0) else ""  # as Django's admin marks it
+    assert f'<a{role} href="{LIST}" class="closelink">Back</a>' in page
     retried = completed()
     services.retry(retried, "ops", "fixed")
     page = bulk(admin_client, "retry_selected", [retried], None).content.decode()

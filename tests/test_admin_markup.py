@@ -1,7 +1,8 @@
-"""The job list's own paginator and search form (overrides of Django's, for the capped
-count) are written as the running Django's admin writes its own: on Django 6 a nav with
-a hidden heading and a list, and a search form named by a hidden heading. They wrote
-Django 5.2's on Django 6 too."""
+"""jobstate's own admin markup is written as the running Django's admin writes its own:
+the job list's paginator and search form (overrides of Django's, for the capped count),
+on Django 6 a nav with a hidden heading and a list, and a search form named by a hidden
+heading; the links of the submit rows of jobstate's own pages, on Django 6 marked
+``role="button"``. They wrote Django 5.2's on Django 6 too."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from django.urls import reverse
 
 from jobstate.models import Job, JobEvent
 from jobstate.webhooks.models import WebhookEndpoint
-from tests.admin_support import queued
+from tests.admin_support import completed, queued
 
 pytestmark = pytest.mark.django_db
 
 LISTS = django.VERSION >= (6, 0)
+BUTTONS = django.VERSION >= (6, 0)  # a submit row's links: role="button"
 
 
 def paginator(html: str) -> tuple[str, str, bool]:
@@ -66,3 +68,33 @@ def test_the_job_lists_search_form_is_the_running_djangos(admin_client: Any, use
         assert 'aria-labelledby="changelist-search-form"' in search_form(jobs)[0]
     else:
         assert search_form(jobs) == ('<form id="changelist-search" method="get" role="search">', "")
+
+
+def submit_row_links(html: str) -> list[str]:
+    """The opening tags of the links in the page's submit rows."""
+    rows = re.findall(r'<div class="submit-row"[^>]*>(.*?)</div>', html, re.S)
+    return [tag for row in rows for tag in re.findall(r"<a\b[^>]*>", row)]
+
+
+def test_the_links_of_jobstates_submit_rows_are_the_running_djangos(admin_client: Any, user: Any) -> None:
+    job, done = queued(), completed()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/markup")
+    jobs = reverse("admin:jobstate_job_changelist")
+    pages = {
+        "transition": admin_client.get(reverse("admin:jobstate_job_transition", args=[job.pk, "cancel"])),
+        "reaper": admin_client.post(reverse("admin:jobstate_job_reap")),
+        "bulk": admin_client.post(
+            jobs, {"action": "cancel_selected", "_selected_action": [job.pk], "index": 0}
+        ),
+        "bulk, nothing to confirm": admin_client.post(
+            jobs, {"action": "cancel_selected", "_selected_action": [done.pk], "index": 0}
+        ),
+        "rotate": admin_client.get(
+            reverse("admin:jobstate_webhookendpoint_rotate_secret", args=[endpoint.pk])
+        ),
+        "secret": admin_client.get(reverse("admin:jobstate_webhookendpoint_secret", args=[endpoint.pk])),
+    }
+    for name, response in pages.items():
+        links = submit_row_links(response.content.decode())
+        assert links, name
+        assert all(('role="button"' in tag) == BUTTONS for tag in links), (name, links)

@@ -2,7 +2,8 @@
 
 Django 6's admin writes its breadcrumbs as a list (``<ol>``, an item a part) where
 Django 5.2's wrote a ``div`` with ``&rsaquo;`` between the parts; its paginator is a
-``nav`` with a list. jobstate's pages follow the running version, each from one
+``nav`` with a list; it marks the links of a submit row (Close, Delete, "No, take me
+back") ``role="button"``. jobstate's pages follow the running version, each from one
 template (``{% load jobstate_admin %}``).
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import django
 from django import template
+from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
@@ -21,6 +23,13 @@ def admin_lists() -> bool:
     """Whether the running Django's admin writes its breadcrumbs and paginator as lists
     (6.0 on): ``{% admin_lists as lists %}``."""
     return django.VERSION >= (6, 0)
+
+
+@register.simple_tag
+def button_role() -> SafeString:
+    """`` role="button"`` where the running Django's admin marks a submit row's link as a
+    button (6.0 on), else nothing: ``<a{% button_role %} href="…" class="closelink">``."""
+    return mark_safe(' role="button"' if django.VERSION >= (6, 0) else "")
 
 
 @register.inclusion_tag("jobstate/breadcrumbs.html", takes_context=True)
