@@ -2,11 +2,13 @@
 the job list's paginator and search form (overrides of Django's, for the capped count),
 on Django 6 a nav with a hidden heading and a list, and a search form named by a hidden
 heading; the links of the submit rows of jobstate's own pages, on Django 6 marked
-``role="button"``. They wrote Django 5.2's on Django 6 too."""
+``role="button"``; the form rows of jobstate's reason and overlap forms, on Django 6 with
+the help and errors inside the ``.flex-container``. They wrote Django 5.2's on Django 6 too."""
 
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 from typing import Any
 
 import django
@@ -98,3 +100,96 @@ def test_the_links_of_jobstates_submit_rows_are_the_running_djangos(admin_client
         links = submit_row_links(response.content.decode())
         assert links, name
         assert all(('role="button"' in tag) == BUTTONS for tag in links), (name, links)
+
+
+class RowShapes(HTMLParser):
+    """The layout of each form row: its containers, help, errors, label and field, each
+    as (depth, what), the rest left out; and the field its label is for."""
+
+    KEPT = ("form-row", "flex-container", "errors", "help", "errorlist")
+    VOID = ("input", "br", "img")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth, self.start = 0, -1
+        self.rows: dict[str, list[tuple[int, str]]] = {}
+        self.shape: list[tuple[int, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        classes = (attributes.get("class") or "").split()
+        if self.start < 0 and "form-row" in classes:
+            self.start, self.shape = self.depth, []
+        if self.start >= 0:
+            kept = [c for c in classes if c in self.KEPT]
+            what = {"textarea": "field", "select": "field", "input": "field", "label": "label"}.get(tag)
+            if tag == "input" and attributes.get("type") == "hidden":
+                what = None  # a JSON field's initial value
+            if tag == "label":
+                self.rows[str(attributes.get("for"))] = self.shape
+            if kept or what:
+                self.shape.append((self.depth - self.start, what or " ".join(kept)))
+        if tag not in self.VOID:
+            self.depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in self.VOID:
+            self.depth -= 1
+        if self.depth == self.start:
+            self.start = -1
+
+
+def row_shape(html: str, name: str) -> list[tuple[int, str]]:
+    """The layout of the form row of the field ``name``."""
+    parser = RowShapes()
+    parser.feed(html)
+    assert f"id_{name}" in parser.rows, f"no form row for {name}"
+    return parser.rows[f"id_{name}"]
+
+
+def test_jobstates_form_rows_are_laid_out_as_the_running_djangos(admin_client: Any, user: Any) -> None:
+    # Django's own: an endpoint's events (a field with help text) refused.
+    own = {"url": "https://hooks.example.com/markup", "events": "[", "kinds": "[]", "enabled": "on"}
+    django_row = row_shape(
+        admin_client.post(reverse("admin:jobstate_webhookendpoint_add"), own).content.decode(), "events"
+    )
+    if LISTS:  # the help and the errors in the .flex-container, which has the errors class
+        expected = django_row
+        assert expected[:5] == [
+            (0, "form-row"),
+            (1, "flex-container errors"),
+            (2, "label"),
+            (2, "help"),
+            (2, "errorlist"),
+        ]
+    else:  # the errors beside it, in the row that has the errors class (one field a row: no wrapper)
+        assert (0, "form-row errors") in django_row and (1, "errorlist") in django_row
+        expected = [
+            (0, "form-row errors"),
+            (1, "errorlist"),
+            (1, "flex-container"),
+            (2, "label"),
+            (2, "field"),
+            (1, "help"),
+        ]
+    job = queued()
+    endpoint = WebhookEndpoint.objects.create(owner=user, url="https://hooks.example.com/markup")
+    jobs = reverse("admin:jobstate_job_changelist")
+    refused = {"action": "cancel_selected", "_selected_action": [job.pk], "index": 0, "confirm": "yes"}
+    ours = {
+        "reason": admin_client.post(
+            reverse("admin:jobstate_job_transition", args=[job.pk, "cancel"]), {"reason": ""}
+        ),
+        "bulk reason": admin_client.post(jobs, {**refused, "reason": ""}),
+        "overlap_seconds": admin_client.post(
+            reverse("admin:jobstate_webhookendpoint_rotate_secret", args=[endpoint.pk]),
+            {"overlap_seconds": "-1"},
+        ),
+    }
+    for name, response in ours.items():
+        html = response.content.decode()
+        field = f"id_{name.split()[-1]}"
+        # The help is the one the field's aria-describedby names: it had no id.
+        assert f'aria-describedby="{field}_helptext {field}_error"' in html, name
+        assert f'<div class="help" id="{field}_helptext">' in html, name
+        assert row_shape(html, name.split()[-1]) == expected, name

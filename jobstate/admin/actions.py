@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import ValidationError
@@ -33,6 +34,20 @@ from jobstate.workflows.definition import definition_of
 REFUSALS: tuple[type[Exception], ...] = (JobStateError, ValidationError, Job.DoesNotExist)
 BULK_LIMIT = 1000
 REASON_MAX_LENGTH = 1000  # as the API's and the history's
+
+
+class BulkReasonForm(forms.Form):
+    """The bulk confirmation's reason; bound only to say that it is missing (the action
+    reads it with ``posted_text``)."""
+
+    reason = forms.CharField(
+        label="Reason",
+        widget=forms.Textarea(
+            attrs={"rows": 3, "cols": 60, "maxlength": REASON_MAX_LENGTH, "autofocus": True}
+        ),
+        help_text="Recorded in each job's history with your user name.",
+        error_messages={"required": "Give a reason."},
+    )
 
 
 def posted_text(request: Any, name: str) -> str:
@@ -376,8 +391,9 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "workflows": _workflows(op, jobs),
                 "count": len(jobs),
                 "truncated": truncated,
-                "reason": reason,
-                "missing_reason": confirmed and not reason,
+                "form": BulkReasonForm(
+                    {"reason": ""} if confirmed and not reason else None, initial={"reason": reason}
+                ),
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
                 "select_across": request.POST.get("select_across", "0"),
                 "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),

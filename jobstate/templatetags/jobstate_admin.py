@@ -3,7 +3,8 @@
 Django 6's admin writes its breadcrumbs as a list (``<ol>``, an item a part) where
 Django 5.2's wrote a ``div`` with ``&rsaquo;`` between the parts; its paginator is a
 ``nav`` with a list; it marks the links of a submit row (Close, Delete, "No, take me
-back") ``role="button"``. jobstate's pages follow the running version, each from one
+back") ``role="button"``, and puts a form row's help and errors inside its
+``.flex-container``. jobstate's pages follow the running version, each from one
 template (``{% load jobstate_admin %}``).
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import django
 from django import template
+from django.forms import BoundField
 from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
@@ -44,3 +46,10 @@ def jobstate_breadcrumbs(context: template.Context, *parts: Any) -> dict[str, An
         "current": current,
         "lists": admin_lists(),
     }
+
+
+@register.inclusion_tag("jobstate/form_row.html")
+def jobstate_form_row(field: BoundField) -> dict[str, Any]:
+    """A form row of one field, laid out as the running Django's admin lays out one
+    (``admin/includes/fieldset.html``): ``{% jobstate_form_row form.reason %}``."""
+    return {"field": field, "inside": django.VERSION >= (6, 0)}
