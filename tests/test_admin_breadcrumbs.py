@@ -37,6 +37,9 @@ def test_the_job_pages_write_the_running_djangos_breadcrumbs(admin_client: Any) 
         assert breadcrumbs(admin_client.get(url).content.decode()) == expected, url
     reap = admin_client.post(reverse("admin:jobstate_job_reap")).content.decode()
     assert breadcrumbs(reap) == [*APP, "Stuck jobs", "Run the reaper now"]
+    for view, verb in (("pause", "Pause"), ("resume", "Resume")):
+        page = admin_client.get(reverse(f"admin:jobstate_job_{view}_kind"), {"kind": job.kind})
+        assert breadcrumbs(page.content.decode()) == [*APP, "Dashboard", f"{verb} a kind"], view
     data = {"action": "cancel_selected", "_selected_action": [str(job.pk)], "index": 0}
     bulk = admin_client.post(reverse("admin:jobstate_job_changelist"), data).content.decode()
     assert breadcrumbs(bulk) == [*JOBS, "Cancel"]

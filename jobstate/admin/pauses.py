@@ -108,6 +108,7 @@ def _confirm(model_admin: Any, request: HttpRequest, *, resume: bool) -> HttpRes
             kind=kind,
             resume=resume,
             verb=verb,
+            crumb=f"{verb} a kind",
             pause_text=describe(pause) if pause is not None else "",
             queued=queued_counts([kind])[kind] if kind else 0,
         ),
