@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from typing import Any
 
 import pytest
@@ -84,3 +86,13 @@ def test_a_pause_posted_without_the_csrf_token_is_refused(admin_user: Any):
     client.force_login(admin_user)
     assert client.post(PAUSE, {"kind": "test.echo", "reason": "x"}).status_code == 403
     assert not KindPause.objects.exists()
+
+
+def test_the_list_of_pauses_links_to_the_resume_of_a_kind_whatever_its_name(admin_client: Any):
+    kind = "reports & exports+csv #2"  # a kind name may hold any printable character
+    KindPause.objects.create(kind=kind, paused_by_label="ops")
+    listed = admin_client.get(reverse("admin:jobstate_kindpause_changelist")).content.decode()
+    href = re.search(r'<a href="([^"]*)">resume</a>', listed)
+    assert href is not None
+    confirm = admin_client.get(html.unescape(href.group(1))).content.decode()
+    assert f"Resume <strong>{html.escape(kind)}</strong>, paused by" in confirm

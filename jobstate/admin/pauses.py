@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from jobstate import services
@@ -151,7 +152,7 @@ class KindPauseAdmin(admin.ModelAdmin):
     @admin.display(description="state")
     def state(self, obj: KindPause) -> SafeString:
         if obj.active:
-            url = f"{reverse('admin:jobstate_job_resume_kind')}?kind={obj.kind}"
+            url = f"{reverse('admin:jobstate_job_resume_kind')}?{urlencode({'kind': obj.kind})}"
             return format_html('<strong>paused</strong> (<a href="{}">resume</a>)', url)
         return format_html("{}", "resumed")
 
