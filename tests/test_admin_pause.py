@@ -96,3 +96,22 @@ def test_the_list_of_pauses_links_to_the_resume_of_a_kind_whatever_its_name(admi
     assert href is not None
     confirm = admin_client.get(html.unescape(href.group(1))).content.decode()
     assert f"Resume <strong>{html.escape(kind)}</strong>, paused by" in confirm
+
+
+def test_a_confirmation_that_would_be_refused_says_so_and_offers_only_the_way_back(admin_client: Any):
+    # It offered the pause (or resume) anyway, and its POST was then refused.
+    services.pause_kind("test.echo", "ops", "mail API down")
+    for url, kind, refusal in (
+        (PAUSE, "test.echo", "Pause refused: 'test.echo' is already paused (by ops since"),
+        (PAUSE, "no.such.kind", "Pause refused: No kind 'no.such.kind' is registered or has jobs."),
+        (RESUME, "test.schema", "Resume refused: 'test.schema' is not paused."),
+        (PAUSE, "", "Pause refused: No kind given."),
+    ):
+        page = html.unescape(admin_client.get(url, {"kind": kind}).content.decode())
+        assert refusal in page, (url, kind)
+        assert 'id="js-confirm"' not in page and "Go back" in page
+    offered = admin_client.get(RESUME, {"kind": "test.echo"}).content.decode()
+    assert (
+        'id="js-confirm"' in offered
+        and "Kept in the pause&#x27;s record with your user name. Optional." in offered
+    )

@@ -24,7 +24,7 @@ from jobstate.exceptions import PauseRefused, UnknownKind
 from jobstate.models import KindPause
 from jobstate.models.job import may_view_all
 from jobstate.services import Actor
-from jobstate.services.pauses import describe, queued_counts
+from jobstate.services.pauses import already_paused, describe, queued_counts
 
 
 class KindReasonForm(forms.Form):
@@ -40,6 +40,8 @@ class KindReasonForm(forms.Form):
     def __init__(self, *args: Any, reason_required: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reason_required = reason_required
+        if not reason_required:
+            self.fields["reason"].help_text += " Optional."
 
     def clean_reason(self) -> str:
         reason: str = self.cleaned_data["reason"].strip()
@@ -112,8 +114,23 @@ def _confirm(model_admin: Any, request: HttpRequest, *, resume: bool) -> HttpRes
             crumb=f"{verb} a kind",
             pause_text=describe(pause) if pause is not None else "",
             queued=queued_counts([kind])[kind] if kind else 0,
+            refusal=_refusal(kind, pause, resume),
         ),
     )
+
+
+def _refusal(kind: str, pause: KindPause | None, resume: bool) -> str:
+    """Why the confirmation would be refused (the page then offers only the way
+    back), as the services would say it; empty when it would not be."""
+    if not kind:
+        return "No kind given."
+    if resume:
+        return "" if pause is not None else f"'{kind}' is not paused."
+    if pause is not None:
+        return already_paused(pause) + "."
+    if not services.pauses.may_be_paused(kind):
+        return f"No kind '{kind}' is registered or has jobs."
+    return ""
 
 
 @admin.register(KindPause)

@@ -37,7 +37,7 @@ def pause_kind(kind: str, actor: Actor | str | Any | None, reason: str = "") -> 
     kind); nothing is written then.
     """
     kind = _kind(kind)
-    if kind not in registry.all_handlers() and not Job.objects.filter(kind=kind).exists():
+    if not may_be_paused(kind):
         raise UnknownKind(kind)
     who = Actor.of(actor)
     with transaction.atomic():
@@ -89,6 +89,12 @@ def resume_kind(kind: str, actor: Actor | str | Any | None, reason: str = "") ->
             raise PauseRefused(kind, f"'{kind}' is not paused")
     logger.info("jobstate: kind %s resumed by %s: %s", kind, who.label, reason or "no reason given")
     return KindPause.objects.get(pk=current.pk)  # type: ignore[union-attr]
+
+
+def may_be_paused(kind: str) -> bool:
+    """Whether ``kind`` names a kind: registered here, or with jobs stored (one only
+    the workers of another deploy register)."""
+    return kind in registry.all_handlers() or Job.objects.filter(kind=kind).exists()
 
 
 def paused_kinds() -> list[KindPause]:
