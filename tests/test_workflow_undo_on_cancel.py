@@ -234,3 +234,49 @@ def test_undo_on_cancel_is_true_or_false():
 def test_a_plain_handler_cannot_take_the_option():
     with pytest.raises(TypeError, match="unknown option"):
         registry.handler("t.plain_undo_on_cancel", undo_on_cancel=True)
+
+
+# Reserved by a cluster, not yet begun -----------------------------------------------
+
+
+def _woken(kind: str = "wf.provision_undo") -> Job:
+    job = services.enqueue(kind, {"fan_out": 1})
+    assert run_next("w1").status == Status.WAITING
+    assert drain(kinds=["wf.child"]) == 1
+    job = fresh(job)
+    assert job.status == Status.QUEUED  # woken, not yet run
+    return job
+
+
+def test_a_cancel_of_a_reserved_workflow_that_ran_before_runs_its_undos_when_it_begins():
+    job = _woken()
+    (claimed,) = services.claim("w9", kinds=["wf.provision_undo"])
+    services.request_cancel(job, "ops", "stop")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and row.transition == "request_cancel"
+    assert row.metadata == {"recovery": "cancel"}
+    assert row.reason == "stop; cancel requested: its undos run first"
+    assert run_job(claimed, "w9") == "cancelled"
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
+def test_a_reserved_workflow_whose_cluster_stopped_is_requeued_for_the_undos_of_its_cancel():
+    job = _woken()
+    services.claim("w9", kinds=["wf.provision_undo"])
+    services.request_cancel(job, "ops", "stop")
+    report = services.requeue_expired(now=timezone.now() + timedelta(hours=1))
+    assert report.requeued == [job.pk]  # not cancelled unstarted
+    assert run_job(services.start(job.pk, "w2"), "w2") == "cancelled"
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
+def test_without_the_option_a_cancel_of_a_reserved_workflow_cancels_it_unstarted():
+    job = _woken("wf.provision")
+    (claimed,) = services.claim("w9", kinds=["wf.provision"])
+    services.request_cancel(job, "ops", "stop")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and row.metadata == {} and row.reason == "stop"
+    assert run_job(claimed, "w9") == "cancelled"
+    assert labels(fresh(job)) == DONE

@@ -75,7 +75,9 @@ def request_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: 
     are cancelled too. Terminal jobs raise ``InvalidTransition``. A queued or
     waiting workflow with ``undo_on_cancel`` and undos to run keeps the request
     and is queued for a run that runs them, then ends ``cancelled``
-    (``cancel_runs``); a second request leaves that run be.
+    (``cancel_runs``); one a cluster reserved but has not begun keeps it
+    reserved, its request row marked for that run; a second request leaves
+    that run be.
     """
     who = Actor.of(actor)
     now = timezone.now()
@@ -109,11 +111,31 @@ def _ask_to_cancel(job_id: Any, who: Actor, reason: str, now: datetime) -> None:
     creating children holds it until they are committed, so all of them are seen.
     Raises ``_StatusMoved`` if the job is no longer processing."""
     processing = Job.objects.filter(pk=job_id, status=Status.PROCESSING)
-    if not list(processing.select_for_update(no_key=True).values_list("pk", flat=True)):
+    found = list(processing.select_for_update(no_key=True).values_list("kind", "started_at"))
+    if not found:
         raise _StatusMoved
     cascade.end_children(job_id, why=Status.CANCELLED, actor=who, now=now)
     if processing.filter(cancel_requested_at__isnull=True).update(cancel_requested_at=now, updated_at=now):
-        record_event(job_id, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now)
+        kind, started = found[0]
+        # Only reserved (not begun), the job is as good as queued: ``begin`` and the
+        # reaper give it the run its cancel needs (``hooks.cancelling``) by this row.
+        why = None
+        if started is None and hooks.cancelling:
+            why = hooks.cancelling.ask(hooks.Cancelling(job_id, kind, str(Status.QUEUED)))
+        if why is not None:
+            text = f"{reason}; {why}" if reason else f"cancel requested; {why}"
+            record_event(
+                job_id,
+                Status.PROCESSING,
+                Status.PROCESSING,
+                "request_cancel",
+                who,
+                text[:1000],
+                cancel_runs.RECOVERY,
+                now,
+            )
+        else:
+            record_event(job_id, Status.PROCESSING, Status.PROCESSING, "request_cancel", who, reason, {}, now)
     # Otherwise it was asked already: the first request stands.
 
 
