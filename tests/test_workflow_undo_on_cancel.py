@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.utils import timezone
@@ -280,3 +281,36 @@ def test_without_the_option_a_cancel_of_a_reserved_workflow_cancels_it_unstarted
     assert row is not None and row.metadata == {} and row.reason == "stop"
     assert run_job(claimed, "w9") == "cancelled"
     assert labels(fresh(job)) == DONE
+
+
+# A cancel that lands as the run suspends ----------------------------------------------
+
+
+def _cancel_as_it_suspends(kind: str) -> Job:
+    suspend = services.suspend
+
+    def cancelled_first(job: Job, token: Any, **kwargs: Any) -> Any:
+        services.request_cancel(job.pk, "ops", "stop")  # after the run's last look
+        return suspend(job, token, **kwargs)
+
+    job = services.enqueue(kind, {"fan_out": 1})
+    with mock.patch.object(services, "suspend", cancelled_first):
+        run_next("w1")
+    return fresh(job)
+
+
+def test_a_cancel_landing_as_the_workflow_suspends_queues_it_for_its_undos():
+    job = _cancel_as_it_suspends("wf.provision_undo")
+    assert job.status == Status.QUEUED and job.cancel_requested_at is not None
+    assert job.attempts == 0  # refunded: the undo run spends it
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and (row.transition, row.to_status) == ("requeue", "queued")
+    assert row.metadata == {"recovery": "cancel"}
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
+def test_without_the_option_a_cancel_landing_as_the_workflow_suspends_cancels_it():
+    job = _cancel_as_it_suspends("wf.provision")
+    assert job.status == Status.CANCELLED and labels(job) == DONE

@@ -403,7 +403,9 @@ def suspend(
     With ``until``: ``processing`` -> ``queued`` (``requeue``), runnable from then.
     Without: ``processing`` -> ``waiting`` (``suspend``) until its last active
     child ends, which wakes it (``wake``: -> ``queued``); at once if none is active.
-    A cancel requested while it ran is honoured instead: ``cancelled``.
+    A cancel requested while it ran is honoured instead: ``cancelled``, or
+    ``queued`` for the run its cancel needs (``hooks.cancelling``: a workflow's
+    undos), its attempt refunded.
     ``progress`` as in ``cancel_now``, stored with either. A ``token`` of None is
     refused (``LeaseLost``), nothing written.
     """
@@ -421,6 +423,18 @@ def suspend(
             .first()
         )
         if requested is not None:
+            undo = hooks.cancelling.ask(hooks.Cancelling(job.pk, job.kind, str(Status.PROCESSING)))
+            if undo is not None:
+                # Its run for the cancel (``cancel_runs``): the request came as it suspended.
+                return move(
+                    job,
+                    "requeue",
+                    actor=who,
+                    token=token,
+                    reason=f"{undo} (the handler suspended)",
+                    fields={**fields, "run_after": timezone.now()},
+                    metadata=cancel_runs.RECOVERY,
+                )
             why = f"cancel requested; the handler suspended ({reason})" if reason else "cancel requested"
             return cancel_now(job, token, reason=why[:1000], actor=who, progress=progress)
         if until is not None:
