@@ -314,3 +314,16 @@ def test_a_cancel_landing_as_the_workflow_suspends_queues_it_for_its_undos():
 def test_without_the_option_a_cancel_landing_as_the_workflow_suspends_cancels_it():
     job = _cancel_as_it_suspends("wf.provision")
     assert job.status == Status.CANCELLED and labels(job) == DONE
+
+
+# What an undo of a cancel may call ----------------------------------------------------
+
+
+def test_an_undo_of_a_cancel_may_beat_and_check_for_a_cancel_without_failing():
+    job = services.enqueue("wf.provision_undo", {"fan_out": 1, "undo_checks": True})
+    assert run_next("w1").status == Status.WAITING
+    services.request_cancel(job, "ops", "stop")
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+    assert statuses(job)["reserve"] == "undone"

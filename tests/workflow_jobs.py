@@ -285,6 +285,9 @@ class _Provision(jobstate.Workflow):
 
     def release(self, ctx: Any, output: dict[str, str]) -> None:
         crash_point(ctx, "undo:reserve")
+        if ctx.parameters.get("undo_checks"):  # as a long undo would
+            ctx.heartbeat()
+            ctx.check_cancelled()
         effect(ctx, f"undo:reserve:{output['slot']}")
         if ctx.parameters.get("release_fails"):
             raise RuntimeError("slot service down")

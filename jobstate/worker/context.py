@@ -47,6 +47,9 @@ class JobContext:
         self.cancel_seen = threading.Event()
         self.stop_seen = threading.Event()
         self.lease_lost = threading.Event()
+        # Set by a workflow (``undo_on_cancel``) while it runs its cancel's undos: the
+        # pending cancel no longer stops it (its undos' heartbeats, the watchdog).
+        self.undoing_cancel = threading.Event()
         # Coalesced progress: the reports not yet written (the arguments of
         # report_progress, latest wins), when they are due, and when the last
         # write went out. ``_writing`` serialises writes (handler and heartbeat).

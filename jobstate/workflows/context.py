@@ -77,14 +77,27 @@ class StepContext:
         return self.job_context.worker_id
 
     def heartbeat(self) -> None:
-        self.job_context.heartbeat()
+        """Renew the lease now; raises ``CancelRequested`` when a cancel is pending,
+        except in an undo that cancel runs (``undo_on_cancel``)."""
+        try:
+            self.job_context.heartbeat()
+        except CancelRequested:
+            if not self._undoing_cancel:
+                raise
 
     @property
     def cancel_requested(self) -> bool:
         return self.job_context.cancel_requested
 
     def check_cancelled(self) -> None:
-        self.job_context.check_cancelled()
+        """Raise ``CancelRequested`` if a cancel was requested, except in an undo that
+        cancel runs (``undo_on_cancel``): the undos are how it is honoured."""
+        if not self._undoing_cancel:
+            self.job_context.check_cancelled()
+
+    @property
+    def _undoing_cancel(self) -> bool:
+        return self.undoing and self.job_context.undoing_cancel.is_set()
 
     @property
     def stop_requested(self) -> bool:

@@ -256,6 +256,7 @@ class Run:
     def _compensate_cancel(self) -> None:
         """``undo_on_cancel``: the run stopped on a cancel (a step was interrupted,
         or the run began for its undos): run the undos left, last step first."""
+        self.ctx.undoing_cancel.set()
         self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs], cancel_ok=True)
         try:
             compensation.compensate_cancel(self)
