@@ -9,6 +9,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 
 import jobstate
@@ -327,3 +328,22 @@ def test_an_undo_of_a_cancel_may_beat_and_check_for_a_cancel_without_failing():
     job = fresh(job)
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
     assert statuses(job)["reserve"] == "undone"
+
+
+# How long the undos of a cancel may take ------------------------------------------------
+
+QUICK_GRACE = {"HEARTBEAT_SECONDS": 0.2, "CANCEL_GRACE_SECONDS": 0.3, "INTERRUPT_GRACE_SECONDS": 0.5}
+
+
+@override_settings(JOBSTATE=QUICK_GRACE)
+def test_the_undos_of_a_cancel_are_not_cut_off_by_the_cancel_grace_period():
+    # Together they take longer than both graces: the job's timeout bounds them instead.
+    job = services.enqueue("wf.provision_undo", {"fan_out": 1, "undo_seconds": 0.6})
+    assert run_next("w1").status == Status.WAITING
+    services.request_cancel(job, "ops", "stop")
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+    assert statuses(job)["reserve"] == statuses(job)["provision"] == "undone"
+    last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert last is not None and last.reason == "cancel requested"  # not "stopped after the cancel grace"

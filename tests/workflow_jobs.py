@@ -281,16 +281,25 @@ class _Provision(jobstate.Workflow):
         effect(ctx, "report")
 
     def deprovision(self, ctx: Any, output: dict[str, str]) -> None:
+        _slow_undo(ctx)
         effect(ctx, f"undo:provision:{output['cluster']}")
 
     def release(self, ctx: Any, output: dict[str, str]) -> None:
         crash_point(ctx, "undo:reserve")
+        _slow_undo(ctx)
         if ctx.parameters.get("undo_checks"):  # as a long undo would
             ctx.heartbeat()
             ctx.check_cancelled()
         effect(ctx, f"undo:reserve:{output['slot']}")
         if ctx.parameters.get("release_fails"):
             raise RuntimeError("slot service down")
+
+
+def _slow_undo(ctx: Any) -> None:
+    """``undo_seconds``: each undo takes that long (in short sleeps an interrupt can break)."""
+    end = time.monotonic() + float(ctx.parameters.get("undo_seconds", 0))
+    while time.monotonic() < end:
+        time.sleep(0.01)
 
 
 @jobstate.workflow("wf.provision", max_attempts=2, retry_backoff=0)

@@ -93,7 +93,11 @@ class Watchdog:
             self.interrupt(slot, "lease")
         elif now >= slot.deadline:
             self.interrupt(slot, "timeout")
-        elif slot.cancel_since is not None and now - slot.cancel_since >= grace:
+        elif (
+            slot.cancel_since is not None
+            and self._cancel_grace_runs(slot)
+            and now - slot.cancel_since >= grace
+        ):
             self.interrupt(slot, "cancel")
         if slot.interrupted is not None:
             if slot.interrupted_at is None:
@@ -107,9 +111,16 @@ class Watchdog:
         until = slot.deadline - now
         if given_up > now:
             until = min(until, given_up - now)
-        if slot.cancel_since is not None:
+        if slot.cancel_since is not None and self._cancel_grace_runs(slot):
             until = min(until, slot.cancel_since + grace - now)
         return max(0.0, min(WATCH_SECONDS, until))
+
+    @staticmethod
+    def _cancel_grace_runs(slot: Slot) -> bool:
+        """Is the cancel grace period counting? Not while a workflow runs its cancel's
+        undos (``undo_on_cancel``): they are how it honours the cancel, and the
+        job's timeout bounds them."""
+        return slot.cancel_since is not None and not slot.ctx.undoing_cancel.is_set()
 
     def _cut_off(self, slot: Slot, now: float) -> bool:
         """Is the heartbeat unable to reach the database (not waiting on a lock)?
