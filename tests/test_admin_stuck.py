@@ -66,7 +66,7 @@ def scenario(temp_handler: Any) -> dict[str, Job]:
     jobs["past_timeout"] = slow
     # Past its timeout and silent too (lease still valid): the timeout is the reason.
     jobs["past_timeout:silent"] = processing(kind="test.slow", started=ago(minutes=10), lease_seconds=3600)
-    hung = processing(lease_seconds=3600)
+    hung = processing(started=ago(minutes=11), lease_seconds=3600)
     services.request_cancel(hung, "ops", "stop it")
     Job.objects.filter(pk=hung.pk).update(cancel_requested_at=ago(minutes=10))  # time travel
     jobs["cancel_unhonoured"] = hung
@@ -315,7 +315,7 @@ def test_one_click_wakes_a_job_waiting_for_children_that_all_ended(
 
 
 def test_one_click_force_cancel_and_retry(admin_client: Any, admin_user: Any) -> None:
-    hung = processing(lease_seconds=3600)
+    hung = processing(started=ago(minutes=11), lease_seconds=3600)
     services.request_cancel(hung, "ops", "stop")
     Job.objects.filter(pk=hung.pk).update(cancel_requested_at=ago(minutes=10))  # unhonoured since
     remedy(admin_client, hung, "force_cancel")

@@ -13,7 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobstate
-from jobstate import registry, services
+from jobstate import registry, services, stuck
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job, run_next
@@ -347,3 +347,22 @@ def test_the_undos_of_a_cancel_are_not_cut_off_by_the_cancel_grace_period():
     assert statuses(job)["reserve"] == statuses(job)["provision"] == "undone"
     last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
     assert last is not None and last.reason == "cancel requested"  # not "stopped after the cancel grace"
+
+
+# The stuck page --------------------------------------------------------------------------
+
+
+def test_a_run_undoing_its_cancel_is_not_a_cancel_not_honoured():
+    job = _woken()
+    services.request_cancel(job, "ops", "stop")
+    long_ago = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=long_ago)
+    services.start(job.pk, "w2")  # its undo run begins
+    job = fresh(job)
+    assert stuck.check(job) is None
+    assert not Job.objects.filter(stuck.any_stuck_q(), pk=job.pk).exists()
+    # A run that began before the request still is one.
+    Job.objects.filter(pk=job.pk).update(started_at=long_ago - timedelta(minutes=1))
+    finding = stuck.check(fresh(job))
+    assert finding is not None and finding.reason == stuck.CANCEL_UNHONOURED
+    assert Job.objects.filter(stuck.stuck_q(stuck.CANCEL_UNHONOURED), pk=job.pk).exists()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from jobstate.models import Job
 from jobstate.states import Status
@@ -21,7 +21,22 @@ def _cancel_limit(ctx: Context) -> datetime:
 
 
 def _no_pending_cancel(ctx: Context) -> Q:
-    return Q(cancel_requested_at__isnull=True) | Q(cancel_requested_at__gte=_cancel_limit(ctx))
+    return (
+        Q(cancel_requested_at__isnull=True)
+        | Q(cancel_requested_at__gte=_cancel_limit(ctx))
+        | Q(started_at__gt=F("cancel_requested_at"))
+    )
+
+
+# A run begun after its cancel was requested is one that cancel gave the job (a
+# workflow's undos: ``lease.recovering``; a plain begin refuses such a job): it is
+# honouring the cancel, bounded by its timeout, so "cancel not honoured" leaves it out.
+def _honouring(job: Job) -> bool:
+    return (
+        job.started_at is not None
+        and job.cancel_requested_at is not None
+        and job.started_at > job.cancel_requested_at
+    )
 
 
 def _timed_out(ctx: Context, over: bool) -> Q:
@@ -36,7 +51,8 @@ def _timed_out(ctx: Context, over: bool) -> Q:
 
 
 def _q_cancel_unhonoured(ctx: Context) -> Q:
-    return Q(status=Status.PROCESSING, cancel_requested_at__lt=_cancel_limit(ctx))
+    begun_before = Q(started_at__isnull=True) | Q(started_at__lte=F("cancel_requested_at"))
+    return Q(status=Status.PROCESSING, cancel_requested_at__lt=_cancel_limit(ctx)) & begun_before
 
 
 def _is_cancel_unhonoured(job: Job, ctx: Context) -> bool:
@@ -44,6 +60,7 @@ def _is_cancel_unhonoured(job: Job, ctx: Context) -> bool:
         job.status == Status.PROCESSING
         and job.cancel_requested_at is not None
         and job.cancel_requested_at < _cancel_limit(ctx)
+        and not _honouring(job)
     )
 
 
