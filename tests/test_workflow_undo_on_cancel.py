@@ -5,15 +5,21 @@ undos of its completed steps, last first, then ends ``cancelled`` (tests/workflo
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 from unittest import mock
 
 import pytest
+from django.contrib.messages import get_messages
+from django.core.management import call_command
 from django.test import override_settings
+from django.urls import reverse
 from django.utils import timezone
 
 import jobstate
 from jobstate import registry, services, stuck
+from jobstate.exceptions import InvalidTransition
+from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job, run_next
@@ -366,3 +372,67 @@ def test_a_run_undoing_its_cancel_is_not_a_cancel_not_honoured():
     finding = stuck.check(fresh(job))
     assert finding is not None and finding.reason == stuck.CANCEL_UNHONOURED
     assert Job.objects.filter(stuck.stuck_q(stuck.CANCEL_UNHONOURED), pk=job.pk).exists()
+
+
+# A run for its undos that no worker takes ---------------------------------------------------
+
+
+def _cancel_run_pending(kind_paused: bool = True) -> Job:
+    job = _woken()
+    if kind_paused:
+        services.pause_kind("wf.provision_undo", "ops")
+    services.request_cancel(job, "ops", "stop")
+    job = fresh(job)
+    assert job.status == Status.QUEUED and job.cancel_requested_at is not None
+    return job
+
+
+def test_force_cancel_ends_a_job_whose_undo_run_no_worker_takes_without_its_undos():
+    job = _cancel_run_pending()
+    assert drain() == 0
+    services.request_cancel(job, "ops", "again")  # the first request stands
+    assert fresh(job).status == Status.QUEUED
+    services.force_cancel(job, "ops", "kind paused for the week")
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == DONE
+    last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert last is not None and (last.transition, last.from_status) == ("cancel", "queued")
+    assert last.reason == (
+        "kind paused for the week; cancelled without the run its cancel was queued for "
+        "(a workflow's undos not run)"
+    )
+
+
+def test_force_cancel_still_refuses_a_queued_job_with_no_cancel_run_pending():
+    job = services.enqueue("wf.provision_undo", {})
+    with pytest.raises(InvalidTransition):
+        services.force_cancel(job, "ops")
+    assert fresh(job).status == Status.QUEUED
+
+
+def test_the_command_line_says_what_a_cancel_and_a_cancel_now_did():
+    job = _woken()
+    out = StringIO()
+    call_command("jobstate", "cancel", str(job.pk), stdout=out)
+    assert out.getvalue().strip() == (
+        f"cancel requested for {job.pk}: queued for one run of its undos, then it ends cancelled "
+        "(cancel --now ends it without them)"
+    )
+    out = StringIO()
+    call_command("jobstate", "cancel", str(job.pk), "--now", stdout=out)
+    assert out.getvalue().strip() == f"cancelled {job.pk}, its undos not run"
+    assert fresh(job).status == Status.CANCELLED
+
+
+def test_the_stuck_page_cancel_remedy_ends_a_job_whose_undo_run_nobody_serves(admin_client: Any):
+    job = _cancel_run_pending(kind_paused=False)
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now() - timedelta(hours=1))
+    finding = stuck.check(fresh(job))  # no job of its kind ended lately: unserved
+    assert finding is not None and finding.remedy == stuck.START_WORKER
+    response = admin_client.post(
+        reverse("admin:jobstate_job_stuck_remedy"), {"job": str(job.pk), "operation": "cancel"}
+    )
+    assert response.status_code == 302
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert said == [f"Job {short(job.pk)} cancelled, its undos not run."]
+    assert fresh(job).status == Status.CANCELLED and labels(job) == DONE

@@ -119,6 +119,11 @@ def _fail(job: Job, user: Any, reason: str) -> Job:
 def _cancel_done(before: Job, after: Job) -> str:
     if after.status == Status.CANCELLED:
         return f"Job cancelled{children.ended(after)}."
+    if after.status == Status.QUEUED:
+        return (
+            "Cancel requested: the job is queued for one run of its undos, then ends cancelled"
+            f"{children.ended(after)}."
+        )
     return (
         "Cancel requested: the worker stops the job at its next heartbeat or progress report"
         f"{children.ended(after)}."
@@ -142,11 +147,12 @@ OPERATIONS: dict[str, Operation] = {
             "Cancel",
             "cancelled",
             "cancel_job",
-            "A queued job is cancelled at once; a processing job is asked to stop and its worker "
-            "ends it cancelled.",
+            "A queued job is cancelled at once (but a workflow with undo_on_cancel that has run: it "
+            "is queued for one run of its undos first); a processing job is asked to stop and its "
+            "worker ends it cancelled.",
             lambda j: (
-                j.status in (Status.QUEUED, Status.WAITING)
-                or (j.status == Status.PROCESSING and j.cancel_requested_at is None)
+                j.status == Status.WAITING
+                or (j.status in (Status.QUEUED, Status.PROCESSING) and j.cancel_requested_at is None)
             ),
             _cancel,
             _cancel_done,
@@ -159,10 +165,15 @@ OPERATIONS: dict[str, Operation] = {
             "force cancelled",
             "cancel_job",
             "The job is cancelled now on behalf of its worker, which has not honoured the cancel "
-            "request; the worker's lease stops working.",
-            lambda j: j.status == Status.PROCESSING and j.cancel_requested_at is not None,
+            "request; the worker's lease stops working. A queued job waiting for the run of its "
+            "cancel's undos is cancelled without them.",
+            lambda j: j.status in (Status.PROCESSING, Status.QUEUED) and j.cancel_requested_at is not None,
             _force_cancel,
-            lambda b, a: f"Job cancelled on behalf of its worker{children.ended(a)}.",
+            lambda b, a: (
+                f"Job cancelled{children.ended(a)}, its undos not run."
+                if b.status == Status.QUEUED
+                else f"Job cancelled on behalf of its worker{children.ended(a)}."
+            ),
             danger=True,
             ends_children=True,
         ),

@@ -239,6 +239,8 @@ def stuck_remedy_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if too_long is not None:  # refused, as the job page's form refuses one: not cut short
         messages.error(request, f"The note is too long: {too_long}")
         return back
+    if op.name == "cancel" and job.status == Status.QUEUED and job.cancel_requested_at is not None:
+        op = OPERATIONS["force_cancel"]  # queued for its cancel's run, which no worker takes
     try:
         after = op.run(job, request.user, reason)
     except REFUSALS as exc:
@@ -257,7 +259,11 @@ def remedy_done(op: Operation, before: Job, after: Job) -> str:
         if before.status == Status.WAITING:
             return f"{job} woken: queued again."
         return op.done(before, after).replace("Job", job, 1)  # when its next attempt starts
+    if after.status != Status.CANCELLED:  # queued for one run of its undos
+        return f"{job}: cancel requested; it is {after.status} for one run of its undos, then ends cancelled."
     if op.name == "force_cancel":
+        if before.status == Status.QUEUED:
+            return f"{job} cancelled, its undos not run."
         return f"{job} cancelled on behalf of its worker."
     return f"{job} cancelled."
 

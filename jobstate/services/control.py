@@ -26,6 +26,7 @@ from jobstate.services._rows import get_job as _get
 from jobstate.services._writes import checked_time
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
+from jobstate.services.lease import recovering
 from jobstate.services.transitions import (
     allowed_transitions,
     held,
@@ -169,8 +170,22 @@ def force_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: st
     worker's lease stops working; if the worker ended the job meanwhile, the token no
     longer matches and nothing is written (``LeaseLost``). Only a processing job whose
     cancel was requested (else ``InvalidTransition``): without a request this would end
-    a healthy running job at once, its handler never asked to stop."""
+    a healthy running job at once, its handler never asked to stop. Also a queued job
+    waiting for the run its cancel needs (a workflow's undos, ``cancel_runs``) that no
+    worker takes: it ends ``cancelled`` without that run, the history reason says so."""
     fresh = _get(job)
+    if fresh.status == Status.QUEUED and fresh.cancel_requested_at is not None and recovering(fresh.pk):
+        # Queued for the run its cancel needs (``cancel_runs``), which no worker may
+        # take (its kind paused or unserved): ended without it.
+        why = "cancelled without the run its cancel was queued for (a workflow's undos not run)"
+        move(
+            fresh,
+            "cancel",
+            actor=Actor.of(actor),
+            reason=f"{reason}; {why}" if reason else why,
+            condition=Q(status=Status.QUEUED, cancel_requested_at__isnull=False),
+        )
+        return _get(fresh.pk)
     if fresh.status != Status.PROCESSING or fresh.lease_token is None or fresh.cancel_requested_at is None:
         raise InvalidTransition(fresh.status, Status.CANCELLED, "force_cancel")
     cancel_now(fresh, fresh.lease_token, reason=reason, actor=Actor.of(actor))

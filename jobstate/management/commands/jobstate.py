@@ -156,13 +156,23 @@ class Command(PipedCommand):
 
     def do_cancel(self, options: dict[str, Any]) -> None:
         if options["now"]:
-            job = services.force_cancel(get_job(options["job"]), cli_actor(), options["reason"])
-            self.stdout.write(f"cancelled {job.pk} on behalf of its worker")
+            was = get_job(options["job"])
+            job = services.force_cancel(was, cli_actor(), options["reason"])
+            queued = was.status == Status.QUEUED
+            self.stdout.write(
+                f"cancelled {job.pk}" + (", its undos not run" if queued else " on behalf of its worker")
+            )
             return
         before = get_job(options["job"])
         job = services.request_cancel(before, cli_actor(), options["reason"])
         if job.status == Status.CANCELLED:
             self.stdout.write(f"cancelled {job.pk}")
+            return
+        if job.status == Status.QUEUED:
+            self.stdout.write(
+                f"cancel requested for {job.pk}: queued for one run of its undos, then it ends cancelled "
+                "(cancel --now ends it without them)"
+            )
             return
         grace = float(conf.get("CANCEL_GRACE_SECONDS"))
         stops = (
