@@ -58,7 +58,7 @@ class Command(PipedCommand):
         sub = parser.add_subparsers(
             dest="action",
             required=True,
-            metavar="{enqueue,cancel,retry,requeue,fail,kinds,show,pause,resume,paused}",
+            metavar="COMMAND",  # the list wraps differently from one Python release to the next
         )
         enqueue = sub.add_parser("enqueue", help="Queue a job; prints its id.")
         enqueue.add_argument("kind", help="A registered kind (see `jobstate kinds`).")
