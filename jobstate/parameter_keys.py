@@ -17,7 +17,7 @@ from rest_framework import serializers
 UNKNOWN = "Unknown field."
 READ_ONLY = "This field is read-only."
 
-__all__ = ["READ_ONLY", "UNKNOWN", "merged", "refused"]
+__all__ = ["READ_ONLY", "UNKNOWN", "merged", "printable", "refused"]
 
 
 def refused(serializer: serializers.Serializer[Any], data: Any) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def refused(serializer: serializers.Serializer[Any], data: Any) -> dict[str, Any
         field = fields.get(name) if isinstance(name, str) else None
         # A HiddenField takes its value from its default, never from the input.
         if field is None or field.read_only or isinstance(field, serializers.HiddenField):
-            errors[_printable(name)] = [UNKNOWN if field is None else READ_ONLY]
+            errors[printable(name)] = [UNKNOWN if field is None else READ_ONLY]
             continue
         nested = _within(field, value)
         if nested:
@@ -73,7 +73,7 @@ def _within(field: Any, value: Any) -> Any:
     return None
 
 
-def _printable(name: Any) -> str:
+def printable(name: Any) -> str:
     """A key as an error can show it: a lone surrogate (valid in a JSON string)
     escaped, or the JSON renderer could not encode the response."""
     return str(name).encode("utf-8", "backslashreplace").decode("utf-8")

@@ -15,6 +15,7 @@ from rest_framework.exceptions import ErrorDetail
 
 from jobstate import conf
 from jobstate.api.fields import AwareDateTimeField, ParametersField, StrictCharField, StrictIntegerField
+from jobstate.parameter_keys import printable
 
 BIGINT = 2**63
 
@@ -60,14 +61,8 @@ class StrictInput(serializers.Serializer[Any]):
             if field is not None and not field.read_only:
                 continue
             code = "unknown_field" if field is None else "read_only_field"
-            refused[_printable(name)] = [ErrorDetail(str(self.error_messages[code]), code=code)]
+            refused[printable(name)] = [ErrorDetail(str(self.error_messages[code]), code=code)]
         return refused
-
-
-def _printable(name: Any) -> str:
-    """A field name as the error can show it: a lone surrogate (valid in a JSON
-    string) escaped, or the JSON renderer could not encode the response (a 500)."""
-    return str(name).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class EnqueueSerializer(StrictInput):
