@@ -523,6 +523,85 @@ def test_an_undo_cut_off_by_the_timeout_is_recorded_and_the_others_still_run():
     )
 
 
+# A cancel requested while a failure's undos run -----------------------------------------
+
+QUICK_GRACE = {"HEARTBEAT_SECONDS": 0.2, "CANCEL_GRACE_SECONDS": 0.3, "INTERRUPT_GRACE_SECONDS": 0.5}
+
+
+def _cancelled_while_undoing(undo_on_cancel: bool, params: dict[str, Any]) -> Job:
+    """Run a workflow whose last step fails for good; the first undo (b's) requests the
+    job's cancel, as a user would meanwhile, and a's undo then beats and checks for a
+    cancel as a long undo would. ``undo_seconds``: each undo takes that long."""
+
+    class CancelledWhileUndoing(jobstate.Workflow):
+        @jobstate.step(undo="undo_a")
+        def a(self, ctx: Any) -> str:
+            return "A"
+
+        @jobstate.step(undo="undo_b")
+        def b(self, ctx: Any) -> str:
+            return "B"
+
+        @jobstate.step()
+        def c(self, ctx: Any) -> None:
+            raise jobstate.NonRetryable("no")
+
+        def undo_b(self, ctx: Any, output: str) -> None:
+            services.request_cancel(ctx.job.pk, "ops", "give up")
+            _pause(ctx)
+            effect(ctx, "undo:b")
+
+        def undo_a(self, ctx: Any, output: str) -> None:
+            ctx.heartbeat()
+            ctx.check_cancelled()
+            _pause(ctx)
+            effect(ctx, f"undo:a (cancel requested: {ctx.cancel_requested})")
+
+    kind = "t.cancelled_while_undoing"
+    jobstate.workflow(kind, max_attempts=1, timeout=30, undo_on_cancel=undo_on_cancel)(CancelledWhileUndoing)
+    try:
+        job = services.enqueue(kind, params)
+        assert drain() == 1
+    finally:
+        registry.unregister(kind)
+    return fresh(job)
+
+
+def _pause(ctx: Any) -> None:
+    end = time.monotonic() + float(ctx.parameters.get("undo_seconds", 0))
+    while time.monotonic() < end:  # short sleeps: an interrupt can break them
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("undo_on_cancel", [False, True])
+def test_a_failures_undo_may_beat_and_check_for_a_cancel_requested_meanwhile(undo_on_cancel):
+    job = _cancelled_while_undoing(undo_on_cancel, {})
+    assert statuses(job) == {"a": "undone", "b": "undone", "c": "failed"}
+    assert labels(job) == ["undo:b", "undo:a (cancel requested: True)"]
+    # The compensation finished; the cancel requested meanwhile decides the outcome.
+    assert job.status == Status.CANCELLED
+    last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert last is not None and last.transition == "cancel"
+    assert last.reason == (
+        "cancel requested; the attempt ended with WorkflowFailed: step 'c' failed: NonRetryable: no; "
+        "undone: b, a"
+    )
+    assert not JobEvent.objects.filter(job_id=job.pk, transition="step_undo_failed").exists()
+
+
+@override_settings(JOBSTATE=QUICK_GRACE)
+@pytest.mark.parametrize("undo_on_cancel", [False, True])
+def test_a_failures_undos_are_not_cut_off_by_the_grace_of_a_cancel_requested_meanwhile(undo_on_cancel):
+    # Together they take longer than both graces: the job's timeout bounds them instead.
+    job = _cancelled_while_undoing(undo_on_cancel, {"undo_seconds": 0.6})
+    assert statuses(job) == {"a": "undone", "b": "undone", "c": "failed"}
+    assert labels(job) == ["undo:b", "undo:a (cancel requested: True)"]
+    assert job.status == Status.CANCELLED
+    last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert last is not None and last.transition == "cancel"  # not "stopped after the cancel grace period"
+    assert last.reason.startswith("cancel requested; the attempt ended with WorkflowFailed")
+
+
 # C. Stop requests on queued jobs ------------------------------------------------------
 
 

@@ -47,9 +47,10 @@ class JobContext:
         self.cancel_seen = threading.Event()
         self.stop_seen = threading.Event()
         self.lease_lost = threading.Event()
-        # Set by a workflow (``undo_on_cancel``) while it runs its cancel's undos: the
-        # pending cancel no longer stops it (its undos' heartbeats, the watchdog).
-        self.undoing_cancel = threading.Event()
+        # Set by a workflow once it runs its undos (a failure's compensation, or a
+        # cancel's with ``undo_on_cancel``): a pending cancel no longer stops it (the
+        # watchdog's cancel grace period does not count; the job's timeout bounds it).
+        self.compensating = threading.Event()
         # Coalesced progress: the reports not yet written (the arguments of
         # report_progress, latest wins), when they are due, and when the last
         # write went out. ``_writing`` serialises writes (handler and heartbeat).

@@ -117,10 +117,10 @@ class Watchdog:
 
     @staticmethod
     def _cancel_grace_runs(slot: Slot) -> bool:
-        """Is the cancel grace period counting? Not while a workflow runs its cancel's
-        undos (``undo_on_cancel``): they are how it honours the cancel, and the
-        job's timeout bounds them."""
-        return slot.cancel_since is not None and not slot.ctx.undoing_cancel.is_set()
+        """Is the cancel grace period counting? Not while a workflow runs its undos
+        (a failure's compensation, which a cancel does not stop, or a cancel's with
+        ``undo_on_cancel``, which is how it honours it): the job's timeout bounds them."""
+        return slot.cancel_since is not None and not slot.ctx.compensating.is_set()
 
     def _cut_off(self, slot: Slot, now: float) -> bool:
         """Is the heartbeat unable to reach the database (not waiting on a lock)?

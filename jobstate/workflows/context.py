@@ -78,11 +78,12 @@ class StepContext:
 
     def heartbeat(self) -> None:
         """Renew the lease now; raises ``CancelRequested`` when a cancel is pending,
-        except in an undo that cancel runs (``undo_on_cancel``)."""
+        except in an undo: a cancel does not stop a compensation (``cancel_requested``
+        says whether one is pending)."""
         try:
             self.job_context.heartbeat()
         except CancelRequested:
-            if not self._undoing_cancel:
+            if not self.undoing:
                 raise
 
     @property
@@ -90,14 +91,11 @@ class StepContext:
         return self.job_context.cancel_requested
 
     def check_cancelled(self) -> None:
-        """Raise ``CancelRequested`` if a cancel was requested, except in an undo that
-        cancel runs (``undo_on_cancel``): the undos are how it is honoured."""
-        if not self._undoing_cancel:
+        """Raise ``CancelRequested`` if a cancel was requested, except in an undo: a
+        failure's compensation finishes whatever the cancel, and a cancel's undos
+        (``undo_on_cancel``) are how it is honoured."""
+        if not self.undoing:
             self.job_context.check_cancelled()
-
-    @property
-    def _undoing_cancel(self) -> bool:
-        return self.undoing and self.job_context.undoing_cancel.is_set()
 
     @property
     def stop_requested(self) -> bool:

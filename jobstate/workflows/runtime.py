@@ -256,7 +256,7 @@ class Run:
     def _compensate_cancel(self) -> None:
         """``undo_on_cancel``: the run stopped on a cancel (a step was interrupted,
         or the run began for its undos): run the undos left, last step first."""
-        self.ctx.undoing_cancel.set()
+        self.ctx.compensating.set()
         self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs], cancel_ok=True)
         try:
             compensation.compensate_cancel(self)
@@ -267,6 +267,7 @@ class Run:
             compensation.compensate_cancel(self)
 
     def _compensate(self, step: str, error: str) -> compensation.Report:
+        self.ctx.compensating.set()  # a cancel requested from now on does not stop it
         try:
             return compensation.compensate(self, step, error)
         except Interrupted as exc:
