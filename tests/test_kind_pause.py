@@ -3,15 +3,20 @@ is resumed; enqueue goes on; refusals write nothing."""
 
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobstate import services, testing
-from jobstate.exceptions import KindPaused, PauseRefused, UnknownKind
+from jobstate import hooks, services, testing
+from jobstate.exceptions import KindPaused, LeaseLost, PauseRefused, UnknownKind
 from jobstate.models import Job, KindPause
 from jobstate.states import Status
-from jobstate.worker import tasks
+from jobstate.worker import runner, tasks
+from jobstate.worker.cluster import cluster_id
 
 pytestmark = pytest.mark.django_db
 
@@ -82,6 +87,99 @@ def test_start_of_a_job_of_a_paused_kind_is_refused_and_the_id_only_path_skips_i
     assert tasks.run_by_id(job.pk) == "skipped"
     row = Job.objects.get(pk=job.pk)
     assert row.status == Status.QUEUED and row.attempts == 0 and testing.transitions(row) == ["enqueue"]
+
+
+@pytest.mark.parametrize("path", ["run_job", "execute"])
+def test_a_job_reserved_before_the_pause_is_handed_back_not_begun(
+    broker, temp_handler, caplog, path, other_kind
+):  # type: ignore[no-untyped-def]
+    # A cluster reserved it (waiting in django-q2's queue for a free worker process)
+    # before the pause: begin started it anyway, up to PREFETCH of them, minutes later.
+    ran: list[str] = []
+    temp_handler("t.paused", lambda ctx: ran.append(ctx.job.kind))
+    temp_handler(other_kind, lambda ctx: ran.append(ctx.job.kind))
+    job = services.enqueue("t.paused", {})
+    cluster = cluster_id()
+    (claimed,) = services.claim(cluster, kinds=["t.paused"])
+    other = services.enqueue(other_kind, {})
+    services.pause_kind("t.paused", "ops", "mail API down")
+    told: list[str] = []
+
+    def started(ctx: object) -> None:
+        told.append("started")
+
+    def ended(ctx: object, outcome: str) -> None:
+        told.append(outcome)
+
+    hooks.attempt_started.register(started)
+    hooks.attempt_ended.register(ended)
+    caplog.set_level(logging.INFO, logger="jobstate")
+    try:
+        if path == "run_job":
+            outcome = runner.run_job(claimed, "host:1:2")
+        else:
+            outcome = tasks.execute(str(job.pk), str(claimed.lease_token), "t.paused")
+        # Told of the other kind's attempt only (the chain's), none of the paused one.
+        assert told == ([] if path == "run_job" else ["started", "completed"])
+    finally:
+        hooks.attempt_started.unregister(started)
+        hooks.attempt_ended.unregister(ended)
+    # Never begun, no attempt charged, ready at once (the claim leaves it queued).
+    assert outcome == "paused"
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempts, row.started_at, row.lease_token, row.worker_id) == (
+        Status.QUEUED,
+        0,
+        None,
+        None,
+        "",
+    )
+    assert row.run_after <= timezone.now()
+    assert testing.transitions(row) == ["enqueue", "claim", "requeue"]
+    requeue = row.events.order_by("id").last()
+    assert requeue.actor_label.startswith("worker:") and requeue.actor_label.endswith(
+        "host:1:2" if path == "run_job" else f"{cluster}:{os.getpid()}"
+    )
+    assert requeue.reason.startswith("kind 't.paused' paused before it started")
+    assert requeue.metadata == {"handed_back": True}  # a refund: no attempt counted from the history
+    said = [r.getMessage() for r in caplog.records if str(job.pk) in r.getMessage()]
+    assert said == [
+        f"Job {job.pk} not started: kind 't.paused' was paused; handed back to the queue, no attempt charged"
+    ]
+    # The worker process went on with other work (its chain), not the paused kind.
+    assert ran == ([other_kind] if path == "execute" else [])
+    assert Job.objects.get(pk=other.pk).status == (Status.COMPLETED if path == "execute" else Status.QUEUED)
+    assert services.claim(cluster, kinds=["t.paused"]) == []
+    services.resume_kind("t.paused", "ops")
+    assert testing.drain(kinds=["t.paused"]) == 1
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempts) == (Status.COMPLETED, 1) and ran[-1] == "t.paused"
+
+
+@pytest.mark.parametrize("returning", [True, False])
+def test_begin_refuses_a_paused_kind_as_start_does_in_the_same_update(monkeypatch, returning):
+    services.enqueue("test.echo", {})
+    (claimed,) = services.claim(ME)
+    services.pause_kind("test.echo", "ops")
+    if not returning:  # a database without UPDATE ... RETURNING: the ORM's UPDATE
+        monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    with pytest.raises(KindPaused, match=r"'test\.echo' is paused"):
+        services.begin(claimed, claimed.lease_token, "host:1:2")
+    assert Job.objects.get(pk=claimed.pk).status == Status.QUEUED
+    with pytest.raises(LeaseLost):  # handed back: the token holds nothing now
+        services.begin(claimed, claimed.lease_token, "host:1:2")
+
+
+def test_begin_of_a_kind_not_paused_is_one_statement(other_kind):
+    services.enqueue("test.echo", {})
+    services.enqueue(other_kind, {})
+    services.pause_kind(other_kind, "ops")  # another kind's pause changes nothing
+    (claimed,) = services.claim(ME, kinds=["test.echo"])
+    with CaptureQueriesContext(connection) as queries:
+        begun = services.begin(claimed, claimed.lease_token, "host:1:2")
+    expected = 1 if connection.features.can_return_columns_from_insert else 2  # UPDATE, then the row
+    assert len(queries) == expected and begun.attempt == 1 and begun.job.started_at is not None
+    assert "NOT EXISTS" in queries[0]["sql"] and KindPause._meta.db_table in queries[0]["sql"]
 
 
 def test_pause_and_resume_keep_who_when_and_why(user):

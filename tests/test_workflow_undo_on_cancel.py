@@ -269,6 +269,23 @@ def test_a_cancel_of_a_reserved_workflow_that_ran_before_runs_its_undos_when_it_
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
 
 
+def test_a_reserved_workflow_whose_kind_was_paused_runs_the_undos_of_its_cancel_once_resumed():
+    job = _woken()
+    (claimed,) = services.claim("w9", kinds=["wf.provision_undo"])
+    services.request_cancel(job, "ops", "stop")
+    services.pause_kind("wf.provision_undo", "ops")
+    # Its run for the undos is not begun while the kind is paused: handed back, and the
+    # hand-back keeps what the run was for.
+    assert run_job(claimed, "w9") == "paused"
+    job = fresh(job)
+    assert (job.status, job.attempts) == (Status.QUEUED, claimed.attempts)
+    assert job.cancel_requested_at is not None and labels(job) == DONE
+    services.resume_kind("wf.provision_undo", "ops")
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
 def test_a_reserved_workflow_whose_cluster_stopped_is_requeued_for_the_undos_of_its_cancel():
     job = _woken()
     services.claim("w9", kinds=["wf.provision_undo"])

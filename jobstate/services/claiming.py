@@ -158,8 +158,7 @@ def ready_sql(
     where = f"status = '{Status.QUEUED.value}' AND run_after <= %s"
     if cancel_free:
         where += " AND cancel_requested_at IS NULL"
-    paused = f"SELECT 1 FROM {KindPause._meta.db_table} p WHERE p.resumed_at IS NULL"
-    where += f" AND NOT EXISTS ({paused} AND p.kind = {Job._meta.db_table}.kind)"
+    where += f" AND {kind_not_paused()}"
     for values, negated in ((kinds, False), (skip_kinds, True)):
         if values is None or (negated and not values):
             continue
@@ -175,6 +174,15 @@ def ready_sql(
         f"ORDER BY priority DESC, run_after, created_at LIMIT {int(limit)}{lock}"
     )
     return sql, params
+
+
+def kind_not_paused() -> str:
+    """SQL for a WHERE on the Job table: the row's kind has no active pause
+    (``KindPause``). Every claim's (``ready_sql``), and ``begin``'s."""
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {KindPause._meta.db_table} p "
+        f"WHERE p.resumed_at IS NULL AND p.kind = {Job._meta.db_table}.kind)"
+    )
 
 
 def _ids(ids: list[Any]) -> tuple[str, list[Any]]:

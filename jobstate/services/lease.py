@@ -24,19 +24,25 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from jobstate import registry
-from jobstate.exceptions import CancelRequested, ConcurrencyLimitReached, InvalidTransition, LeaseLost
-from jobstate.models import Job, JobEvent
+from jobstate.exceptions import (
+    CancelRequested,
+    ConcurrencyLimitReached,
+    InvalidTransition,
+    KindPaused,
+    LeaseLost,
+)
+from jobstate.models import Job, JobEvent, KindPause
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._rows import concrete_field
 from jobstate.services._writes import job_columns, jobs_from_rows, lease_times, update_job, worker_label
 from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
-from jobstate.services.claiming import room_for
+from jobstate.services.claiming import kind_not_paused, room_for
 from jobstate.services.pauses import check_not_paused
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
@@ -83,7 +89,7 @@ def begin(
     """A worker process starts the handler of a job its cluster reserved.
 
     One guarded UPDATE (this lease token, still ``processing``, not started,
-    no cancel requested) sets ``started_at``, charges the attempt
+    no cancel requested, its kind not paused) sets ``started_at``, charges the attempt
     (``attempts + 1``), relabels the holder with the worker process and renews
     the lease; where the database supports ``RETURNING`` the same statement
     loads the whole row, so the worker needs nothing else before the handler.
@@ -91,6 +97,10 @@ def begin(
     If a cancel was requested before it started, nothing is written and
     ``cancel_requested`` is True (the caller ends it ``cancelled``; it never ran),
     unless this is the reaper's recovery run of a workflow's undos (``recovering``).
+    If its kind is paused (``services.pause_kind``: the cluster reserved it before
+    the pause), it is handed back instead: ``queued``, ready at once (no claim takes
+    it until the resume), no attempt charged, its history row by the worker naming
+    the pause; then ``KindPaused`` is raised, as ``start`` refuses it.
     Raises ``LeaseLost`` if the job is no longer held under ``token`` or was
     already begun. The lease runs from the database's clock on PostgreSQL unless
     ``now`` is given (``_writes.lease_times``), as in every lease write here; with
@@ -107,21 +117,41 @@ def begin(
         begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=True)
     if begun is not None:
         return Begun(begun, begun.attempts, False)
+    # Refused: lost, cancelled or paused? Only now is the row read.
     current = Job.objects.filter(pk=pk).first()
     if (
-        current is not None
-        and current.status == Status.PROCESSING
-        and str(current.lease_token) == str(token)
-        and current.started_at is None
-        and current.cancel_requested_at is not None
+        current is None
+        or current.status != Status.PROCESSING
+        or str(current.lease_token) != str(token)
+        or current.started_at is not None
     ):
-        if recovering(pk):
-            begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=False)
-            if begun is not None:
-                return Begun(begun, begun.attempts, False)
-            raise LeaseLost(pk)
-        return Begun(current, current.attempts, True)
-    raise LeaseLost(pk)
+        raise LeaseLost(pk)
+    if current.cancel_requested_at is not None:
+        if not recovering(pk):
+            return Begun(current, current.attempts, True)
+        begun = _begin_update(pk, token, worker_id, now, lease, cancel_free=False)
+        if begun is not None:
+            return Begun(begun, begun.attempts, False)
+    # Held, and no cancel keeps it from starting: the UPDATE's pause check refused it
+    # (a pause resumed since then hands it back too: it is claimed again at once).
+    # Not held any more: the move's token guard raises LeaseLost.
+    _hand_back_paused(current, token, worker_id, now)
+    raise KindPaused(current.kind)
+
+
+def _hand_back_paused(job: Job, token: UUID | str, worker_id: str, now: datetime) -> None:
+    """A reserved job of a paused kind goes back to the queue, never begun (no
+    attempt was charged), as ``control.hand_back`` hands one back."""
+    move(
+        job,
+        "requeue",
+        actor=Actor.worker(worker_id),
+        token=token,
+        reason=f"kind '{job.kind}' paused before it started; it waits in the queue until resumed",
+        fields={"worker_id": "", "run_after": now},
+        metadata={"handed_back": True},
+        now=now,
+    )
 
 
 # The moves of ``request_cancel`` that give a queued or waiting job a run for its undos.
@@ -136,6 +166,7 @@ def _begin_update(
     pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease, *, cancel_free: bool
 ) -> Job | None:
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING, started_at__isnull=True)
+    held = held.filter(~Exists(KindPause.objects.filter(kind=OuterRef("kind"), resumed_at__isnull=True)))
     if cancel_free:
         held = held.filter(cancel_requested_at__isnull=True)
     if not held.update(
@@ -199,7 +230,7 @@ def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, lease: 
         f"UPDATE {qn(meta.db_table)} SET {qn('started_at')} = %s, {qn('attempts')} = {qn('attempts')} + 1, "
         f"{qn('worker_id')} = %s, {beat}, {lease_sql}, {qn('updated_at')} = %s "
         f"WHERE {qn('id')} = %s AND {qn('lease_token')} = %s AND {qn('status')} = %s "
-        f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL "
+        f"AND {qn('started_at')} IS NULL AND {qn('cancel_requested_at')} IS NULL AND {kind_not_paused()} "
         f"RETURNING {job_columns(connection.vendor)}"
     )
     params = [

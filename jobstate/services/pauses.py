@@ -2,8 +2,10 @@
 
 The pause is a ``KindPause`` row; every claim leaves out the kinds with an active
 one in its own statement (``claiming.ready_sql``), so a pause holds on every worker
-and machine from its commit on. Queued jobs stay queued, enqueue still accepts new
-ones, and jobs already running finish as usual.
+and machine from its commit on. A job a cluster reserved before the pause is handed
+back when a worker process would begin it (``lease.begin``'s UPDATE checks it too).
+Queued jobs stay queued, enqueue still accepts new ones, and jobs already running
+finish as usual.
 """
 
 from __future__ import annotations

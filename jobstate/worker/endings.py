@@ -22,6 +22,7 @@ from jobstate import services
 from jobstate.exceptions import (
     CancelRequested,
     InvalidTransition,
+    KindPaused,
     LeaseLost,
     NonRetryable,
     Partial,
@@ -165,6 +166,16 @@ def hand_back_stopped(job: Job, token: UUID, ctx: JobContext | None = None) -> s
         logger.exception("Job %s could not be handed back; the reaper will take it", job.pk)
         return "lost"
     return "interrupted"
+
+
+def paused_unstarted(job_id: Any, paused: KindPaused) -> str:
+    """``begin`` refused a job of a paused kind and handed it back to the queue."""
+    logger.info(
+        "Job %s not started: kind '%s' was paused; handed back to the queue, no attempt charged",
+        job_id,
+        paused.kind,
+    )
+    return "paused"
 
 
 CANCELLED_UNSTARTED = "cancelled before it started"

@@ -23,8 +23,9 @@ An interrupt can land in the middle of a database call; the connection is then
 closed and replaced before the outcome is written, so the next job on this
 worker process always starts on a clean connection.
 
-How an attempt can end (each has a test in tests/test_runner.py or
-tests/test_worker_broker.py; docs/explanation/attempts.md explains them):
+How an attempt can end (each has a test in tests/test_runner.py,
+tests/test_worker_broker.py or tests/test_kind_pause.py; docs/explanation/attempts.md
+explains them):
 
 =========================================  ==========================================
 exit                                       recorded outcome
@@ -77,6 +78,8 @@ GeneratorExit or CancelledError            django-q2's hard limit ``HardTimeout`
                                            raised on, the slot ended,
                                            ``attempt_ended`` told
 cancel requested before it started         ``cancelled``, no attempt charged
+kind paused before it started (reserved    ``queued`` (handed back by ``begin``), no
+before the pause)                          attempt charged; runs once resumed
 unknown kind                               ``failed`` UnknownKind, no attempt charged
                                            (``cancelled`` if a cancel was requested)
 django-q2 hard time limit                  retry or ``failed`` HardTimeout (pending
@@ -105,6 +108,7 @@ from django.db import Error as DatabaseErrors
 from jobstate import conf, hooks, registry, services
 from jobstate.exceptions import (
     Interrupted,
+    KindPaused,
     LeaseLost,
 )
 from jobstate.models import Job
@@ -119,6 +123,7 @@ from jobstate.worker.endings import (
     finish,
     hand_back_stopped,
     hard_timeout,
+    paused_unstarted,
     release,
     unknown_kind,
 )
@@ -145,7 +150,8 @@ def run_job(
     leased_at: float | None = None,
 ) -> str:
     """Run a job this worker holds; return its outcome (completed, partial,
-    failed, retrying, cancelled, suspended, lost).
+    failed, retrying, cancelled, suspended, lost; paused: its kind was paused
+    before it began, handed back to the queue by ``begin``).
 
     A job only reserved (claimed, ``started_at`` unset) is begun here first
     (``services.begin``: the attempt is charged now); one already begun (by
@@ -171,6 +177,8 @@ def run_job(
         except LeaseLost:
             logger.info("Job %s was taken from this worker before it started", job.pk)
             return "lost"
+        except KindPaused as paused:
+            return paused_unstarted(job.pk, paused)
         except Exception as exc:
             job.worker_id = worker_id
             release(job, exc, "the worker could not start the job", refund=True)

@@ -34,6 +34,7 @@ from jobstate.worker.endings import (
     cancel_unstarted,
     hand_back_stopped,
     hard_timeout_outside,
+    paused_unstarted,
     release,
     unknown_kind,
 )
@@ -106,7 +107,9 @@ def execute(job_id: Any, token: Any = None, kind: str | None = None) -> str:
     the holder with this worker process and loads the job. Taking the package
     ended the pusher's renewal of its lease, so if anything fails before the
     handler starts, the job is handed back here (requeued, without an attempt
-    charged, or cancelled, with its history), or else left to the reaper.
+    charged, or cancelled, with its history), or else left to the reaper. A job
+    of a kind paused since the claim is not begun: ``begin`` hands it back
+    (outcome "paused") and the process goes on with its chain.
     """
     started = time.monotonic()
     counters.picked_up()
@@ -176,6 +179,9 @@ def _execute(job_id: Any, token: Any, kind: str, me: str, links: Chain) -> str:
         logger.info("Job %s was taken from this cluster while it waited; skipped", job_id)
         keep_connection()
         return "skipped"
+    except KindPaused as paused:  # handed back by begin; the chain takes other work
+        keep_connection()
+        return paused_unstarted(job_id, paused)
     except Exception as exc:
         release(_held(job_id, token, kind, me), exc, "the worker could not start the job", refund=True)
         raise  # django-q2 records the failed package too
