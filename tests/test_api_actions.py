@@ -212,7 +212,7 @@ def test_retry_from_a_step_answers_a_parameters_error_as_a_plain_retry_does(user
     old = failed_workflow(user)
     staff = grant(staff_user, "view_job", "retry_job")
 
-    def refuse(self: Any, parameters: Any) -> Any:
+    def refuse(self: Any, parameters: Any, **options: Any) -> Any:
         raise InvalidParameters({"n": ["This field is required."]})
 
     monkeypatch.setattr(type(get_handler("wf.fixable")), "validate", refuse)

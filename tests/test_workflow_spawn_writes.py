@@ -163,9 +163,9 @@ def test_spawned_children_are_validated_once_with_their_parameters_as_spawned(
     validated: list[str] = []
     real = registry.HandlerSpec.validate
 
-    def counted(spec: registry.HandlerSpec, parameters: Any) -> dict[str, Any]:
+    def counted(spec: registry.HandlerSpec, parameters: Any, **options: Any) -> dict[str, Any]:
         validated.append(spec.name)
-        return real(spec, parameters)
+        return real(spec, parameters, **options)
 
     monkeypatch.setattr(registry.HandlerSpec, "validate", counted)
     jobstate.workflow("t.reused", max_attempts=1)(Reused)
