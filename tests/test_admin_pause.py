@@ -115,3 +115,12 @@ def test_a_confirmation_that_would_be_refused_says_so_and_offers_only_the_way_ba
         'id="js-confirm"' in offered
         and "Kept in the pause&#x27;s record with your user name. Optional." in offered
     )
+
+
+def test_a_kind_with_a_nul_character_is_refused_not_a_server_error(admin_client: Any):
+    # PostgreSQL refuses a NUL in a query: the page answered 500.
+    for url in (PAUSE, RESUME):
+        page = admin_client.get(url, {"kind": "a\x00b"})
+        assert page.status_code == 200 and 'id="js-confirm"' not in page.content.decode()
+        posted = admin_client.post(url, {"kind": "a\x00b", "reason": "x"})
+        assert posted.status_code in (200, 302) and not KindPause.objects.exists()

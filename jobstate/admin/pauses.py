@@ -25,6 +25,7 @@ from jobstate.models import KindPause
 from jobstate.models.job import may_view_all
 from jobstate.services import Actor
 from jobstate.services.pauses import already_paused, describe, queued_counts
+from jobstate.storable import text
 
 
 class KindReasonForm(forms.Form):
@@ -98,7 +99,8 @@ def _confirm(model_admin: Any, request: HttpRequest, *, resume: bool) -> HttpRes
         except UnknownKind:
             messages.error(request, f"{verb} refused: no kind '{kind}' is registered or has jobs.")
         return HttpResponseRedirect(reverse("admin:jobstate_job_dashboard"))
-    kind = form["kind"].value() or ""
+    # As the services take it: a NUL (which PostgreSQL refuses in a query) names no kind.
+    kind = text(form["kind"].value() or "")
     pause = services.pauses.active_pause(kind) if kind else None
     return TemplateResponse(
         request,

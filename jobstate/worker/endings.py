@@ -218,6 +218,8 @@ def finish(
         return asked[0] if asked else None
 
     waited: list[BaseException] = []
+    # Before the lease runs out, django-q2's hard limit, or ``within``.
+    retry_until = _retry_until(ctx, within)
 
     def store() -> str:
         nonlocal writes
@@ -232,11 +234,12 @@ def finish(
         if not waited:
             logger.warning(
                 "Job %s: the database does not answer (%s: %s); its outcome (%s) is tried again "
-                "until its lease runs out",
+                "for up to %.0f s",
                 ctx.job.pk,
                 type(exc).__name__,
                 " ".join(exception_text(exc).split())[:200],  # one line: psycopg's span several
                 kind,
+                max(0.0, retry_until - time.monotonic()),
             )
         waited.append(exc)
 
@@ -250,7 +253,7 @@ def finish(
         # A database that does not answer (restarting, down, out of connections):
         # tried again while the lease holds, so a restart does not run work that
         # ended again. Once the heartbeat stopped, nothing renews the lease.
-        ended = until_answered(written, _retry_until(ctx, within), waiting)
+        ended = until_answered(written, retry_until, waiting)
     except (LeaseLost, InvalidTransition):
         if writes > 1:
             # Refused when written again: the first write may have committed before
