@@ -679,3 +679,19 @@ def test_an_outcome_is_not_tried_again_past_django_q2s_hard_limit(temp_handler, 
     assert time.monotonic() - started < 2.0
     monkeypatch.undo()
     assert Job.objects.get(pk=job.pk).status == Status.PROCESSING  # left to the reaper
+
+
+def test_a_failure_long_after_the_last_one_starts_a_new_run_with_its_traceback(monkeypatch, caplog):
+    """A worker's chained claim calls rarely and may never have called ``ended`` since
+    its last failure, though the database answered meanwhile: a failure hours later
+    was logged as the same outage going on ("still fails (2 attempts in 7200 s)"),
+    without its traceback (review)."""
+    run = outage.Outage(logging.getLogger("jobstate.worker"), "jobstate worker")
+    caplog.set_level(logging.INFO, logger="jobstate")
+    run.failed("could not claim a next job", OperationalError("first"))
+    monkeypatch.setattr(outage, "QUIET_SECONDS", 0.0)
+    time.sleep(0.01)
+    run.failed("could not claim a next job", OperationalError("second"))
+    errors = [r for r in jobstate_records(caplog) if r.levelno == logging.ERROR]
+    assert [str(r.exc_info[1]) for r in errors] == ["first", "second"]
+    assert run.failures == 1

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import time
 
-__all__ = ["REMIND_SECONDS", "Outage"]
+__all__ = ["QUIET_SECONDS", "REMIND_SECONDS", "Outage"]
 
 REMIND_SECONDS = 60.0
+# A failure this long after the last one starts a new run of failures.
+QUIET_SECONDS = 600.0
 
 
 class Outage:
@@ -19,11 +21,17 @@ class Outage:
         self.logger = logger
         self.what = what  # names the loop in every line ("jobstate broker")
         self.failures = 0
-        self._since = self._logged = 0.0
+        self._since = self._logged = self._last = 0.0
 
     def failed(self, message: str, exc: BaseException) -> None:
-        """Log a failure; ``message`` is the first one's (with ``exc``'s traceback)."""
+        """Log a failure; ``message`` is the first one's (with ``exc``'s traceback).
+        A failure more than ``QUIET_SECONDS`` after the last one starts a new run: a
+        loop that calls rarely (a worker's chained claim) may not have called
+        ``ended`` in between, though the database answered meanwhile."""
         now = time.monotonic()
+        if self.failures and now - self._last > QUIET_SECONDS:
+            self.failures = 0
+        self._last = now
         self.failures += 1
         if self.failures == 1:
             self._since = self._logged = now
