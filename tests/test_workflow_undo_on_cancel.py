@@ -453,3 +453,17 @@ def test_the_stuck_page_cancel_remedy_ends_a_job_whose_undo_run_nobody_serves(ad
     said = [str(m) for m in get_messages(response.wsgi_request)]
     assert said == [f"Job {short(job.pk)} cancelled, its undos not run."]
     assert fresh(job).status == Status.CANCELLED and labels(job) == DONE
+
+
+def test_an_operator_requeue_of_a_hung_undo_run_keeps_it_a_run_for_its_undos():
+    job = _woken()
+    services.request_cancel(job, "ops", "stop")
+    services.start(job.pk, "w2")  # its undo run begins; the worker then hangs
+    services.requeue(job, "ops", "stuck, requeue")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and (row.transition, row.metadata) == ("requeue", {"recovery": "cancel"})
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+

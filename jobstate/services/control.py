@@ -26,7 +26,7 @@ from jobstate.services._rows import get_job as _get
 from jobstate.services._writes import checked_time
 from jobstate.services.actors import Actor
 from jobstate.services.enqueue import get_or_enqueue
-from jobstate.services.lease import recovering
+from jobstate.services.lease import recovering, recovery_action
 from jobstate.services.transitions import (
     allowed_transitions,
     held,
@@ -348,7 +348,18 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
         "worker_id": "",
         "max_attempts": Greatest(F("max_attempts"), F("attempts") + 1),
     }
-    move(current, "requeue", actor=Actor.of(actor), reason=reason or "requeued by operator", fields=fields)
+    # The run of a workflow's undos (a hung one) stays one: its next run finishes them
+    # despite the cancel request, as after the reaper's recovery requeue.
+    action = recovery_action(current.pk) if current.cancel_requested_at is not None else None
+    metadata = {"recovery": action} if action is not None and action != "wait" else None
+    move(
+        current,
+        "requeue",
+        actor=Actor.of(actor),
+        reason=reason or "requeued by operator",
+        fields=fields,
+        metadata=metadata,
+    )
     return _get(current.pk)
 
 

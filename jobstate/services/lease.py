@@ -189,6 +189,15 @@ def recovering(pk: Any) -> bool:
     a ``request_cancel`` or ``wake`` row with ``recovery``).
     A cancel request does not stop that run: the undos finish first, then the
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
+    action = recovery_action(pk)
+    # A "wait" run ends nothing and is woken later, not requeued: that requeue would
+    # stay the last one, and exempt every later run of the job from a cancel.
+    return action is not None and action != "wait"
+
+
+def recovery_action(pk: Any) -> str | None:
+    """The ``recovery`` of the job's last requeue or cancel run (``recovering``), None
+    when that row carries none."""
     last = (
         JobEvent.objects.filter(
             Q(transition="requeue") | Q(transition__in=CANCEL_RUNS, metadata__has_key="recovery"), job_id=pk
@@ -200,9 +209,9 @@ def recovering(pk: Any) -> bool:
         .values_list("metadata", flat=True)
         .first()
     )
-    # A "wait" run ends nothing and is woken later, not requeued: that requeue would
-    # stay the last one, and exempt every later run of the job from a cancel.
-    return isinstance(last, dict) and "recovery" in last and last["recovery"] != "wait"
+    if not isinstance(last, dict) or "recovery" not in last:
+        return None
+    return str(last["recovery"])
 
 
 def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease) -> Job | None:
