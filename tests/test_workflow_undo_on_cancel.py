@@ -467,3 +467,45 @@ def test_an_operator_requeue_of_a_hung_undo_run_keeps_it_a_run_for_its_undos():
     job = fresh(job)
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
 
+
+def test_force_cancel_ends_a_queued_job_with_a_cancel_request_and_no_cancel_run():
+    # A plain workflow: processing, its cancel requested, then requeued by an operator.
+    job = services.enqueue("wf.provision", {})
+    services.start(job.pk, "w1")
+    services.request_cancel(job, "ops", "stop")
+    services.requeue(job, "ops", "stuck")
+    assert fresh(job).status == Status.QUEUED and fresh(job).cancel_requested_at is not None
+    services.force_cancel(job, "ops", "give up")
+    assert fresh(job).status == Status.CANCELLED
+    last = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert last is not None and (last.transition, last.reason) == ("cancel", "give up")
+
+
+def _plain_requeued_with_a_cancel() -> Job:
+    job = services.enqueue("wf.provision", {})
+    services.start(job.pk, "w1")
+    services.request_cancel(job, "ops", "stop")
+    return services.requeue(job, "ops", "stuck")
+
+
+def test_the_admin_force_cancels_a_queued_plain_job_with_a_leftover_cancel(admin_client: Any):
+    job = _plain_requeued_with_a_cancel()
+    url = reverse("admin:jobstate_job_transition", args=[job.pk, "force_cancel"])
+    response = admin_client.post(url, {"reason": "give up"})
+    assert [str(m) for m in get_messages(response.wsgi_request)] == ["Job cancelled."]
+    assert fresh(job).status == Status.CANCELLED
+
+
+def test_the_stuck_page_cancel_remedy_ends_a_queued_plain_job_with_a_leftover_cancel(admin_client: Any):
+    job = _plain_requeued_with_a_cancel()
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now() - timedelta(hours=1))
+    assert stuck.check(fresh(job)) is not None
+    response = admin_client.post(
+        reverse("admin:jobstate_job_stuck_remedy"), {"job": str(job.pk), "operation": "cancel"}
+    )
+    assert [str(m) for m in get_messages(response.wsgi_request)] == [f"Job {short(job.pk)} cancelled."]
+    assert fresh(job).status == Status.CANCELLED
+    out = StringIO()
+    job = _plain_requeued_with_a_cancel()
+    call_command("jobstate", "cancel", str(job.pk), "--now", stdout=out)
+    assert out.getvalue().strip() == f"cancelled {job.pk}"

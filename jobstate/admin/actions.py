@@ -27,6 +27,7 @@ from jobstate.ids import short
 from jobstate.models import Job, JobEvent
 from jobstate.models.job import latest_retry, was_retried, with_retried
 from jobstate.services import Actor
+from jobstate.services.control import cancel_run_pending
 from jobstate.states import TERMINAL, Status
 from jobstate.workflows.definition import definition_of
 
@@ -170,7 +171,8 @@ OPERATIONS: dict[str, Operation] = {
             lambda j: j.status in (Status.PROCESSING, Status.QUEUED) and j.cancel_requested_at is not None,
             _force_cancel,
             lambda b, a: (
-                f"Job cancelled{children.ended(a)}, its undos not run."
+                f"Job cancelled{children.ended(a)}"
+                + (", its undos not run." if cancel_run_pending(b) else ".")
                 if b.status == Status.QUEUED
                 else f"Job cancelled on behalf of its worker{children.ended(a)}."
             ),

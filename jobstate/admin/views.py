@@ -32,6 +32,7 @@ from jobstate.admin.actions import (
 from jobstate.ids import short
 from jobstate.models import Job
 from jobstate.services import Actor
+from jobstate.services.control import cancel_run_pending
 from jobstate.states import Status
 
 # The stuck page counts each reason up to this many jobs ("1,000+").
@@ -263,7 +264,7 @@ def remedy_done(op: Operation, before: Job, after: Job) -> str:
         return f"{job}: cancel requested; it is {after.status} for one run of its undos, then ends cancelled."
     if op.name == "force_cancel":
         if before.status == Status.QUEUED:
-            return f"{job} cancelled, its undos not run."
+            return f"{job} cancelled" + (", its undos not run." if cancel_run_pending(before) else ".")
         return f"{job} cancelled on behalf of its worker."
     return f"{job} cancelled."
 

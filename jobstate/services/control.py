@@ -43,6 +43,7 @@ __all__ = [
     "DuplicateActiveKey",  # re-exported: it lives in jobstate.exceptions
     "JobRef",
     "cancel_now",
+    "cancel_run_pending",
     "force_cancel",
     "force_fail",
     "operator_actions",
@@ -168,21 +169,23 @@ def force_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: st
     """An operator honours a pending cancel request now, on behalf of a worker that has
     not (lost or hung): ``cancel_now`` with the job's current lease token, so that
     worker's lease stops working; if the worker ended the job meanwhile, the token no
-    longer matches and nothing is written (``LeaseLost``). Only a processing job whose
-    cancel was requested (else ``InvalidTransition``): without a request this would end
-    a healthy running job at once, its handler never asked to stop. Also a queued job
-    waiting for the run its cancel needs (a workflow's undos, ``cancel_runs``) that no
-    worker takes: it ends ``cancelled`` without that run, the history reason says so."""
+    longer matches and nothing is written (``LeaseLost``). Only a job whose cancel was
+    requested (else ``InvalidTransition``): without a request this would end a healthy
+    running job at once, its handler never asked to stop. A queued job with a cancel
+    request (left by an operator's requeue, or waiting for the run its cancel needs, a
+    workflow's undos, ``cancel_runs``, that no worker takes) ends ``cancelled`` at once;
+    when that run was pending, the history reason says the undos did not run."""
     fresh = _get(job)
-    if fresh.status == Status.QUEUED and fresh.cancel_requested_at is not None and recovering(fresh.pk):
-        # Queued for the run its cancel needs (``cancel_runs``), which no worker may
-        # take (its kind paused or unserved): ended without it.
-        why = "cancelled without the run its cancel was queued for (a workflow's undos not run)"
+    if fresh.status == Status.QUEUED and fresh.cancel_requested_at is not None:
+        why = None
+        if cancel_run_pending(fresh):
+            why = "cancelled without the run its cancel was queued for (a workflow's undos not run)"
+        text = f"{reason}; {why}" if reason and why else (reason or why or "cancel requested")
         move(
             fresh,
             "cancel",
             actor=Actor.of(actor),
-            reason=f"{reason}; {why}" if reason else why,
+            reason=text[:1000],
             condition=Q(status=Status.QUEUED, cancel_requested_at__isnull=False),
         )
         return _get(fresh.pk)
@@ -190,6 +193,12 @@ def force_cancel(job: JobRef, actor: Actor | str | Any | None = None, reason: st
         raise InvalidTransition(fresh.status, Status.CANCELLED, "force_cancel")
     cancel_now(fresh, fresh.lease_token, reason=reason, actor=Actor.of(actor))
     return _get(fresh.pk)
+
+
+def cancel_run_pending(job: Job) -> bool:
+    """Whether ``job`` (as read) is queued with a cancel request for the run its cancel
+    needs (a workflow's undos: ``cancel_runs``), which ``force_cancel`` ends without."""
+    return job.status == Status.QUEUED and job.cancel_requested_at is not None and recovering(job.pk)
 
 
 def request_stop(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "") -> Job:

@@ -43,6 +43,7 @@ from jobstate.management.commands._common import (
     options_after_subcommands,
 )
 from jobstate.models import Job
+from jobstate.services.control import cancel_run_pending
 from jobstate.services.pauses import describe as describe_pause
 from jobstate.services.pauses import queued_counts
 from jobstate.states import Status
@@ -158,10 +159,12 @@ class Command(PipedCommand):
         if options["now"]:
             was = get_job(options["job"])
             job = services.force_cancel(was, cli_actor(), options["reason"])
-            queued = was.status == Status.QUEUED
-            self.stdout.write(
-                f"cancelled {job.pk}" + (", its undos not run" if queued else " on behalf of its worker")
-            )
+            if was.status != Status.QUEUED:
+                self.stdout.write(f"cancelled {job.pk} on behalf of its worker")
+            else:
+                self.stdout.write(
+                    f"cancelled {job.pk}" + (", its undos not run" if cancel_run_pending(was) else "")
+                )
             return
         before = get_job(options["job"])
         job = services.request_cancel(before, cli_actor(), options["reason"])
