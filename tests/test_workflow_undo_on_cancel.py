@@ -384,8 +384,22 @@ def test_a_run_undoing_its_cancel_is_not_a_cancel_not_honoured():
     job = fresh(job)
     assert stuck.check(job) is None
     assert not Job.objects.filter(stuck.any_stuck_q(), pk=job.pk).exists()
-    # A run that began before the request still is one.
-    Job.objects.filter(pk=job.pk).update(started_at=long_ago - timedelta(minutes=1))
+    # Its history says so, not the clocks: begun "before" the request by a worker's slow
+    # clock (its request 3 min old), the run still honours it.
+    asked = timezone.now() - timedelta(minutes=3)
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=asked, started_at=asked - timedelta(seconds=5))
+    assert stuck.check(fresh(job)) is None
+    assert not Job.objects.filter(stuck.any_stuck_q(), pk=job.pk).exists()
+
+
+def test_a_plain_run_begun_after_its_cancel_by_a_fast_clock_is_a_cancel_not_honoured():
+    # The worker's clock 5 s ahead of the canceller's: its run seems to begin after the
+    # request it never honours.
+    job = services.enqueue("wf.provision_undo", {})
+    services.start(job.pk, "w1")
+    services.request_cancel(job, "ops", "stop")
+    asked = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=asked, started_at=asked + timedelta(seconds=5))
     finding = stuck.check(fresh(job))
     assert finding is not None and finding.reason == stuck.CANCEL_UNHONOURED
     assert Job.objects.filter(stuck.stuck_q(stuck.CANCEL_UNHONOURED), pk=job.pk).exists()

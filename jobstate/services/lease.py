@@ -24,7 +24,10 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import CharField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value
+from django.db.models.fields.json import KT
+from django.db.models.functions import Coalesce
+from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from jobstate import registry
@@ -195,20 +198,33 @@ def recovering(pk: Any) -> bool:
     return action is not None and action != "wait"
 
 
-def recovery_action(pk: Any) -> str | None:
-    """The ``recovery`` of the job's last requeue or cancel run (``recovering``), None
-    when that row carries none."""
-    last = (
+def _runs(job_id: Any) -> QuerySet[JobEvent]:
+    """The history rows that say what the job's current run is, newest first."""
+    return (
         JobEvent.objects.filter(
-            Q(transition="requeue") | Q(transition__in=CANCEL_RUNS, metadata__has_key="recovery"), job_id=pk
+            Q(transition="requeue") | Q(transition__in=CANCEL_RUNS, metadata__has_key="recovery"),
+            job_id=job_id,
         )
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
         .exclude(metadata__has_key="reserved")  # as does the reaper's, of a run never begun
         .exclude(metadata__has_key="unstarted")  # and a failure before the handler started
         .order_by("-id")
-        .values_list("metadata", flat=True)
-        .first()
     )
+
+
+def recovering_q() -> Q:
+    """``recovering`` as a filter on jobs: one correlated look (by the history's job
+    index, newest first) at each job the rest of the filter leaves."""
+    last = _runs(OuterRef("pk")).annotate(action=KT("metadata__recovery")).values("action")[:1]
+    # No mark (or no such row) reads as "wait": neither is a recovery run.
+    action = Coalesce(Subquery(last, output_field=CharField()), Value("wait"), output_field=CharField())
+    return ~Q(Exact(action, "wait"))
+
+
+def recovery_action(pk: Any) -> str | None:
+    """The ``recovery`` of the job's last requeue or cancel run (``recovering``), None
+    when that row carries none."""
+    last = _runs(pk).values_list("metadata", flat=True).first()
     if not isinstance(last, dict) or "recovery" not in last:
         return None
     return str(last["recovery"])

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import F, Q
+from django.db.models import Q
 
 from jobstate.models import Job
+from jobstate.services.lease import recovering, recovering_q
 from jobstate.states import Status
 from jobstate.stuck.context import Context, _ago, _seconds, timeout_for, timeouts
 
@@ -21,22 +22,17 @@ def _cancel_limit(ctx: Context) -> datetime:
 
 
 def _no_pending_cancel(ctx: Context) -> Q:
-    return (
-        Q(cancel_requested_at__isnull=True)
-        | Q(cancel_requested_at__gte=_cancel_limit(ctx))
-        | Q(started_at__gt=F("cancel_requested_at"))
-    )
+    recent = Q(cancel_requested_at__gte=_cancel_limit(ctx))
+    return Q(cancel_requested_at__isnull=True) | recent | recovering_q()
 
 
-# A run begun after its cancel was requested is one that cancel gave the job (a
-# workflow's undos: ``lease.recovering``; a plain begin refuses such a job): it is
+# A run its history marks as a recovery run (``lease.recovering``: a workflow's undos,
+# which a cancel does not stop; a plain begin refuses a job with a cancel request) is
 # honouring the cancel, bounded by its timeout, so "cancel not honoured" leaves it out.
+# Read from the history, not by comparing ``started_at`` (a worker's clock) with
+# ``cancel_requested_at`` (the canceller's): a skew of seconds would decide it.
 def _honouring(job: Job) -> bool:
-    return (
-        job.started_at is not None
-        and job.cancel_requested_at is not None
-        and job.started_at > job.cancel_requested_at
-    )
+    return job.cancel_requested_at is not None and recovering(job.pk)
 
 
 def _timed_out(ctx: Context, over: bool) -> Q:
@@ -51,8 +47,7 @@ def _timed_out(ctx: Context, over: bool) -> Q:
 
 
 def _q_cancel_unhonoured(ctx: Context) -> Q:
-    begun_before = Q(started_at__isnull=True) | Q(started_at__lte=F("cancel_requested_at"))
-    return Q(status=Status.PROCESSING, cancel_requested_at__lt=_cancel_limit(ctx)) & begun_before
+    return Q(status=Status.PROCESSING, cancel_requested_at__lt=_cancel_limit(ctx)) & ~recovering_q()
 
 
 def _is_cancel_unhonoured(job: Job, ctx: Context) -> bool:
