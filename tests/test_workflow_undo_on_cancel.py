@@ -21,6 +21,7 @@ from jobstate import registry, services, stuck
 from jobstate.exceptions import InvalidTransition
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
+from jobstate.services.transitions import refunded
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job, run_next
 from tests.models import Effect
@@ -329,7 +330,8 @@ def test_a_cancel_landing_as_the_workflow_suspends_queues_it_for_its_undos():
     assert job.attempts == 0  # refunded: the undo run spends it
     row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
     assert row is not None and (row.transition, row.to_status) == ("requeue", "queued")
-    assert row.metadata == {"recovery": "cancel"}
+    assert row.metadata == {"recovery": "cancel", "suspended": True}  # refunded, as a suspend
+    assert refunded(row.metadata)
     assert drain(kinds=["wf.provision_undo"]) == 1
     job = fresh(job)
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]

@@ -468,7 +468,9 @@ def suspend(
                     token=token,
                     reason=f"{undo} (the handler suspended)",
                     fields={**fields, "run_after": timezone.now()},
-                    metadata=cancel_runs.RECOVERY,
+                    # Marked as suspended too, as the ordinary suspend: a lost answer is
+                    # then read as stored, its attempt refunded (``REFUNDS``).
+                    metadata={**cancel_runs.RECOVERY, "suspended": True},
                 )
             why = f"cancel requested; the handler suspended ({reason})" if reason else "cancel requested"
             return cancel_now(job, token, reason=why[:1000], actor=who, progress=progress)
