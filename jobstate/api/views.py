@@ -264,9 +264,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
         summary="Cancel a job",
         request=ReasonSerializer,
         responses={
-            200: OpenApiResponse(JobDetailSerializer, "A queued job: cancelled now."),
+            200: OpenApiResponse(JobDetailSerializer, "A queued or waiting job: cancelled now."),
             202: OpenApiResponse(
-                JobDetailSerializer, "A running job: cancel requested; its worker stops it."
+                JobDetailSerializer,
+                "A running job: cancel requested; its worker stops it. Or a queued or waiting "
+                "workflow with undo_on_cancel that has undos to run: it stays (or goes) queued "
+                "for one run of them, then ends cancelled.",
             ),
         },
     )

@@ -74,14 +74,18 @@ class Command(PipedCommand):
         enqueue.add_argument("--run-after", dest="run_after", help="Not before this ISO 8601 time.")
         enqueue.add_argument("--reason", default="", help="Recorded in the history.")
         cancel = sub.add_parser(
-            "cancel", help="Cancel a queued or waiting job at once; ask a running one to stop."
+            "cancel",
+            help="Cancel a queued or waiting job at once (a workflow with undo_on_cancel and undos "
+            "to run is queued for one run of them first, then ends cancelled); ask a running one to stop.",
         )
         cancel.add_argument("job", help="The job's id.")
         cancel.add_argument(
             "--now",
             action="store_true",
             help="Cancel a running job whose cancel was requested now, on behalf of its worker "
-            "(lost or hung), as the stuck remedy does: its worker's lease stops working.",
+            "(lost or hung), as the stuck remedy does: its worker's lease stops working. A queued "
+            "job with a cancel request is cancelled at once, without the run of its undos if one "
+            "was pending.",
         )
         cancel.add_argument("--reason", default="", help="Recorded in the history.")
         retry = sub.add_parser(
