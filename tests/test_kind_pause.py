@@ -345,3 +345,17 @@ def test_a_paused_kinds_queued_jobs_are_their_own_stuck_finding_with_resume_as_r
     with pytest.raises(SystemExit):
         call_command("jobstate_stuck", stdout=out)
     assert "python manage.py jobstate resume test.echo --reason" in out.getvalue()
+
+
+def test_a_begun_job_is_never_handed_back_as_paused():
+    # Begun by another holder of the token meanwhile, it runs: the hand-back of a
+    # reserved job requeued it, its handler still running (review).
+    from jobstate.services import lease
+
+    services.enqueue("test.echo", {})
+    (claimed,) = services.claim("w1")
+    services.begin(claimed, claimed.lease_token, "w1:1")
+    with pytest.raises(LeaseLost):
+        lease._hand_back_paused(claimed, claimed.lease_token, "w1:2", timezone.now())
+    job = Job.objects.get(pk=claimed.pk)
+    assert job.status == Status.PROCESSING and job.started_at is not None and job.attempts == 1

@@ -477,7 +477,45 @@ def test_an_operator_requeue_of_a_hung_undo_run_keeps_it_a_run_for_its_undos():
     services.start(job.pk, "w2")  # its undo run begins; the worker then hangs
     services.requeue(job, "ops", "stuck, requeue")
     row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
-    assert row is not None and (row.transition, row.metadata) == ("requeue", {"recovery": "cancel"})
+    expected = {"recovery": "cancel", "operator": True}
+    assert row is not None and (row.transition, row.metadata) == ("requeue", expected)
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
+def test_an_operator_requeue_of_a_run_that_met_its_cancel_and_hung_in_its_undos_keeps_them():
+    # The cancel came while a step ran: that same run undoes, with no mark in the history
+    # yet. A requeue of it when it hung wrote a plain row; the next begin cancelled the job
+    # unstarted, its undos never run, while the admin said "requeued" (review).
+    crash = {"crash_at": "undo:reserve", "crash_once": True}
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work", **crash})
+    with pytest.raises(SimulatedCrash):
+        run_next("w1")  # hung in reserve's undo, as far as the operator can tell
+    services.requeue(job, "ops", "stuck, requeue")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and row.metadata == {"recovery": "cancel", "operator": True}
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, "crash:undo:reserve", *UNDONE]
+
+
+def test_operator_requeues_are_not_counted_as_the_reapers_recovery_runs():
+    from jobstate.workflows import recovery
+
+    job = _woken()
+    services.request_cancel(job, "ops", "stop")
+    for _ in range(recovery.RECOVERY_RUNS):
+        services.start(job.pk, "w2")
+        services.requeue(job, "ops", "stuck, requeue")
+        Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    # Its worker dies in the next run: the reaper's first recovery run, not its fourth
+    # (which would fail the job "lost again after 3 recovery runs").
+    services.start(job.pk, "w3")
+    report = services.requeue_expired(now=timezone.now() + timedelta(hours=1))
+    assert report.requeued == [job.pk]
     Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
     assert drain(kinds=["wf.provision_undo"]) == 1
     job = fresh(job)

@@ -360,7 +360,14 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     # The run of a workflow's undos (a hung one) stays one: its next run finishes them
     # despite the cancel request, as after the reaper's recovery requeue.
     action = recovery_action(current.pk) if current.cancel_requested_at is not None else None
-    metadata = {"recovery": action} if action is not None and action != "wait" else None
+    metadata: dict[str, Any] | None = None
+    if action is not None and action != "wait":
+        metadata = {"recovery": action, "operator": True}
+    elif current.cancel_requested_at is not None and action is None and hooks.cancelling:
+        # A run that met its cancel as it ran and was undoing in that same run has no
+        # mark yet: the workflow says whether its undos are left to run.
+        asked = hooks.cancelling.ask(hooks.Cancelling(current.pk, current.kind, str(current.status)))
+        metadata = {**cancel_runs.RECOVERY, "operator": True} if asked is not None else None
     move(
         current,
         "requeue",

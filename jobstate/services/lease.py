@@ -144,7 +144,15 @@ def begin(
 
 def _hand_back_paused(job: Job, token: UUID | str, worker_id: str, now: datetime) -> None:
     """A reserved job of a paused kind goes back to the queue, never begun (no
-    attempt was charged), as ``control.hand_back`` hands one back."""
+    attempt was charged), as ``control.hand_back`` hands one back. One begun
+    meanwhile (by another holder of the token) is not this caller's: ``LeaseLost``."""
+    try:
+        _requeue_unbegun(job, token, worker_id, now)
+    except InvalidTransition:
+        raise LeaseLost(job.pk) from None
+
+
+def _requeue_unbegun(job: Job, token: UUID | str, worker_id: str, now: datetime) -> None:
     move(
         job,
         "requeue",
@@ -153,6 +161,9 @@ def _hand_back_paused(job: Job, token: UUID | str, worker_id: str, now: datetime
         reason=f"kind '{job.kind}' paused before it started; it waits in the queue until resumed",
         fields={"worker_id": "", "run_after": now},
         metadata={"handed_back": True},
+        # Only a job still never begun: one another holder of the token began
+        # meanwhile is running (the move then refuses: LeaseLost).
+        condition=Q(started_at__isnull=True),
         now=now,
     )
 

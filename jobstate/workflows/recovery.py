@@ -90,7 +90,12 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
             summary = f"step '{lost_step}' failed: {LOST}"
         else:
             return None
-    runs = JobEvent.objects.filter(job_id=job_id, transition="requeue", metadata__has_key="recovery").count()
+    # The reaper's own runs: an operator's requeue of a hung one ("operator") is not one.
+    runs = (
+        JobEvent.objects.filter(job_id=job_id, transition="requeue", metadata__has_key="recovery")
+        .exclude(metadata__has_key="operator")
+        .count()
+    )
     if runs >= RECOVERY_RUNS:
         if action == "wait" and not last:
             return None  # attempts left: spend one, as for any lost worker
