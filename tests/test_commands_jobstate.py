@@ -18,7 +18,7 @@ from django.utils.html import strip_tags
 from jobstate import services
 from jobstate.admin.inlines import EventColumns
 from jobstate.models import Asset, Job, JobEvent, JobStep
-from jobstate.services import control
+from jobstate.services import control, retries
 from jobstate.states import Status
 from tests.admin_support import completed, failed, processing, queued
 
@@ -635,13 +635,13 @@ def test_workflow_stop_of_a_job_that_ends_meanwhile_says_so(monkeypatch: pytest.
 def test_retry_of_a_job_deleted_meanwhile_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     # Retention deletes the job between the command's read and the retry's lock.
     old = failed()
-    real = control.lock_parent
+    real = retries.lock_parent
 
     def retention_runs_meanwhile(job: Job) -> Any:
         Job.objects.filter(pk=old.pk).delete()
         return real(job)
 
-    monkeypatch.setattr(control, "lock_parent", retention_runs_meanwhile)
+    monkeypatch.setattr(retries, "lock_parent", retention_runs_meanwhile)
     message = refused("jobstate", "retry", str(old.pk))
     assert message == f"retry: Job {old.pk} no longer exists (deleted meanwhile)"
 

@@ -112,17 +112,17 @@ def _retry_under_way(monkeypatch: pytest.MonkeyPatch, make: Any) -> tuple[Any, A
 
     from django.db import connection
 
-    from jobstate.services import control
+    from jobstate.services import retries
 
     locked, go = threading.Event(), threading.Event()
-    real = control._lock_retried
+    real = retries._lock_retried
 
     def lock_then_wait(job_id: Any) -> None:
         real(job_id)
         locked.set()
         go.wait(timeout=10)
 
-    monkeypatch.setattr(control, "_lock_retried", lock_then_wait)
+    monkeypatch.setattr(retries, "_lock_retried", lock_then_wait)
     made: dict[str, Any] = {}
 
     def run() -> None:

@@ -22,7 +22,6 @@ from jobstate.services.control import (
     request_cancel,
     request_stop,
     requeue,
-    retry,
     suspend,
 )
 from jobstate.services.enqueue import (
@@ -47,6 +46,7 @@ from jobstate.services.orphans import OrphanSweep, remove_orphan_files, sweep_or
 from jobstate.services.outcomes import complete, fail, fail_held, mark_partial
 from jobstate.services.pauses import pause_kind, paused_kinds, resume_kind
 from jobstate.services.reaper import ReapReport, requeue_expired
+from jobstate.services.retries import retry
 from jobstate.services.steps import all_step_transitions, move_step
 from jobstate.services.transitions import all_transitions, allowed_transitions, lock_parent, parent_locked
 
