@@ -14,7 +14,7 @@ from django.utils import timezone
 from jobstate import LeaseLost, services
 from jobstate.exceptions import AlreadyRetried, InvalidTransition
 from jobstate.models import Asset, Job
-from jobstate.services import assets, cascade, control
+from jobstate.services import assets, cascade, control, retries
 from jobstate.states import Status
 from tests.api_support import JOBS, assert_error, client_for
 
@@ -231,14 +231,14 @@ def test_a_stop_for_a_queued_job_that_ends_as_it_is_asked_is_refused_as_a_stop(m
 
 
 def _deleted_by_retention_at(monkeypatch: pytest.MonkeyPatch, where: str, old: Job) -> None:
-    """Retention deletes ``old`` when the retry reaches ``control.<where>``, inside its transaction."""
-    real = getattr(control, where)
+    """Retention deletes ``old`` when the retry reaches ``retries.<where>``, inside its transaction."""
+    real = getattr(retries, where)
 
     def retention_runs_meanwhile(*args: Any, **kwargs: Any) -> Any:
         Job.objects.filter(pk=old.pk).delete()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(control, where, retention_runs_meanwhile)
+    monkeypatch.setattr(retries, where, retention_runs_meanwhile)
 
 
 # Its own transaction: the foreign key of retry_of is checked when it commits.
@@ -285,7 +285,7 @@ def test_two_retries_of_one_job_at_once_make_one_new_job(monkeypatch):
         pytest.skip("two connections at once: PostgreSQL")
     old = services.enqueue("test.echo", {})
     services.force_fail(old, "ops", "broken")
-    real = control.get_or_enqueue
+    real = retries.get_or_enqueue
     other: dict[str, Any] = {}
 
     def second_retry() -> None:
@@ -304,7 +304,7 @@ def test_two_retries_of_one_job_at_once_make_one_new_job(monkeypatch):
             thread.join(timeout=1)  # it waits for our lock (without it, it makes its own job)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(control, "get_or_enqueue", the_other_retries_meanwhile)
+    monkeypatch.setattr(retries, "get_or_enqueue", the_other_retries_meanwhile)
     first = services.retry(old, "ops", "first")
     thread.join(timeout=10)
     assert isinstance(other.get("error"), AlreadyRetried), other
