@@ -7,6 +7,12 @@ from django.db import models
 from django.utils import timezone
 
 
+class KindPauseQuerySet(models.QuerySet["KindPause"]):
+    def active(self) -> KindPauseQuerySet:
+        """Pauses not resumed yet (at most one per kind): the kinds paused now."""
+        return self.filter(resumed_at__isnull=True)
+
+
 class KindPause(models.Model):
     """One pause of a job kind, from ``paused_at`` until ``resumed_at`` (None: still
     paused). While a kind has an active pause no worker claims its queued jobs; they
@@ -30,6 +36,8 @@ class KindPause(models.Model):
     )
     resumed_by_label = models.CharField(max_length=200, blank=True, default="")
     resume_reason = models.TextField(blank=True, default="")
+
+    objects = KindPauseQuerySet.as_manager()
 
     class Meta:
         ordering = ("-paused_at", "-id")

@@ -180,7 +180,7 @@ def _begin_update(
     pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease, *, cancel_free: bool
 ) -> Job | None:
     held = Job.objects.filter(pk=pk, lease_token=token, status=Status.PROCESSING, started_at__isnull=True)
-    held = held.filter(~Exists(KindPause.objects.filter(kind=OuterRef("kind"), resumed_at__isnull=True)))
+    held = held.filter(~Exists(KindPause.objects.active().filter(kind=OuterRef("kind"))))
     if cancel_free:
         held = held.filter(cancel_requested_at__isnull=True)
     if not held.update(

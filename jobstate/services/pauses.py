@@ -78,7 +78,9 @@ def resume_kind(kind: str, actor: Actor | str | Any | None, reason: str = "") ->
         current = active_pause(kind)
         # Conditional: of two resumes at once, the second one updates nothing.
         ended = (
-            KindPause.objects.filter(pk=current.pk, resumed_at__isnull=True).update(
+            KindPause.objects.active()
+            .filter(pk=current.pk)
+            .update(
                 resumed_at=now,
                 resumed_by=who.user,
                 resumed_by_label=text(who.label[:200]),
@@ -101,18 +103,18 @@ def may_be_paused(kind: str) -> bool:
 
 def paused_kinds() -> list[KindPause]:
     """The active pauses, one per paused kind, by kind."""
-    active = KindPause.objects.filter(resumed_at__isnull=True).select_related("paused_by")
+    active = KindPause.objects.active().select_related("paused_by")
     return list(active.order_by("kind"))
 
 
 def active_pause(kind: str) -> KindPause | None:
     """``kind``'s active pause, or None when it is not paused."""
-    return KindPause.objects.filter(kind=kind, resumed_at__isnull=True).select_related("paused_by").first()
+    return KindPause.objects.active().filter(kind=kind).select_related("paused_by").first()
 
 
 def check_not_paused(kind: str) -> None:
     """``KindPaused`` if ``kind`` is paused (a job of it must not start now)."""
-    if KindPause.objects.filter(kind=kind, resumed_at__isnull=True).exists():
+    if KindPause.objects.active().filter(kind=kind).exists():
         raise KindPaused(kind)
 
 

@@ -91,7 +91,7 @@ class Context:
         """The active pauses by kind (usually none): their queued jobs are
         ``queued_kind_paused``, never ``queued_no_worker``."""
         if self._paused is None:
-            active = KindPause.objects.filter(resumed_at__isnull=True).select_related("paused_by")
+            active = KindPause.objects.active().select_related("paused_by")
             self._paused = {pause.kind: pause for pause in active}
         return self._paused
 
