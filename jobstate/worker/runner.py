@@ -117,21 +117,19 @@ from jobstate.services.claiming import kind_names
 from jobstate.worker.connections import close_quietly, usable_connection
 from jobstate.worker.context import JobContext, lease_token
 from jobstate.worker.ctrl_c import ctrl_c_held
-from jobstate.worker.endings import (
-    NextRequest,
-    cancel_unstarted,
-    finish,
-    hand_back_stopped,
-    hard_timeout,
-    paused_unstarted,
-    release,
-    unknown_kind,
-)
+from jobstate.worker.endings import NextRequest, finish, hard_timeout
 from jobstate.worker.left_open import TransactionLeftOpen, roll_back_left_open, transaction_state
 from jobstate.worker.limits import hard_limit_for, timeout_for
 from jobstate.worker.q2 import TimeoutException
 from jobstate.worker.slot import HandlerCall, Slot
 from jobstate.worker.supervisor import Supervisor, install_signal, supervisor
+from jobstate.worker.unstarted import (
+    cancel_unstarted,
+    hand_back_stopped,
+    paused_unstarted,
+    release,
+    unknown_kind,
+)
 
 logger = logging.getLogger("jobstate")
 

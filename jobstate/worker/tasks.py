@@ -30,7 +30,13 @@ from jobstate.states import Status
 from jobstate.worker import counters, q2, unheard
 from jobstate.worker.cluster import cluster_id
 from jobstate.worker.connections import Calls, reconnecting
-from jobstate.worker.endings import (
+from jobstate.worker.limits import hard_limit_for
+from jobstate.worker.outage import Outage
+from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
+from jobstate.worker.q2 import TimeoutException
+from jobstate.worker.runner import run_job
+from jobstate.worker.supervisor import supervisor
+from jobstate.worker.unstarted import (
     cancel_unstarted,
     hand_back_stopped,
     hard_timeout_outside,
@@ -38,12 +44,6 @@ from jobstate.worker.endings import (
     release,
     unknown_kind,
 )
-from jobstate.worker.limits import hard_limit_for
-from jobstate.worker.outage import Outage
-from jobstate.worker.packages import CHAIN_MARGIN, task_timeout
-from jobstate.worker.q2 import TimeoutException
-from jobstate.worker.runner import run_job
-from jobstate.worker.supervisor import supervisor
 
 logger = logging.getLogger("jobstate.worker")
 
