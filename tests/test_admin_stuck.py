@@ -798,3 +798,10 @@ def test_a_job_that_failed_under_a_minute_ago_says_so_in_seconds(admin_client: A
     now = timezone.now()
     assert _ago(now, now) == "just now" and _ago(now - timedelta(seconds=1), now) == "1 second ago"
     assert _ago(now - timedelta(minutes=2), now) == "2\xa0minutes ago"  # timesince's
+
+
+def test_the_no_worker_remedy_says_where_workers_find_a_django_tasks_task() -> None:
+    # A @task in a module no worker imports (not an app's tasks module) waits for ever: the
+    # remedy only suggested the task was renamed or removed.
+    text = stuck.BY_CODE[stuck.QUEUED_NO_WORKER].remedy_text
+    assert "installed app's tasks module" in text and "OPTIONS['MODULES']" in text

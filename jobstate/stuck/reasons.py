@@ -146,7 +146,9 @@ REASONS: tuple[Reason, ...] = (
         "Queued past due, no worker serving its kind",
         START_WORKER,
         "Start a worker that serves this kind (python manage.py qcluster), or cancel the job "
-        "(its handler or task may have been renamed or removed from the code).",
+        "(its handler or task may have been renamed or removed from the code). A django.tasks task "
+        "is known to workers only in an installed app's tasks module or a module the backend's "
+        "OPTIONS['MODULES'] lists.",
         _q_queued_no_worker,
         _is_queued_no_worker,
         _describe_queued,

@@ -44,8 +44,25 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        _require_installed(name)
         return getattr(importlib.import_module(f"jobstate.tasks.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'jobstate.tasks' has no attribute {name!r}")
+
+
+def _require_installed(name: str) -> None:
+    """These names need jobstate's models, which Django refuses to load for an app not in
+    ``INSTALLED_APPS`` with an error about ``Asset``'s app_label. No system check can say
+    it first: with the app not installed, none of jobstate's code runs before this import
+    (at ``TASKS``' first use or a ``@task``'s decoration)."""
+    from django.apps import apps
+
+    if apps.apps_ready and not apps.is_installed("jobstate"):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"jobstate.tasks.{name} needs 'jobstate' (and 'django_q') in INSTALLED_APPS: "
+            "TASKS names jobstate's backend, but the app is not installed."
+        )
 
 
 def configured_aliases() -> list[str]:

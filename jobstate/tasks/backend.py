@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Iterable
 from typing import Any
 
-from django.apps import apps
 from django.core import checks
 from django.db import transaction
 
@@ -149,13 +148,6 @@ class JobstateBackend(BaseTaskBackend):
     # A generator: Django's checks take any iterable (the stub says list).
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:  # type: ignore[override]
         yield from super().check(**kwargs)
-        if not apps.is_installed("jobstate"):
-            yield checks.Error(
-                f"{type(self).__name__} is configured in TASKS[{self.alias!r}] but jobstate is not installed",
-                hint="Add 'jobstate' (and 'django_q') to INSTALLED_APPS. "
-                "See docs/reference/checks.md in the jobstate documentation.",
-                id="jobstate.E901",
-            )
         yield from options_problems(self.alias, self.options)
 
 
