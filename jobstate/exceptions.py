@@ -64,6 +64,22 @@ class DuplicateActiveKey(JobStateError):
     """Another active job already holds this (kind, key)."""
 
 
+class KeyReused(JobStateError):
+    """An idempotency key names a job enqueued with other work: its cleaned
+    parameters or its priority (``fields``) differ from the request's
+    (``get_or_enqueue(match_request=True)``, the REST API's 422). Nothing was written."""
+
+    def __init__(self, job_id: object, kind: str, key: str, fields: tuple[str, ...]) -> None:
+        self.job_id = job_id
+        self.kind = kind
+        self.key = key
+        self.fields = fields
+        super().__init__(
+            f"Key '{key}' already names '{kind}' job {job_id}, which was enqueued with other "
+            f"{' and '.join(fields)}: use a new key for new work."
+        )
+
+
 class RangeNotSatisfiable(JobStateError):
     """A download's ``Range`` selects no byte of the file (it starts at or past its
     end, or is a suffix of 0 bytes): answered 416 with ``content_range``."""

@@ -115,6 +115,99 @@ def test_enqueue_with_a_known_key_returns_the_existing_job_with_200(user):
     assert first.json()["id"] == second.json()["id"]
     assert second.json()["input_watermark"] == 5
     assert Job.objects.count() == 1
+    # A replay answers as the 201 did (its Location) and says it is one, as Stripe does.
+    assert second["Location"] == first["Location"]
+    assert second["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first
+
+
+def _reused(response, job, fields):  # type: ignore[no-untyped-def]
+    error = assert_error(response, 422, "idempotency_key_reused")
+    assert error["job_id"] == str(job.pk)
+    assert set(error["fields"]) == set(fields)
+    assert error["message"] == (
+        f"Key '{job.key}' already names 'test.{job.kind.split('.')[1]}' job {job.pk}, which was enqueued "
+        f"with other {' and '.join(fields)}: use a new key for new work."
+    )
+    return error
+
+
+def test_a_key_reused_for_other_work_is_a_422_and_writes_nothing(user):
+    # It answered 200 with the key's job: the request's parameters were dropped without a word.
+    client = client_for(user)
+    job = make_job(user, "test.schema", {"width": 3}, key="daily", watermark=1, priority=-2)
+    before = counts()
+    body = {"kind": "test.schema", "key": "daily", "watermark": 9, "priority": -2}
+    error = _reused(
+        client.post(JOBS, {**body, "parameters": {"width": 4}}, format="json"), job, ["parameters"]
+    )
+    assert error["fields"] == {"parameters": [f"Differs from job {job.pk}'s, which key 'daily' names."]}
+    _reused(
+        client.post(JOBS, {**body, "parameters": {"width": 3}, "priority": 0}, format="json"),
+        job,
+        ["priority"],
+    )
+    both = {**body, "parameters": {"width": 3, "label": "x"}, "priority": -3}
+    _reused(client.post(JOBS, both, format="json"), job, ["parameters", "priority"])
+    job.refresh_from_db()
+    assert job.input_watermark == 1  # not raised: nothing is written
+    assert counts() == before
+
+
+def test_a_completed_jobs_key_reused_for_other_work_is_a_422(user):
+    job = completed(user, key="nightly", watermark=3)
+    before = counts()
+    client = client_for(user)
+    _reused(
+        client.post(JOBS, {"kind": "test.echo", "key": "nightly", "parameters": {"n": 2}}, format="json"),
+        job,
+        ["parameters"],
+    )
+    assert counts() == before
+    # A newer watermark is new work under the key: queued, whatever its parameters.
+    newer = {"kind": "test.echo", "key": "nightly", "watermark": 4, "parameters": {"n": 2}}
+    assert client.post(JOBS, newer, format="json").status_code == 201
+
+
+def test_a_replay_is_the_same_work_however_it_is_spelt(user):
+    # Compared after the kind's schema cleaned the request (defaults applied), as JSON:
+    # key order and 1 vs 1.0 do not matter, true is not 1; run_after is not compared
+    # (retries, requeues and re-runs move the job's own).
+    client = client_for(user)
+    schema = make_job(user, "test.schema", {"width": 3}, key="s")
+    assert schema.parameters == {"width": 3, "label": ""}
+    replay = client.post(
+        JOBS, {"kind": "test.schema", "key": "s", "parameters": {"width": "3"}}, format="json"
+    )
+    assert (replay.status_code, replay.json()["id"]) == (200, str(schema.pk)), replay.content
+    echo = make_job(user, parameters={"a": [1, {"b": None}], "c": "x", "big": 1e20}, key="e")
+    later = (timezone.now() + dt.timedelta(hours=1)).isoformat()
+    again = {"kind": "test.echo", "key": "e", "run_after": later}
+    same = {"c": "x", "big": 100000000000000000000, "a": [1.0, {"b": None}]}
+    response = client.post(JOBS, {**again, "parameters": same}, format="json")
+    assert (response.status_code, response.json()["id"]) == (200, str(echo.pk)), response.content
+    for other in (
+        {**same, "a": [True, {"b": None}]},
+        {**same, "a": [1, {"b": None}, 2]},
+        {**same, "c": None},
+    ):
+        _reused(client.post(JOBS, {**again, "parameters": other}, format="json"), echo, ["parameters"])
+
+
+def test_a_key_whose_job_is_being_cancelled_is_a_409_whatever_the_request(user):
+    # Once it has ended the same request queues its work: a 409 to try again, not a 422.
+    job = running(user, key="k")
+    services.request_cancel(job, services.Actor.api(user))
+    response = client_for(user).post(
+        JOBS, {"kind": "test.echo", "key": "k", "parameters": {"n": 2}}, format="json"
+    )
+    assert_error(response, 409, "duplicate_active_key")
+
+
+def test_code_still_gets_the_keys_job_whatever_it_was_enqueued_with(user):
+    # The 422 is the API's rule: services.get_or_enqueue (django.tasks, the CLI) answers as before.
+    job = make_job(user, key="k")
+    assert services.get_or_enqueue("test.echo", {"n": 2}, owner=user, key="k", priority=5) == (job, False)
 
 
 def test_an_enqueue_key_is_taken_as_sent_as_the_service_takes_it(user):

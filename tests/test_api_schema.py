@@ -113,6 +113,20 @@ def test_the_schema_names_what_errors_and_creates_carry(user):
                 assert "Retry-After" in op["responses"][code]["headers"], (method, path, code)
 
 
+def test_the_enqueue_schema_names_a_replays_headers_and_a_reused_keys_422(user):
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    responses = schema["paths"]["/api/jobs/"]["post"]["responses"]
+    headers = responses["200"]["headers"]
+    assert headers["Location"]["required"] and headers["Location"]["schema"]["format"] == "uri"
+    assert headers["Idempotent-Replayed"]["schema"] == {"type": "string", "enum": ["true"]}
+    assert "`idempotency_key_reused`" in responses["422"]["description"]
+    assert responses["422"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    detail = schema["components"]["schemas"]["ErrorDetail"]["properties"]
+    assert (
+        detail["job_id"]["format"] == "uuid" and "idempotency_key_reused" in detail["job_id"]["description"]
+    )
+
+
 def test_the_progress_stream_names_the_last_event_id_header(user):
     # The stream resumes from Last-Event-ID (and answers 204 to a finished job's final id);
     # the schema listed no such header, so a generated client could not send it.
@@ -317,8 +331,10 @@ def test_success_responses_conform_to_the_schema(user, token, seeded):
     body = {"kind": "test.echo", "parameters": {"n": 1}, "key": "nightly", "priority": 3}
     created = call(token, "/api/jobs/", "POST", 201, body=body).json()
     assert created["status"] == "queued" and created["allowed_actions"] == ["cancel"]
-    again = call(token, "/api/jobs/", "POST", 200, body=body).json()
-    assert again["id"] == created["id"]
+    again = call(token, "/api/jobs/", "POST", 200, body=body)
+    assert again.json()["id"] == created["id"] and again.headers["idempotent-replayed"] == ["true"]
+    reused = call(token, "/api/jobs/", "POST", 422, body={**body, "parameters": {"n": 2}}).json()
+    assert reused["error"]["job_id"] == created["id"]
     page = call(token, "/api/jobs/", "GET", 200, query={"status": ["queued", "failed"], "page_size": 2})
     assert len(page.json()["results"]) == 2 and page.json()["next"]
     following = parse_qs(urlsplit(page.json()["next"]).query)

@@ -3,7 +3,8 @@
     {"error": {"code": "invalid_transition", "message": "...", "fields": {...}}}
 
 ``fields`` maps an input field to its messages (empty when the error is not
-about a field); a refused transition also carries ``current_status``, a second retry ``retry_id``.
+about a field); a refused transition also carries ``current_status``, a second retry ``retry_id``,
+a reused idempotency key ``job_id``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from jobstate.exceptions import (
     AlreadyRetried,
     InvalidParameters,
     InvalidTransition,
+    KeyReused,
     LeaseLost,
     ParentEnded,
     RangeNotSatisfiable,
@@ -87,6 +89,10 @@ class ErrorDetailSerializer(serializers.Serializer[Any]):
     )
     retry_id = serializers.UUIDField(
         required=False, help_text="The job's retry, for `already_retried`: retry that one instead."
+    )
+    job_id = serializers.UUIDField(
+        required=False,
+        help_text="The job the key names, for `idempotency_key_reused`: enqueued with other work.",
     )
 
 
@@ -182,6 +188,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         code, status_code, message, fields = "lease_lost", 409, str(exc), {}
     elif isinstance(exc, DuplicateActiveKey):
         code, status_code, message, fields = "duplicate_active_key", 409, str(exc), {}
+    elif isinstance(exc, KeyReused):
+        code, status_code, message = "idempotency_key_reused", 422, str(exc)
+        differs = f"Differs from job {exc.job_id}'s, which key '{exc.key}' names."
+        fields = {name: [differs] for name in exc.fields}
+        extra["job_id"] = str(exc.job_id)
     elif isinstance(exc, ParentEnded):
         code, status_code, message, fields = "parent_ended", 409, str(exc), {}
     elif isinstance(exc, AlreadyRetried):

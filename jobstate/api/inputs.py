@@ -86,8 +86,9 @@ class EnqueueSerializer(StrictInput):
         # Taken as sent: stripped, " a" and "a" named one job. The service refuses a blank key.
         trim_whitespace=False,
         help_text="Idempotency key: an active (or still up to date) job of yours with this kind and key is "
-        "returned with 200 instead of queueing a new one. Taken as sent (surrounding spaces are part "
-        "of it); a key of only whitespace is refused.",
+        "returned with 200 (`Idempotent-Replayed: true`) instead of queueing a new one; if it was enqueued "
+        "with other parameters or another priority, a 422 `idempotency_key_reused`. Taken as sent "
+        "(surrounding spaces are part of it); a key of only whitespace is refused.",
     )
     watermark = StrictIntegerField(
         min_value=-BIGINT,

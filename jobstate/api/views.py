@@ -32,7 +32,7 @@ from jobstate import registry, services
 from jobstate.api.access import StreamAccess
 from jobstate.api.assets import AssetSerializer
 from jobstate.api.base import JobstateAPIView, parse_id
-from jobstate.api.errors import KindGone
+from jobstate.api.errors import ErrorSerializer, KindGone
 from jobstate.api.fields import QueryChoicesField, StoredDateTimeField
 from jobstate.api.filters import JobFilter
 from jobstate.api.inputs import EnqueueSerializer, ReasonSerializer, RequiredReasonSerializer, RetrySerializer
@@ -99,8 +99,36 @@ class WaitSerializer(serializers.Serializer[Any]):
         request=EnqueueSerializer,
         responses={
             201: OpenApiResponse(JobDetailSerializer, "Queued."),
-            200: OpenApiResponse(JobDetailSerializer, "Deduplicated: the job this key already names."),
+            200: OpenApiResponse(
+                JobDetailSerializer,
+                "A replay: the job this key already names, enqueued with the same (cleaned) "
+                "parameters and priority.",
+            ),
+            422: OpenApiResponse(
+                ErrorSerializer,
+                "`idempotency_key_reused`: the key names a job enqueued with other parameters or "
+                "another priority (`error.fields` names which; `error.job_id` the job). Nothing is written.",
+            ),
         },
+        parameters=[
+            OpenApiParameter(
+                "Location",
+                OpenApiTypes.URI,
+                OpenApiParameter.HEADER,
+                required=True,
+                response=[200],
+                description="The URL of the job the key names.",
+            ),
+            OpenApiParameter(
+                "Idempotent-Replayed",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                required=True,
+                enum=["true"],
+                response=[200],
+                description="A replay: no job was queued.",
+            ),
+        ],
     ),
     retrieve=extend_schema(
         summary="Job detail",
@@ -191,10 +219,10 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             count_stream(self.request, self, opens=False)
             raise
 
-    def _detail(self, job_id: Any, status_code: int = 200, **headers: str) -> Response:
+    def _detail(self, job_id: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
         job = self.get_queryset().prefetch_related("steps").get(pk=job_id)
         data = JobDetailSerializer(job, context=self.get_serializer_context()).data
-        return Response(data, status=status_code, headers=headers or None)
+        return Response(data, status=status_code, headers=headers)
 
     def _location(self, job_id: Any) -> str:
         return self.request.build_absolute_uri(reverse("jobstate-api:job-detail", kwargs={"pk": job_id}))
@@ -245,7 +273,8 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
                     data["kind"],
                 )
             raise UnknownKind(data["kind"])
-        # Keys are scoped per owner: the job a key names is always the caller's own.
+        # Keys are scoped per owner: the job a key names is always the caller's own. A key
+        # naming other work is a 422 (KeyReused), as Stripe and the IETF draft answer it.
         job, created = services.get_or_enqueue(
             data["kind"],
             data["parameters"],
@@ -255,10 +284,12 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
             priority=data["priority"],
             run_after=data["run_after"],
             actor=Actor.api(user),
+            match_request=True,
         )
+        location = {"Location": self._location(job.pk)}
         if created:
-            return self._detail(job.pk, status.HTTP_201_CREATED, Location=self._location(job.pk))
-        return self._detail(job.pk)
+            return self._detail(job.pk, status.HTTP_201_CREATED, location)
+        return self._detail(job.pk, headers={**location, "Idempotent-Replayed": "true"})
 
     @extend_schema(
         summary="Cancel a job",
@@ -305,7 +336,7 @@ class JobViewSet(JobstateAPIView, viewsets.GenericViewSet[Any]):  # pages events
                 new = _retry_from(job, step, Actor.api(request.user), reason)
         except UnknownKind as exc:
             raise KindGone(exc) from None
-        return self._detail(new.pk, status.HTTP_201_CREATED, Location=self._location(new.pk))
+        return self._detail(new.pk, status.HTTP_201_CREATED, {"Location": self._location(new.pk)})
 
     @extend_schema(
         summary="Requeue a processing job (operators)",

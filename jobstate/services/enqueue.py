@@ -16,7 +16,7 @@ from django.db.models import Model
 from django.utils import timezone
 
 from jobstate import conf
-from jobstate.exceptions import DuplicateActiveKey
+from jobstate.exceptions import DuplicateActiveKey, KeyReused
 from jobstate.models import Job
 from jobstate.registry import HandlerSpec, get_handler
 from jobstate.services._rows import create_job as _create
@@ -151,6 +151,7 @@ def get_or_enqueue(
     retry_of: Job | None = None,
     actor: Actor | str | Any | None = None,
     reason: str = "",
+    match_request: bool = False,
 ) -> tuple[Job, bool]:
     """Queue a job, or return the one its key already names.
 
@@ -166,6 +167,14 @@ def get_or_enqueue(
     ``(job, created)``. Raises ``DuplicateActiveKey`` (never ``IntegrityError``)
     if the key keeps changing hands under it, or if its active job is being
     cancelled (it would end cancelled with this request's work).
+
+    The job a key names is returned whatever it was enqueued with. With
+    ``match_request`` (the REST API's rule) a job whose parameters (as the kind's
+    schema cleaned them) or priority differ from this request's raises
+    ``jobstate.exceptions.KeyReused`` instead, before its watermark is raised: the
+    key names other work. Its ``run_after`` and watermark are not compared
+    (retries, requeues and re-runs move the one; a newer watermark is what a key
+    is reused with).
 
     ``run_after`` is a timezone-aware datetime; with ``USE_TZ = False`` only
     PostgreSQL stores one (a ``ValidationError`` elsewhere). ``parent`` and
@@ -190,7 +199,8 @@ def get_or_enqueue(
     with transaction.atomic():
         for _attempt in range(KEY_ATTEMPTS):
             if key is not None:
-                existing = _existing_for_key(kind, key, watermark, _owner_id(owner))
+                request = (cleaned, priority) if match_request else None
+                existing = _existing_for_key(kind, key, watermark, _owner_id(owner), request)
                 if existing is not None:
                     return existing, False
             try:
@@ -252,7 +262,9 @@ def _owner_id(owner: Any) -> Any:
     return owner.pk if isinstance(owner, Model) else owner
 
 
-def _existing_for_key(kind: str, key: str, watermark: int | None, owner_id: Any) -> Job | None:
+def _existing_for_key(
+    kind: str, key: str, watermark: int | None, owner_id: Any, request: tuple[dict[str, Any], int] | None
+) -> Job | None:
     same_key = Job.objects.filter(kind=kind, key=key, owner_id=owner_id)  # owner_id=None: IS NULL
     active = same_key.select_for_update().filter(status__in=ACTIVE).first()
     if active is not None:
@@ -262,6 +274,7 @@ def _existing_for_key(kind: str, key: str, watermark: int | None, owner_id: Any)
             raise DuplicateActiveKey(
                 f"The active '{kind}' job holding key '{key}' is being cancelled; try again once it has ended"
             )
+        _refuse_other_work(active, key, request)
         if watermark is not None and (active.input_watermark is None or active.input_watermark < watermark):
             Job.objects.filter(pk=active.pk).update(input_watermark=watermark)
             active.input_watermark = watermark
@@ -272,4 +285,45 @@ def _existing_for_key(kind: str, key: str, watermark: int | None, owner_id: Any)
     dirty = watermark is not None and (
         last.last_success_watermark is None or watermark > last.last_success_watermark
     )
-    return None if dirty else last
+    if dirty:
+        return None
+    _refuse_other_work(last, key, request)
+    return last
+
+
+def _refuse_other_work(job: Job, key: str, request: tuple[dict[str, Any], int] | None) -> None:
+    if request is None:
+        return
+    parameters, priority = request
+    same = {"parameters": _same_json(job.parameters, parameters), "priority": job.priority == priority}
+    fields = tuple(name for name, matches in same.items() if not matches)
+    if fields:
+        raise KeyReused(job.pk, job.kind, key, fields)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same JSON: objects whatever their key
+    order, numbers by value (PostgreSQL's jsonb reads a stored 1e20 back as an
+    integer), ``true`` never ``1``. Iterative: a value as deep as ``json.dumps`` took
+    is no RecursionError here."""
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return False
+            pending.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, list) and isinstance(y, list):
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif _number(x) and _number(y):
+            if x != y:
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
