@@ -414,6 +414,26 @@ def test_operator_remedies_conform_to_the_schema(user, staff_user, seeded):
     call(token, "/api/jobs/{id}/fail/", "POST", 409, path_parameters={"id": cancelled}, body=body)
 
 
+def test_kind_pauses_conform_to_the_schema(user, token, staff_user):
+    operator = type(staff_user).objects.get(pk=staff_user.pk)
+    operator.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", "change_job"]))
+    staff = Token.objects.get_or_create(user=operator)[0].key
+    kind = {"name": "test.echo"}
+    down = {"reason": "down"}
+    paused = call(staff, "/api/kinds/{name}/pause/", "POST", 200, path_parameters=kind, body=down)
+    assert paused.json()["paused"] is True
+    call(staff, "/api/kinds/{name}/pause/", "POST", 409, path_parameters=kind, body={"reason": "again"})
+    shown = {k["kind"]: k for k in call(staff, "/api/kinds/", "GET", 200).json()}
+    assert shown["test.echo"]["pause_reason"] == "down"
+    mine = {k["kind"]: k for k in call(token, "/api/kinds/", "GET", 200).json()}
+    assert mine["test.echo"]["paused"] is True and "pause_reason" not in mine["test.echo"]
+    call(token, "/api/kinds/{name}/resume/", "POST", 403, path_parameters=kind, body={})
+    resumed = call(staff, "/api/kinds/{name}/resume/", "POST", 200, path_parameters=kind, body={})
+    assert resumed.json()["resumed_by"] == "api (carol)"
+    call(staff, "/api/kinds/{name}/resume/", "POST", 409, path_parameters=kind, body={})
+    call(staff, "/api/kinds/{name}/resume/", "POST", 404, path_parameters={"name": "no.such"}, body={})
+
+
 def test_a_response_that_breaks_the_schema_is_caught(user, token, seeded, monkeypatch):
     """The validation above is not vacuous: a wrong type in a success body fails it."""
     original = JobDetailSerializer.to_representation

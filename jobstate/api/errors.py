@@ -35,6 +35,7 @@ from jobstate.exceptions import (
     KeyReused,
     LeaseLost,
     ParentEnded,
+    PauseRefused,
     RangeNotSatisfiable,
     UnknownKind,
     contended,
@@ -198,6 +199,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     elif isinstance(exc, AlreadyRetried):
         code, status_code, message, fields = "already_retried", 409, str(exc), {}
         extra["retry_id"] = str(exc.retry_id)
+    elif isinstance(exc, PauseRefused):
+        # The services' refusal as they word it (the admin and the CLI say the same).
+        code, status_code, fields = "pause_refused", 409, {}
+        message = f"{exc.refusal[:1].upper()}{exc.refusal[1:]}."
     elif isinstance(exc, UnknownKind):
         code, status_code = "unknown_kind", 400
         fields = {"kind": [f"Unknown job kind '{exc.kind}'."]}

@@ -3,7 +3,8 @@
 Only kinds whose ``api=`` policy lets the caller enqueue them are listed (see
 ``jobstate.api.permissions.may_start``); ``POST /jobs/`` answers any other kind
 as it answers one not registered (a 400 ``unknown_kind``), so the two agree on
-what exists for the caller.
+what exists for the caller. Each says whether an operator paused it, and since when
+(``jobstate.api.pauses``): the caller's jobs of it wait until it is resumed.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from jobstate import services
 from jobstate.api.base import JobstateAPIView
-from jobstate.api.permissions import startable_kinds
+from jobstate.api.fields import UTCDateTimeField
+from jobstate.api.pauses import pause_fields
+from jobstate.api.permissions import may_view_all, startable_kinds
 from jobstate.api.schema import extend_schema
 from jobstate.registry import HandlerSpec, _is_serializer_class
 
@@ -41,6 +45,23 @@ class KindSerializer(serializers.Serializer[Any]):
     parameters = serializers.DictField(
         help_text="OpenAPI 3.0 schema of `parameters` (nested objects under `$defs`); "
         "an open object when the handler validates them in code or not at all."
+    )
+    paused = serializers.BooleanField(
+        help_text="An operator paused the kind: no worker starts its queued jobs (yours too) until it is "
+        "resumed. Enqueue still accepts new ones; they wait with the others."
+    )
+    paused_since = UTCDateTimeField(allow_null=True, help_text="When it was paused; null: not paused.")
+    pause_reason = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="Why it was paused (null: not paused). "
+        "Only to staff with `jobstate.view_job` (or `change_job`).",
+    )
+    paused_by = serializers.CharField(
+        required=False,
+        allow_null=True,
+        help_text="Who paused it, as `api (alice)` (null: not paused). "
+        "Only to staff with `jobstate.view_job` (or `change_job`).",
     )
 
 
@@ -110,8 +131,16 @@ class KindList(JobstateAPIView):
         summary="Kinds you may start",
         description="Every kind whose API policy lets you enqueue it, by name, with the schema of its "
         "parameters. Any other kind, registered or not, is an unknown kind to you: enqueueing it is a 400 "
-        "`unknown_kind`.",
+        "`unknown_kind`. Each says whether an operator paused it (`paused`, `paused_since`): its queued "
+        "jobs then wait until it is resumed.",
         responses=KindSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        return Response([describe(spec) for spec in startable_kinds(request.user)])
+        pauses = {pause.kind: pause for pause in services.paused_kinds()}
+        names_people = may_view_all(request.user)
+        return Response(
+            [
+                describe(spec) | pause_fields(pauses.get(spec.name), names_people)
+                for spec in startable_kinds(request.user)
+            ]
+        )

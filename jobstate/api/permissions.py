@@ -15,6 +15,12 @@ matching model permission (``jobstate.cancel_job``, ``jobstate.retry_job``).
 The operator remedies (requeue a processing job, fail a job with a reason) need
 ``jobstate.requeue_job`` and staff status, whoever owns the job, as in the admin.
 
+Pausing and resuming a kind (``POST /kinds/{name}/pause/``, ``.../resume/``) changes
+what every worker claims, whoever owns the jobs: active staff holding
+``jobstate.change_job``, as the admin's Pause and Resume require. Everyone sees
+whether a kind they may start is paused and since when; the reason and who paused
+it only those who may view all jobs.
+
 Priority: an enqueue's ``priority`` is capped by ``JOBSTATE["API_MAX_PRIORITY"]``,
 but for staff holding ``jobstate.change_job`` (any in the column's range).
 """
@@ -80,6 +86,16 @@ def startable_kinds(user: Any) -> list[registry.HandlerSpec]:
     return [spec for _, spec in sorted(registry.all_handlers().items()) if may_start(user, spec)]
 
 
+PAUSE_PERMISSION = "jobstate.change_job"
+
+
+def may_pause_kinds(user: Any) -> bool:
+    """Whether ``user`` may pause and resume kinds: active staff with ``PAUSE_PERMISSION``."""
+    if not (getattr(user, "is_staff", False) and getattr(user, "is_active", False)):
+        return False
+    return bool(user.has_perm(PAUSE_PERMISSION))
+
+
 def max_priority(user: Any) -> int | None:
     """The highest ``priority`` ``user`` may send to ``POST /jobs/`` (None: the column's)."""
     if getattr(user, "is_staff", False) and user.has_perm("jobstate.change_job"):
@@ -136,3 +152,13 @@ class CanActOnJob(BasePermission):
         if action not in ACTION_PERMISSIONS:
             return True
         return may_act(request.user, obj, action)
+
+
+class CanPauseKinds(BasePermission):
+    """View permission of the pause and resume actions: checked before the kind is
+    looked up, so that nobody else learns which kinds exist (a 403 for any name)."""
+
+    message = "Pausing and resuming kinds needs staff status and the jobstate.change_job permission."
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        return may_pause_kinds(request.user)

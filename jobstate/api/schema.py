@@ -53,7 +53,8 @@ DESCRIPTIONS = {
     "406": "Cannot produce the requested media type.",
     "409": "Conflict (see `error.code`): a job's current state (`invalid_transition`, with "
     "`error.current_status`), a job retried already (`already_retried`, with `error.retry_id`), an "
-    "idempotency key's active job (`duplicate_active_key`), …",
+    "idempotency key's active job (`duplicate_active_key`), a kind already paused or not paused "
+    "(`pause_refused`), …",
     "413": "Request body too large.",
     "415": "Unsupported media type (send JSON).",
     "429": "Throttled; retry after `Retry-After` seconds.",

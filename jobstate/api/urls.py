@@ -15,6 +15,7 @@ from jobstate.api.assets import AssetViewSet
 from jobstate.api.base import ApiRoot
 from jobstate.api.errors import not_found
 from jobstate.api.kinds import KindList
+from jobstate.api.pauses import PauseKind, ResumeKind
 from jobstate.api.schema import JobstateDocsView, JobstateSchemaView
 from jobstate.api.views import JobViewSet
 from jobstate.api.webhooks import WebhookEndpointViewSet
@@ -29,6 +30,9 @@ router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 patterns = [
     path("", ApiRoot.as_view(), name="root"),
     path("kinds/", KindList.as_view(), name="kind-list"),
+    # <path:>: a kind's name may hold any character but control ones (a slash too).
+    path("kinds/<path:name>/pause/", PauseKind.as_view(), name="kind-pause"),
+    path("kinds/<path:name>/resume/", ResumeKind.as_view(), name="kind-resume"),
     path("schema/", JobstateSchemaView.as_view(), name="schema"),
     path("docs/", JobstateDocsView.as_view(), name="docs"),
     *router.urls,
