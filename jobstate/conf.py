@@ -76,7 +76,8 @@ DEFAULTS: dict[str, Any] = {
     # runs until done unless given --max-seconds.
     "PRUNE_BATCH": 500,
     "PRUNE_MAX_SECONDS": 240,
-    # Finished jobs older than this many days are pruned (None keeps them).
+    # Finished jobs older than this many days are pruned (None keeps them), and so are the
+    # webhook delivery records and the records of kind pauses resumed that long ago.
     "RETENTION_DAYS": 30,
     # Largest accepted ``parameters`` payload, in bytes of JSON.
     "MAX_PARAMETERS_BYTES": 64 * 1024,

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -17,6 +20,7 @@ from jobstate.models import Job, KindPause
 from jobstate.states import Status
 from jobstate.worker import runner, tasks
 from jobstate.worker.cluster import cluster_id
+from jobstate.worker.retention import prune
 
 pytestmark = pytest.mark.django_db
 
@@ -359,3 +363,43 @@ def test_a_begun_job_is_never_handed_back_as_paused():
         lease._hand_back_paused(claimed, claimed.lease_token, "w1:2", timezone.now())
     job = Job.objects.get(pk=claimed.pk)
     assert job.status == Status.PROCESSING and job.started_at is not None and job.attempts == 1
+
+
+def test_retention_prunes_resumed_pauses_past_the_window_never_an_active_one(other_kind):
+    now = timezone.now()
+
+    def pause(kind: str, days_ago: float, resumed_days_ago: float | None) -> KindPause:
+        record = services.pause_kind(kind, "ops", "x")
+        if resumed_days_ago is not None:
+            services.resume_kind(kind, "ops")
+        resumed = None if resumed_days_ago is None else now - timedelta(days=resumed_days_ago)
+        KindPause.objects.filter(pk=record.pk).update(
+            paused_at=now - timedelta(days=days_ago), resumed_at=resumed
+        )
+        return record
+
+    old = [pause("test.echo", 400, 399), pause("test.echo", 50, 31)]
+    recent = pause("test.echo", 40, 29)  # paused long ago, resumed within the window
+    active = pause(other_kind, 400, None)  # a year paused: it stays until resumed
+    dry = prune(30, dry_run=True, now=now)
+    assert dry.pauses == 2 and KindPause.objects.count() == 4
+    report = prune(30, now=now)
+    assert report.pauses == 2 and report.as_dict()["kind_pauses"] == 2
+    assert set(KindPause.objects.values_list("pk", flat=True)) == {recent.pk, active.pk}
+    assert not KindPause.objects.filter(pk__in=[p.pk for p in old]).exists()
+    assert services.paused_kinds() == [active]
+    assert "kind_pauses" not in prune(30, now=now).as_dict()  # nothing left to delete
+    with pytest.raises(KindPaused):
+        services.pauses.check_not_paused(other_kind)
+
+
+def test_the_prune_command_reports_the_pause_records_it_deletes():
+    record = services.pause_kind("test.echo", "ops", "x")
+    services.resume_kind("test.echo", "ops")
+    KindPause.objects.filter(pk=record.pk).update(resumed_at=timezone.now() - timedelta(days=40))
+    out = StringIO()
+    call_command("jobstate_prune", "--days", "30", "--dry-run", stdout=out)
+    assert "; 1 kind pause record(s) resumed before that;" in out.getvalue(), out.getvalue()
+    assert KindPause.objects.count() == 1
+    call_command("jobstate_prune", "--days", "30", stdout=out)
+    assert KindPause.objects.count() == 0

@@ -19,7 +19,8 @@ class KindPause(models.Model):
     stay queued, enqueue still accepts new ones, and jobs already running finish.
 
     Rows are written by ``jobstate.services.pauses`` only and kept after the
-    resume as the record of who paused and resumed the kind, when and why. The
+    resume as the record of who paused and resumed the kind, when and why, until
+    retention deletes it (``RETENTION_DAYS`` after the resume; never an active one). The
     database holds at most one active pause per kind (``jobstate_kindpause_one_active``).
     """
 

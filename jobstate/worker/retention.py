@@ -1,6 +1,7 @@
 """Retention: delete finished jobs older than ``JOBSTATE["RETENTION_DAYS"]``, the
-webhook delivery records as old, and stored asset files no Asset row names
-(``services.remove_orphan_files``).
+webhook delivery records as old, the records of kind pauses resumed as long ago
+(``KindPause``: an active pause is never deleted, however old), and stored asset
+files no Asset row names (``services.remove_orphan_files``).
 
 Each batch is one transaction. Deleting a job deletes its history, steps,
 assets and, once the transaction commits, the assets' stored files (the
@@ -50,7 +51,7 @@ from django.db.models.functions import Cast, Lower, Replace
 from django.utils import timezone
 
 from jobstate import conf, hooks, services
-from jobstate.models import Asset, Job, JobEvent
+from jobstate.models import Asset, Job, JobEvent, KindPause
 from jobstate.states import ACTIVE, TERMINAL
 from jobstate.stuck import no_jit
 from jobstate.worker.retention_holds import ActiveAbove, chains_locked, held, held_cte
@@ -69,15 +70,18 @@ class PruneReport:
     dry_run: bool = False
     orphan_files: list[str] = field(default_factory=list)  # stored files with no Asset row
     deliveries: int = 0  # webhook delivery records
+    pauses: int = 0  # records of resumed kind pauses
     more: bool = False  # stopped at its time budget with work left for the next prune
 
     def as_dict(self) -> dict[str, int]:
-        """The counts; ``webhook_deliveries`` only when there were some, ``more``
-        only when set (the scheduled task's result keeps its shape otherwise)."""
+        """The counts; ``webhook_deliveries`` and ``kind_pauses`` only when there
+        were some, ``more`` only when set (the scheduled task's result keeps its shape
+        otherwise)."""
         found = {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
-        deliveries = found.pop("deliveries")
-        if deliveries:
-            found["webhook_deliveries"] = deliveries
+        for name, shown in (("deliveries", "webhook_deliveries"), ("pauses", "kind_pauses")):
+            count = found.pop(name)
+            if count:
+                found[shown] = count
         if self.more:  # as the reaper's: the next prune takes the rest
             found["more"] = 1
         return found
@@ -222,6 +226,13 @@ def prune_deliveries(
             return deleted, prunable_deliveries(days, now).exists()
 
 
+def prunable_pauses(days: float, now: datetime | None = None) -> QuerySet[KindPause]:
+    """The records of kind pauses resumed more than ``days`` ago. An active pause
+    (``resumed_at`` null) is never among them: deleted, its kind would run again."""
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    return KindPause.objects.filter(resumed_at__lt=cutoff)
+
+
 def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
@@ -288,9 +299,12 @@ def prune(
             report.events = JobEvent.objects.filter(job__in=qs.values("pk")).count()
             report.assets = Asset.objects.filter(job__in=qs.values("pk")).count()
         report.deliveries = prunable_deliveries(days, now).count()
+        report.pauses = prunable_pauses(days, now).count()
         report.orphan_files = services.remove_orphan_files(dry_run=True)
         return report
     report.deliveries, more_deliveries = prune_deliveries(days, now, size, budget.share(STEP_SHARE))
+    # One statement: operators pause kinds by hand, a few rows a day at most.
+    report.pauses = prunable_pauses(days, now).delete()[0]
     sweep = services.sweep_orphan_files(deadline=budget.share(STEP_SHARE))
     report.orphan_files = sweep.removed
     taken = hooks.history_pruning.ask(budget.share(STEP_SHARE))

@@ -16,7 +16,8 @@ MAX_BATCH = 100_000
 
 class Command(JobstateCommand):
     help = (
-        "Delete finished jobs older than JOBSTATE['RETENTION_DAYS'] (or --days), in batches, until "
+        "Delete finished jobs older than JOBSTATE['RETENTION_DAYS'] (or --days), with the webhook "
+        "delivery records and the records of kind pauses resumed as long ago, in batches, until "
         "done (or, with --max-seconds, until that time has passed: it then says more remains; run it "
         "again)."
     )
@@ -58,6 +59,7 @@ class Command(JobstateCommand):
             f"{verb} {report.jobs} job(s), {report.events} event(s), {report.assets} asset(s) "
             f"finished before {_moment(report.cutoff)}; "
             f"{report.deliveries} webhook delivery record(s) older than that; "
+            f"{report.pauses} kind pause record(s) resumed before that; "
             f"{len(report.orphan_files)} orphan file(s)"
         )
         if report.more:  # not an error (status 0): the next run takes the rest
