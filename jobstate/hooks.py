@@ -158,10 +158,11 @@ class Cancelling:
 
 
 # Asked by ``services.request_cancel``, inside its transaction (the job's row locked),
-# of a queued or waiting job: a reason (for its history) to give the job one more run
-# in a worker before it ends ``cancelled``, its cancel request stored; None: cancel it
-# at once. jobstate.workflows answers for a workflow with ``undo_on_cancel`` whose
-# completed steps have undos to run.
+# of a queued or waiting job (and by ``services.cascade``, of each queued, waiting or
+# reserved child of a job that ends failed or cancelled): a reason (for its history)
+# to give the job one more run in a worker before it ends ``cancelled``, its cancel
+# request stored; None: cancel it at once. jobstate.workflows answers for a workflow
+# with ``undo_on_cancel`` whose completed steps have undos to run.
 cancelling: Decision[[Cancelling], str] = Decision("cancelling")
 
 

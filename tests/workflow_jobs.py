@@ -252,7 +252,8 @@ class Fixable(jobstate.Workflow):
 class _Provision(jobstate.Workflow):
     """Provision a cluster, reserve a slot, work on them (in place or fanned out),
     report. ``cancel_in``: the step that asks for its own job's cancel (as a user
-    would meanwhile)."""
+    would meanwhile). ``child_kind`` and ``child_parameters``: what it fans out
+    (``wf.child`` by default)."""
 
     @jobstate.step(undo="deprovision")
     def provision(self, ctx: Any) -> dict[str, str]:
@@ -267,8 +268,10 @@ class _Provision(jobstate.Workflow):
     @jobstate.step()
     def work(self, ctx: Any) -> None:
         effect(ctx, "work")
+        kind = ctx.parameters.get("child_kind", "wf.child")
+        parameters = ctx.parameters.get("child_parameters", {})
         for i in range(int(ctx.parameters.get("fan_out", 0))):
-            ctx.spawn("wf.child", {"i": i})
+            ctx.spawn(kind, {**parameters, "i": i})
         if ctx.parameters.get("cancel_in") == "work":
             from jobstate import services
 

@@ -2,10 +2,13 @@
 
 Queued and waiting children are cancelled at once; processing ones are asked to
 cancel (``cancel_requested_at``: their worker ends them, or the reaper if it is
-gone). Each gets a history row naming the parent. A fan-out of n children costs a
-fixed number of statements per level (bulk UPDATE, bulk history insert), not n
-transitions each looking at its siblings: cancelling 10,000 children takes seconds
-(``bench/cancel_fanout.py``).
+gone). A child whose cancel needs one more run (``hooks.cancelling``: a workflow
+with ``undo_on_cancel`` and undos to run) is queued for it instead, as a cancel
+of it alone would (``cancel_runs.for_children``). Each gets a history row naming
+the parent. A fan-out of n children costs a fixed number of statements per level
+(bulk UPDATE, bulk history insert), not n transitions each looking at its
+siblings: cancelling 10,000 children takes seconds (``bench/cancel_fanout.py``);
+the hook costs no statement for a child whose kind has no such option.
 
 Lock order, parents before children: ``services.transitions.move`` locks the
 parent's row, then this locks the children (so children a worker is still
@@ -20,6 +23,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from jobstate import hooks
 from jobstate.models import Job
 from jobstate.services._rows import record_events
 from jobstate.services.actors import Actor
@@ -45,11 +49,11 @@ def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> in
         Job.objects.filter(parent_id=parent_id, status__in=ACTIVE)
         .order_by("pk")
         .select_for_update()
-        .values_list("pk", "status")
+        .values_list("pk", "status", "kind", "started_at", "cancel_requested_at")
     )
     if not children:
         return 0
-    ids = [pk for pk, _status in children]
+    ids = [child[0] for child in children]
     # Grandchildren first, still children before parents.
     for chunk in _chunks(ids):
         nested = (
@@ -63,8 +67,14 @@ def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> in
     reason = f"parent {parent_id} {why}"
     metadata = {"parent": str(parent_id), "cascade": why}
     ended = 0
+    if hooks.cancelling:
+        # Imported here: cancel_runs imports the transitions, which import this module.
+        from jobstate.services import cancel_runs
+
+        given, ended = cancel_runs.for_children(children, reason, metadata, actor, now)
+        children = [child for child in children if child[0] not in given]
     for status in (Status.QUEUED, Status.WAITING):
-        pks = [pk for pk, s in children if s == status]
+        pks = [pk for pk, s, *_rest in children if s == status]
         for chunk in _chunks(pks):
             done = list(
                 Job.objects.filter(pk__in=chunk, status=status).values_list("pk", flat=True)
@@ -78,7 +88,7 @@ def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> in
             )
             record_events(done, status, Status.CANCELLED, "cancel", actor, reason, metadata, now)
             ended += len(done)
-    running = [pk for pk, s in children if s == Status.PROCESSING]
+    running = [pk for pk, s, *_rest in children if s == Status.PROCESSING]
     for chunk in _chunks(running):
         asked = list(
             Job.objects.filter(
