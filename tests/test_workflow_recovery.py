@@ -13,7 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import jobstate
-from jobstate import registry, services
+from jobstate import registry, services, stuck
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
 from jobstate.worker import runner
@@ -555,6 +555,8 @@ def _cancelled_while_undoing(undo_on_cancel: bool, params: dict[str, Any]) -> Jo
             ctx.heartbeat()
             ctx.check_cancelled()
             _pause(ctx)
+            if ctx.parameters.get("look_stuck"):
+                _look_stuck(ctx)
             effect(ctx, f"undo:a (cancel requested: {ctx.cancel_requested})")
 
     kind = "t.cancelled_while_undoing"
@@ -565,6 +567,15 @@ def _cancelled_while_undoing(undo_on_cancel: bool, params: dict[str, Any]) -> Jo
     finally:
         registry.unregister(kind)
     return fresh(job)
+
+
+def _look_stuck(ctx: Any) -> None:
+    """As the stuck page would see the job once its cancel is long past (the undos still run)."""
+    long_ago = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(pk=ctx.job.pk).update(cancel_requested_at=long_ago)
+    job = Job.objects.get(pk=ctx.job.pk)
+    listed = Job.objects.filter(stuck.any_stuck_q(), pk=job.pk).exists()
+    effect(ctx, f"stuck: {stuck.check(job)}, listed: {listed}")
 
 
 def _pause(ctx: Any) -> None:
@@ -587,6 +598,48 @@ def test_a_failures_undo_may_beat_and_check_for_a_cancel_requested_meanwhile(und
         "undone: b, a"
     )
     assert not JobEvent.objects.filter(job_id=job.pk, transition="step_undo_failed").exists()
+
+
+@pytest.mark.parametrize("undo_on_cancel", [False, True])
+def test_a_failures_undos_running_past_a_cancel_are_not_a_cancel_not_honoured(undo_on_cancel):
+    # The failure's undos honour the cancel (the job ends cancelled once they are done),
+    # in the run that failed: its step's failure marks the run, as a recovery run's requeue.
+    job = _cancelled_while_undoing(undo_on_cancel, {"look_stuck": True})
+    assert labels(job) == ["undo:b", "stuck: None, listed: False", "undo:a (cancel requested: True)"]
+    assert job.status == Status.CANCELLED
+
+
+def test_an_operator_requeue_of_a_failures_undos_hung_after_a_cancel_keeps_them_a_run():
+    class HungWhileUndoing(jobstate.Workflow):
+        @jobstate.step(undo="undo_a")
+        def a(self, ctx: Any) -> str:
+            return "A"
+
+        @jobstate.step()
+        def b(self, ctx: Any) -> None:
+            raise jobstate.NonRetryable("no")
+
+        def undo_a(self, ctx: Any, output: str) -> None:
+            if not Effect.objects.filter(job_id=ctx.job.pk, label="hung").exists():
+                effect(ctx, "hung")
+                services.request_cancel(ctx.job.pk, "ops", "give up")
+                raise SimulatedCrash("hung in its undo")  # the operator finds it hung
+            effect(ctx, "undo:a")
+
+    kind = "t.hung_while_undoing"
+    jobstate.workflow(kind, max_attempts=1)(HungWhileUndoing)
+    try:
+        job = services.enqueue(kind, {})
+        crash(job)
+        services.requeue(job, "ops", "hung")
+        requeue = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+        assert requeue is not None and requeue.metadata == {"recovery": "compensate", "operator": True}
+        assert rerun(job) == "cancelled"  # not cancelled unstarted: its undos finish first
+    finally:
+        registry.unregister(kind)
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == ["hung", "undo:a"]
+    assert statuses(job) == {"a": "undone", "b": "failed"}
 
 
 @override_settings(JOBSTATE=QUICK_GRACE)

@@ -170,6 +170,9 @@ def _requeue_unbegun(job: Job, token: UUID | str, worker_id: str, now: datetime)
 
 # The moves of ``request_cancel`` that give a queued or waiting job a run for its undos.
 CANCEL_RUNS = ("request_cancel", "wake")
+# A step's failure that marks the rest of its run as one that compensates (a
+# workflow that failed for good: its undos run in the same run), with ``recovery``.
+COMPENSATING_RUN = "step_failed"
 
 
 # What a lease write stores: (lease_expires_at, heartbeat_at), ``_writes.lease_times``.
@@ -200,7 +203,9 @@ def recovering(pk: Any) -> bool:
     a workflow whose worker died while it compensated, its undos left to finish, or
     before it stored its outcome; not one that waits for its children), or a cancel
     request that gave a queued or waiting job a run for its undos (``hooks.cancelling``:
-    a ``request_cancel`` or ``wake`` row with ``recovery``).
+    a ``request_cancel`` or ``wake`` row with ``recovery``), or the run is one whose
+    workflow failed for good and now runs its undos (a ``step_failed`` row with
+    ``recovery``, written as that run's step failed).
     A cancel request does not stop that run: the undos finish first, then the
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
     action = recovery_action(pk)
@@ -213,7 +218,8 @@ def _runs(job_id: Any) -> QuerySet[JobEvent]:
     """The history rows that say what the job's current run is, newest first."""
     return (
         JobEvent.objects.filter(
-            Q(transition="requeue") | Q(transition__in=CANCEL_RUNS, metadata__has_key="recovery"),
+            Q(transition="requeue")
+            | Q(transition__in=(*CANCEL_RUNS, COMPENSATING_RUN), metadata__has_key="recovery"),
             job_id=job_id,
         )
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was

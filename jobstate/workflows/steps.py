@@ -204,7 +204,13 @@ def fail(
             job_status=Status.PROCESSING,
             fields={"error_message": error, "output": output, "detail": detail, "finished_at": now},
             reason=error,
-            metadata={"attempt": row.attempts, "error": error[:2000], "final": compensating},
+            metadata={
+                "attempt": row.attempts,
+                "error": error[:2000],
+                "final": compensating,
+                # The rest of this run compensates, which a cancel does not stop (``recovering``).
+                **({"recovery": "compensate"} if compensating else {}),
+            },
             requested="fail it",
             now=now,
         )
