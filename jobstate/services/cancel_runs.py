@@ -4,17 +4,15 @@ must still do something in a worker before it ends ``cancelled`` (a workflow wit
 
 Such a job keeps its cancel request and goes (or stays) ``queued``, ready now; its
 active children are cancelled as a cancel would. The history row says why and
-carries ``recovery``, so ``begin`` runs it despite the request (``lease.recovering``)
+carries ``recovery``, so ``begin`` runs it despite the request (``recovery_runs.recovering``)
 and its run ends the job ``cancelled``. A second request finds that run pending and
 leaves it be: the first request stands. A child that its parent's end cancels
-(``cascade``) gets the same run (``for_children``), its history row naming the parent.
+(``cascade``) gets the same run (``cascade.undo_runs``), its history row naming the parent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from django.db.models import Q
 
@@ -23,12 +21,9 @@ from jobstate.models import Job
 from jobstate.services import cascade
 from jobstate.services._rows import record_event
 from jobstate.services.actors import Actor
-from jobstate.services.lease import recovering
+from jobstate.services.recovery_runs import CANCEL_RUN_MARK, recovering
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
-
-# The history metadata of the move that gave the job its run.
-RECOVERY = {"recovery": "cancel"}
 
 
 class StatusMoved(Exception):
@@ -60,7 +55,7 @@ def run_first(job: Job, who: Actor, reason: str, now: datetime) -> bool:
             actor=who,
             reason=text[:1000],
             fields={"run_after": now, "cancel_requested_at": found[0] or now},
-            metadata=RECOVERY,
+            metadata=CANCEL_RUN_MARK,
             condition=Q(status=Status.WAITING),
             now=now,
         )
@@ -68,53 +63,7 @@ def run_first(job: Job, who: Actor, reason: str, now: datetime) -> bool:
         Job.objects.filter(pk=job.pk, status=Status.QUEUED).update(
             cancel_requested_at=found[0] or now, run_after=now, updated_at=now
         )
-        record_event(job.pk, Status.QUEUED, Status.QUEUED, "request_cancel", who, text[:1000], RECOVERY, now)
+        record_event(
+            job.pk, Status.QUEUED, Status.QUEUED, "request_cancel", who, text[:1000], CANCEL_RUN_MARK, now
+        )
     return True
-
-
-# A child as ``cascade.end_children`` read it, its row locked:
-# (pk, status, kind, started_at, cancel_requested_at).
-Child = tuple[Any, str, str, datetime | None, datetime | None]
-
-
-def for_children(
-    children: Sequence[Child], reason: str, metadata: dict[str, Any], who: Actor, now: datetime
-) -> tuple[set[Any], int]:
-    """Inside ``cascade.end_children``'s transaction, the children's rows locked and
-    their own children ended: give each queued or waiting child (or one reserved and
-    not begun, as ``request_cancel`` does) the run its cancel needs, as ``run_first``
-    would. Returns the ids of the children that have it now (the cascade leaves them
-    be; one whose run was pending already included) and how many were given it here."""
-    given: set[Any] = set()
-    written = 0
-    for pk, status, kind, started, requested in children:
-        reserved = status == Status.PROCESSING and started is None and requested is None
-        if status not in (Status.QUEUED, Status.WAITING) and not reserved:
-            continue
-        why = hooks.cancelling.ask(hooks.Cancelling(pk, kind, str(Status.QUEUED if reserved else status)))
-        if why is None:
-            continue
-        given.add(pk)
-        if requested is not None and recovering(pk):
-            continue  # its run is pending already
-        written += 1
-        text = f"{reason}; {why}"[:1000]
-        marked = {**metadata, **RECOVERY}
-        if status == Status.WAITING:
-            Job.objects.filter(pk=pk, status=status).update(
-                status=Status.QUEUED,
-                run_after=now,
-                cancel_requested_at=requested or now,
-                lease_token=None,
-                lease_expires_at=None,
-                updated_at=now,
-            )
-            record_event(pk, status, Status.QUEUED, "wake", who, text, marked, now)
-        else:
-            # Queued: ready now. Reserved: ``begin`` (or the reaper) gives it its run.
-            fields: dict[str, Any] = {"cancel_requested_at": requested or now, "updated_at": now}
-            if not reserved:
-                fields["run_after"] = now
-            Job.objects.filter(pk=pk, status=status).update(**fields)
-            record_event(pk, status, status, "request_cancel", who, text, marked, now)
-    return given, written

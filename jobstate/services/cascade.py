@@ -4,7 +4,7 @@ Queued and waiting children are cancelled at once; processing ones are asked to
 cancel (``cancel_requested_at``: their worker ends them, or the reaper if it is
 gone). A child whose cancel needs one more run (``hooks.cancelling``: a workflow
 with ``undo_on_cancel`` and undos to run) is queued for it instead, as a cancel
-of it alone would (``cancel_runs.for_children``). Each gets a history row naming
+of it alone would (``undo_runs``). Each gets a history row naming
 the parent. A fan-out of n children costs a fixed number of statements per level
 (bulk UPDATE, bulk history insert), not n transitions each looking at its
 siblings: cancelling 10,000 children takes seconds (``bench/cancel_fanout.py``);
@@ -18,6 +18,7 @@ its own (``transitions.lock_parent``), then wakes the parent if it was the last.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,8 +26,9 @@ from django.db.models import Q, QuerySet
 
 from jobstate import hooks
 from jobstate.models import Job
-from jobstate.services._rows import record_events
+from jobstate.services._rows import record_event, record_events
 from jobstate.services.actors import Actor
+from jobstate.services.recovery_runs import CANCEL_RUN_MARK, recovering
 from jobstate.states import ACTIVE, Status
 
 # Children updated per statement.
@@ -68,10 +70,7 @@ def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> in
     metadata = {"parent": str(parent_id), "cascade": why}
     ended = 0
     if hooks.cancelling:
-        # Imported here: cancel_runs imports the transitions, which import this module.
-        from jobstate.services import cancel_runs
-
-        given, ended = cancel_runs.for_children(children, reason, metadata, actor, now)
+        given, ended = undo_runs(children, reason, metadata, actor, now)
         children = [child for child in children if child[0] not in given]
     for status in (Status.QUEUED, Status.WAITING):
         pks = [pk for pk, s, *_rest in children if s == status]
@@ -107,3 +106,51 @@ def end_children(parent_id: Any, *, why: str, actor: Actor, now: datetime) -> in
 
 def _chunks(ids: list[Any]) -> list[list[Any]]:
     return [ids[i : i + CHUNK] for i in range(0, len(ids), CHUNK)]
+
+
+# A child as ``cascade.end_children`` read it, its row locked:
+# (pk, status, kind, started_at, cancel_requested_at).
+Child = tuple[Any, str, str, datetime | None, datetime | None]
+
+
+def undo_runs(
+    children: Sequence[Child], reason: str, metadata: dict[str, Any], who: Actor, now: datetime
+) -> tuple[set[Any], int]:
+    """Inside ``cascade.end_children``'s transaction, the children's rows locked and
+    their own children ended: give each queued or waiting child (or one reserved and
+    not begun, as ``request_cancel`` does) the run its cancel needs, as
+    ``cancel_runs.run_first`` would. Returns the ids of the children that have it now (the cascade leaves them
+    be; one whose run was pending already included) and how many were given it here."""
+    given: set[Any] = set()
+    written = 0
+    for pk, status, kind, started, requested in children:
+        reserved = status == Status.PROCESSING and started is None and requested is None
+        if status not in (Status.QUEUED, Status.WAITING) and not reserved:
+            continue
+        why = hooks.cancelling.ask(hooks.Cancelling(pk, kind, str(Status.QUEUED if reserved else status)))
+        if why is None:
+            continue
+        given.add(pk)
+        if requested is not None and recovering(pk):
+            continue  # its run is pending already
+        written += 1
+        text = f"{reason}; {why}"[:1000]
+        marked = {**metadata, **CANCEL_RUN_MARK}
+        if status == Status.WAITING:
+            Job.objects.filter(pk=pk, status=status).update(
+                status=Status.QUEUED,
+                run_after=now,
+                cancel_requested_at=requested or now,
+                lease_token=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            record_event(pk, status, Status.QUEUED, "wake", who, text, marked, now)
+        else:
+            # Queued: ready now. Reserved: ``begin`` (or the reaper) gives it its run.
+            fields: dict[str, Any] = {"cancel_requested_at": requested or now, "updated_at": now}
+            if not reserved:
+                fields["run_after"] = now
+            Job.objects.filter(pk=pk, status=status).update(**fields)
+            record_event(pk, status, status, "request_cancel", who, text, marked, now)
+    return given, written

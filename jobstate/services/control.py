@@ -24,7 +24,7 @@ from jobstate.services._rows import JobRef, record_event
 from jobstate.services._rows import get_job as _get
 from jobstate.services._writes import checked_time
 from jobstate.services.actors import Actor
-from jobstate.services.lease import recovering, recovery_action
+from jobstate.services.recovery_runs import CANCEL_RUN_MARK, recovering, recovery_action
 from jobstate.services.transitions import (
     allowed_transitions,
     held,
@@ -130,7 +130,7 @@ def _ask_to_cancel(job_id: Any, who: Actor, reason: str, now: datetime) -> None:
                 "request_cancel",
                 who,
                 text[:1000],
-                cancel_runs.RECOVERY,
+                CANCEL_RUN_MARK,
                 now,
             )
         else:
@@ -300,7 +300,7 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
         # A run that met its cancel as it ran and was undoing in that same run has no
         # mark yet: the workflow says whether its undos are left to run.
         asked = hooks.cancelling.ask(hooks.Cancelling(current.pk, current.kind, str(current.status)))
-        metadata = {**cancel_runs.RECOVERY, "operator": True} if asked is not None else None
+        metadata = {**CANCEL_RUN_MARK, "operator": True} if asked is not None else None
     move(
         current,
         "requeue",
@@ -410,7 +410,7 @@ def suspend(
                     fields={**fields, "run_after": timezone.now()},
                     # Marked as suspended too, as the ordinary suspend: a lost answer is
                     # then read as stored, its attempt refunded (``REFUNDS``).
-                    metadata={**cancel_runs.RECOVERY, "suspended": True},
+                    metadata={**CANCEL_RUN_MARK, "suspended": True},
                 )
             why = f"cancel requested; the handler suspended ({reason})" if reason else "cancel requested"
             return cancel_now(job, token, reason=why[:1000], actor=who, progress=progress)

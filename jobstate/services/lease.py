@@ -24,10 +24,7 @@ from uuid import UUID
 
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import CharField, Exists, F, OuterRef, Q, QuerySet, Subquery, Value
-from django.db.models.fields.json import KT
-from django.db.models.functions import Coalesce
-from django.db.models.lookups import Exact
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from jobstate import registry
@@ -38,7 +35,7 @@ from jobstate.exceptions import (
     KindPaused,
     LeaseLost,
 )
-from jobstate.models import Job, JobEvent, KindPause
+from jobstate.models import Job, KindPause
 from jobstate.models.job import LeaseClock
 from jobstate.services import _statements
 from jobstate.services._rows import concrete_field
@@ -47,6 +44,7 @@ from jobstate.services.actors import Actor
 from jobstate.services.claiming import claim as claim  # services.claim: see claiming.py
 from jobstate.services.claiming import kind_not_paused, room_for
 from jobstate.services.pauses import check_not_paused
+from jobstate.services.recovery_runs import recovering
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
 from jobstate.storable import text
@@ -168,13 +166,6 @@ def _requeue_unbegun(job: Job, token: UUID | str, worker_id: str, now: datetime)
     )
 
 
-# The moves of ``request_cancel`` that give a queued or waiting job a run for its undos.
-CANCEL_RUNS = ("request_cancel", "wake")
-# A step's failure that marks the rest of its run as one that compensates (a
-# workflow that failed for good: its undos run in the same run), with ``recovery``.
-COMPENSATING_RUN = "step_failed"
-
-
 # What a lease write stores: (lease_expires_at, heartbeat_at), ``_writes.lease_times``.
 Lease = tuple[datetime | LeaseClock, datetime | LeaseClock]
 
@@ -196,55 +187,6 @@ def _begin_update(
     ):
         return None
     return Job.objects.get(pk=pk)
-
-
-def recovering(pk: Any) -> bool:
-    """Whether the job's last requeue was the reaper's recovery run (``hooks.reaping``:
-    a workflow whose worker died while it compensated, its undos left to finish, or
-    before it stored its outcome; not one that waits for its children), or a cancel
-    request that gave a queued or waiting job a run for its undos (``hooks.cancelling``:
-    a ``request_cancel`` or ``wake`` row with ``recovery``), or the run is one whose
-    workflow failed for good and now runs its undos (a ``step_failed`` row with
-    ``recovery``, written as that run's step failed).
-    A cancel request does not stop that run: the undos finish first, then the
-    attempt ends ``cancelled``. Asked only of a job with a cancel request."""
-    action = recovery_action(pk)
-    # A "wait" run ends nothing and is woken later, not requeued: that requeue would
-    # stay the last one, and exempt every later run of the job from a cancel.
-    return action is not None and action != "wait"
-
-
-def _runs(job_id: Any) -> QuerySet[JobEvent]:
-    """The history rows that say what the job's current run is, newest first."""
-    return (
-        JobEvent.objects.filter(
-            Q(transition="requeue")
-            | Q(transition__in=(*CANCEL_RUNS, COMPENSATING_RUN), metadata__has_key="recovery"),
-            job_id=job_id,
-        )
-        .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
-        .exclude(metadata__has_key="reserved")  # as does the reaper's, of a run never begun
-        .exclude(metadata__has_key="unstarted")  # and a failure before the handler started
-        .order_by("-id")
-    )
-
-
-def recovering_q() -> Q:
-    """``recovering`` as a filter on jobs: one correlated look (by the history's job
-    index, newest first) at each job the rest of the filter leaves."""
-    last = _runs(OuterRef("pk")).annotate(action=KT("metadata__recovery")).values("action")[:1]
-    # No mark (or no such row) reads as "wait": neither is a recovery run.
-    action = Coalesce(Subquery(last, output_field=CharField()), Value("wait"), output_field=CharField())
-    return ~Q(Exact(action, "wait"))
-
-
-def recovery_action(pk: Any) -> str | None:
-    """The ``recovery`` of the job's last requeue or cancel run (``recovering``), None
-    when that row carries none."""
-    last = _runs(pk).values_list("metadata", flat=True).first()
-    if not isinstance(last, dict) or "recovery" not in last:
-        return None
-    return str(last["recovery"])
 
 
 def _begin_returning(pk: Any, token: Any, worker_id: str, now: datetime, lease: Lease) -> Job | None:

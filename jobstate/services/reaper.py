@@ -18,7 +18,7 @@ from jobstate.models import Job
 from jobstate.models.job import LeaseClock
 from jobstate.services._writes import checked_limit, checked_now
 from jobstate.services.actors import Actor
-from jobstate.services.lease import recovering
+from jobstate.services.recovery_runs import recovering
 from jobstate.services.transitions import lock_parent, move
 from jobstate.states import Status
 
@@ -61,7 +61,7 @@ def requeue_expired(
     of its worker processes began it: ``started_at`` NULL) never ran: it goes
     back to the queue as it was, no attempt charged, never failed for lack of
     attempts (``cancelled`` if a cancel was requested, unless it is the recovery
-    run of a workflow's undos, which a cancel does not stop: ``lease.recovering``).
+    run of a workflow's undos, which a cancel does not stop: ``recovery_runs.recovering``).
 
     The history rows name ``actor``: the system's reaper unless given (the
     admin's "Run the reaper now" names the admin user). ``limit`` is an integer

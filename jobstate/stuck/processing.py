@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q
 
 from jobstate.models import Job
-from jobstate.services.lease import recovering, recovering_q
+from jobstate.services.recovery_runs import recovering, recovering_q
 from jobstate.states import Status
 from jobstate.stuck.context import Context, _ago, _seconds, timeout_for, timeouts
 
@@ -26,7 +26,7 @@ def _no_pending_cancel(ctx: Context) -> Q:
     return Q(cancel_requested_at__isnull=True) | recent | recovering_q()
 
 
-# A run its history marks as a recovery run (``lease.recovering``: a workflow's undos,
+# A run its history marks as a recovery run (``recovery_runs.recovering``: a workflow's undos,
 # which a cancel does not stop; a plain begin refuses a job with a cancel request) is
 # honouring the cancel, bounded by its timeout, so "cancel not honoured" leaves it out.
 # Read from the history, not by comparing ``started_at`` (a worker's clock) with
