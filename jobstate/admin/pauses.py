@@ -19,6 +19,7 @@ from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
 from jobstate import services
+from jobstate.admin import display
 from jobstate.admin.views import page_context
 from jobstate.exceptions import PauseRefused, UnknownKind
 from jobstate.models import KindPause
@@ -63,7 +64,10 @@ def dashboard_context(model_admin: Any, request: HttpRequest) -> dict[str, Any]:
     pauses = services.paused_kinds()
     counts = queued_counts([p.kind for p in pauses])
     return {
-        "paused": [{"pause": p, "queued": counts[p.kind]} for p in pauses],
+        # The list's compact time: the full one pushed the Resume buttons out of the panel.
+        "paused": [
+            {"pause": p, "queued": counts[p.kind], "since": display.compact_time(p.paused_at)} for p in pauses
+        ],
         "paused_kinds": {p.kind for p in pauses},
         "may_pause": may_pause(model_admin, request),
     }

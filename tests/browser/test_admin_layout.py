@@ -243,3 +243,23 @@ def test_desktop_pages_fit_their_width(page: Any, live_server: Any, admin_user: 
     page.goto(f"{base}/admin/jobstate/webhookdelivery/")
     assert page.locator("#result_list td.field-endpoint_column a").count() == 1
     assert overflows(page, 1440) == []
+
+
+def test_paused_kinds_resume_buttons_fit_their_panel(page: Any, live_server: Any, admin_user: Any) -> None:
+    """Beside the job charts (two panels a row from 1300 px) the paused kinds' table, with its
+    full pause times in a column of their own, pushed its Resume buttons past the panel and
+    the page at 1366 to 1440 px."""
+    for kind in ("test.echo", "test.limited", "test.schema"):
+        if kind != "test.schema":
+            queued(kind=kind)
+        services.pause_kind(kind, admin_user, "the mail API answers 503 since the deploy")
+    log_in(page, live_server.url, "admin", "password", "/admin/jobstate/job/dashboard/")
+    assert page.locator("#js-panel-paused button.js-resume-kind").count() == 3
+    for width in (1440, 1366):
+        assert overflows(page, width) == [], width
+        panel = page.locator("#js-panel-paused").bounding_box()
+        assert panel is not None
+        for box in page.locator("#js-panel-paused button.js-resume-kind").evaluate_all(
+            "els => els.map(e => e.getBoundingClientRect().right)"
+        ):
+            assert box <= panel["x"] + panel["width"], width
