@@ -263,3 +263,18 @@ def test_paused_kinds_resume_buttons_fit_their_panel(page: Any, live_server: Any
             "els => els.map(e => e.getBoundingClientRect().right)"
         ):
             assert box <= panel["x"] + panel["width"], width
+
+
+def test_workflow_history_fits_a_laptop_screen(page: Any, live_server: Any, admin_user: Any) -> None:
+    """A history with a worker's host:cluster:pid as actor made the page 1366 px wide at
+    1280 px, the table past the content's edge (a workflow's step details, 1375)."""
+    job = queued(kind="test.echo")
+    worker = "ip-10-0-3-17.eu-west-1.compute.internal:48213:48230"
+    services.start(job, worker, lease_seconds=600)
+    job.refresh_from_db()
+    services.fail(job, job.lease_token, "upstream not ready", error_type="ConnectionError", retry_delay=30)
+    log_in(page, live_server.url, "admin", "password", f"/admin/jobstate/job/{job.pk}/change/")
+    assert worker in page.locator(".js-history").inner_text()
+    for width in (1366, 1280):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page_width(page) <= width, width
