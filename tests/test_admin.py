@@ -575,6 +575,17 @@ def test_requeue_of_a_running_job_says_the_next_attempt_waits_for_its_lease(admi
     assert services.claim("w2") == []
 
 
+def test_force_cancel_page_says_how_long_ago_the_cancel_was_requested(admin_client: Any) -> None:
+    """In the admin's own durations, as the stuck page says it: Django's timesince said
+    "cancel requested 0 minutes ago" for a cancel requested 40 seconds before."""
+    job = processing()
+    services.request_cancel(job, "someone", "stop")
+    Job.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now() - timedelta(seconds=40))
+    page = html_of(admin_client, act_url(job, "force_cancel"))
+    assert re.search(r"cancel requested 4\ds ago", page), page
+    assert "0\xa0minutes" not in page and "0 minutes" not in page
+
+
 def test_force_cancel_honours_pending_cancel(admin_client: Any, admin_user: Any) -> None:
     job = processing()
     services.request_cancel(job, "someone", "stop")

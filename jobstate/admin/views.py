@@ -16,6 +16,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 
 from jobstate import services, stuck
 from jobstate.admin import children, display, workflow_retry
@@ -137,6 +138,7 @@ def transition_view(model_admin: Any, request: HttpRequest, object_id: str, name
             operation=op,
             form=form,
             status_badge=display.status_badge(job.status),
+            cancel_requested_ago=display.since(job.cancel_requested_at, timezone.now()),
             finding=stuck.check(job),
             children_to_end=children.to_end(job) if op.ends_children else 0,
             workflow_note=workflow_retry.note(steps) if steps else "",
