@@ -83,7 +83,9 @@ def asset_once(ctx: StepContext, asset_type: str, name: str, content: str, conte
     return existing or ctx.add_asset(asset_type, content, name=name, content_type=content_type)
 
 
-@jobstate.workflow("demo.etl", max_attempts=3, timeout=1800, schema=ETLParameters, api=True)
+@jobstate.workflow(
+    "demo.etl", max_attempts=3, timeout=1800, schema=ETLParameters, api=True, undo_on_cancel=True
+)
 class DailyETL(jobstate.Workflow):
     """Download, process, validate and finalize a day of sales data."""
 

@@ -1,5 +1,5 @@
 """The demo ETL workflow (project/etl.py): files as assets, resume after a crash,
-compensation when validation fails."""
+compensation when validation fails or the job is cancelled."""
 
 from __future__ import annotations
 
@@ -93,6 +93,31 @@ def test_failed_validation_undoes_process_and_download(dirs):
     assert job.error_message.endswith("undone: process, download")
     assert not (dirs / "var" / "etl-work" / str(job.pk)).exists()
     assert not job.assets.exists()
+
+
+class CancelOnSleep:
+    """Stands in for ``time`` in project.etl: an operator cancels the job at the n-th sleep."""
+
+    def __init__(self, job: Job, n: int) -> None:
+        self.calls, self.job, self.n = 0, job, n
+
+    def sleep(self, seconds: float) -> None:
+        self.calls += 1
+        if self.calls == self.n:
+            services.request_cancel(Job.objects.get(pk=self.job.pk), "operator", "wrong day")
+
+
+def test_a_cancelled_etl_discards_its_files(monkeypatch, dirs):
+    """demo.etl has undo_on_cancel: the demo shows a cancel compensating (the operator sees
+    the undos in the history), and a cancelled run leaves no scratch files behind."""
+    job = services.enqueue("demo.etl", PARAMS)
+    monkeypatch.setattr(etl, "time", CancelOnSleep(job, 13))  # download: 10 chunks, then process
+    drain()
+    job.refresh_from_db()
+    assert job.status == Status.CANCELLED
+    steps = dict(JobStep.objects.filter(job=job).values_list("name", "status"))
+    assert steps["download"] == "undone"
+    assert not (dirs / "var" / "etl-work" / str(job.pk)).exists()
 
 
 def test_cli_starts_shows_and_retries_a_workflow():
