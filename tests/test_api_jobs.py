@@ -194,6 +194,22 @@ def test_a_replay_is_the_same_work_however_it_is_spelt(user):
         _reused(client.post(JOBS, {**again, "parameters": other}, format="json"), echo, ["parameters"])
 
 
+def test_a_replay_of_a_number_a_float_cannot_hold_exactly_is_the_same_work(user):
+    # PostgreSQL's jsonb reads 1e23 back as the integer 10**23, which the float 1e23 (binary
+    # 99999999999999991611392) is not equal to: a replay of it was a 422 there.
+    client = client_for(user)
+    for key, number in (("a", 1e23), ("b", 1.2345678901234567e19), ("c", 1.5e300)):
+        request = {"kind": "test.echo", "key": key, "parameters": {"x": number}}
+        first = client.post(JOBS, request, format="json")
+        replay = client.post(JOBS, request, format="json")
+        assert (first.status_code, replay.status_code) == (201, 200), replay.content
+        assert replay.json()["id"] == first.json()["id"]
+    # Numbers that differ still differ: 2**63 + 1 is not the float nearest it.
+    job = make_job(user, parameters={"x": 2**63 + 1}, key="d")
+    other = {"kind": "test.echo", "key": "d", "parameters": {"x": 9.223372036854775808e18}}
+    _reused(client.post(JOBS, other, format="json"), job, ["parameters"])
+
+
 def test_a_key_whose_job_is_being_cancelled_is_a_409_whatever_the_request(user):
     # Once it has ended the same request queues its work: a 409 to try again, not a 422.
     job = running(user, key="k")

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -318,7 +319,7 @@ def _same_json(a: Any, b: Any) -> bool:
                 return False
             pending.extend(zip(x, y, strict=True))
         elif _number(x) and _number(y):
-            if x != y:
+            if _decimal(x) != _decimal(y):
                 return False
         elif type(x) is not type(y) or x != y:
             return False
@@ -327,3 +328,10 @@ def _same_json(a: Any, b: Any) -> bool:
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _decimal(number: int | float) -> Decimal:
+    """The value a JSON number's text states: a float by its shortest text (``1e23``,
+    which PostgreSQL's jsonb reads back as the integer 10**23, while the float's
+    binary value is 99999999999999991611392)."""
+    return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
