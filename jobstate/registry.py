@@ -214,11 +214,21 @@ def internal_handler(name: str, internal: dict[str, Any], /, **options: Any) -> 
     return register_internal
 
 
+# The most characters a kind name has: the width of the ``kind`` columns (jobs,
+# pauses, spawns). A longer name could be registered, but no job of it stored.
+KIND_MAX_LENGTH = 200
+
+
 def validate_name(name: str) -> None:
     """A kind name is text without control characters: they cannot be typed, the
     admin and logs show them badly, and the metrics join labels with one (\\x1f)."""
     if not isinstance(name, str) or not name or any(unicodedata.category(c) == "Cc" for c in name):
         raise ValueError(f"A job kind is a non-empty name without control characters, not {name!r}")
+    if len(name) > KIND_MAX_LENGTH:
+        raise ValueError(
+            f"A job kind is at most {KIND_MAX_LENGTH} characters (the database's kind column); "
+            f"{name[:40]!r}... has {len(name)}"
+        )
 
 
 def validate_max_attempts(name: str, max_attempts: Any) -> None:

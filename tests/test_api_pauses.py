@@ -177,3 +177,16 @@ def test_the_schema_documents_the_pause_actions(user):
     kind = schema["components"]["schemas"]["Kind"]
     assert {"paused", "paused_since"} <= set(kind["required"])
     assert not {"pause_reason", "paused_by"} & set(kind["required"])
+
+
+def test_a_kind_name_longer_than_its_columns_is_refused_when_registered(temp_handler):
+    # Registered, it was a 500 on PostgreSQL when paused (value too long for the column),
+    # and no job of it could be stored either.
+    from jobstate.models import JobStepSpawn
+
+    columns = {m._meta.get_field("kind").max_length for m in (Job, KindPause, JobStepSpawn)}
+    assert columns == {registry.KIND_MAX_LENGTH}
+    temp_handler("k" * registry.KIND_MAX_LENGTH, lambda ctx: None)
+    with pytest.raises(ValueError, match="at most 200 characters"):
+        temp_handler("k" * (registry.KIND_MAX_LENGTH + 1), lambda ctx: None)
+    assert "k" * (registry.KIND_MAX_LENGTH + 1) not in registry.all_handlers()
