@@ -502,6 +502,35 @@ def test_an_operator_requeue_of_a_run_that_met_its_cancel_and_hung_in_its_undos_
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, "crash:undo:reserve", *UNDONE]
 
 
+def test_an_earlier_wait_runs_mark_does_not_keep_a_later_hung_undo_run_from_its_undos():
+    # A reaper requeue of an earlier run marked "wait" (a worker lost as the workflow went to
+    # wait for its children) stays the newest such row: the waiting run is woken, not
+    # requeued. The requeue of a later run that met its cancel and hung in its undos read
+    # that "wait", wrote a plain row, and the next begin cancelled the job, undos not run.
+    crash = {"crash_at": "undo:reserve", "crash_once": True}
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work", **crash})
+    earlier = timezone.now() - timedelta(minutes=5)
+    JobEvent.objects.create(
+        job_id=job.pk,
+        from_status=Status.PROCESSING,
+        to_status=Status.QUEUED,
+        transition="requeue",
+        actor_label="reaper",
+        reason="lease expired",
+        metadata={"recovery": "wait"},
+        created_at=earlier,
+    )
+    with pytest.raises(SimulatedCrash):
+        run_next("w1")
+    services.requeue(job, "ops", "stuck, requeue")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and row.metadata == {"recovery": "cancel", "operator": True}
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, "crash:undo:reserve", *UNDONE]
+
+
 def test_operator_requeues_are_not_counted_as_the_reapers_recovery_runs():
     from jobstate.workflows import recovery
 

@@ -296,9 +296,10 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     metadata: dict[str, Any] | None = None
     if action is not None and action != "wait":
         metadata = {"recovery": action, "operator": True}
-    elif current.cancel_requested_at is not None and action is None and hooks.cancelling:
+    elif current.cancel_requested_at is not None and action in (None, "wait") and hooks.cancelling:
         # A run that met its cancel as it ran and was undoing in that same run has no
-        # mark yet: the workflow says whether its undos are left to run.
+        # mark yet (an earlier run's "wait" may be the newest): the workflow says whether
+        # its undos are left to run.
         asked = hooks.cancelling.ask(hooks.Cancelling(current.pk, current.kind, str(current.status)))
         metadata = {**CANCEL_RUN_MARK, "operator": True} if asked is not None else None
     move(
