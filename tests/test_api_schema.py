@@ -82,6 +82,13 @@ def test_every_request_body_refuses_properties_it_does_not_list(user):
     assert components["Enqueue"]["properties"]["parameters"]["additionalProperties"] is True
 
 
+def test_a_pause_reason_the_api_requires_is_not_blank_in_the_schema(user):
+    # A blank reason is a 400; the schema let generated clients send one.
+    schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    reason = schema["components"]["schemas"]["PauseKind"]["properties"]["reason"]
+    assert reason["minLength"] == 1
+
+
 def test_retry_takes_a_workflows_first_step_to_run_again(user):
     schema = client_for(None).get("/api/schema/", HTTP_ACCEPT="application/json").json()
     body = schema["paths"]["/api/jobs/{id}/retry/"]["post"]["requestBody"]["content"]["application/json"]

@@ -38,7 +38,9 @@ REASON_MAX = 1000  # as the admin's form
 class PauseKindSerializer(StrictInput):
     """Why the kind is paused (required): kept in the pause's record with your user name."""
 
-    reason = StrictCharField(max_length=REASON_MAX, help_text="Why: kept in the pause's record.")
+    reason = StrictCharField(
+        max_length=REASON_MAX, min_length=1, help_text="Why: kept in the pause's record."
+    )
 
 
 class ResumeKindSerializer(StrictInput):
