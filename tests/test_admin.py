@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobstate import services
+from jobstate.admin import display
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
 from jobstate.states import Status
@@ -827,6 +828,101 @@ def test_bulk_retry(admin_client: Any, admin_user: Any) -> None:
     for old in (a, b):
         new = Job.objects.get(retry_of=old)
         assert last_event(new).actor == admin_user and last_event(new).reason == "rerun after fix"
+
+
+def waiting() -> Job:
+    """A job suspended by its handler (a fan-out waiting for its child)."""
+    job = processing()
+    queued(parent=job, run_after=timezone.now() + timedelta(hours=1))
+    services.suspend(job, job.lease_token)
+    return Job.objects.get(pk=job.pk)
+
+
+def test_bulk_requeue_says_which_jobs_wait_for_their_lease_and_requeues_each_through_the_service(
+    admin_client: Any, admin_user: Any
+) -> None:
+    # The job page had Requeue…, the list no bulk one: 40 stuck jobs were requeued one by one.
+    running, lost, asleep = processing(lease_seconds=600), expired(), waiting()
+    done, ready = completed(), queued()
+    selected = [running, lost, asleep, done, ready]
+    page = bulk(admin_client, "requeue_selected", selected, None).content.decode()
+    assert "<title>Requeue 3 jobs |" in page and 'value="Requeue 3 jobs"' in page
+    assert "3 of the 5 selected jobs can be requeued in their current state; 2 will be refused" in page
+    assert "1 completed" in page and "1 queued" in page
+    lease_end = display.exact_time(running.lease_expires_at)
+    assert (
+        f'<p id="js-bulk-lease"><strong>1 of them holds a lease that still runs (until {lease_end}): '
+        "its handler may run until then, so its next attempt waits until that lease would have run "
+        "out, when the worker's watchdog has stopped it.</strong></p>"
+    ) in page
+    assert "1 of them is waiting: it is woken and runs again now" in page
+    before = timezone.now()
+    response = bulk(admin_client, "requeue_selected", selected, "worker host crashed")
+    assert response.status_code == 302
+    messages = texts(response)
+    assert (
+        f"Requeued 3 jobs. 1 of them starts its next attempt after {lease_end}, when its old lease "
+        "would have run out."
+    ) in messages
+    requeueable = "only a running or waiting job can be requeued"
+    assert f"Refused 1 job: the job is completed; {requeueable} ({short(done.pk)})" in messages
+    assert f"Refused 1 job: the job is queued; {requeueable} ({short(ready.pk)})" in messages
+    after = {j.pk: Job.objects.get(pk=j.pk) for j in selected}
+    assert {after[j.pk].status for j in (running, lost, asleep)} == {Status.QUEUED}
+    assert after[running.pk].run_after == running.lease_expires_at  # held until its lease ran out
+    assert after[lost.pk].run_after >= before and after[asleep.pk].run_after >= before
+    for job in (running, lost, asleep):
+        event = last_event(job)
+        assert (event.actor, event.actor_label, event.reason) == (admin_user, "admin", "worker host crashed")
+    assert [last_event(j).transition for j in (running, lost, asleep)] == ["requeue", "requeue", "wake"]
+    assert (after[done.pk].status, after[ready.pk].status) == (Status.COMPLETED, Status.QUEUED)
+
+
+def test_bulk_requeue_of_several_jobs_whose_lease_still_runs_names_the_last_lease_end(
+    admin_client: Any,
+) -> None:
+    short_lease, long_lease = processing(lease_seconds=300), processing(lease_seconds=900)
+    last = display.exact_time(long_lease.lease_expires_at)
+    page = bulk(admin_client, "requeue_selected", [short_lease, long_lease], None).content.decode()
+    assert f"2 of them hold a lease that still runs (the last until {last}): the handler of each" in page
+    assert "js-bulk-woken" not in page
+    messages = texts(bulk(admin_client, "requeue_selected", [short_lease, long_lease], "worker hung"))
+    assert messages == [
+        f"Requeued 2 jobs. 2 of them start their next attempt only when their old lease would have "
+        f"run out, the last after {last}."
+    ]
+
+
+def test_bulk_requeue_asks_for_a_reason_and_writes_nothing_when_no_job_can_be_requeued(
+    admin_client: Any,
+) -> None:
+    job = expired()
+    response = bulk(admin_client, "requeue_selected", [job], "")
+    assert response.status_code == 200 and "Give a reason." in response.content.decode()
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
+    jobs = [completed(), completed(), queued()]
+    page = bulk(admin_client, "requeue_selected", jobs, None).content.decode()
+    assert "<title>Nothing to requeue |" in page and 'name="confirm"' not in page
+    assert "js-bulk-lease" not in page and "js-bulk-woken" not in page
+    before = rows()
+    response = bulk(admin_client, "requeue_selected", jobs, "crash")
+    assert texts(response) == [
+        "Nothing requeued: none of the selected jobs can be requeued now (2 completed, 1 queued)."
+    ]
+    assert rows() == before
+
+
+def test_bulk_requeue_needs_the_requeue_permission(client: Any, django_user_model: Any) -> None:
+    job = expired()
+    staff = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
+    client.force_login(grant(staff, "view_job", "cancel_job", "retry_job"))
+    assert "requeue_selected" not in client.get(LIST).content.decode()
+    assert bulk(client, "requeue_selected", [job], "crash").status_code == 403
+    assert Job.objects.get(pk=job.pk).status == Status.PROCESSING
+    client.force_login(grant(staff, "requeue_job"))
+    assert "requeue_selected" in client.get(LIST).content.decode()
+    assert bulk(client, "requeue_selected", [job], "crash").status_code == 302
+    assert Job.objects.get(pk=job.pk).status == Status.QUEUED
 
 
 def test_a_bulk_action_the_user_may_not_run_is_refused_with_403(

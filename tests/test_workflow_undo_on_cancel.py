@@ -485,6 +485,34 @@ def test_an_operator_requeue_of_a_hung_undo_run_keeps_it_a_run_for_its_undos():
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
 
 
+def test_a_bulk_requeue_from_the_admin_list_of_a_hung_undo_run_keeps_its_mark(admin_client: Any):
+    # The list's "Requeue selected jobs…" goes through services.requeue, as the job page's.
+    job = _woken()
+    services.request_cancel(job, "ops", "stop")
+    services.start(job.pk, "w2")  # its undo run begins; the worker then hangs
+    data = {
+        "action": "requeue_selected",
+        "_selected_action": [str(job.pk)],
+        "index": 0,
+        "confirm": "yes",
+        "reason": "stuck after the crash",
+    }
+    response = admin_client.post(reverse("admin:jobstate_job_changelist"), data)
+    assert response.status_code == 302
+    assert next(str(m) for m in get_messages(response.wsgi_request)).startswith("Requeued 1 job.")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    expected = {"recovery": "cancel", "operator": True}
+    assert row is not None and (row.transition, row.reason, row.metadata) == (
+        "requeue",
+        "stuck after the crash",
+        expected,
+    )
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
 def test_an_operator_requeue_of_a_run_that_met_its_cancel_and_hung_in_its_undos_keeps_them():
     # The cancel came while a step ran: that same run undoes, with no mark in the history
     # yet. A requeue of it when it hung wrote a plain row; the next begin cancelled the job

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -131,10 +132,19 @@ def _cancel_done(before: Job, after: Job) -> str:
     )
 
 
-def _requeue_done(before: Job, after: Job) -> str:
+def held_until(after: Job) -> datetime | None:
+    """When a requeued job's next attempt may start, if later than now: its old lease
+    still ran (``services.requeue``)."""
     if after.status == Status.QUEUED and after.run_after > timezone.now():
+        return after.run_after
+    return None
+
+
+def _requeue_done(before: Job, after: Job) -> str:
+    held = held_until(after)
+    if held is not None:
         return (
-            f"Job requeued: its next attempt starts after {display.exact_time(after.run_after)}, "
+            f"Job requeued: its next attempt starts after {display.exact_time(held)}, "
             "when its old lease would have run out."
         )
     return "Job requeued."
@@ -258,6 +268,7 @@ class BulkReport:
     done: list[Job] = field(default_factory=list)
     refused: dict[str, list[str]] = field(default_factory=dict)  # reason: the jobs, as shown
     truncated: bool = False
+    held: list[datetime] = field(default_factory=list)  # requeued jobs' starts after their old lease
 
     def refuse(self, job: Job, reason: str, shown: str = "") -> None:
         self.refused.setdefault(reason, []).append(shown or short(job.pk))
@@ -275,7 +286,7 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
             report.refuse(job, "a cancel was already requested; the worker has not ended it yet")
             continue
         try:
-            op.run(job, user, reason)
+            after = op.run(job, user, reason)
         except AlreadyRetried as exc:  # one line for them all, each with its retry
             report.refuse(
                 job,
@@ -292,6 +303,9 @@ def run_bulk(op: Operation, jobs: Iterable[Job], user: Any, reason: str) -> Bulk
         else:
             report.done.append(job)
             done.add(str(job.pk))
+            held = held_until(after) if op.name == "requeue" else None
+            if held is not None:
+                report.held.append(held)
     return report
 
 
@@ -320,12 +334,27 @@ def _cascaded_from(job_id: Any, ancestors: set[str]) -> bool:
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
     n = len(report.done)
     if n:
-        messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.")
+        messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.{_held_note(report.held)}")
     for why, ids in report.refused.items():
         sample = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "")
         messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
     if report.truncated:
         messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")
+
+
+def _held_note(held: list[datetime]) -> str:
+    """The bulk requeue's jobs whose old lease still ran, as its report says them."""
+    if not held:
+        return ""
+    if len(held) == 1:
+        return (
+            f" 1 of them starts its next attempt after {display.exact_time(held[0])}, "
+            "when its old lease would have run out."
+        )
+    return (
+        f" {len(held)} of them start their next attempt only when their old lease would have run "
+        f"out, the last after {display.exact_time(max(held))}."
+    )
 
 
 def nothing_done(op: Operation, refused: list[tuple[str, int]]) -> str:
@@ -371,6 +400,24 @@ def _workflows(op: Operation, jobs: list[Job]) -> int:
     return sum(1 for job in jobs if op.allowed(job) and definition_of(job.kind) is not None)
 
 
+def _lease_runs(op: Operation, jobs: list[Job]) -> tuple[int, datetime | None]:
+    """How many of the jobs a bulk requeue requeues hold a lease that still runs (each is
+    not claimed again before it would have run out: ``services.requeue``), and the last
+    such lease's end. A job reserved and never begun runs again at once."""
+    if op.name != "requeue":
+        return 0, None
+    now = timezone.now()
+    ends = [
+        j.lease_expires_at
+        for j in jobs
+        if j.status == Status.PROCESSING
+        and j.started_at is not None
+        and j.lease_expires_at is not None
+        and j.lease_expires_at > now
+    ]
+    return len(ends), max(ends, default=None)
+
+
 def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
     op = OPERATIONS[name]
 
@@ -389,6 +436,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
         if too_long:
             messages.error(request, f"Reason: {too_long}")
         if not nothing and (not confirmed or not reason or too_long):
+            lease_runs, lease_end = _lease_runs(op, jobs)
             title = f"{op.label} {allowed} job{'s' * (allowed != 1)}" if allowed else f"Nothing to {name}"
             context = {
                 **modeladmin.admin_site.each_context(request),
@@ -402,6 +450,9 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "refused": refused,
                 "refused_count": sum(n for _, n in refused),
                 "workflows": _workflows(op, jobs),
+                "lease_runs": lease_runs,
+                "lease_end": display.exact_time(lease_end) if lease_end else "",
+                "woken": sum(1 for j in jobs if op.name == "requeue" and j.status == Status.WAITING),
                 "count": len(jobs),
                 "truncated": truncated,
                 "form": BulkReasonForm(
@@ -433,3 +484,4 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
 
 cancel_selected = _bulk_action("cancel", "Cancelled or asked to stop", "Cancel selected jobs…")
 retry_selected = _bulk_action("retry", "Queued a retry for", "Retry selected jobs…")
+requeue_selected = _bulk_action("requeue", "Requeued", "Requeue selected jobs…")

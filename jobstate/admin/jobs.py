@@ -77,7 +77,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
     changelist_class = JobChangeList
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = (actions.cancel_selected, actions.retry_selected)
+    actions = (actions.cancel_selected, actions.retry_selected, actions.requeue_selected)
     inlines = (JobEventInline, JobStepInline, AssetInline)
 
     class Media:
