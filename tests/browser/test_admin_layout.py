@@ -11,7 +11,8 @@ import pytest
 
 from jobstate import services
 from jobstate.models import JobStep
-from jobstate.services import workers
+from jobstate.services import Actor, workers
+from jobstate.services.steps import step_event
 from jobstate.webhooks.models import WebhookDelivery, WebhookEndpoint
 from tests.admin_support import ago, failed, processing, queued
 from tests.browser.conftest import log_in
@@ -278,3 +279,30 @@ def test_workflow_history_fits_a_laptop_screen(page: Any, live_server: Any, admi
     for width in (1366, 1280):
         page.set_viewport_size({"width": width, "height": 900})
         assert page_width(page) <= width, width
+
+
+def test_history_fits_its_group_on_a_desktop(page: Any, live_server: Any, admin_user: Any, user: Any) -> None:
+    """On Django 6 (its tabular cells in 1rem, the history's em min-widths a quarter wider)
+    the history scrolled inside its group at every width, its details column cut off;
+    a long token in the details (a path) widened the column to it."""
+    job = processing(user)
+    worker = Actor.worker("vm:17950:18000")
+    for step in ("download", "process"):
+        for before, after in (("pending", "running"), ("running", "completed")):
+            meta = {"attempt": 1, "from": before, "step": step, "to": after}
+            step_event(job.pk, job.status, "step_started", worker, metadata=meta)
+    path = "/var/lib/jobstate/etl_work/0123456789abcdef0123456789abcdef/partitions/rows.parquet"
+    step_event(job.pk, job.status, "step_undone", worker, "compensating", {"dir": path})
+    log_in(page, live_server.url, "admin", "password", f"/admin/jobstate/job/{job.pk}/change/")
+    fits = """() => {
+      const group = document.querySelector('fieldset.js-history');
+      const edge = group.getBoundingClientRect().right + 0.5;
+      const table = group.querySelector('table');
+      return [table.getBoundingClientRect().right <= edge,
+              [...table.querySelectorAll('td.field-details')].every(
+                (td) => td.getBoundingClientRect().right <= edge)];
+    }"""
+    for width in (1400, 1280):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.evaluate(fits) == [True, True], width
+        assert path[:20] in page.locator(".js-history").inner_text()
