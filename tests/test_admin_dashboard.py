@@ -294,3 +294,28 @@ def test_dashboard_warns_without_django_q2_s_schedule_table(admin_client: Any) -
     assert response.status_code == 200
     assert "Run manage.py jobstate_schedule" in response.context["schedules_missing"]
     assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_every_count_has_thousands_separators(admin_client: Any, temp_handler: Any) -> None:
+    """The total tile said "3,006 jobs in all" beside "2692 finished" and a kind's "1002"."""
+    temp_handler("test.report")
+    now = timezone.now()
+    Job.objects.bulk_create(
+        Job(
+            kind="test.report",
+            status=Status.COMPLETED,
+            started_at=now - timedelta(seconds=2),
+            finished_at=now - timedelta(seconds=1),
+        )
+        for _ in range(1234)
+    )
+    workers.beat("h1:100:101", cluster="h1:100", role="worker", finished=2345)
+    html = admin_client.get(DASHBOARD).content.decode()
+    assert '<span class="js-tile-n">1,234</span><span class="js-tile-l">finished, last 24 h' in html
+    assert "1,234 finished, 0 failed" in html  # the charts' headings
+    assert 'title="Completed: 1,234"' in html and '"0 active">1,234</td>' in html  # jobs by kind
+    assert "<td>1,234</td>" in html and "<td>2,345</td>" in html  # run times, workers
+    assert not re.search(r"(?<![\d.,])(1234|2345)(?![\d.])", html)
+    workers_list = admin_client.get(reverse("admin:jobstate_workerprocess_changelist")).content.decode()
+    assert '<td class="field-done_col">2,345</td>' in workers_list

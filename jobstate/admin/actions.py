@@ -334,12 +334,12 @@ def _cascaded_from(job_id: Any, ancestors: set[str]) -> bool:
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
     n = len(report.done)
     if n:
-        messages.success(request, f"{verb} {n} job{'s' if n != 1 else ''}.{_held_note(report.held)}")
+        messages.success(request, f"{verb} {n:,} job{'s' if n != 1 else ''}.{_held_note(report.held)}")
     for why, ids in report.refused.items():
         sample = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "")
-        messages.warning(request, f"Refused {len(ids)} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
+        messages.warning(request, f"Refused {len(ids):,} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
     if report.truncated:
-        messages.warning(request, f"Only the first {BULK_LIMIT} selected jobs were processed.")
+        messages.warning(request, f"Only the first {BULK_LIMIT:,} selected jobs were processed.")
 
 
 def _held_note(held: list[datetime]) -> str:
@@ -352,7 +352,7 @@ def _held_note(held: list[datetime]) -> str:
             "when its old lease would have run out."
         )
     return (
-        f" {len(held)} of them start their next attempt only when their old lease would have run "
+        f" {len(held):,} of them start their next attempt only when their old lease would have run "
         f"out, the last after {display.exact_time(max(held))}."
     )
 
@@ -362,7 +362,7 @@ def nothing_done(op: Operation, refused: list[tuple[str, int]]) -> str:
     (``refused``: ``refused_groups`` of them), which calls no service."""
     if not refused:
         return f"Nothing {op.participle}: none of the selected jobs is in the list any more."
-    groups = ", ".join(f"{n} {why}" for why, n in refused)
+    groups = ", ".join(f"{n:,} {why}" for why, n in refused)
     return f"Nothing {op.participle}: none of the selected jobs can be {op.participle} now ({groups})."
 
 
@@ -437,7 +437,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
             messages.error(request, f"Reason: {too_long}")
         if not nothing and (not confirmed or not reason or too_long):
             lease_runs, lease_end = _lease_runs(op, jobs)
-            title = f"{op.label} {allowed} job{'s' * (allowed != 1)}" if allowed else f"Nothing to {name}"
+            title = f"{op.label} {allowed:,} job{'s' * (allowed != 1)}" if allowed else f"Nothing to {name}"
             context = {
                 **modeladmin.admin_site.each_context(request),
                 "title": title,

@@ -34,9 +34,9 @@ def ended(after: Job) -> str:
     cancelled, asked = rows.get("cancel", 0), rows.get("request_cancel", 0)
     parts = [f"{_jobs(cancelled)} cancelled"] if cancelled else []
     if asked:
-        parts.append(f"{asked if parts else _jobs(asked)} asked to stop")
+        parts.append(f"{asked:,} asked to stop" if parts else f"{_jobs(asked)} asked to stop")
     return "; " + ", ".join(parts) if parts else ""
 
 
 def _jobs(n: int) -> str:
-    return f"{n} child job{'s' if n != 1 else ''}"
+    return f"{n:,} child job{'s' if n != 1 else ''}"

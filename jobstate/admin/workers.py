@@ -88,7 +88,7 @@ class WorkerProcessAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
         "seen_col",
         "clock_col",
         "started_col",
-        "jobs_done",
+        "done_col",
     )
     list_filter = ("role", "cluster")
     search_fields = ("name", "cluster", "host")
@@ -163,6 +163,10 @@ class WorkerProcessAdmin(SafeListAdmin, ShownAs, admin.ModelAdmin):
     def started_col(self, obj: WorkerProcess) -> SafeString:
         # Django's "Nov. 30, 2026, 1:26 p.m." pushed the last column out of a 1440 px list.
         return display.compact_time(obj.started_at)
+
+    @admin.display(description="jobs done", ordering="jobs_done")
+    def done_col(self, obj: WorkerProcess) -> str:
+        return f"{obj.jobs_done:,}"  # as the admin writes every count
 
     @admin.display(description="clock offset", ordering="clock_offset")
     def clock_col(self, obj: WorkerProcess) -> SafeString:

@@ -92,12 +92,17 @@
     return changed ? reloadContent() : null;
   }
 
+  // A count as the page writes it (the template filter "number"): 3,006.
+  function count(n) {
+    return typeof n === "number" ? n.toLocaleString("en-US") : String(n);
+  }
+
   function applyDashboard(data) {
     var board = data.dashboard;
     if (!board) { return; }
     Object.keys(board.counts).forEach(function (name) {
       document.querySelectorAll("[data-live-count='" + name + "']").forEach(function (el) {
-        el.textContent = String(board.counts[name]);
+        el.textContent = count(board.counts[name]);
       });
     });
     Object.keys(board.html).forEach(function (id) { setHtml(document.getElementById(id), board.html[id]); });
