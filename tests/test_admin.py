@@ -736,10 +736,18 @@ def test_bulk_confirmation_counts_what_will_be_done_and_why_the_rest_is_refused(
     done, retried = completed(), failed()
     services.retry(retried, "ops", "fixed")
     page = bulk(admin_client, "retry_selected", [done], None).content.decode()
-    assert "1 of the 1 selected job can be retried in their current state." in page
+    assert "The selected job can be retried in its current state." in page
     assert "refused" not in page and 'value="Retry 1 job"' in page
+    assert "linked to this one; this job and its history" in page
     page = bulk(admin_client, "retry_selected", [done, retried], None).content.decode()
     assert "; 1 will be refused (1 already retried)" in page
+    # For several jobs the summary said "linked to this one; this job and its history".
+    page = bulk(admin_client, "retry_selected", [done, failed()], None).content.decode()
+    assert "2 of the 2 selected jobs can be retried in their current state." in page
+    assert (
+        '<p id="js-bulk-summary">For each job, a new job with the same kind and parameters is queued, '
+        "linked to it; the selected jobs and their history stay as they are.</p>"
+    ) in page
 
 
 def rows() -> tuple[list[tuple[Any, ...]], int]:

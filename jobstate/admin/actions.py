@@ -87,6 +87,10 @@ class Operation:
     done: Callable[[Job, Job], str]
     danger: bool = False
     ends_children: bool = False  # its unfinished children are cancelled (services.cascade)
+    summary_many: str = ""  # the summary for several jobs (bulk), where ``summary`` is singular
+
+    def summary_for(self, jobs: int) -> str:
+        return self.summary_many if jobs > 1 and self.summary_many else self.summary
 
     def has_permission(self, user: Any) -> bool:
         return bool(user.has_perm(f"jobstate.{self.permission}"))
@@ -199,6 +203,8 @@ OPERATIONS: dict[str, Operation] = {
             lambda j: j.status in TERMINAL and not was_retried(j),  # a job is retried once
             _retry,
             lambda b, a: f"Retry queued as job {a.pk}.",
+            summary_many="For each job, a new job with the same kind and parameters is queued, linked "
+            "to it; the selected jobs and their history stay as they are.",
         ),
         Operation(
             "requeue",
@@ -443,6 +449,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "title": title,
                 "opts": modeladmin.model._meta,
                 "operation": op,
+                "summary": op.summary_for(allowed or len(jobs)),
                 "action_name": action.__name__,
                 "jobs": jobs[:100],
                 "more": len(jobs) - 100 if len(jobs) > 100 else 0,
