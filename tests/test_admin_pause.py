@@ -32,7 +32,8 @@ def test_pause_from_the_dashboard_then_resume_with_a_confirmation_each(admin_cli
     page = admin_client.get(DASHBOARD).content.decode()
     assert f'href="{PAUSE}?kind=test.echo"' in page and "js-panel-paused" not in page
     confirm = admin_client.get(PAUSE, {"kind": "test.echo"})
-    assert confirm.status_code == 200 and "Pause <strong>test.echo</strong>?" in confirm.content.decode()
+    assert confirm.status_code == 200 and "<h1>Pause test.echo?</h1>" in confirm.content.decode()
+    assert "No worker claims its <strong>1</strong> queued job, nor the ones" in confirm.content.decode()
     assert not KindPause.objects.exists()  # a GET changes nothing
     # The reason is asked for a pause.
     blank = admin_client.post(PAUSE, {"kind": "test.echo", "reason": " "})
@@ -53,7 +54,9 @@ def test_pause_from_the_dashboard_then_resume_with_a_confirmation_each(admin_cli
     again = admin_client.post(PAUSE, {"kind": "test.echo", "reason": "me too"})
     assert said(again).startswith("Pause refused: 'test.echo' is already paused (by admin (admin) since")
     confirm = admin_client.get(RESUME, {"kind": "test.echo"}).content.decode()
-    assert "Resume <strong>test.echo</strong>, paused by admin (admin) since" in confirm
+    assert "<h1>Resume test.echo?</h1>" in confirm
+    assert '<p id="js-kind-pause-text">Paused by admin (admin) since' in confirm
+    assert "Its <strong>1</strong> queued job is claimed again" in confirm
     done = admin_client.post(RESUME, {"kind": "test.echo", "reason": ""})  # optional for a resume
     assert said(done) == "Resumed test.echo: its queued jobs are claimed again."
     assert KindPause.objects.get().resumed_by_label == "admin"
@@ -95,7 +98,7 @@ def test_the_list_of_pauses_links_to_the_resume_of_a_kind_whatever_its_name(admi
     href = re.search(r'<a href="([^"]*)">resume</a>', listed)
     assert href is not None
     confirm = admin_client.get(html.unescape(href.group(1))).content.decode()
-    assert f"Resume <strong>{html.escape(kind)}</strong>, paused by" in confirm
+    assert f"<h1>Resume {html.escape(kind)}?</h1>" in confirm and "Paused by ops since" in confirm
 
 
 def test_a_confirmation_that_would_be_refused_says_so_and_offers_only_the_way_back(admin_client: Any):
@@ -124,3 +127,29 @@ def test_a_kind_with_a_nul_character_is_refused_not_a_server_error(admin_client:
         assert page.status_code == 200 and 'id="js-confirm"' not in page.content.decode()
         posted = admin_client.post(url, {"kind": "a\x00b", "reason": "x"})
         assert posted.status_code in (200, 302) and not KindPause.objects.exists()
+
+
+def test_the_pause_confirmation_counts_in_words_and_does_not_repeat_its_heading(
+    admin_client: Any, admin_user: Any
+):
+    """Under the heading "Pause test.echo?" it said "Pause test.echo? No worker claims its
+    2 queued job(s)"."""
+    for _ in range(2):
+        services.enqueue("test.echo", {})
+
+    def text(url: str, kind: str) -> str:
+        page = admin_client.get(url, {"kind": kind}).content.decode()
+        found = re.search(r'<p id="js-kind-pause-text">(.*?)</p>', page, re.S)
+        assert found is not None, page
+        return " ".join(found.group(1).split())
+
+    assert text(PAUSE, "test.echo") == (
+        "No worker claims its <strong>2</strong> queued jobs, nor the ones enqueued meanwhile, "
+        "until it is resumed; they stay queued. Its jobs already running finish."
+    )
+    assert text(PAUSE, "test.limited").startswith("It has no queued job now; no worker claims")
+    services.pause_kind("test.echo", admin_user, "mail API down")
+    resume = text(RESUME, "test.echo")
+    assert resume.startswith("Paused by user:admin (admin) since ") and resume.endswith(
+        ": mail API down. Its <strong>2</strong> queued jobs are claimed again by the workers that serve it."
+    )
