@@ -437,3 +437,17 @@ def test_the_rest_api_table_describes_each_endpoint_once():
     ]
     assert "POST /api/jobs/{id}/retry/" in named
     assert len(named) == len(set(named)), sorted(n for n in named if named.count(n) > 1)
+
+
+def test_the_admin_buttons_table_describes_each_operation_once():
+    # Force cancel and Retry were there twice, the older Force cancel row naming
+    # cancel_now, not the force_cancel the button calls.
+    from jobstate.admin.actions import OPERATIONS
+
+    page = (ROOT / "docs" / "reference" / "admin.md").read_text()
+    table = page.split("| Button | Shown when | Calls | Permission |", 1)[1].split("\n\n", 1)[0]
+    rows = [[cell.strip() for cell in row.strip("|").split(" | ")] for row in table.strip().splitlines()[1:]]
+    assert [(row[0], row[-1]) for row in rows] == [
+        (f"{op.label}…", f"`jobstate.{op.permission}`") for op in OPERATIONS.values()
+    ]
+    assert "`services.force_cancel`" in dict((row[0], row[2]) for row in rows)["Force cancel…"]
