@@ -28,6 +28,7 @@ def no_webhook_wants_an_event():  # type: ignore[no-untyped-def]
     yield
     cache.forget()
 
+
 ME = "host:1:2"
 postgres_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="one statement on PostgreSQL")
 
