@@ -863,7 +863,7 @@ def test_bulk_requeue_says_which_jobs_wait_for_their_lease_and_requeues_each_thr
         "its handler may run until then, so its next attempt waits until that lease would have run "
         "out, when the worker's watchdog has stopped it.</strong></p>"
     ) in page
-    assert "1 of them is waiting: it is woken and runs again now" in page
+    assert "1 of them is waiting: it is woken and queued now" in page
     before = timezone.now()
     response = bulk(admin_client, "requeue_selected", selected, "worker host crashed")
     assert response.status_code == 302
@@ -899,6 +899,28 @@ def test_bulk_requeue_of_several_jobs_whose_lease_still_runs_names_the_last_leas
         f"Requeued 2 jobs. 2 of them start their next attempt only when their old lease would have "
         f"run out, the last after {last}."
     ]
+
+
+def test_bulk_requeue_speaks_of_one_job_as_one_and_names_a_paused_kind(admin_client: Any) -> None:
+    # Several jobs got "The job goes back to the queue"; one got "1 of them holds a lease",
+    # and nothing said a paused kind's jobs stay queued, while the page promised a run.
+    running = processing(lease_seconds=600)
+    several = [processing(lease_seconds=600), expired()]
+    services.pause_kind(running.kind, "ops", "incident")
+    lease_end = display.exact_time(running.lease_expires_at)
+    page = bulk(admin_client, "requeue_selected", [running], None).content.decode()
+    assert f"<strong>It holds a lease that still runs (until {lease_end}): its handler" in page
+    assert "1 of them" not in page
+    assert (
+        f'<p id="js-bulk-paused"><strong>Its kind is paused ({running.kind}): no worker claims it '
+        "until it is resumed.</strong></p>"
+    ) in page
+    assert texts(bulk(admin_client, "requeue_selected", [running], "worker hung")) == [
+        f"Requeued 1 job. Its next attempt starts after {lease_end}, when its old lease would have run out."
+    ]
+    page = bulk(admin_client, "requeue_selected", several, None).content.decode()
+    assert "Each job goes back to the queue; its current worker" in page
+    assert "2 of them are of a kind that is paused" in page
 
 
 def test_bulk_requeue_asks_for_a_reason_and_writes_nothing_when_no_job_can_be_requeued(

@@ -68,6 +68,12 @@ def test_pause_from_the_dashboard_then_resume_with_a_confirmation_each(admin_cli
     assert "test.echo" in listed and "resumed" in listed
 
 
+def test_a_reason_that_ends_its_sentence_gets_no_second_full_stop(admin_client: Any):
+    services.pause_kind("test.echo", "ops", "mail API down.")
+    confirm = admin_client.get(RESUME, {"kind": "test.echo"}).content.decode()
+    assert ": mail API down. It has no queued job now." in confirm
+
+
 def test_only_staff_who_may_change_jobs_pause_or_resume(client: Any, django_user_model: Any):
     viewer = grant(django_user_model.objects.create_user("v", password="pw", is_staff=True), "view_job")
     client.force_login(viewer)

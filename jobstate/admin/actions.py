@@ -218,6 +218,10 @@ OPERATIONS: dict[str, Operation] = {
             lambda j: j.status in (Status.PROCESSING, Status.WAITING),  # a waiting job is woken
             _requeue,
             _requeue_done,
+            summary_many="Each job goes back to the queue; its current worker's lease stops working. "
+            "While that lease would still run, its handler may too: its next attempt waits until the "
+            "lease would have run out, when the worker's watchdog has stopped it (a lease that expired "
+            "already: at once). If no attempt is left, one more is granted. A waiting job is woken now.",
         ),
         Operation(
             "fail",
@@ -340,7 +344,7 @@ def _cascaded_from(job_id: Any, ancestors: set[str]) -> bool:
 def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) -> None:
     n = len(report.done)
     if n:
-        messages.success(request, f"{verb} {n:,} job{'s' if n != 1 else ''}.{_held_note(report.held)}")
+        messages.success(request, f"{verb} {n:,} job{'s' if n != 1 else ''}.{_held_note(report.held, n)}")
     for why, ids in report.refused.items():
         sample = ", ".join(ids[:10]) + (" …" if len(ids) > 10 else "")
         messages.warning(request, f"Refused {len(ids):,} job{'s' if len(ids) != 1 else ''}: {why} ({sample})")
@@ -348,10 +352,13 @@ def report_messages(request: Any, op: Operation, report: BulkReport, verb: str) 
         messages.warning(request, f"Only the first {BULK_LIMIT:,} selected jobs were processed.")
 
 
-def _held_note(held: list[datetime]) -> str:
+def _held_note(held: list[datetime], done: int) -> str:
     """The bulk requeue's jobs whose old lease still ran, as its report says them."""
     if not held:
         return ""
+    if done == 1:
+        when = display.exact_time(held[0])
+        return f" Its next attempt starts after {when}, when its old lease would have run out."
     if len(held) == 1:
         return (
             f" 1 of them starts its next attempt after {display.exact_time(held[0])}, "
@@ -404,6 +411,16 @@ def _workflows(op: Operation, jobs: list[Job]) -> int:
     if op.name != "retry":
         return 0
     return sum(1 for job in jobs if op.allowed(job) and definition_of(job.kind) is not None)
+
+
+def _paused(op: Operation, jobs: list[Job]) -> tuple[int, list[str]]:
+    """How many of the jobs a requeue or a retry queues are of a paused kind (no worker
+    claims them until it is resumed), and those kinds."""
+    if op.name not in ("requeue", "retry"):
+        return 0, []
+    paused = {p.kind for p in services.paused_kinds()}
+    kinds = [j.kind for j in jobs if j.kind in paused and op.allowed(j)]
+    return len(kinds), sorted(set(kinds))
 
 
 def _lease_runs(op: Operation, jobs: list[Job]) -> tuple[int, datetime | None]:
@@ -460,6 +477,7 @@ def _bulk_action(name: str, verb: str, description: str) -> Callable[..., Any]:
                 "lease_runs": lease_runs,
                 "lease_end": display.exact_time(lease_end) if lease_end else "",
                 "woken": sum(1 for j in jobs if op.name == "requeue" and j.status == Status.WAITING),
+                "paused": _paused(op, jobs),
                 "count": len(jobs),
                 "truncated": truncated,
                 "form": BulkReasonForm(

@@ -118,7 +118,7 @@ def _confirm(model_admin: Any, request: HttpRequest, *, resume: bool) -> HttpRes
             resume=resume,
             verb=verb,
             crumb=f"{verb} a kind",
-            pause_text=describe(pause) if pause is not None else "",
+            pause_text=_sentence(describe(pause)) if pause is not None else "",
             queued=queued_counts([kind])[kind] if kind else 0,
             refusal=_refusal(kind, pause, resume),
         ),
@@ -188,3 +188,8 @@ class KindPauseAdmin(admin.ModelAdmin):
         if obj.active:
             return "-"
         return obj.resumed_by_text + (f": {obj.resume_reason}" if obj.resume_reason else "")
+
+
+def _sentence(text: str) -> str:
+    """``text`` ended by a full stop, unless its reason ended it already ("down.")."""
+    return text if text.endswith((".", "!", "?")) else f"{text}."
