@@ -21,11 +21,12 @@ from jobstate import registry, services, stuck
 from jobstate.exceptions import InvalidTransition
 from jobstate.ids import short
 from jobstate.models import Job, JobEvent, JobStep
+from jobstate.services.recovery_runs import recovery_action
 from jobstate.services.transitions import refunded
 from jobstate.states import Status
 from jobstate.worker.runner import drain, run_job, run_next
 from tests.models import Effect
-from tests.workflow_jobs import SimulatedCrash
+from tests.workflow_jobs import ProvisionUndo, SimulatedCrash
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DONE = ["provision", "reserve", "work"]
@@ -61,6 +62,8 @@ UNDO_ROWS = [
     ("step_undone", "processing", "processing", "provision"),
     ("cancel", "processing", "cancelled", ""),
 ]
+# A run that met its cancel as it ran marks itself before its undos (``recovery: cancel``).
+MARK_ROW = ("compensate_cancel", "processing", "processing", "")
 
 
 # While a step runs ---------------------------------------------------------------
@@ -76,10 +79,14 @@ def test_a_cancel_while_a_step_runs_undoes_the_completed_steps_in_reverse_order(
     assert statuses(job) == steps
     assert history(job, since="request_cancel") == [
         ("request_cancel", "processing", "processing", ""),
+        MARK_ROW,
         *UNDO_ROWS,
     ]
     undone = JobEvent.objects.filter(job_id=job.pk, transition="step_undone").first()
     assert undone is not None and undone.reason == "compensating: cancel requested"
+    mark = JobEvent.objects.get(job_id=job.pk, transition="compensate_cancel")
+    assert mark.metadata == {"recovery": "cancel"} and mark.actor_label == "worker:w1"
+    assert mark.reason == "cancel requested as it ran: its undos run first"
 
 
 def test_without_the_option_a_cancel_runs_no_undo():
@@ -110,6 +117,7 @@ def test_an_undo_that_fails_on_a_cancel_is_recorded_and_the_others_still_run():
     reserve = JobStep.objects.get(job_id=job.pk, name="reserve")
     assert reserve.detail["undo_error"] == "RuntimeError: slot service down"
     assert history(job, since="request_cancel")[1:] == [
+        MARK_ROW,
         ("step_undo_failed", "processing", "processing", "reserve"),
         *UNDO_ROWS[1:],
     ]
@@ -123,7 +131,7 @@ def test_a_cancel_as_a_step_fans_out_starts_no_child_and_undoes():
     assert job.status == Status.CANCELLED
     assert labels(job) == [*DONE, *UNDONE]
     assert not Job.objects.filter(parent=job).exists()
-    assert history(job, since="request_cancel")[1:] == UNDO_ROWS
+    assert history(job, since="request_cancel")[1:] == [MARK_ROW, *UNDO_ROWS]
 
 
 def test_a_worker_lost_in_the_undos_of_a_cancel_is_replaced_by_a_run_that_finishes_them():
@@ -394,6 +402,50 @@ def test_a_run_undoing_its_cancel_is_not_a_cancel_not_honoured():
     assert not Job.objects.filter(stuck.any_stuck_q(), pk=job.pk).exists()
 
 
+def _cancel_long_past(job_id: Any) -> tuple[Any, bool]:
+    """(finding, listed) of the stuck check, the job's cancel made an hour old (the
+    STUCK_CANCEL_UNHONOURED_SECONDS threshold, 120 s by default, long past)."""
+    Job.objects.filter(pk=job_id).update(cancel_requested_at=timezone.now() - timedelta(hours=1))
+    job = Job.objects.get(pk=job_id)
+    return stuck.check(job), Job.objects.filter(stuck.any_stuck_q(), pk=job_id).exists()
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"cancel_in": "work"}, {"cancel_in": "work", "fan_out": 2}],
+    ids=["check_cancelled", "interrupted_as_it_fans_out"],
+)
+def test_a_run_undoing_the_cancel_it_met_as_a_step_ran_is_not_a_cancel_not_honoured(parameters):
+    # The cancel stops a step; the same run undoes, its history marking it before the first
+    # undo. Listed as "cancel not honoured" once the cancel was 120 s old, an operator might
+    # force cancel it half-way through its undos.
+    seen: list[tuple[Any, bool]] = []
+    release = ProvisionUndo.release
+
+    def looking(self: Any, ctx: Any, output: Any) -> None:
+        seen.append(_cancel_long_past(ctx.job.pk))
+        release(self, ctx, output)
+
+    job = services.enqueue("wf.provision_undo", parameters)
+    with mock.patch.object(ProvisionUndo, "release", looking):
+        assert run_next("w1").status == Status.CANCELLED
+    assert seen == [(None, False)]
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == [*DONE, *UNDONE]
+
+
+def test_the_mark_of_a_run_that_undid_its_cancel_does_not_shield_a_later_run():
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work"})
+    assert run_next("w1").status == Status.CANCELLED
+    assert recovery_action(job.pk) == "cancel"
+    # Its retry is a new job: an ordinary run of it that ignores its cancel is listed.
+    again = services.retry(job, "ops")
+    services.start(again.pk, "w2")
+    services.request_cancel(again, "ops", "stop")
+    finding, listed = _cancel_long_past(again.pk)
+    assert finding is not None and finding.reason == stuck.CANCEL_UNHONOURED and listed
+
+
 def test_a_plain_run_begun_after_its_cancel_by_a_fast_clock_is_a_cancel_not_honoured():
     # The worker's clock 5 s ahead of the canceller's: its run seems to begin after the
     # request it never honours.
@@ -514,13 +566,15 @@ def test_a_bulk_requeue_from_the_admin_list_of_a_hung_undo_run_keeps_its_mark(ad
 
 
 def test_an_operator_requeue_of_a_run_that_met_its_cancel_and_hung_in_its_undos_keeps_them():
-    # The cancel came while a step ran: that same run undoes, with no mark in the history
-    # yet. A requeue of it when it hung wrote a plain row; the next begin cancelled the job
-    # unstarted, its undos never run, while the admin said "requeued" (review).
+    # The cancel came while a step ran: that same run undoes, its history marking it before
+    # the first undo. A requeue of it when it hung wrote a plain row; the next begin cancelled
+    # the job unstarted, its undos never run, while the admin said "requeued" (review).
     crash = {"crash_at": "undo:reserve", "crash_once": True}
     job = services.enqueue("wf.provision_undo", {"cancel_in": "work", **crash})
     with pytest.raises(SimulatedCrash):
         run_next("w1")  # hung in reserve's undo, as far as the operator can tell
+    assert recovery_action(job.pk) == "cancel"  # its own mark, not the workflow's answer
+    assert _cancel_long_past(job.pk) == (None, False)  # not "cancel not honoured"
     services.requeue(job, "ops", "stuck, requeue")
     row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
     assert row is not None and row.metadata == {"recovery": "cancel", "operator": True}
@@ -528,6 +582,29 @@ def test_an_operator_requeue_of_a_run_that_met_its_cancel_and_hung_in_its_undos_
     assert drain(kinds=["wf.provision_undo"]) == 1
     job = fresh(job)
     assert job.status == Status.CANCELLED and labels(job) == [*DONE, "crash:undo:reserve", *UNDONE]
+    assert JobEvent.objects.filter(job_id=job.pk, transition="compensate_cancel").count() == 1
+
+
+def test_an_operator_requeue_of_a_step_deaf_to_its_cancel_gives_the_next_run_the_undos():
+    # Hung in a step that never saw its cancel: no undo began, so no mark. The requeue asks
+    # the workflow (hooks.cancelling): its undos are left, so the next run runs them.
+    def deaf(self: Any, ctx: Any) -> None:
+        services.request_cancel(ctx.job.pk, "ops", "stop")
+        raise SimulatedCrash("hung in work")
+
+    job = services.enqueue("wf.provision_undo", {})
+    with mock.patch.object(ProvisionUndo, "work", deaf), pytest.raises(SimulatedCrash):
+        run_next("w1")
+    assert recovery_action(job.pk) is None
+    finding, listed = _cancel_long_past(job.pk)
+    assert finding is not None and finding.reason == stuck.CANCEL_UNHONOURED and listed
+    services.requeue(job, "ops", "stuck, requeue")
+    row = JobEvent.objects.filter(job_id=job.pk).order_by("id").last()
+    assert row is not None and row.metadata == {"recovery": "cancel", "operator": True}
+    Job.objects.filter(pk=job.pk).update(run_after=timezone.now())
+    assert drain(kinds=["wf.provision_undo"]) == 1
+    job = fresh(job)
+    assert job.status == Status.CANCELLED and labels(job) == ["provision", "reserve", *UNDONE]
 
 
 def test_an_earlier_wait_runs_mark_does_not_keep_a_later_hung_undo_run_from_its_undos():

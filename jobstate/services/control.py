@@ -297,9 +297,10 @@ def requeue(job: JobRef, actor: Actor | str | Any | None = None, reason: str = "
     if action is not None and action != "wait":
         metadata = {"recovery": action, "operator": True}
     elif current.cancel_requested_at is not None and action in (None, "wait") and hooks.cancelling:
-        # A run that met its cancel as it ran and was undoing in that same run has no
-        # mark yet (an earlier run's "wait" may be the newest): the workflow says whether
-        # its undos are left to run.
+        # A run that met its cancel as it ran marks itself once its undos begin
+        # (``compensate_cancel``); one that hung before (a step deaf to the cancel), or
+        # begun by an older release, has no mark (an earlier run's "wait" may be the
+        # newest): the workflow says whether its undos are left to run.
         asked = hooks.cancelling.ask(hooks.Cancelling(current.pk, current.kind, str(current.status)))
         metadata = {**CANCEL_RUN_MARK, "operator": True} if asked is not None else None
     move(

@@ -5,12 +5,15 @@ A run is marked by the row that started it: the reaper's requeue of a workflow
 whose worker died while it compensated (``hooks.reaping``), the ``request_cancel``
 or ``wake`` row that gave a queued or waiting job a run for its undos
 (``hooks.cancelling``), or the ``step_failed`` row of a step that failed its
-workflow for good, whose undos run in the same run. Each carries ``recovery`` in
-its metadata.
+workflow for good, whose undos run in the same run, or the ``compensate_cancel``
+row of a run that met its cancel as it ran and runs its undos now
+(``undo_on_cancel``: ``mark_cancel_undos``). Each carries ``recovery`` in its
+metadata.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import CharField, OuterRef, Q, QuerySet, Subquery, Value
@@ -19,6 +22,9 @@ from django.db.models.functions import Coalesce
 from django.db.models.lookups import Exact
 
 from jobstate.models import JobEvent
+from jobstate.services._rows import record_event
+from jobstate.services.actors import Actor
+from jobstate.states import Status
 
 # The history metadata of the move that gave a job a run for its undos on a cancel.
 CANCEL_RUN_MARK = {"recovery": "cancel"}
@@ -28,6 +34,9 @@ CANCEL_RUNS = ("request_cancel", "wake")
 # A step's failure that marks the rest of its run as one that compensates (a
 # workflow that failed for good: its undos run in the same run), with ``recovery``.
 COMPENSATING_RUN = "step_failed"
+# The row of a run that met its cancel as it ran and now runs its undos (``undo_on_cancel``).
+CANCEL_UNDOS = "compensate_cancel"
+CANCEL_UNDOS_REASON = "cancel requested as it ran: its undos run first"
 
 
 def recovering(pk: Any) -> bool:
@@ -37,7 +46,8 @@ def recovering(pk: Any) -> bool:
     request that gave a queued or waiting job a run for its undos (``hooks.cancelling``:
     a ``request_cancel`` or ``wake`` row with ``recovery``), or the run is one whose
     workflow failed for good and now runs its undos (a ``step_failed`` row with
-    ``recovery``, written as that run's step failed).
+    ``recovery``, written as that run's step failed), or one that met its cancel as it
+    ran and now runs its undos (``mark_cancel_undos``).
     A cancel request does not stop that run: the undos finish first, then the
     attempt ends ``cancelled``. Asked only of a job with a cancel request."""
     action = recovery_action(pk)
@@ -51,7 +61,10 @@ def _runs(job_id: Any) -> QuerySet[JobEvent]:
     return (
         JobEvent.objects.filter(
             Q(transition="requeue")
-            | Q(transition__in=(*CANCEL_RUNS, COMPENSATING_RUN), metadata__has_key="recovery"),
+            | Q(
+                transition__in=(*CANCEL_RUNS, COMPENSATING_RUN, CANCEL_UNDOS),
+                metadata__has_key="recovery",
+            ),
             job_id=job_id,
         )
         .exclude(metadata__has_key="handed_back")  # a hand-back keeps what the run was
@@ -77,3 +90,19 @@ def recovery_action(pk: Any) -> str | None:
     if not isinstance(last, dict) or "recovery" not in last:
         return None
     return str(last["recovery"])
+
+
+def mark_cancel_undos(job_id: Any, actor: Actor, now: datetime) -> bool:
+    """Inside the worker's transaction that holds the job's lease: its run met its
+    cancel as it ran (a step interrupted, or honouring ``check_cancelled``) and runs
+    its undos now (``undo_on_cancel``). A ``compensate_cancel`` row with ``recovery:
+    cancel`` marks the rest of the run as one that honours the cancel (``recovering``),
+    as an operator's requeue of it keeps. Nothing is written (False) when the run is
+    one already (it began for its undos). The job ends with this run (``cancelled``)
+    or a newer requeue row says what its next run is, and a cancel request is never
+    withdrawn, so no later ordinary run of the job inherits the mark."""
+    if recovering(job_id):
+        return False
+    status = Status.PROCESSING
+    record_event(job_id, status, status, CANCEL_UNDOS, actor, CANCEL_UNDOS_REASON, dict(CANCEL_RUN_MARK), now)
+    return True

@@ -80,6 +80,11 @@ def to_undo(spec: StepSpec, row: Any) -> bool:
     )
 
 
+def undos_left(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> bool:
+    """Whether a completed step has an undo that has not run (``to_undo``)."""
+    return any(to_undo(s, rows.get(s.name)) for s in specs)
+
+
 def report_of(specs: Sequence[StepSpec], rows: Mapping[str, Any]) -> Report:
     """What compensation did so far, in the order the undos run (last step first)."""
     report = Report()

@@ -85,7 +85,7 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
             return None
         elif not todo:
             action, reason, summary = "finish", "last attempt, every step done: finishing", LOST
-        elif any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps):
+        elif compensation.undos_left(cls.steps, rows):
             action, reason, lost_step = "compensate", "last attempt: compensating", todo[0]
             summary = f"step '{lost_step}' failed: {LOST}"
         else:
@@ -106,7 +106,7 @@ def plan(job_id: Any, kind: str, *, last: bool, cancelling: bool) -> Plan | None
 def _undoes_on_cancel(kind: str, cls: type[Workflow], rows: dict[str, Any]) -> bool:
     """Whether a cancel of the job runs undos first: its workflow has ``undo_on_cancel``
     and a completed step whose undo has not run."""
-    return undoes_on_cancel(kind) and any(compensation.to_undo(s, rows.get(s.name)) for s in cls.steps)
+    return undoes_on_cancel(kind) and compensation.undos_left(cls.steps, rows)
 
 
 def cancelling(asked: hooks.Cancelling) -> str | None:

@@ -29,7 +29,7 @@ from jobstate.exceptions import (
 from jobstate.models import JobStep
 from jobstate.models.step import STEP_DONE, StepStatus
 from jobstate.storable import exception_text, result_value
-from jobstate.workflows import compensation, fanout, reuse, step_waits, steps
+from jobstate.workflows import compensation, fanout, reuse, step_undos, step_waits, steps
 from jobstate.workflows.context import StepContext
 from jobstate.workflows.definition import StepSpec, Workflow, undoes_on_cancel
 
@@ -259,6 +259,8 @@ class Run:
         self.ctx.compensating.set()
         self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs], cancel_ok=True)
         try:
+            if compensation.undos_left(self.specs, self.rows):
+                step_undos.undoing_cancel(self.job, self.token)
             compensation.compensate_cancel(self)
         except Interrupted as exc:
             if exc.why == "lease":

@@ -1,6 +1,7 @@
 """Compensation's marks on a workflow's ``JobStep`` rows: a step's undo ran
 (``undone``) or raised (``undo_failed``), and compensation ended
-(``compensated``). Each write holds the job's lease (``step_lease``)."""
+(``compensated``); and the history row of a run whose undos a cancel starts
+(``undoing_cancel``). Each write holds the job's lease (``step_lease``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobstate.models import Job, JobStep
+from jobstate.services.recovery_runs import mark_cancel_undos
 from jobstate.services.steps import move_step, step_event
 from jobstate.states import Status
 from jobstate.workflows.step_lease import actor_of, hold
@@ -64,3 +66,13 @@ def compensated(job: Job, token: Any, failed_step: str, message: str) -> None:
     again, its progress message what was undone (the job then fails with the error)."""
     with transaction.atomic():
         hold(job, token, message=message, step=failed_step, cancel_ok=True)
+
+
+def undoing_cancel(job: Job, token: Any) -> None:
+    """``undo_on_cancel``: a cancel stopped the run and its undos run now. Unless the run
+    began for them (marked already), it is marked as one that honours the cancel
+    (``recovery_runs.mark_cancel_undos``) before the first undo, so a long undo is not
+    a "cancel not honoured"."""
+    with transaction.atomic():
+        hold(job, token, cancel_ok=True)
+        mark_cancel_undos(job.pk, actor_of(job), timezone.now())
