@@ -367,7 +367,7 @@ def test_show_names_the_user_who_acted_as_the_admin_does(user: Any) -> None:
     job = services.enqueue("test.echo", owner=user, actor=services.Actor.api(user))
     services.request_cancel(job, services.Actor("ops"), "")
     history = run("jobstate", "show", str(job.pk))[0].splitlines()[-2:]
-    assert history[0].endswith(" enqueue          api (alice)") and history[1].endswith(" ops")
+    assert history[0].endswith(" enqueue           api (alice)") and history[1].endswith(" ops")
     data = json.loads(run("jobstate", "show", str(job.pk), "--json")[0])
     assert [(h["actor"], h["actor_user"]) for h in data["history"]] == [("api", "alice"), ("ops", None)]
     for event in JobEvent.objects.select_related("actor"):

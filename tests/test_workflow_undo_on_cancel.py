@@ -89,6 +89,33 @@ def test_a_cancel_while_a_step_runs_undoes_the_completed_steps_in_reverse_order(
     assert mark.reason == "cancel requested as it ran: its undos run first"
 
 
+def test_an_interrupt_that_rolls_back_the_mark_of_a_cancels_undos_does_not_lose_it():
+    # The watchdog interrupts a run once (its timeout, or the cancel's grace): landing in the
+    # mark's transaction, it rolled the row back and the undos ran unmarked ("cancel not
+    # honoured" on the stuck page while they ran).
+    from jobstate.exceptions import Interrupted
+    from jobstate.services import recovery_runs
+
+    real = recovery_runs.record_event
+    calls: list[int] = []
+
+    def interrupted_once(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Interrupted("timeout")
+        return real(*args, **kwargs)
+
+    job = services.enqueue("wf.provision_undo", {"cancel_in": "work"})
+    with mock.patch.object(recovery_runs, "record_event", interrupted_once):
+        assert run_next("w1").status == Status.CANCELLED
+    assert len(calls) == 2
+    assert history(fresh(job), since="request_cancel") == [
+        ("request_cancel", "processing", "processing", ""),
+        MARK_ROW,
+        *UNDO_ROWS,
+    ]
+
+
 def test_without_the_option_a_cancel_runs_no_undo():
     job = services.enqueue("wf.provision", {"cancel_in": "work"})
     assert run_next("w1").status == Status.CANCELLED

@@ -259,14 +259,19 @@ class Run:
         self.ctx.compensating.set()
         self.rows = steps.ensure(self.job, self.token, [s.name for s in self.specs], cancel_ok=True)
         try:
-            if compensation.undos_left(self.specs, self.rows):
-                step_undos.undoing_cancel(self.job, self.token)
+            self._mark_cancel_undos()
             compensation.compensate_cancel(self)
         except Interrupted as exc:
             if exc.why == "lease":
                 raise
             self._reload()  # as in _compensate
+            # The interrupt may have rolled the mark back; written once (``recovering``).
+            self._mark_cancel_undos()
             compensation.compensate_cancel(self)
+
+    def _mark_cancel_undos(self) -> None:
+        if compensation.undos_left(self.specs, self.rows):
+            step_undos.undoing_cancel(self.job, self.token)
 
     def _compensate(self, step: str, error: str) -> compensation.Report:
         self.ctx.compensating.set()  # a cancel requested from now on does not stop it

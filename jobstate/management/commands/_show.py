@@ -119,7 +119,7 @@ def lines(shown: Shown) -> Iterator[str]:
     for e in shown.events:
         change = f"{e.from_status or '-'} -> {e.to_status}"
         reason = f"  {e.reason}" if e.reason else ""
-        yield f"  {when(e.created_at)}  {change:<24} {e.transition:<16} {e.actor_text}{reason}"
+        yield f"  {when(e.created_at)}  {change:<24} {e.transition:<17} {e.actor_text}{reason}"
     if shown.assets:  # none: no heading, as the admin's job page has no empty table
         total = shown.assets_total
         yield f"assets     ({total} asset{'s' if total != 1 else ''})"
