@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobstate import conf, stuck
-from jobstate.admin import actions, dashboard, job_search, live, pauses, site, views
+from jobstate.admin import actions, bulk, dashboard, job_search, live, pauses, site, views
 from jobstate.admin.changelist import JobChangeList, SafeListAdmin
 from jobstate.admin.filters import KindFilter, OriginFilter, OwnerFilter, StatusFilter, StuckFilter
 from jobstate.admin.inlines import AssetInline, JobEventInline, JobStepInline
@@ -77,7 +77,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
     changelist_class = JobChangeList
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    actions = (actions.cancel_selected, actions.retry_selected, actions.requeue_selected)
+    actions = (bulk.cancel_selected, bulk.retry_selected, bulk.requeue_selected)
     inlines = (JobEventInline, JobStepInline, AssetInline)
 
     class Media:
@@ -208,7 +208,7 @@ class JobAdmin(SafeListAdmin, JobColumns, JobPageFields, admin.ModelAdmin):
         return memo[db, term]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
-        if request.method == "POST" and actions.posted_action_refused(self, request):
+        if request.method == "POST" and bulk.posted_action_refused(self, request):
             raise PermissionDenied
         # A glance for the "Stuck jobs" button: each reason counted up to BADGE_CAP
         # (one past it, so that "100+" says more than 100).
